@@ -1,0 +1,170 @@
+"""Run a fleet on this machine: family worker processes, each a real ``fleet worker``.
+
+Used by ``fleet up``, ``fleet demo`` and the test suite. Workers get their configuration
+through the environment (``FLEET_REDIS_URL``, ``FLEET_KEY_PREFIX``, ``FLEET_HOSTNAME``) and
+write their logs under ``<state_dir>/logs``.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import redis
+
+from orchestrator.families import Family
+from orchestrator.keys import Keys
+
+FAMILIES = [Family.TURN, Family.JOB, Family.SUBAGENT, Family.REMINDER]
+
+
+@dataclass
+class WorkerProcess:
+    """One worker: its family, host name, process and log file."""
+
+    family: Family
+    host: str
+    process: subprocess.Popen[bytes]
+    log_path: Path
+
+
+@dataclass
+class LocalFleet:
+    """Family workers for one Redis URL and key prefix.
+
+    ``job_hosts`` job workers are started with distinct host names (``<hostname>-1`` ...), so
+    a stop for a job can be seen to reach exactly the host that owns it.
+    """
+
+    redis_url: str
+    key_prefix: str
+    state_dir: Path
+    hostname: str = "local"
+    job_hosts: int = 1
+    concurrency: int = 8
+    extra_env: dict[str, str] = field(default_factory=dict)
+    workers: list[WorkerProcess] = field(default_factory=list)
+
+    def env(self, host: str, family: Family) -> dict[str, str]:
+        """Environment of a worker process."""
+        env = dict(os.environ)
+        env.update(self.extra_env)
+        env.update(
+            {
+                "FLEET_REDIS_URL": self.redis_url,
+                "FLEET_KEY_PREFIX": self.key_prefix,
+                "FLEET_HOSTNAME": host,
+                "FLEET_WORKER_FAMILY": family.value,
+                "PYTHONUNBUFFERED": "1",
+            }
+        )
+        return env
+
+    def job_host_names(self) -> list[str]:
+        """Host names of the job workers."""
+        if self.job_hosts == 1:
+            return [self.hostname]
+        return [f"{self.hostname}-{i + 1}" for i in range(self.job_hosts)]
+
+    def start(self, families: list[Family] | None = None) -> LocalFleet:
+        """Start one worker per family (``job_hosts`` for jobs). Returns self."""
+        logs = self.state_dir / "logs"
+        logs.mkdir(parents=True, exist_ok=True)
+        for family in families or FAMILIES:
+            hosts = self.job_host_names() if family is Family.JOB else [self.hostname]
+            for host in hosts:
+                self.start_worker(family, host)
+        return self
+
+    def start_worker(self, family: Family, host: str) -> WorkerProcess:
+        """Start one ``fleet worker`` process for ``family`` on ``host``."""
+        log_path = self.state_dir / "logs" / f"{family.value}@{host}.log"
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        cmd = [
+            sys.executable,
+            "-m",
+            "api.cli",
+            "worker",
+            "--family",
+            family.value,
+            "--host",
+            host,
+            "--concurrency",
+            str(self.concurrency),
+        ]
+        with open(log_path, "ab") as log_file:
+            proc = subprocess.Popen(
+                cmd,
+                env=self.env(host, family),
+                stdout=log_file,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+            )
+        worker = WorkerProcess(family, host, proc, log_path)
+        self.workers.append(worker)
+        return worker
+
+    def wait_ready(self, timeout: float = 60.0) -> None:
+        """Block until every started worker has a heartbeat in Redis. Raises
+        ``RuntimeError`` with the log tail of a worker that died or never got ready."""
+        client = redis.Redis.from_url(self.redis_url, decode_responses=True)
+        keys = Keys(self.key_prefix)
+        deadline = time.monotonic() + timeout
+        try:
+            while True:
+                missing = []
+                for w in self.workers:
+                    if w.process.poll() is not None:
+                        raise RuntimeError(
+                            f"worker {w.family}@{w.host} exited with "
+                            f"{w.process.returncode}:\n{self.tail(w)}"
+                        )
+                    key = keys.worker_heartbeat(w.family.value, f"{w.family.value}@{w.host}")
+                    if not client.exists(key):
+                        missing.append(w)
+                if not missing:
+                    return
+                if time.monotonic() > deadline:
+                    w = missing[0]
+                    raise RuntimeError(
+                        f"worker {w.family}@{w.host} not ready after "
+                        f"{timeout:.0f}s:\n{self.tail(w)}"
+                    )
+                time.sleep(0.1)
+        finally:
+            client.close()
+
+    @staticmethod
+    def tail(worker: WorkerProcess, lines: int = 30) -> str:
+        """The last ``lines`` lines of a worker's log."""
+        try:
+            text = worker.log_path.read_text(errors="replace")
+        except OSError:
+            return "(no log)"
+        return "\n".join(text.splitlines()[-lines:])
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Stop every worker (SIGTERM: Celery's warm shutdown; SIGKILL after ``timeout``)."""
+        for w in self.workers:
+            if w.process.poll() is None:
+                w.process.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + timeout
+        for w in self.workers:
+            remaining = max(0.1, deadline - time.monotonic())
+            try:
+                w.process.wait(remaining)
+            except subprocess.TimeoutExpired:
+                w.process.kill()
+                w.process.wait(5)
+        self.workers.clear()
+
+    def __enter__(self) -> LocalFleet:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

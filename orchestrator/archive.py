@@ -1,0 +1,124 @@
+"""Archive and unarchive: the archive never hides running work (seed 004; ACP seed 000).
+
+- Without ``stop_activity`` a session with live work is refused with ``SessionActive``
+  carrying every live item. The check and the write are one Lua script, so no work can start
+  unseen between them.
+- With ``stop_activity`` the archive is written durably first (the gate reads it), then stop
+  requests fan out to the families without waiting; a failed dispatch is logged and never
+  undoes the archive.
+- Archiving a session archives its whole subagent subtree in one transition. Unarchive
+  restores exactly what that transition archived; a descendant archived on its own earlier
+  stays archived. Unarchiving a session whose ancestor is still archived is refused with
+  ``AncestorArchived`` (its steps would stay gated, so it would look active while it could not
+  run). Neither changes ``updatedAt``; unarchive restarts, replays and re-arms nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+from orchestrator import events
+from orchestrator.activity import ActivityItem, census
+from orchestrator.errors import AncestorArchived, SessionActive, SessionNotFound
+from orchestrator.families import Dispatcher
+from orchestrator.sessions import check_session_id
+from orchestrator.stops import StopReport, dispatch_stops
+from orchestrator.store import Store, iso, new_id, now_ms
+
+log = logging.getLogger(__name__)
+
+#: How often a refusal is re-checked when the census found nothing (the work ended between
+#: the atomic check and the census read).
+_REFUSAL_RECHECKS = 3
+
+
+@dataclass
+class ArchiveResult:
+    """Outcome of ``archive``: ``outcome`` is ``archived`` or ``already_archived``;
+    ``archived_count`` the sessions this transition archived (the subtree); ``stopped`` the
+    items stop requests were sent for; ``stop_report`` what the fan-out sent or failed."""
+
+    session_id: str
+    outcome: str
+    archived_count: int = 0
+    stopped: list[ActivityItem] = field(default_factory=list)
+    stop_report: StopReport = field(default_factory=StopReport)
+
+    def to_wire(self) -> dict[str, Any]:
+        """JSON shape used by the REST API and the CLI."""
+        return {
+            "sessionId": self.session_id,
+            "outcome": self.outcome,
+            "archivedCount": self.archived_count,
+            "stopped": [item.to_wire() for item in self.stopped],
+            "stopDispatch": {
+                "sent": self.stop_report.sent,
+                "failed": [{"family": f, "error": e} for f, e in self.stop_report.failed],
+            },
+        }
+
+
+def archive(
+    store: Store, dispatcher: Dispatcher, session_id: str, *, stop_activity: bool = False
+) -> ArchiveResult:
+    """Archive a session (and its subtree).
+
+    Raises ``SessionNotFound`` (unknown, malformed or deleted id), ``SessionActive`` (live
+    work and no ``stop_activity``), ``StoreUnavailable`` (nothing written).
+    """
+    sid = check_session_id(session_id)
+    txn = new_id("arc")
+    for _ in range(_REFUSAL_RECHECKS):
+        result = store.run(
+            "archive", [sid, "1" if stop_activity else "0", iso(now_ms()), txn], durable=True
+        )
+        outcome = result[0]
+        if outcome == "not_found":
+            raise SessionNotFound(sid)
+        if outcome == "already":
+            return ArchiveResult(sid, "already_archived")
+        if outcome == "archived":
+            break
+        items = census(store, sid)
+        if items:
+            raise SessionActive(sid, items)
+        # The work ended between the check and the census: try the archive again.
+    else:
+        raise SessionActive(sid, census(store, sid))
+
+    done = ArchiveResult(sid, "archived", archived_count=int(result[1]))
+    log.info(
+        "archived (%d in subtree, stopActivity=%s)",
+        done.archived_count,
+        stop_activity,
+        extra={"session_id": sid},
+    )
+    events.publish(store, "archived", sid, archived=True)
+    if stop_activity:
+        # Read after the write: anything that started before it is seen here, and anything
+        # that starts after it is refused by the gate.
+        done.stopped = census(store, sid)
+        done.stop_report = dispatch_stops(dispatcher, sid, done.stopped)
+    return done
+
+
+def unarchive(store: Store, session_id: str) -> int:
+    """Unarchive a session and the descendants its archive transition archived. Idempotent;
+    returns how many sessions were restored (0 when it was not archived).
+
+    Raises ``SessionNotFound``, ``AncestorArchived``, ``StoreUnavailable``.
+    """
+    sid = check_session_id(session_id)
+    result = store.run("unarchive", [sid], durable=True)
+    outcome = result[0]
+    if outcome == "not_found":
+        raise SessionNotFound(sid)
+    if outcome == "ancestor":
+        raise AncestorArchived(sid, result[1])
+    if outcome == "not_archived":
+        return 0
+    log.info("unarchived (%s in subtree)", result[1], extra={"session_id": sid})
+    events.publish(store, "unarchived", sid, archived=False)
+    return int(result[1])

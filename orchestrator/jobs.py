@@ -1,0 +1,319 @@
+"""Jobs: background processes a session owns on one host.
+
+A job is stored when a turn asks for it (state ``starting``, with a start lease), taken by one
+job worker (``job_claim.lua``: refused if the lineage is archived by then), and supervised there
+by ``JobSupervisor``: the process runs in its own process group, dies with the worker (Linux
+``PR_SET_PDEATHSIG``), and its lease is refreshed while it runs. Liveness is the lease: a job
+whose worker died stops counting once the lease lapses (``activity`` marks it ``lost``).
+
+Stopping is cooperative first: SIGTERM to the process group, SIGKILL after the grace period.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import logging
+import os
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from enum import StrEnum
+
+from orchestrator.families import Dispatcher, Family, Task, control_queue, work_queue
+from orchestrator.store import Store, iso, new_id, now_ms
+
+log = logging.getLogger(__name__)
+
+#: A starting job not taken by any worker within this time stops counting as live (ms).
+START_TIMEOUT_MS = 30_000
+_PR_SET_PDEATHSIG = 1
+
+
+class JobState(StrEnum):
+    """Where a job is in its lifecycle."""
+
+    STARTING = "starting"  #: stored, waiting for a job worker to take it
+    RUNNING = "running"  #: its process runs on ``host``
+    EXITED = "exited"  #: the process ended by itself (``exitCode``)
+    STOPPED = "stopped"  #: stopped on request (archive or cancel)
+    REFUSED = "refused"  #: never started: its lineage was archived when a worker took it
+    LOST = "lost"  #: its worker vanished; the lease lapsed
+    FAILED = "failed"  #: the process could not be started
+
+
+def create_job(
+    store: Store, dispatcher: Dispatcher, session_id: str, seconds: float, label: str
+) -> str:
+    """Store a starting job and send it to the job queue. Returns the job id."""
+    jid = new_id("job")
+    store.run("job_create", [jid, session_id, label, seconds, iso(now_ms()), START_TIMEOUT_MS])
+    dispatcher.send(Task.JOB_RUN, [session_id, jid], work_queue(Family.JOB))
+    return jid
+
+
+def _die_with_parent() -> None:  # pragma: no cover - runs in the child between fork and exec
+    os.setsid()
+    try:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    except OSError:
+        pass
+
+
+@dataclass
+class _Running:
+    job_id: str
+    session_id: str
+    process: subprocess.Popen[bytes]
+
+
+class JobSupervisor:
+    """Owns the job processes of one worker: starts, watches, stops them.
+
+    All processes are forked from the supervisor's own long-lived thread, so the
+    die-with-parent signal is tied to that thread, not to a short-lived pool thread.
+    """
+
+    def __init__(
+        self,
+        store: Store,
+        host: str,
+        *,
+        lease_ms: int,
+        grace_seconds: float,
+        command: Callable[[float], list[str]] | None = None,
+    ) -> None:
+        self.store = store
+        self.host = host
+        self.lease_ms = lease_ms
+        self.grace = grace_seconds
+        self.command = command or (lambda seconds: ["sleep", f"{seconds:g}"])
+        self._running: dict[str, _Running] = {}
+        self._pending: set[str] = set()  # claimed here, process not forked yet
+        self._lock = threading.Lock()
+        self._requests: list[tuple[str, str, float, threading.Event, list[object]]] = []
+        self._wake = threading.Condition()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="job-supervisor", daemon=True)
+        self._thread.start()
+
+    # -- public ------------------------------------------------------------------------------
+    def start(self, session_id: str, job_id: str) -> str:
+        """Take a starting job and run its process here. Returns ``running``,
+        ``refused:<archived session>``, or the job's state when it was not starting."""
+        claimed = self.store.run("job_claim", [job_id, self.host, self.lease_ms, iso(now_ms())])
+        if claimed != "ok":
+            log.info(
+                "job %s not started: %s",
+                job_id,
+                claimed,
+                extra={"session_id": session_id, "family": "job"},
+            )
+            return str(claimed)
+        seconds = float(self.store.redis.hget(self.store.keys.job(job_id), "seconds") or 0)
+        done = threading.Event()
+        box: list[object] = []
+        with self._lock:
+            self._pending.add(job_id)
+        with self._wake:
+            self._requests.append((session_id, job_id, seconds, done, box))
+            self._wake.notify()
+        done.wait(10)
+        if box and isinstance(box[0], Exception):
+            self.store.run("job_end", [job_id, JobState.FAILED.value, "", iso(now_ms()), "running"])
+            log.warning(
+                "job %s failed to start: %s",
+                job_id,
+                box[0],
+                extra={"session_id": session_id, "family": "job"},
+            )
+            return "failed"
+        return "running"
+
+    def stop(self, session_id: str, job_ids: list[str]) -> dict[str, str]:
+        """Stop the named jobs of a session that run here (SIGTERM, then SIGKILL after the
+        grace period). Jobs that ended already are reported with their state. Returns
+        ``{jobId: outcome}``; never raises for one job's failure."""
+        outcomes: dict[str, str] = {}
+        victims: list[_Running] = []
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            with self._lock:
+                if not self._pending.intersection(job_ids):
+                    break
+            time.sleep(0.01)  # a stop racing the fork: let the process exist, then stop it
+        with self._lock:
+            for jid in job_ids:
+                run = self._running.get(jid)
+                if run is not None and run.session_id == session_id:
+                    victims.append(run)
+                else:
+                    state = self.store.redis.hget(self.store.keys.job(jid), "state")
+                    outcomes[jid] = f"not here ({state})"
+        for run in victims:
+            try:
+                outcomes[run.job_id] = self._terminate(run)
+            except Exception as exc:  # contained: the next job is still stopped
+                outcomes[run.job_id] = f"error: {exc}"
+                log.warning(
+                    "job %s stop failed: %s",
+                    run.job_id,
+                    exc,
+                    extra={"session_id": session_id, "family": "job"},
+                )
+        return outcomes
+
+    def pids(self) -> dict[str, int]:
+        """``{jobId: pid}`` of the processes running here."""
+        with self._lock:
+            return {jid: r.process.pid for jid, r in self._running.items()}
+
+    def shutdown(self) -> None:
+        """Stop every process (the worker is leaving) and the supervisor thread."""
+        with self._lock:
+            runs = list(self._running.values())
+        for run in runs:
+            try:
+                self._terminate(run)
+            except Exception as exc:
+                log.warning("job %s stop at shutdown failed: %s", run.job_id, exc)
+        self._stop.set()
+        with self._wake:
+            self._wake.notify()
+        self._thread.join(timeout=5)
+
+    # -- internals ---------------------------------------------------------------------------
+    def _terminate(self, run: _Running) -> str:
+        proc = run.process
+        extra = {"session_id": run.session_id, "family": "job"}
+        if proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(self.grace)
+            except subprocess.TimeoutExpired:
+                log.warning(
+                    "job %s ignored SIGTERM for %.1fs; killing", run.job_id, self.grace, extra=extra
+                )
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(5)
+        with self._lock:
+            self._running.pop(run.job_id, None)
+        self.store.run(
+            "job_end",
+            [run.job_id, JobState.STOPPED.value, str(proc.returncode), iso(now_ms()), "running"],
+        )
+        log.info("job %s stopped (pid %d)", run.job_id, proc.pid, extra=extra)
+        return "stopped"
+
+    def _spawn_pending(self) -> None:
+        with self._wake:
+            pending, self._requests = self._requests, []
+        for session_id, job_id, seconds, done, box in pending:
+            try:
+                proc = subprocess.Popen(
+                    self.command(seconds),
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,
+                    preexec_fn=_die_with_parent,
+                )
+            except OSError as exc:
+                with self._lock:
+                    self._pending.discard(job_id)
+                box.append(exc)
+                done.set()
+                continue
+            with self._lock:
+                self._running[job_id] = _Running(job_id, session_id, proc)
+                self._pending.discard(job_id)
+            self.store.redis.hset(self.store.keys.job(job_id), "pid", proc.pid)
+            log.info(
+                "job %s running as pid %d for %gs",
+                job_id,
+                proc.pid,
+                seconds,
+                extra={"session_id": session_id, "family": "job"},
+            )
+            done.set()
+
+    def _reap(self) -> None:
+        with self._lock:
+            runs = list(self._running.values())
+        for run in runs:
+            code = run.process.poll()
+            if code is None:
+                self.store.redis.pexpire(self.store.keys.job_lease(run.job_id), self.lease_ms)
+                continue
+            with self._lock:
+                if self._running.pop(run.job_id, None) is None:
+                    continue  # being stopped right now; _terminate records it
+            self.store.run(
+                "job_end", [run.job_id, JobState.EXITED.value, str(code), iso(now_ms()), "running"]
+            )
+            log.info(
+                "job %s exited with %d",
+                run.job_id,
+                code,
+                extra={"session_id": run.session_id, "family": "job"},
+            )
+
+    def _loop(self) -> None:
+        interval = max(0.05, min(0.5, self.lease_ms / 1000 / 4))
+        last_reap = 0.0
+        while not self._stop.is_set():
+            with self._wake:
+                if not self._requests:
+                    self._wake.wait(interval)
+            try:
+                self._spawn_pending()
+                if time.monotonic() - last_reap >= interval:
+                    self._reap()
+                    last_reap = time.monotonic()
+            except Exception as exc:  # a Redis blip must not kill the supervisor
+                log.warning("job supervisor: %s", exc)
+
+
+def stop_unclaimed(
+    store: Store, dispatcher: Dispatcher, session_id: str, job_ids: list[str], *, local_host: str
+) -> dict[str, str]:
+    """Stop jobs not supervised by the caller: still ``starting`` -> ``stopped`` (the worker
+    that takes one later finds it stopped); running on another host -> the stop is forwarded
+    to that host's queue; recorded as running on ``local_host`` but not supervised here (an
+    orphan of an earlier worker) -> its process group is killed and it ends ``stopped``.
+    Returns ``{jobId: outcome}``."""
+    outcomes: dict[str, str] = {}
+    for jid in job_ids:
+        result = store.run(
+            "job_end", [jid, JobState.STOPPED.value, "", iso(now_ms()), JobState.STARTING.value]
+        )
+        if result == "ok":
+            outcomes[jid] = "stopped before it started"
+            continue
+        if result != JobState.RUNNING.value:
+            outcomes[jid] = str(result)
+            continue
+        host, pid = store.redis.hmget(store.keys.job(jid), "host", "pid")
+        if host and host != local_host:
+            dispatcher.send(Task.JOB_STOP, [session_id, [jid]], control_queue(Family.JOB, host))
+            outcomes[jid] = f"forwarded to {host}"
+            continue
+        if pid:
+            with contextlib.suppress(ProcessLookupError, PermissionError, ValueError):
+                os.killpg(int(pid), signal.SIGKILL)
+        store.run(
+            "job_end", [jid, JobState.STOPPED.value, "", iso(now_ms()), JobState.RUNNING.value]
+        )
+        outcomes[jid] = "orphan killed"
+        log.warning(
+            "job %s: orphan of an earlier worker killed (pid %s)",
+            jid,
+            pid,
+            extra={"session_id": session_id, "family": "job"},
+        )
+    return outcomes

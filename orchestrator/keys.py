@@ -1,0 +1,123 @@
+"""Every Redis key agent-fleet writes, named in one place.
+
+All keys start with the configured prefix (``FLEET_KEY_PREFIX``, default ``fleet:``). The type
+and meaning of each key is given next to its builder. Lua scripts that walk a lineage build child
+keys from the same prefix (see ``orchestrator/scripts``), so the two must agree; the templates
+below are the single source the scripts are given through their ``prefix`` argument.
+
+Single-instance Redis is assumed: scripts touch keys they derive at run time, which Redis
+Cluster would not allow.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+#: Session states an index is kept for.
+INDEX_STATES = ("all", "active", "archived")
+
+
+@dataclass(frozen=True)
+class Keys:
+    """Key builders bound to one prefix."""
+
+    prefix: str
+
+    # -- sessions ---------------------------------------------------------------------------
+    def session(self, sid: str) -> str:
+        """HASH: sessionId, cwd, title, titleSource (client|generated|''), parentId,
+        createdAt/updatedAt (ISO 8601), updatedMs, archived ('0'|'1'), archivedAt, archiveTxn
+        (id of the archive transition that archived it), deleted ('0'|'1')."""
+        return f"{self.prefix}session:{sid}"
+
+    def lineage(self, sid: str) -> str:
+        """LIST: ancestor session ids, nearest first. Written once at creation."""
+        return f"{self.prefix}lineage:{sid}"
+
+    def children(self, sid: str) -> str:
+        """SET: ids of the direct subagent sessions of ``sid``."""
+        return f"{self.prefix}children:{sid}"
+
+    @property
+    def archived(self) -> str:
+        """SET: ids of every archived session. The step gate reads it."""
+        return f"{self.prefix}archived"
+
+    def index(self, state: str, cwd_hash: str | None = None) -> str:
+        """ZSET: session ids scored by updatedAt (epoch ms), one per listing state
+        (``all``/``active``/``archived``), optionally narrowed to one cwd (by its hash)."""
+        if cwd_hash is None:
+            return f"{self.prefix}idx:{state}"
+        return f"{self.prefix}idx:cwd:{cwd_hash}:{state}"
+
+    def history(self, sid: str) -> str:
+        """LIST: JSON ``session/update`` payloads of the conversation, oldest first."""
+        return f"{self.prefix}history:{sid}"
+
+    def model_requests(self, sid: str) -> str:
+        """LIST: JSON records of every model request started for the session (turnId, step,
+        at): the evidence that nothing ran after an archive."""
+        return f"{self.prefix}modelreq:{sid}"
+
+    # -- turns ------------------------------------------------------------------------------
+    def turn(self, tid: str) -> str:
+        """HASH: turnId, sessionId, state (see ``TurnState``), prompt, label, source, step
+        (index of the next step to run), stopReason, error, createdAt."""
+        return f"{self.prefix}turn:{tid}"
+
+    def live_turns(self, sid: str) -> str:
+        """ZSET: ids of the session's live turns (queued, running, cancelling) scored by
+        creation time (epoch ms); the lowest queued one runs next."""
+        return f"{self.prefix}turns:live:{sid}"
+
+    def active_turn(self, sid: str) -> str:
+        """STRING: id of the turn currently running for the session (one at a time)."""
+        return f"{self.prefix}turn:active:{sid}"
+
+    def step_lease(self, tid: str) -> str:
+        """STRING with TTL: present while a worker is executing a step of the turn."""
+        return f"{self.prefix}turn:lease:{tid}"
+
+    # -- jobs -------------------------------------------------------------------------------
+    def job(self, jid: str) -> str:
+        """HASH: jobId, sessionId, label, state (see ``JobState``), seconds, host, pid,
+        createdAt, startedAt, endedAt, exitCode."""
+        return f"{self.prefix}job:{jid}"
+
+    def live_jobs(self, sid: str) -> str:
+        """SET: ids of the session's jobs not yet known to have ended."""
+        return f"{self.prefix}jobs:live:{sid}"
+
+    def job_lease(self, jid: str) -> str:
+        """STRING with TTL: the job counts as live only while this exists. Set at dispatch
+        (start timeout), refreshed by the owning job worker while the process runs."""
+        return f"{self.prefix}job:lease:{jid}"
+
+    # -- reminders --------------------------------------------------------------------------
+    def reminder(self, rid: str) -> str:
+        """HASH: reminderId, sessionId, prompt, label, dueAt (ISO 8601), createdAt."""
+        return f"{self.prefix}reminder:{rid}"
+
+    @property
+    def reminders_due(self) -> str:
+        """ZSET: armed reminder ids scored by due time (epoch ms); the poller claims from it."""
+        return f"{self.prefix}reminders:due"
+
+    def live_reminders(self, sid: str) -> str:
+        """SET: ids of the session's armed (stored, not yet fired) reminders."""
+        return f"{self.prefix}reminders:live:{sid}"
+
+    # -- workers ----------------------------------------------------------------------------
+    def worker_heartbeat(self, family: str, node: str) -> str:
+        """STRING with TTL: present while worker ``node`` of ``family`` is alive."""
+        return f"{self.prefix}worker:{family}:{node}"
+
+    def worker_heartbeats(self, family: str) -> str:
+        """Glob matching the heartbeat keys of every worker of ``family``."""
+        return f"{self.prefix}worker:{family}:*"
+
+    # -- events -----------------------------------------------------------------------------
+    @property
+    def events(self) -> str:
+        """PUBSUB channel: JSON lifecycle events (archived, unarchived, title, turn state)."""
+        return f"{self.prefix}events"

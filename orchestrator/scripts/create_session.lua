@@ -1,0 +1,38 @@
+-- ARGV: prefix, sid, cwd, cwdHash, parentId|'', nowMs, nowIso
+-- Returns {'created', archived '0'|'1'} | {'exists'} | {'parent_not_found'}
+local sid, cwd, cwd_hash, parent = ARGV[2], ARGV[3], ARGV[4], ARGV[5]
+local ms, now = tonumber(ARGV[6]), ARGV[7]
+local k = skey(sid)
+if redis.call('EXISTS', k) == 1 then return {'exists'} end
+local archived, txn, archived_at = '0', '', ''
+if parent ~= '' then
+  local pk = skey(parent)
+  if redis.call('EXISTS', pk) == 0 or redis.call('HGET', pk, 'deleted') ~= '0' then
+    return {'parent_not_found'}
+  end
+  redis.call('RPUSH', P .. 'lineage:' .. sid, parent)
+  local anc = redis.call('LRANGE', P .. 'lineage:' .. parent, 0, -1)
+  for _, a in ipairs(anc) do redis.call('RPUSH', P .. 'lineage:' .. sid, a) end
+  redis.call('SADD', P .. 'children:' .. parent, sid)
+  -- A child born under an archived lineage joins that archive transition, so it is hidden
+  -- with its ancestor and restored with it.
+  local holder = archived_in_lineage(parent)
+  if holder then
+    archived = '1'
+    txn = redis.call('HGET', skey(holder), 'archiveTxn')
+    archived_at = now
+  end
+end
+redis.call('HSET', k, 'sessionId', sid, 'cwd', cwd, 'cwdHash', cwd_hash, 'parentId', parent,
+  'title', '', 'titleSource', '', 'createdAt', now, 'updatedAt', now, 'updatedMs', ms,
+  'archived', archived, 'archivedAt', archived_at, 'archiveTxn', txn, 'deleted', '0')
+local state = 'active'
+if archived == '1' then
+  state = 'archived'
+  redis.call('SADD', P .. 'archived', sid)
+end
+redis.call('ZADD', idx('all'), ms, sid)
+redis.call('ZADD', idx(state), ms, sid)
+redis.call('ZADD', idx('all', cwd_hash), ms, sid)
+redis.call('ZADD', idx(state, cwd_hash), ms, sid)
+return {'created', archived}

@@ -1,0 +1,7 @@
+-- ARGV: prefix, rid, sid, prompt, label, dueMs, dueIso, nowIso
+local rid, sid = ARGV[2], ARGV[3]
+redis.call('HSET', P .. 'reminder:' .. rid, 'reminderId', rid, 'sessionId', sid,
+  'prompt', ARGV[4], 'label', ARGV[5], 'dueAt', ARGV[7], 'createdAt', ARGV[8], 'state', 'armed')
+redis.call('ZADD', P .. 'reminders:due', ARGV[6], rid)
+redis.call('SADD', P .. 'reminders:live:' .. sid, rid)
+return 'ok'

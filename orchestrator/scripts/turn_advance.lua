@@ -1,0 +1,9 @@
+-- ARGV: prefix, tid, nextIndex. Moves a running turn to its next step and drops the lease.
+-- Returns 'ok' or the turn's state when it is no longer running.
+local tid = ARGV[2]
+local tk = P .. 'turn:' .. tid
+local st = redis.call('HGET', tk, 'state')
+redis.call('DEL', P .. 'turn:lease:' .. tid)
+if st ~= 'running' then return st or 'missing' end
+redis.call('HSET', tk, 'step', ARGV[3])
+return 'ok'

@@ -1,0 +1,32 @@
+-- ARGV: prefix, nowMs, nowIso, tid...
+-- Cancels the named turns only (a late stop never touches a newer turn). Queued turns end
+-- 'cancelled' at once; a running turn with a step in flight becomes 'cancelling' and the step
+-- settles it; a running turn between steps ends 'cancelled' at once.
+-- Returns a flat list: tid, outcome, ... plus 'promoted', tid for turns that started running.
+local ms, now = tonumber(ARGV[2]), ARGV[3]
+local out, promoted = {}, {}
+local running = {}
+for i = 4, #ARGV do
+  local tid = ARGV[i]
+  local st = redis.call('HGET', P .. 'turn:' .. tid, 'state')
+  if st == 'queued' then
+    finish_turn(tid, 'cancelled', 'cancelled', '', ms, now)
+    out[#out + 1] = tid; out[#out + 1] = 'cancelled'
+  elseif st == 'running' then
+    running[#running + 1] = tid
+  else
+    out[#out + 1] = tid; out[#out + 1] = st or 'missing'
+  end
+end
+for _, tid in ipairs(running) do
+  if redis.call('EXISTS', P .. 'turn:lease:' .. tid) == 1 then
+    redis.call('HSET', P .. 'turn:' .. tid, 'state', 'cancelling')
+    out[#out + 1] = tid; out[#out + 1] = 'cancelling'
+  else
+    local nxt = finish_turn(tid, 'cancelled', 'cancelled', '', ms, now)
+    out[#out + 1] = tid; out[#out + 1] = 'cancelled'
+    if nxt ~= '' then promoted[#promoted + 1] = nxt end
+  end
+end
+for _, p in ipairs(promoted) do out[#out + 1] = p; out[#out + 1] = 'promoted' end
+return out

@@ -1,0 +1,24 @@
+-- ARGV: prefix, sid
+-- Restores the session and exactly the descendants its archive transition archived.
+-- Returns {'not_found'} | {'not_archived'} | {'ancestor', id} | {'unarchived', n}
+local sid = ARGV[2]
+local k = skey(sid)
+if redis.call('EXISTS', k) == 0 or redis.call('HGET', k, 'deleted') ~= '0' then
+  return {'not_found'}
+end
+if redis.call('HGET', k, 'archived') ~= '1' then return {'not_archived'} end
+for _, a in ipairs(redis.call('LRANGE', P .. 'lineage:' .. sid, 0, -1)) do
+  if redis.call('SISMEMBER', P .. 'archived', a) == 1 then return {'ancestor', a} end
+end
+local txn = redis.call('HGET', k, 'archiveTxn')
+local n = 0
+for _, s in ipairs(subtree(sid)) do
+  local h = redis.call('HMGET', skey(s), 'archived', 'archiveTxn')
+  if h[1] == '1' and h[2] == txn then
+    redis.call('HSET', skey(s), 'archived', '0', 'archivedAt', '', 'archiveTxn', '')
+    redis.call('SREM', P .. 'archived', s)
+    move_index(s, 'archived', 'active')
+    n = n + 1
+  end
+end
+return {'unarchived', n}

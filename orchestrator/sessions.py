@@ -1,0 +1,296 @@
+"""Sessions: create, read, list, delete. Archive state lives in ``orchestrator/archive.py``.
+
+A session is stored as one Redis hash (``Keys.session``) plus its listing indexes; see
+``orchestrator/keys.py`` for the schema. Wire shapes follow ACP ``SessionInfo`` (acp.md).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import json
+import re
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+from orchestrator.errors import InvalidParams, SessionNotFound
+from orchestrator.store import Store, iso, new_id, now_ms, retried
+
+#: Session ids (ours are ``sess_<hex>``; clients may only pass ids in this alphabet, so an id
+#: can never reach a Redis key name with a separator or a glob in it).
+SESSION_ID_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+#: Longest page ``list_sessions`` returns.
+MAX_PAGE = 200
+DEFAULT_PAGE = 50
+MAX_CWD_LENGTH = 4096
+
+
+class ArchivedFilter(StrEnum):
+    """The ``archived`` filter of ``session/list`` (ACP, seed 000)."""
+
+    EXCLUDE = "exclude"  #: only sessions that are not archived (the default)
+    INCLUDE = "include"  #: archived and not archived
+    ONLY = "only"  #: only archived sessions
+
+    @classmethod
+    def parse(cls, value: object) -> ArchivedFilter:
+        """Parse a wire value: ``None`` -> EXCLUDE; one of the three strings; anything else
+        (booleans, other strings, numbers) raises ``InvalidParams``."""
+        if value is None:
+            return cls.EXCLUDE
+        if isinstance(value, str):
+            for member in cls:
+                if member.value == value:
+                    return member
+        raise InvalidParams(
+            f"archived must be one of 'exclude', 'include' or 'only' (got {json.dumps(value)}).",
+            {"param": "archived", "allowed": [m.value for m in cls]},
+        )
+
+    @property
+    def index_state(self) -> str:
+        """The listing index this filter reads (``active``, ``all`` or ``archived``)."""
+        return {"exclude": "active", "include": "all", "only": "archived"}[self.value]
+
+
+@dataclass(frozen=True)
+class Session:
+    """A stored session. Times are ISO 8601 strings; ``title_source`` is ``client``,
+    ``generated`` or ``""``."""
+
+    session_id: str
+    cwd: str
+    title: str
+    title_source: str
+    parent_id: str | None
+    created_at: str
+    updated_at: str
+    archived: bool
+    archived_at: str | None
+    deleted: bool
+
+    @classmethod
+    def from_hash(cls, h: dict[str, str]) -> Session:
+        """Build from the stored hash fields."""
+        return cls(
+            session_id=h["sessionId"],
+            cwd=h["cwd"],
+            title=h.get("title", ""),
+            title_source=h.get("titleSource", ""),
+            parent_id=h.get("parentId") or None,
+            created_at=h["createdAt"],
+            updated_at=h["updatedAt"],
+            archived=h.get("archived") == "1",
+            archived_at=h.get("archivedAt") or None,
+            deleted=h.get("deleted") == "1",
+        )
+
+    def to_info(self) -> dict[str, Any]:
+        """ACP ``SessionInfo``: sessionId, cwd, title?, updatedAt, archived, _meta."""
+        info: dict[str, Any] = {
+            "sessionId": self.session_id,
+            "cwd": self.cwd,
+            "updatedAt": self.updated_at,
+            "archived": self.archived,
+        }
+        if self.title:
+            info["title"] = self.title
+        meta: dict[str, Any] = {"createdAt": self.created_at}
+        if self.parent_id:
+            meta["parentId"] = self.parent_id
+        if self.archived_at:
+            meta["archivedAt"] = self.archived_at
+        if self.title_source:
+            meta["titleSource"] = self.title_source
+        info["_meta"] = {"agentFleet": meta}
+        return info
+
+
+@dataclass(frozen=True)
+class Page:
+    """One page of a listing; ``next_cursor`` is ``None`` on the last page."""
+
+    sessions: list[Session]
+    next_cursor: str | None
+
+
+def check_session_id(session_id: object) -> str:
+    """Return ``session_id`` if it is a well-formed id; otherwise raise ``SessionNotFound``
+    (a malformed id names no session) or ``InvalidParams`` when it is not a string."""
+    if not isinstance(session_id, str):
+        raise InvalidParams("sessionId must be a string.", {"param": "sessionId"})
+    if not SESSION_ID_RE.match(session_id):
+        raise SessionNotFound(session_id[:80])
+    return session_id
+
+
+def cwd_hash(cwd: str) -> str:
+    """Stable short hash of a cwd, used in index key names (never the raw path)."""
+    return hashlib.sha1(cwd.encode("utf-8")).hexdigest()[:20]
+
+
+def check_cwd(cwd: object) -> str:
+    """Return ``cwd`` if it is an absolute path string; raise ``InvalidParams`` otherwise."""
+    if not isinstance(cwd, str) or not cwd.startswith("/"):
+        raise InvalidParams("cwd must be an absolute path (starting with '/').", {"param": "cwd"})
+    if len(cwd) > MAX_CWD_LENGTH or "\x00" in cwd:
+        raise InvalidParams(
+            f"cwd must be at most {MAX_CWD_LENGTH} characters with no NUL byte.", {"param": "cwd"}
+        )
+    return cwd
+
+
+def create_session(store: Store, cwd: str, parent_id: str | None = None) -> Session:
+    """Create a session in ``cwd`` (absolute), optionally as a subagent of ``parent_id``.
+
+    A child created under an archived lineage is born archived, in its ancestor's archive
+    transition (so it is hidden and gated with it, and restored with it).
+    Raises ``InvalidParams`` (bad cwd), ``SessionNotFound`` (unknown or deleted parent),
+    ``StoreUnavailable``.
+    """
+    check_cwd(cwd)
+    if parent_id is not None:
+        check_session_id(parent_id)
+    sid = new_id("sess")
+    ms = now_ms()
+    result = store.run(
+        "create_session", [sid, cwd, cwd_hash(cwd), parent_id or "", ms, iso(ms)], durable=True
+    )
+    if result[0] == "parent_not_found":
+        raise SessionNotFound(parent_id or "")
+    return get_session(store, sid)
+
+
+@retried
+def _read(store: Store, sid: str) -> dict[str, str]:
+    found: dict[str, str] = store.redis.hgetall(store.keys.session(sid))
+    return found
+
+
+def get_session(store: Store, session_id: str, *, include_deleted: bool = False) -> Session:
+    """Return the stored session. Raises ``SessionNotFound`` for an unknown, malformed or
+    (unless ``include_deleted``) deleted id; ``StoreUnavailable``."""
+    sid = check_session_id(session_id)
+    h = _read(store, sid)
+    if not h or (h.get("deleted") == "1" and not include_deleted):
+        raise SessionNotFound(sid)
+    return Session.from_hash(h)
+
+
+def _encode_cursor(flt: ArchivedFilter, cwd: str | None, score: float, sid: str) -> str:
+    raw = json.dumps({"a": flt.value, "c": cwd, "s": score, "i": sid}, separators=(",", ":"))
+    return base64.urlsafe_b64encode(raw.encode()).decode().rstrip("=")
+
+
+def _decode_cursor(cursor: object, flt: ArchivedFilter, cwd: str | None) -> tuple[float, str]:
+    bad = InvalidParams(
+        "cursor is not valid for this listing; start again without a cursor.", {"param": "cursor"}
+    )
+    if not isinstance(cursor, str) or not cursor or len(cursor) > 8192:
+        raise bad
+    try:
+        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
+        data = json.loads(raw)
+    except (binascii.Error, ValueError, UnicodeDecodeError):
+        raise bad from None
+    if not isinstance(data, dict) or data.get("a") != flt.value or data.get("c") != cwd:
+        raise bad
+    score, sid = data.get("s"), data.get("i")
+    if not isinstance(score, (int, float)) or isinstance(score, bool) or not isinstance(sid, str):
+        raise bad
+    return float(score), sid
+
+
+@retried
+def _page_ids(
+    store: Store, key: str, after: tuple[float, str] | None, limit: int
+) -> list[tuple[str, float]]:
+    """Up to ``limit`` (id, score) pairs from ``key``, newest first, strictly after ``after``
+    in (score desc, id desc) order."""
+    if after is None:
+        rows = store.redis.zrevrange(key, 0, limit - 1, withscores=True)
+        return [(m, s) for m, s in rows]
+    score, last = after
+    out: list[tuple[str, float]] = []
+    offset = 0
+    while len(out) < limit:
+        batch = limit + 16
+        rows = store.redis.zrevrangebyscore(
+            key, score, "-inf", start=offset, num=batch, withscores=True
+        )
+        for member, s in rows:
+            # Equal scores come in reverse lexicographic order: those >= last were served.
+            if s < score or member < last:
+                out.append((member, s))
+                if len(out) == limit:
+                    break
+        if len(rows) < batch:
+            break
+        offset += batch
+    return out
+
+
+def list_sessions(
+    store: Store,
+    *,
+    archived: object = None,
+    cwd: object = None,
+    cursor: object = None,
+    limit: int = DEFAULT_PAGE,
+) -> Page:
+    """List sessions newest activity first, filtered before pagination (ACP ``session/list``).
+
+    ``archived``: ``exclude`` (default, also for ``None``), ``include`` or ``only``; ``cwd``:
+    exact absolute path or ``None``; ``cursor``: an opaque ``nextCursor`` from an earlier page
+    of the same listing; ``limit``: 1..``MAX_PAGE``. Deleted sessions never appear.
+    Raises ``InvalidParams`` for a bad filter, cwd or cursor; ``StoreUnavailable``.
+    """
+    flt = ArchivedFilter.parse(archived)
+    cwd_value = None if cwd is None else check_cwd(cwd)
+    if not 1 <= limit <= MAX_PAGE:
+        raise InvalidParams(f"limit must be between 1 and {MAX_PAGE}.", {"param": "limit"})
+    after = None if cursor is None else _decode_cursor(cursor, flt, cwd_value)
+    key = store.keys.index(flt.index_state, None if cwd_value is None else cwd_hash(cwd_value))
+    rows = _page_ids(store, key, after, limit + 1)
+    more = len(rows) > limit
+    rows = rows[:limit]
+    sessions = _load_many(store, [sid for sid, _ in rows])
+    next_cursor = None
+    if more and rows:
+        last_id, last_score = rows[-1]
+        next_cursor = _encode_cursor(flt, cwd_value, last_score, last_id)
+    return Page([s for s in sessions if s is not None and not s.deleted], next_cursor)
+
+
+@retried
+def _load_many(store: Store, ids: list[str]) -> list[Session | None]:
+    pipe = store.redis.pipeline(transaction=False)
+    for sid in ids:
+        pipe.hgetall(store.keys.session(sid))
+    return [Session.from_hash(h) if h else None for h in pipe.execute()]
+
+
+def delete_session(store: Store, session_id: str) -> bool:
+    """Delete a session: it leaves every listing and its steps are refused. Idempotent
+    (returns ``False`` when there was nothing to delete). Raises ``StoreUnavailable``."""
+    if not isinstance(session_id, str) or not SESSION_ID_RE.match(session_id):
+        return False
+    return bool(store.run("delete_session", [session_id, iso(now_ms())], durable=True) == "deleted")
+
+
+def descendants(store: Store, session_id: str) -> list[str]:
+    """Ids of every descendant of the session, any depth, breadth first (deleted included)."""
+    out: list[str] = []
+    level = [session_id]
+    while level:
+        pipe = store.redis.pipeline(transaction=False)
+        for sid in level:
+            pipe.smembers(store.keys.children(sid))
+        nxt: list[str] = []
+        for members in pipe.execute():
+            nxt.extend(sorted(members))
+        out.extend(nxt)
+        level = nxt
+    return out

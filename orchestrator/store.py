@@ -1,0 +1,152 @@
+"""The Redis seam: one client per process, Lua scripts, and the translation of redis-py errors
+into ``StoreUnavailable``.
+
+Idempotent reads are retried with tenacity for a short, bounded time (a failover or a restart
+of Redis); writes are single Lua scripts, retried only where re-running them is harmless.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, ParamSpec, TypeVar
+
+import redis
+from redis.commands.core import Script
+from tenacity import retry, retry_if_exception_type, stop_after_delay, wait_exponential
+
+from orchestrator.errors import StoreUnavailable
+from orchestrator.keys import Keys
+
+P = ParamSpec("P")
+T = TypeVar("T")
+
+_TRANSIENT = (redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingError)
+_SCRIPTS_DIR = Path(__file__).with_name("scripts")
+
+
+def now_ms() -> int:
+    """Wall-clock time in integer epoch milliseconds."""
+    return int(time.time() * 1000)
+
+
+def iso(ms: int) -> str:
+    """Format epoch milliseconds as ISO 8601 UTC with millisecond precision (``...Z``)."""
+    return (
+        datetime.fromtimestamp(ms / 1000, UTC)
+        .isoformat(timespec="milliseconds")
+        .replace("+00:00", "Z")
+    )
+
+
+def new_id(kind: str) -> str:
+    """A fresh opaque id such as ``sess_3f2a...`` (kind + 24 hex digits)."""
+    return f"{kind}_{uuid.uuid4().hex[:24]}"
+
+
+@contextmanager
+def translated() -> Iterator[None]:
+    """Turn redis-py failures raised inside the block into ``StoreUnavailable``."""
+    try:
+        yield
+    except redis.RedisError as exc:
+        raise StoreUnavailable(type(exc).__name__ + (f" ({exc})" if str(exc) else "")) from exc
+
+
+def retried(fn: Callable[P, T]) -> Callable[P, T]:
+    """Retry an idempotent store operation on transient errors for up to 2 s, then raise
+    ``StoreUnavailable``."""
+
+    inner = retry(
+        retry=retry_if_exception_type(_TRANSIENT),
+        stop=stop_after_delay(2.0),
+        wait=wait_exponential(multiplier=0.05, max=0.5),
+        reraise=True,
+    )(fn)
+
+    @functools.wraps(fn)
+    def wrapper(*args: P.args, **kwargs: P.kwargs) -> T:
+        with translated():
+            return inner(*args, **kwargs)
+
+    return wrapper
+
+
+class Store:
+    """A Redis client, the key schema bound to a prefix, and the loaded Lua scripts.
+
+    ``url`` is a redis:// URL; timeouts are seconds and bound every call, so a dead server
+    surfaces as ``StoreUnavailable`` instead of a hang.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        prefix: str,
+        *,
+        socket_timeout: float = 2.0,
+        connect_timeout: float = 1.0,
+    ) -> None:
+        self.url = url
+        self.keys = Keys(prefix)
+        # Typed as Any: redis-py annotates replies as unions over sync/async and bytes/str
+        # modes; with decode_responses=True they are str, and callers check what they read.
+        self.redis: Any = redis.Redis.from_url(
+            url,
+            decode_responses=True,
+            socket_timeout=socket_timeout,
+            socket_connect_timeout=connect_timeout,
+            health_check_interval=10,
+        )
+        self._scripts: dict[str, Script] = {}
+        self._waitaof: bool | None = None
+
+    def script(self, name: str) -> Script:
+        """Return the Lua script ``orchestrator/scripts/<name>.lua`` registered on the client."""
+        found = self._scripts.get(name)
+        if found is None:
+            lib = (_SCRIPTS_DIR / "_lib.lua").read_text(encoding="utf-8")
+            body = (_SCRIPTS_DIR / f"{name}.lua").read_text(encoding="utf-8")
+            found = self.redis.register_script(lib + "\n" + body)
+            self._scripts[name] = found
+        return found
+
+    def run(self, name: str, args: list[Any], *, durable: bool = False) -> Any:
+        """Run the Lua script ``name`` with ``[prefix, *args]`` as ARGV.
+
+        With ``durable``, the reply is returned only once the write is fsynced to the
+        append-only file where the server can confirm it (``WAITAOF``, Redis >= 7.2, sent on
+        the same connection in one pipeline); older servers rely on their own
+        ``appendfsync always`` configuration, which the embedded server uses.
+        Raises ``StoreUnavailable`` on any Redis failure.
+        """
+        argv = [self.keys.prefix, *args]
+        script = self.script(name)
+        with translated():
+            if not durable or self._waitaof is False:
+                return script(keys=[], args=argv)
+            pipe = self.redis.pipeline(transaction=False)
+            script(keys=[], args=argv, client=pipe)
+            pipe.execute_command("WAITAOF", 1, 0, 1000)
+            result, ack = pipe.execute(raise_on_error=False)
+        if isinstance(result, Exception):
+            with translated():
+                raise result
+        if isinstance(ack, redis.ResponseError):
+            # Unknown command (server < 7.2) or appendonly off: nothing more to wait for.
+            self._waitaof = False
+        elif isinstance(ack, Exception):
+            with translated():
+                raise ack
+        else:
+            self._waitaof = True
+        return result
+
+    def close(self) -> None:
+        """Release the connection pool."""
+        self.redis.close()

@@ -1,0 +1,109 @@
+"""The tool calls a turn can make, as the turn runtime executes them.
+
+Each call is reported as ACP ``tool_call`` then ``tool_call_update`` (``completed``,
+``failed``, or ``cancelled`` when the turn was stopped while the tool ran: an in-flight tool
+call settles as a cancelled tool result, never vanishes).
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import subprocess
+import threading
+
+from orchestrator.families import Dispatcher
+from orchestrator.jobs import create_job
+from orchestrator.model import ModelAction
+from orchestrator.reminders import create_reminder
+from orchestrator.sessions import create_session, get_session
+from orchestrator.store import Store, new_id
+from orchestrator.turns import CANCEL_POLL, record_update, start_turn
+
+log = logging.getLogger(__name__)
+
+
+def _exec(seconds: float, cancel: threading.Event) -> str:
+    """Run a child process for ``seconds`` inside the turn; kill it if the turn is stopped."""
+    proc = subprocess.Popen(
+        ["sleep", f"{seconds:g}"],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    try:
+        while proc.poll() is None:
+            if cancel.wait(CANCEL_POLL):
+                proc.send_signal(signal.SIGTERM)
+                try:
+                    proc.wait(2)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait(5)
+                return "cancelled"
+        return "completed" if proc.returncode == 0 else f"failed (exit {proc.returncode})"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
+def run_tool(
+    store: Store,
+    dispatcher: Dispatcher,
+    session_id: str,
+    turn_id: str,
+    action: ModelAction,
+    cancel: threading.Event,
+) -> str:
+    """Execute one tool call for a turn step. Returns the tool result's text."""
+    call_id = new_id("call")
+    title = {
+        "exec": f"exec {action.seconds:g}s",
+        "run": f"background job {action.seconds:g}s",
+        "spawn": "subagent",
+        "remind": f"reminder in {action.seconds:g}s",
+    }[action.tool or ""]
+    record_update(
+        store,
+        session_id,
+        {
+            "sessionUpdate": "tool_call",
+            "turnId": turn_id,
+            "toolCallId": call_id,
+            "title": title,
+            "kind": "execute",
+            "status": "in_progress",
+        },
+    )
+    status = "completed"
+    if action.tool == "exec":
+        outcome = _exec(action.seconds, cancel)
+        status = outcome if outcome in ("completed", "cancelled") else "failed"
+        text = f"exec {action.seconds:g}s: {outcome}"
+    elif action.tool == "run":
+        jid = create_job(
+            store, dispatcher, session_id, action.seconds, f"sleep {action.seconds:g}s"
+        )
+        text = f"started job {jid}"
+    elif action.tool == "spawn":
+        parent = get_session(store, session_id)
+        child = create_session(store, parent.cwd, parent_id=session_id)
+        start_turn(store, dispatcher, child.session_id, action.text, source="subagent")
+        text = f"started subagent {child.session_id}"
+    else:
+        rid = create_reminder(store, session_id, action.seconds, action.text)
+        text = f"stored reminder {rid}"
+    record_update(
+        store,
+        session_id,
+        {
+            "sessionUpdate": "tool_call_update",
+            "turnId": turn_id,
+            "toolCallId": call_id,
+            "status": status,
+            "content": [{"type": "content", "content": {"type": "text", "text": text}}],
+        },
+    )
+    log.info("tool %s: %s", action.tool, text, extra={"session_id": session_id, "turn_id": turn_id})
+    return text

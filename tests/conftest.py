@@ -1,0 +1,126 @@
+"""Test fixtures: a real Redis and real Celery worker processes.
+
+Redis: ``FLEET_TEST_REDIS_URL`` if set; else the server on 127.0.0.1:6379 if one answers; else
+an embedded server started for the run. Every run uses its own key prefix (state and broker
+keys alike) and deletes only its own keys at the end, so it never touches anyone else's data.
+
+The environment is set before any project module reads its settings, so the in-process Celery
+app and the worker processes agree on the broker and the prefix.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+
+from tests.helpers import RecordingDispatcher
+
+_PREFIX = f"fleet-test-{uuid.uuid4().hex[:10]}:"
+_EMBEDDED: Any = None
+
+
+def _pick_redis() -> str:
+    global _EMBEDDED
+    url = os.environ.get("FLEET_TEST_REDIS_URL")
+    if url:
+        return url
+    try:
+        client = redis.Redis(host="127.0.0.1", port=6379, socket_connect_timeout=0.5)
+        client.ping()
+        client.close()
+        return "redis://127.0.0.1:6379/0"
+    except redis.RedisError:
+        pass
+    from api.embedded import EmbeddedRedis
+
+    _EMBEDDED = EmbeddedRedis(Path(tempfile.mkdtemp(prefix="fleet-test-redis-")))
+    _EMBEDDED.start()
+    return str(_EMBEDDED.url)
+
+
+REDIS_URL = _pick_redis()
+os.environ["FLEET_REDIS_URL"] = REDIS_URL
+os.environ["FLEET_KEY_PREFIX"] = _PREFIX
+os.environ.setdefault("FLEET_JOB_LEASE_SECONDS", "2")
+os.environ.setdefault("FLEET_JOB_KILL_GRACE_SECONDS", "1")
+os.environ.setdefault("FLEET_REMINDER_POLL_SECONDS", "0.1")
+os.environ.setdefault("FLEET_GATE_RETRY_SECONDS", "0.2")
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    client = redis.Redis.from_url(REDIS_URL)
+    try:
+        for key in client.scan_iter(match=f"{_PREFIX}*", count=1000):
+            client.delete(key)
+    except redis.RedisError:
+        pass
+    finally:
+        client.close()
+    if _EMBEDDED is not None:
+        _EMBEDDED.stop()
+
+
+@pytest.fixture(scope="session")
+def redis_url() -> str:
+    """URL of the test Redis."""
+    return REDIS_URL
+
+
+@pytest.fixture(scope="session")
+def key_prefix() -> str:
+    """This run's key prefix."""
+    return _PREFIX
+
+
+@pytest.fixture(scope="session")
+def store() -> Iterator[Any]:
+    """An ``orchestrator.store.Store`` on the test Redis and prefix."""
+    from orchestrator.store import Store
+
+    s = Store(REDIS_URL, _PREFIX)
+    yield s
+    s.close()
+
+
+@pytest.fixture(scope="session")
+def dispatcher() -> Any:
+    """A Celery dispatcher publishing to this run's queues (by task name)."""
+    from workers.app import app
+    from workers.dispatch import CeleryDispatcher
+
+    return CeleryDispatcher(app)
+
+
+@pytest.fixture
+def recorder() -> RecordingDispatcher:
+    """A fresh ``RecordingDispatcher``."""
+    return RecordingDispatcher()
+
+
+@pytest.fixture(scope="session")
+def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """Real worker processes for the four families (two job hosts: ``test-1``, ``test-2``),
+    shared by the tests of a run; each test uses its own sessions."""
+    from api.local import LocalFleet
+
+    f = LocalFleet(
+        REDIS_URL,
+        _PREFIX,
+        tmp_path_factory.mktemp("fleet"),
+        hostname="test",
+        job_hosts=2,
+        concurrency=8,
+    )
+    f.start()
+    try:
+        f.wait_ready(90)
+        yield f
+    finally:
+        f.stop()

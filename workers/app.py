@@ -1,0 +1,84 @@
+"""The Celery app: broker, queues (declared with kombu), routing and events.
+
+Importing this module does not import any task code; workers load the task modules through
+``include``, while the API only sends tasks by name (``workers.dispatch``).
+
+Queues per family are listed in ``orchestrator.families``. Every worker lists its control
+queue before its work queue and the Redis transport polls them in that order
+(``queue_order_strategy: priority``), so a stop never waits behind queued work. Steps are
+acknowledged late and rejected on worker loss, so a step whose worker died is redelivered and
+meets the gate again.
+"""
+
+from __future__ import annotations
+
+import os
+
+from celery import Celery
+from kombu import Queue
+
+from orchestrator.families import Family, control_queue, work_queue
+from orchestrator.settings import FleetSettings, get_settings
+
+TASK_MODULES = [
+    "workers.tasks.turn",
+    "workers.tasks.job",
+    "workers.tasks.subagent",
+    "workers.tasks.reminder",
+    "workers.heartbeat",
+]
+
+
+def static_queues() -> list[Queue]:
+    """Every queue whose name does not depend on a host."""
+    names = [
+        control_queue(Family.TURN),
+        work_queue(Family.TURN),
+        control_queue(Family.JOB),
+        work_queue(Family.JOB),
+        control_queue(Family.SUBAGENT),
+        control_queue(Family.REMINDER),
+        work_queue(Family.REMINDER),
+    ]
+    return [Queue(name, routing_key=name) for name in names]
+
+
+def worker_queues(family: Family, host: str) -> list[str]:
+    """The queues a worker of ``family`` consumes, control queues first."""
+    if family is Family.JOB:
+        return [control_queue(Family.JOB, host), control_queue(Family.JOB), work_queue(Family.JOB)]
+    if family is Family.SUBAGENT:
+        return [control_queue(Family.SUBAGENT)]
+    return [control_queue(family), work_queue(family)]
+
+
+def configure(app: Celery, settings: FleetSettings) -> None:
+    """Apply agent-fleet's Celery configuration for ``settings`` to ``app``."""
+    url = settings.redis_url or os.environ.get("FLEET_REDIS_URL") or "redis://127.0.0.1:6379/0"
+    app.conf.update(
+        broker_url=url,
+        broker_connection_retry_on_startup=True,
+        broker_transport_options={
+            # Broker keys live under the fleet's prefix, beside its state.
+            "global_keyprefix": f"{settings.key_prefix}celery:",
+            "queue_order_strategy": "priority",
+            "visibility_timeout": 60,
+        },
+        task_queues=static_queues(),
+        task_default_queue=work_queue(Family.TURN),
+        task_create_missing_queues=True,
+        task_ignore_result=True,
+        task_acks_late=True,
+        task_reject_on_worker_lost=True,
+        worker_prefetch_multiplier=1,
+        worker_send_task_events=True,
+        task_send_sent_event=True,
+        task_serializer="json",
+        accept_content=["json"],
+        worker_hijack_root_logger=False,
+        enable_utc=True,
+    )
+
+
+app = Celery("agent_fleet", include=TASK_MODULES)
+configure(app, get_settings())

@@ -1,0 +1,58 @@
+"""``job.run`` and ``job.stop``; the job supervisor lives as long as the worker."""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+from celery.signals import worker_ready, worker_shutdown
+
+from orchestrator import jobs
+from workers.app import app
+from workers.runtime import get_runtime, supervisor
+
+log = logging.getLogger(__name__)
+
+
+def _is_job_worker() -> bool:
+    return os.environ.get("FLEET_WORKER_FAMILY") == "job"
+
+
+@worker_ready.connect
+def _start_supervisor(**_: Any) -> None:
+    if _is_job_worker():
+        supervisor()
+
+
+@worker_shutdown.connect
+def _stop_supervisor(**_: Any) -> None:
+    rt = get_runtime()
+    if rt.supervisor is not None:
+        rt.supervisor.shutdown()
+
+
+@app.task(name="job.run", acks_late=True)
+def run(session_id: str, job_id: str) -> dict[str, Any]:
+    """Take a starting job and run its process on this host."""
+    return {
+        "sessionId": session_id,
+        "jobId": job_id,
+        "outcome": supervisor().start(session_id, job_id),
+    }
+
+
+@app.task(name="job.stop", acks_late=True)
+def stop(session_id: str, job_ids: list[str]) -> dict[str, Any]:
+    """Stop the named jobs: those running here are terminated; those no worker has taken are
+    marked stopped; those another host took meanwhile are forwarded to it."""
+    rt = get_runtime()
+    sup = supervisor()
+    local = set(sup.pids())
+    outcomes = sup.stop(session_id, [j for j in job_ids if j in local])
+    others = [j for j in job_ids if j not in local]
+    if others:
+        outcomes.update(
+            jobs.stop_unclaimed(rt.store, rt.dispatcher, session_id, others, local_host=rt.host)
+        )
+    return {"sessionId": session_id, "jobs": outcomes}

@@ -1,0 +1,40 @@
+"""``turn.step`` and ``turn.stop``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from celery import Task
+
+from orchestrator import tools, turns
+from orchestrator.errors import StoreUnavailable
+from orchestrator.settings import get_settings
+from workers.app import app
+from workers.runtime import get_runtime
+
+
+@app.task(name="turn.step", bind=True, max_retries=None, acks_late=True)
+def step(self: Task, session_id: str, turn_id: str, index: int) -> dict[str, Any]:
+    """Run step ``index`` of a turn. A step the gate refuses ends the turn ``blocked`` and is
+    reported with a ``task-refused`` event; a step that could not read the gate is retried
+    later (fail closed)."""
+    rt = get_runtime()
+    try:
+        outcome = turns.run_step(
+            rt.store, rt.dispatcher, rt.model, tools.run_tool, session_id, turn_id, int(index)
+        )
+    except StoreUnavailable as exc:
+        raise self.retry(exc=exc, countdown=get_settings().gate_retry_seconds) from exc
+    if outcome == "refused":
+        self.send_event("task-refused", session_id=session_id, turn_id=turn_id, step=index)
+    return {"sessionId": session_id, "turnId": turn_id, "step": index, "outcome": outcome}
+
+
+@app.task(name="turn.stop", acks_late=True)
+def stop(session_id: str, turn_ids: list[str]) -> dict[str, Any]:
+    """Cancel exactly the named turns of a session."""
+    rt = get_runtime()
+    return {
+        "sessionId": session_id,
+        "turns": turns.cancel_turns(rt.store, rt.dispatcher, session_id, list(turn_ids)),
+    }
