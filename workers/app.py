@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 
 from celery import Celery
-from kombu import Queue
+from kombu.entity import Queue
 
 from orchestrator.families import Family, control_queue, work_queue
 from orchestrator.settings import FleetSettings, get_settings

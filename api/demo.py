@@ -1,0 +1,203 @@
+"""``fleet demo``: a real fleet scenario, end to end, with a readable timeline.
+
+Starts Redis (embedded unless ``FLEET_REDIS_URL`` is set; then a fresh key prefix keeps the
+demo's data apart) and one real worker process per family, then:
+
+1. a parent session's turn spawns a subagent, starts a background job (a real process), stores
+   a reminder and keeps thinking;
+2. archive without stopping is refused, naming all four families;
+3. archive with ``stopActivity`` returns at once;
+4. the activity drains to zero (the job's pid is gone, the reminder is deleted and never fires,
+   the subagent's turn is cancelled);
+5. a step queued for the archived lineage is refused by the gate, with no model request;
+6. unarchive restores nothing.
+
+Exits 0 only if every expectation held.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import psutil
+from rich.console import Console
+
+from api.embedded import resolve_redis_url
+from api.local import LocalFleet
+from orchestrator import activity, archive, sessions, turns
+from orchestrator.errors import SessionActive
+from orchestrator.families import Family
+from orchestrator.settings import get_settings
+from orchestrator.store import Store
+
+PARENT_PROMPT = "\n".join([
+    "spawn think 30|say the subagent is done",
+    "run 60",
+    "remind 20 say the reminder fired",
+    "think 60",
+])
+
+
+class Expectation(Exception):
+    """An expectation of the scenario did not hold."""
+
+
+class Timeline:
+    """Prints timestamped lines relative to the start of the scenario."""
+
+    def __init__(self, console: Console) -> None:
+        self.console = console
+        self.t0 = time.monotonic()
+
+    def say(self, text: str, style: str = "") -> None:
+        stamp = f"[dim]{time.monotonic() - self.t0:7.3f}s[/dim]"
+        self.console.print(f"{stamp}  {text}", style=style or None, highlight=False)
+
+    def ok(self, text: str) -> None:
+        self.say(f"[green]✓[/green] {text}")
+
+    def detail(self, text: str) -> None:
+        self.console.print(f"            {text}", highlight=False)
+
+
+def _until(predicate: Callable[[], Any], timeout: float, what: str) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise Expectation(f"timed out after {timeout:g}s waiting for {what}")
+        time.sleep(0.05)
+
+
+def _model_requests(store: Store, sid: str) -> int:
+    return int(store.redis.llen(store.keys.model_requests(sid)))
+
+
+def scenario(store: Store, dispatcher: Any, tl: Timeline) -> None:
+    """The scenario itself; raises ``Expectation`` when something does not hold."""
+    parent = sessions.create_session(store, str(Path.cwd()))
+    sid = parent.session_id
+    tl.say(f"created session [bold]{sid}[/bold]")
+    tid = turns.start_turn(store, dispatcher, sid, PARENT_PROMPT)
+    tl.say(f"prompted turn {tid}: spawn a subagent, run a job, set a reminder, keep thinking")
+
+    def four_families() -> list[activity.ActivityItem] | None:
+        items = activity.census(store, sid)
+        return items if {i.family for i in items} == set(Family) else None
+
+    items = _until(four_families, 30, "live work in all four families")
+    tl.ok("live work in all four families:")
+    for item in items:
+        tl.detail(f"{item.family.value:9} {item.label}")
+    job = next(i for i in items if i.family is Family.JOB)
+    job_pid = int(store.redis.hget(store.keys.job(job.id), "pid"))
+    child = next(i for i in items if i.family is Family.SUBAGENT).id
+    reminder = next(i for i in items if i.family is Family.REMINDER).id
+    child_turns = store.redis.zrange(store.keys.live_turns(child), 0, -1)
+
+    try:
+        archive.archive(store, dispatcher, sid)
+        raise Expectation("archive without stopActivity was not refused")
+    except SessionActive as refused:
+        families = sorted({i.family.value for i in refused.items})
+        if families != sorted(f.value for f in Family):
+            raise Expectation(f"refusal named {families}, not all four families") from None
+        tl.ok(f"archive refused (session_active); it names {len(refused.items)} live items: "
+              + ", ".join(families))
+
+    started = time.monotonic()
+    result = archive.archive(store, dispatcher, sid, stop_activity=True)
+    took_ms = (time.monotonic() - started) * 1000
+    if result.outcome != "archived":
+        raise Expectation(f"archive with stopActivity answered {result.outcome}")
+    tl.ok(f"archive with stopActivity returned in {took_ms:.1f} ms; stops sent: "
+          + json.dumps(result.stop_report.sent))
+    requests_at_archive = {s: _model_requests(store, s) for s in (sid, child)}
+
+    drained_at = _until(lambda: not activity.census(store, sid) and time.monotonic(), 15,
+                        "the activity to drain")
+    tl.ok(f"activity drained to zero {drained_at - started:.2f} s after the archive")
+    if psutil.pid_exists(job_pid) and psutil.Process(job_pid).status() != psutil.STATUS_ZOMBIE:
+        raise Expectation(f"job process {job_pid} is still running")
+    tl.ok(f"job process {job_pid} is gone")
+    rem_state = store.redis.hget(store.keys.reminder(reminder), "state")
+    if rem_state != "deleted":
+        raise Expectation(f"reminder {reminder} is {rem_state}, not deleted")
+    tl.ok(f"reminder {reminder} deleted")
+    for ctid in child_turns:
+        turn = turns.get_turn(store, ctid)
+        if turn is None or turn.state.value != "cancelled":
+            raise Expectation(f"subagent turn {ctid} is {turn and turn.state.value}")
+    tl.ok(f"subagent {child}: turn cancelled")
+    parent_turn = turns.get_turn(store, tid)
+    if parent_turn is None or parent_turn.state.value != "cancelled":
+        raise Expectation(f"parent turn is {parent_turn and parent_turn.state.value}")
+    tl.ok("parent turn cancelled")
+
+    late = turns.start_turn(store, dispatcher, child, "say I woke up late", source="reminder")
+    tl.say(f"queued a late wake-up step for the archived subagent (turn {late})")
+    blocked = _until(lambda: (t := turns.get_turn(store, late)) and t.state.value != "running"
+                     and t.state.value != "queued" and t, 15, "the late step to settle")
+    if blocked.state.value != "blocked":
+        raise Expectation(f"late step ended {blocked.state.value}, not blocked")
+    tl.ok("the gate refused it: turn blocked, no model request")
+
+    restored = archive.unarchive(store, sid)
+    tl.say(f"unarchived {sid} ({restored} sessions restored)")
+    time.sleep(1.5)  # let any wrongly restarted work show itself
+    if activity.census(store, sid):
+        raise Expectation("unarchive restarted work")
+    after = {s: _model_requests(store, s) for s in (sid, child)}
+    if after != requests_at_archive:
+        raise Expectation(f"model requests after the archive: {requests_at_archive} -> {after}")
+    tl.ok("unarchive restored nothing: no live work, no model request since the archive")
+    listed = [s.session_id for s in sessions.list_sessions(store).sessions]
+    if sid not in listed:
+        raise Expectation("the unarchived session is not in the default list")
+    tl.ok("the session is back in the default list")
+
+
+def run_demo(console: Console) -> int:
+    """Run the scenario; return the process exit code (0 only if every expectation held)."""
+    settings = get_settings()
+    url, embedded = resolve_redis_url(settings)
+    # On a shared Redis, a fresh prefix keeps the demo's keys apart from real sessions.
+    prefix = settings.key_prefix
+    if embedded is None:
+        prefix = f"{settings.key_prefix}demo-{uuid.uuid4().hex[:8]}:"
+    os.environ["FLEET_REDIS_URL"] = url
+    os.environ["FLEET_KEY_PREFIX"] = prefix
+    from workers.app import app, configure
+    from workers.dispatch import CeleryDispatcher
+
+    get_settings.cache_clear()
+    configure(app, get_settings())
+    tl = Timeline(console)
+    where = f"embedded Redis at {url}" if embedded else f"{url} (prefix {prefix!r})"
+    tl.say(f"Redis: {where}")
+    fleet = LocalFleet(url, prefix, settings.state_dir / "demo", hostname=settings.hostname)
+    store = Store(url, prefix)
+    try:
+        fleet.start()
+        fleet.wait_ready(90)
+        tl.say(f"workers ready: {', '.join(f'{w.family.value}@{w.host}' for w in fleet.workers)}")
+        scenario(store, CeleryDispatcher(app), tl)
+    except (Expectation, RuntimeError) as exc:
+        tl.say(f"[red]✗ {exc}[/red]")
+        console.print(f"[red]demo failed[/red]; worker logs in {fleet.state_dir / 'logs'}")
+        return 1
+    finally:
+        fleet.stop()
+        store.close()
+        if embedded is not None:
+            embedded.stop()
+    console.print("[green]demo passed[/green]: every expectation held.")
+    return 0

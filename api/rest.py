@@ -1,0 +1,158 @@
+"""The HTTP API (FastAPI). Every route decodes, calls the orchestrator, encodes; errors come
+from ``api/errors.py`` in one shape. OpenAPI at ``/docs`` and ``/openapi.json``."""
+
+from __future__ import annotations
+
+import hmac
+import logging
+from typing import Annotated, Any
+
+from fastapi import Depends, FastAPI, Header, Query, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr
+
+from api.context import dispatcher, store
+from api.errors import error_body, lookup
+from orchestrator import activity, archive, sessions, turns
+from orchestrator.errors import FleetError, SessionNotFound
+from orchestrator.settings import get_settings
+
+log = logging.getLogger(__name__)
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class CreateSession(_Strict):
+    """Body of ``POST /sessions``."""
+
+    cwd: StrictStr = Field(description="Absolute working directory.")
+    parentId: StrictStr | None = Field(default=None, description="Parent session (subagent).")
+
+
+class PromptBody(_Strict):
+    """Body of ``POST /sessions/{id}/prompt``."""
+
+    prompt: StrictStr = Field(max_length=turns.MAX_PROMPT, description="The prompt text.")
+
+
+class ArchiveBody(_Strict):
+    """Body of ``POST /sessions/{id}/archive`` (optional)."""
+
+    stopActivity: StrictBool = Field(
+        default=False, description="Stop live work, then archive; otherwise live work refuses."
+    )
+
+
+def _authorize(authorization: Annotated[str | None, Header()] = None) -> None:
+    token = get_settings().api_token
+    if not token:
+        return
+    supplied = (authorization or "").removeprefix("Bearer ").strip()
+    if not hmac.compare_digest(supplied.encode(), token.encode()):
+        raise _Unauthorized()
+
+
+class _Unauthorized(Exception):
+    pass
+
+
+def create_app() -> FastAPI:
+    """Build the API application."""
+    app = FastAPI(title="agent-fleet", version="0.1.0",
+                  description="Sessions, activity and archive for agent fleets.")
+
+    @app.exception_handler(FleetError)
+    async def _fleet_error(_: Request, exc: FleetError) -> JSONResponse:
+        status, _code = lookup(exc)
+        return JSONResponse(error_body(exc.code, exc.message, exc.data), status_code=status)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
+        errors = [{"loc": list(e.get("loc", ())), "msg": e.get("msg", "")} for e in exc.errors()]
+        where = ", ".join(".".join(str(p) for p in e["loc"]) + f": {e['msg']}" for e in errors)
+        return JSONResponse(error_body("invalid_params", f"Invalid request: {where}",
+                                       {"errors": errors}), status_code=422)
+
+    @app.exception_handler(_Unauthorized)
+    async def _unauthorized(_: Request, exc: _Unauthorized) -> JSONResponse:
+        return JSONResponse(error_body("unauthorized", "A valid bearer token is required."),
+                            status_code=401, headers={"WWW-Authenticate": "Bearer"})
+
+    @app.get("/health", tags=["ops"])
+    def health() -> dict[str, str]:
+        """Liveness: the process answers."""
+        return {"status": "ok"}
+
+    auth = [Depends(_authorize)]
+
+    @app.post("/sessions", status_code=201, dependencies=auth, tags=["sessions"])
+    def create(body: CreateSession) -> dict[str, Any]:
+        """Create a session (a subagent session with ``parentId``)."""
+        return sessions.create_session(store(), body.cwd, body.parentId).to_info()
+
+    @app.get("/sessions", dependencies=auth, tags=["sessions"])
+    def list_(
+        archived: Annotated[str | None, Query(description="exclude | include | only")] = None,
+        cwd: Annotated[str | None, Query(description="Exact absolute cwd.")] = None,
+        cursor: Annotated[str | None, Query(description="nextCursor of the previous page.")] = None,
+        limit: Annotated[int, Query(ge=1, le=sessions.MAX_PAGE)] = sessions.DEFAULT_PAGE,
+    ) -> dict[str, Any]:
+        """List sessions newest activity first; filters apply before pagination."""
+        page = sessions.list_sessions(store(), archived=archived, cwd=cwd, cursor=cursor,
+                                      limit=limit)
+        out: dict[str, Any] = {"sessions": [s.to_info() for s in page.sessions]}
+        if page.next_cursor:
+            out["nextCursor"] = page.next_cursor
+        return out
+
+    @app.get("/sessions/{session_id}", dependencies=auth, tags=["sessions"])
+    def get(session_id: str) -> dict[str, Any]:
+        """One session."""
+        return sessions.get_session(store(), session_id).to_info()
+
+    @app.delete("/sessions/{session_id}", dependencies=auth, tags=["sessions"])
+    def delete(session_id: str) -> dict[str, Any]:
+        """Delete a session (idempotent)."""
+        return {"sessionId": session_id, "deleted": sessions.delete_session(store(), session_id)}
+
+    @app.get("/sessions/{session_id}/activity", dependencies=auth, tags=["activity"])
+    def get_activity(session_id: str) -> dict[str, Any]:
+        """Live work of the session, per item: family, id, label."""
+        items = activity.census(store(), session_id)
+        return {"sessionId": session_id, "activity": [i.to_wire() for i in items]}
+
+    @app.post("/sessions/{session_id}/prompt", status_code=202, dependencies=auth,
+              tags=["turns"])
+    def prompt(session_id: str, body: PromptBody) -> dict[str, Any]:
+        """Start a turn (it queues behind a running one). 409 if the session is archived."""
+        tid = turns.start_turn(store(), dispatcher(), session_id, body.prompt)
+        return {"sessionId": session_id, "turnId": tid}
+
+    @app.get("/turns/{turn_id}", dependencies=auth, tags=["turns"])
+    def get_turn(turn_id: str) -> dict[str, Any]:
+        """A turn's state."""
+        if not sessions.SESSION_ID_RE.match(turn_id):
+            raise SessionNotFound(turn_id[:80])
+        turn = turns.get_turn(store(), turn_id)
+        if turn is None:
+            return JSONResponse(error_body("turn_not_found", f"Turn {turn_id!r} was not found."),
+                                status_code=404)  # type: ignore[return-value]
+        return turn.to_wire()
+
+    @app.post("/sessions/{session_id}/archive", dependencies=auth, tags=["archive"])
+    def archive_(session_id: str, body: ArchiveBody | None = None) -> dict[str, Any]:
+        """Archive. Live work and no ``stopActivity``: 409 ``session_active`` with every live
+        item in ``error.data.activity``. With ``stopActivity``: archived first, stops sent."""
+        stop = body.stopActivity if body else False
+        return archive.archive(store(), dispatcher(), session_id, stop_activity=stop).to_wire()
+
+    @app.post("/sessions/{session_id}/unarchive", dependencies=auth, tags=["archive"])
+    def unarchive_(session_id: str) -> dict[str, Any]:
+        """Unarchive (idempotent); restores nothing that was stopped."""
+        restored = archive.unarchive(store(), session_id)
+        return {"sessionId": session_id, "archived": False, "restored": restored}
+
+    return app
