@@ -284,6 +284,17 @@ def unarchive(session_id: str) -> None:
 
 
 @app.command()
+def acp() -> None:
+    """Speak ACP (JSON-RPC, one message per line) on stdin/stdout: an editor's agent command."""
+    import logging
+
+    from api.acp_stdio import main as acp_main
+
+    logging.basicConfig(stream=sys.stderr, level=logging.WARNING)
+    acp_main()
+
+
+@app.command()
 def demo() -> None:
     """Run a real fleet scenario end to end and print its timeline; exit 0 only if every
     expectation held."""

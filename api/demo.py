@@ -36,12 +36,14 @@ from orchestrator.families import Family
 from orchestrator.settings import get_settings
 from orchestrator.store import Store
 
-PARENT_PROMPT = "\n".join([
-    "spawn think 30|say the subagent is done",
-    "run 60",
-    "remind 20 say the reminder fired",
-    "think 60",
-])
+PARENT_PROMPT = "\n".join(
+    [
+        "spawn think 30|say the subagent is done",
+        "run 60",
+        "remind 20 say the reminder fired",
+        "think 60",
+    ]
+)
 
 
 class Expectation(Exception):
@@ -110,20 +112,25 @@ def scenario(store: Store, dispatcher: Any, tl: Timeline) -> None:
         families = sorted({i.family.value for i in refused.items})
         if families != sorted(f.value for f in Family):
             raise Expectation(f"refusal named {families}, not all four families") from None
-        tl.ok(f"archive refused (session_active); it names {len(refused.items)} live items: "
-              + ", ".join(families))
+        tl.ok(
+            f"archive refused (session_active); it names {len(refused.items)} live items: "
+            + ", ".join(families)
+        )
 
     started = time.monotonic()
     result = archive.archive(store, dispatcher, sid, stop_activity=True)
     took_ms = (time.monotonic() - started) * 1000
     if result.outcome != "archived":
         raise Expectation(f"archive with stopActivity answered {result.outcome}")
-    tl.ok(f"archive with stopActivity returned in {took_ms:.1f} ms; stops sent: "
-          + json.dumps(result.stop_report.sent))
+    tl.ok(
+        f"archive with stopActivity returned in {took_ms:.1f} ms; stops sent: "
+        + json.dumps(result.stop_report.sent)
+    )
     requests_at_archive = {s: _model_requests(store, s) for s in (sid, child)}
 
-    drained_at = _until(lambda: not activity.census(store, sid) and time.monotonic(), 15,
-                        "the activity to drain")
+    drained_at = _until(
+        lambda: not activity.census(store, sid) and time.monotonic(), 15, "the activity to drain"
+    )
     tl.ok(f"activity drained to zero {drained_at - started:.2f} s after the archive")
     if psutil.pid_exists(job_pid) and psutil.Process(job_pid).status() != psutil.STATUS_ZOMBIE:
         raise Expectation(f"job process {job_pid} is still running")
@@ -144,8 +151,16 @@ def scenario(store: Store, dispatcher: Any, tl: Timeline) -> None:
 
     late = turns.start_turn(store, dispatcher, child, "say I woke up late", source="reminder")
     tl.say(f"queued a late wake-up step for the archived subagent (turn {late})")
-    blocked = _until(lambda: (t := turns.get_turn(store, late)) and t.state.value != "running"
-                     and t.state.value != "queued" and t, 15, "the late step to settle")
+    blocked = _until(
+        lambda: (
+            (t := turns.get_turn(store, late))
+            and t.state.value != "running"
+            and t.state.value != "queued"
+            and t
+        ),
+        15,
+        "the late step to settle",
+    )
     if blocked.state.value != "blocked":
         raise Expectation(f"late step ended {blocked.state.value}, not blocked")
     tl.ok("the gate refused it: turn blocked, no model request")

@@ -4,15 +4,17 @@ from ``api/errors.py`` in one shape. OpenAPI at ``/docs`` and ``/openapi.json``.
 from __future__ import annotations
 
 import hmac
+import json
 import logging
 from typing import Annotated, Any
 
-from fastapi import Depends, FastAPI, Header, Query, Request
+from fastapi import Depends, FastAPI, Header, Query, Request, WebSocket, WebSocketDisconnect
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr
 
-from api.context import dispatcher, store
+from api.acp import AcpConnection, EventHub
+from api.context import dispatcher, redis_url, store
 from api.errors import error_body, lookup
 from orchestrator import activity, archive, sessions, turns
 from orchestrator.errors import FleetError, SessionNotFound
@@ -61,8 +63,11 @@ class _Unauthorized(Exception):
 
 def create_app() -> FastAPI:
     """Build the API application."""
-    app = FastAPI(title="agent-fleet", version="0.1.0",
-                  description="Sessions, activity and archive for agent fleets.")
+    app = FastAPI(
+        title="agent-fleet",
+        version="0.1.0",
+        description="Sessions, activity and archive for agent fleets.",
+    )
 
     @app.exception_handler(FleetError)
     async def _fleet_error(_: Request, exc: FleetError) -> JSONResponse:
@@ -73,13 +78,18 @@ def create_app() -> FastAPI:
     async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
         errors = [{"loc": list(e.get("loc", ())), "msg": e.get("msg", "")} for e in exc.errors()]
         where = ", ".join(".".join(str(p) for p in e["loc"]) + f": {e['msg']}" for e in errors)
-        return JSONResponse(error_body("invalid_params", f"Invalid request: {where}",
-                                       {"errors": errors}), status_code=422)
+        return JSONResponse(
+            error_body("invalid_params", f"Invalid request: {where}", {"errors": errors}),
+            status_code=422,
+        )
 
     @app.exception_handler(_Unauthorized)
     async def _unauthorized(_: Request, exc: _Unauthorized) -> JSONResponse:
-        return JSONResponse(error_body("unauthorized", "A valid bearer token is required."),
-                            status_code=401, headers={"WWW-Authenticate": "Bearer"})
+        return JSONResponse(
+            error_body("unauthorized", "A valid bearer token is required."),
+            status_code=401,
+            headers={"WWW-Authenticate": "Bearer"},
+        )
 
     @app.get("/health", tags=["ops"])
     def health() -> dict[str, str]:
@@ -101,8 +111,9 @@ def create_app() -> FastAPI:
         limit: Annotated[int, Query(ge=1, le=sessions.MAX_PAGE)] = sessions.DEFAULT_PAGE,
     ) -> dict[str, Any]:
         """List sessions newest activity first; filters apply before pagination."""
-        page = sessions.list_sessions(store(), archived=archived, cwd=cwd, cursor=cursor,
-                                      limit=limit)
+        page = sessions.list_sessions(
+            store(), archived=archived, cwd=cwd, cursor=cursor, limit=limit
+        )
         out: dict[str, Any] = {"sessions": [s.to_info() for s in page.sessions]}
         if page.next_cursor:
             out["nextCursor"] = page.next_cursor
@@ -124,8 +135,7 @@ def create_app() -> FastAPI:
         items = activity.census(store(), session_id)
         return {"sessionId": session_id, "activity": [i.to_wire() for i in items]}
 
-    @app.post("/sessions/{session_id}/prompt", status_code=202, dependencies=auth,
-              tags=["turns"])
+    @app.post("/sessions/{session_id}/prompt", status_code=202, dependencies=auth, tags=["turns"])
     def prompt(session_id: str, body: PromptBody) -> dict[str, Any]:
         """Start a turn (it queues behind a running one). 409 if the session is archived."""
         tid = turns.start_turn(store(), dispatcher(), session_id, body.prompt)
@@ -138,8 +148,9 @@ def create_app() -> FastAPI:
             raise SessionNotFound(turn_id[:80])
         turn = turns.get_turn(store(), turn_id)
         if turn is None:
-            return JSONResponse(error_body("turn_not_found", f"Turn {turn_id!r} was not found."),
-                                status_code=404)  # type: ignore[return-value]
+            return JSONResponse(
+                error_body("turn_not_found", f"Turn {turn_id!r} was not found."), status_code=404
+            )  # type: ignore[return-value]
         return turn.to_wire()
 
     @app.post("/sessions/{session_id}/archive", dependencies=auth, tags=["archive"])
@@ -155,4 +166,36 @@ def create_app() -> FastAPI:
         restored = archive.unarchive(store(), session_id)
         return {"sessionId": session_id, "archived": False, "restored": restored}
 
+    @app.websocket("/acp")
+    async def acp_socket(ws: WebSocket) -> None:
+        """ACP over WebSocket: one JSON-RPC message per text frame."""
+        token = get_settings().api_token
+        if token:
+            supplied = (ws.headers.get("authorization") or "").removeprefix("Bearer ").strip()
+            supplied = supplied or ws.query_params.get("token", "")
+            if not hmac.compare_digest(supplied.encode(), token.encode()):
+                await ws.close(code=4401, reason="A valid bearer token is required.")
+                return
+        await ws.accept()
+        st = store()
+        global _hub
+        if _hub is None:
+            _hub = EventHub(redis_url(), st.keys.events)
+
+        async def send(message: dict[str, Any]) -> None:
+            await ws.send_text(json.dumps(message, ensure_ascii=False))
+
+        conn = AcpConnection(send, st, dispatcher(), _hub)
+        try:
+            while True:
+                text = await ws.receive_text()
+                await conn.handle_text(text)
+        except WebSocketDisconnect:
+            pass
+        finally:
+            await conn.close()
+
     return app
+
+
+_hub: EventHub | None = None

@@ -31,6 +31,7 @@ from orchestrator.gate import StepRefused, admit
 from orchestrator.model import Model, ModelAction, ModelError, StepRequest, prompt_lines
 from orchestrator.sessions import check_session_id
 from orchestrator.store import Store, iso, new_id, now_ms, retried
+from orchestrator.titles import generated_title, set_title
 
 log = logging.getLogger(__name__)
 
@@ -338,6 +339,8 @@ def run_step(
     turn = get_turn(store, turn_id)
     if turn is None:
         return "missing"
+    if index == 0 and turn.source == "prompt":
+        _generate_title(store, session_id, turn.prompt)
     lines = prompt_lines(turn.prompt)
     total = max(1, len(lines))
     with _StepWatch(store, turn_id) as watch:
@@ -390,6 +393,16 @@ def run_step(
         return "cancelled"
     _after_completion(store, dispatcher, turn, result)
     return "completed"
+
+
+def _generate_title(store: Store, session_id: str, prompt: str) -> None:
+    """An untitled session gets a title from its first prompt. The write is discarded if a
+    client set a title meanwhile (checked atomically by ``titles.set_title``)."""
+    if store.redis.hget(store.keys.session(session_id), "title"):
+        return
+    title = generated_title(prompt)
+    if title:
+        set_title(store, session_id, title, source="generated")
 
 
 def _after_completion(store: Store, dispatcher: Dispatcher, turn: Turn, result: str | None) -> None:

@@ -1,0 +1,474 @@
+"""An ACP agent for the session lifecycle, independent of its transport.
+
+``AcpConnection`` takes JSON-RPC 2.0 messages (one JSON text each) and sends responses and
+``session/update`` notifications through a ``send`` coroutine; ``api/acp_stdio.py`` (one message
+per line) and the ``/acp`` WebSocket of ``api/rest.py`` (one message per frame) are thin
+adapters over it. The rules followed are those of ``shared/acp.md`` (ACP v1, seeds 000/001).
+
+Notifications reach every connection that has a session open, in every API process: domain
+changes are published on Redis (``orchestrator/events.py``) and ``EventHub`` relays them. A
+connection forwards its events in publish order from one loop, and a prompt's answer is sent
+from that same loop after the turn's final event, so every update of a turn reaches the client
+before the ``session/prompt`` response.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import redis.asyncio as aioredis
+
+from api.errors import lookup
+from orchestrator import activity, archive, sessions, titles, turns
+from orchestrator.errors import FleetError, InvalidParams, SessionArchived, SessionNotFound
+from orchestrator.families import Dispatcher
+from orchestrator.store import Store
+
+log = logging.getLogger(__name__)
+
+PROTOCOL_VERSION = 1
+#: Largest JSON-RPC message accepted, in bytes of text.
+MAX_MESSAGE = 1_000_000
+#: Page size of ``session/list``.
+LIST_PAGE = 50
+
+PARSE_ERROR, INVALID_REQUEST, METHOD_NOT_FOUND, INVALID_PARAMS, INTERNAL_ERROR = (
+    -32700,
+    -32600,
+    -32601,
+    -32602,
+    -32603,
+)
+
+AGENT_CAPABILITIES: dict[str, Any] = {
+    "loadSession": True,
+    "promptCapabilities": {"image": False, "audio": False, "embeddedContext": False},
+    "sessionCapabilities": {
+        "list": {},
+        "delete": {},
+        "close": {},
+        "resume": {},
+        "archive": {},
+        "title": {},
+        "setTitle": {},
+    },
+}
+
+Send = Callable[[dict[str, Any]], Awaitable[None]]
+
+
+class RpcError(Exception):
+    """A JSON-RPC error to answer with."""
+
+    def __init__(self, code: int, message: str, data: Any = None) -> None:
+        super().__init__(message)
+        self.code, self.message, self.data = code, message, data
+
+
+def _params(msg: dict[str, Any]) -> dict[str, Any]:
+    params = msg.get("params", {})
+    if params is None:
+        params = {}
+    if not isinstance(params, dict):
+        raise RpcError(INVALID_PARAMS, "params must be an object.")
+    return params
+
+
+def _session_id(params: dict[str, Any]) -> str:
+    sid = params.get("sessionId")
+    if not isinstance(sid, str) or not sid:
+        raise RpcError(INVALID_PARAMS, "sessionId is required and must be a string.")
+    return sid
+
+
+def _prompt_text(params: dict[str, Any]) -> str:
+    blocks = params.get("prompt")
+    if not isinstance(blocks, list) or not blocks:
+        raise RpcError(INVALID_PARAMS, "prompt must be a non-empty array of content blocks.")
+    texts = []
+    for block in blocks:
+        if not isinstance(block, dict) or not isinstance(block.get("type"), str):
+            raise RpcError(INVALID_PARAMS, "each prompt block must be an object with a type.")
+        if block["type"] == "text":
+            if not isinstance(block.get("text"), str):
+                raise RpcError(INVALID_PARAMS, "a text block needs a string 'text'.")
+            texts.append(block["text"])
+        elif block["type"] == "resource_link":
+            texts.append(str(block.get("uri", "")))
+        else:
+            raise RpcError(
+                INVALID_PARAMS,
+                f"content blocks of type {block['type']!r} are not supported; send text.",
+            )
+    return "\n".join(texts)
+
+
+class EventHub:
+    """Relays the fleet's Redis events to the connections of this process that watch a
+    session. One subscription per process, started on first use."""
+
+    def __init__(self, url: str, channel: str) -> None:
+        self.url, self.channel = url, channel
+        self._watchers: dict[str, set[asyncio.Queue[dict[str, Any]]]] = {}
+        self._task: asyncio.Task[None] | None = None
+        self._ready = asyncio.Event()
+
+    async def start(self) -> None:
+        """Subscribe (once per event loop); returns when the subscription is active."""
+        loop = asyncio.get_running_loop()
+        if self._task is None or self._task.done() or self._task.get_loop() is not loop:
+            self._ready = asyncio.Event()
+            self._task = loop.create_task(self._run())
+        await asyncio.wait_for(self._ready.wait(), 10)
+
+    async def _run(self) -> None:
+        while True:
+            client = aioredis.from_url(self.url, decode_responses=True)
+            try:
+                pubsub = client.pubsub()
+                await pubsub.subscribe(self.channel)
+                self._ready.set()
+                async for message in pubsub.listen():
+                    if message.get("type") != "message":
+                        continue
+                    try:
+                        event = json.loads(message["data"])
+                    except (TypeError, ValueError):
+                        continue
+                    for queue in list(self._watchers.get(event.get("sessionId", ""), ())):
+                        queue.put_nowait(event)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # Redis went away: resubscribe after a pause
+                log.warning("event relay lost its subscription: %s", exc)
+                await asyncio.sleep(0.5)
+            finally:
+                with contextlib.suppress(Exception):
+                    await client.aclose()
+
+    def watch(self, session_id: str, queue: asyncio.Queue[dict[str, Any]]) -> None:
+        """Deliver events of ``session_id`` into ``queue``."""
+        self._watchers.setdefault(session_id, set()).add(queue)
+
+    def unwatch(self, session_id: str, queue: asyncio.Queue[dict[str, Any]]) -> None:
+        """Stop delivering events of ``session_id`` into ``queue``."""
+        watchers = self._watchers.get(session_id)
+        if watchers is not None:
+            watchers.discard(queue)
+            if not watchers:
+                del self._watchers[session_id]
+
+
+class AcpConnection:
+    """One client connection: its open sessions, pending prompts and event forwarding."""
+
+    def __init__(self, send: Send, store: Store, dispatcher: Dispatcher, hub: EventHub) -> None:
+        self._send_raw = send
+        self.store, self.dispatcher, self.hub = store, dispatcher, hub
+        self.open: set[str] = set()
+        self.events: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+        self._prompts: dict[str, asyncio.Future[str]] = {}  # turnId -> stopReason
+        # Turns that ended before their prompt's future was registered (a fast turn).
+        self._ended: OrderedDict[str, str] = OrderedDict()
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._forwarder: asyncio.Task[None] | None = None
+        self._send_lock = asyncio.Lock()
+
+    # -- plumbing ----------------------------------------------------------------------------
+    async def send(self, message: dict[str, Any]) -> None:
+        """Send one message (serialized: frames and lines never interleave)."""
+        async with self._send_lock:
+            await self._send_raw(message)
+
+    async def _error(self, msg_id: Any, code: int, message: str, data: Any = None) -> None:
+        error: dict[str, Any] = {"code": code, "message": message}
+        if data is not None:
+            error["data"] = data
+        await self.send({"jsonrpc": "2.0", "id": msg_id, "error": error})
+
+    async def handle_text(self, text: str) -> None:
+        """Handle one incoming JSON-RPC message. Never raises: a malformed message gets an
+        error response and the connection goes on."""
+        if len(text) > MAX_MESSAGE:
+            await self._error(None, INVALID_REQUEST, f"message larger than {MAX_MESSAGE} bytes")
+            return
+        try:
+            msg = json.loads(text)
+        except json.JSONDecodeError as exc:
+            await self._error(None, PARSE_ERROR, f"Parse error: not valid JSON ({exc.msg}).")
+            return
+        if not isinstance(msg, dict) or msg.get("jsonrpc") != "2.0":
+            await self._error(
+                msg.get("id") if isinstance(msg, dict) else None,
+                INVALID_REQUEST,
+                "Invalid request: expected a JSON-RPC 2.0 object.",
+            )
+            return
+        if "method" not in msg:
+            return  # a response to a request we never send: ignore
+        method, msg_id = msg.get("method"), msg.get("id")
+        good_id = "id" not in msg or (
+            isinstance(msg_id, (str, int)) and not isinstance(msg_id, bool)
+        )
+        if not isinstance(method, str) or not good_id:
+            await self._error(
+                msg_id if good_id else None,
+                INVALID_REQUEST,
+                "Invalid request: method must be a string and id a string or an integer.",
+            )
+            return
+        if self._forwarder is None:
+            await self.hub.start()
+            self._forwarder = asyncio.create_task(self._forward())
+        task = asyncio.create_task(self._dispatch(method, msg, "id" in msg))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _dispatch(self, method: str, msg: dict[str, Any], is_request: bool) -> None:
+        msg_id = msg.get("id")
+        handler = _METHODS.get(method) if is_request else _NOTIFICATIONS.get(method)
+        try:
+            if handler is None:
+                if is_request:
+                    raise RpcError(METHOD_NOT_FOUND, f"Method not found: {method}")
+                return
+            result = await handler(self, _params(msg))
+            if is_request:
+                await self.send({"jsonrpc": "2.0", "id": msg_id, "result": result})
+        except RpcError as exc:
+            if is_request:
+                await self._error(msg_id, exc.code, exc.message, exc.data)
+        except FleetError as exc:
+            if is_request:
+                _status, code = lookup(exc)
+                await self._error(msg_id, code, exc.message, exc.data or None)
+        except Exception:
+            log.exception("ACP %s failed", method)
+            if is_request:
+                await self._error(msg_id, INTERNAL_ERROR, "Internal error; see the agent's log.")
+
+    async def drain(self, timeout: float) -> None:
+        """Wait up to ``timeout`` seconds for requests already received to be answered."""
+        if self._tasks:
+            await asyncio.wait(set(self._tasks), timeout=timeout)
+
+    async def close(self) -> None:
+        """The transport closed: stop watching, cancel pending work of this connection."""
+        for sid in list(self.open):
+            self.hub.unwatch(sid, self.events)
+        for task in list(self._tasks):
+            task.cancel()
+        if self._forwarder is not None:
+            self._forwarder.cancel()
+
+    def _open(self, sid: str) -> None:
+        if sid not in self.open:
+            self.open.add(sid)
+            self.hub.watch(sid, self.events)
+
+    async def _forward(self) -> None:
+        while True:
+            event = await self.events.get()
+            sid = event.get("sessionId")
+            kind = event.get("type")
+            update: dict[str, Any] | None = None
+            if kind == "update":
+                update = event.get("update")
+            elif kind in ("archived", "unarchived"):
+                update = {"sessionUpdate": "session_info_update", "archived": kind == "archived"}
+            elif kind == "title":
+                update = {"sessionUpdate": "session_info_update", "title": event.get("title")}
+            if update is not None and sid in self.open:
+                await self.send(
+                    {
+                        "jsonrpc": "2.0",
+                        "method": "session/update",
+                        "params": {"sessionId": sid, "update": update},
+                    }
+                )
+            if kind == "turn" and event.get("state") not in ("queued", "running"):
+                reason = str(event.get("stopReason") or "end_turn")
+                future = self._prompts.pop(str(event.get("turnId")), None)
+                if future is None:
+                    self._ended[str(event.get("turnId"))] = reason
+                    while len(self._ended) > 256:
+                        self._ended.popitem(last=False)
+                elif not future.done():
+                    future.set_result(reason)
+
+    async def _call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        return await asyncio.to_thread(fn, *args, **kwargs)
+
+    # -- methods -----------------------------------------------------------------------------
+    async def initialize(self, params: dict[str, Any]) -> dict[str, Any]:
+        version = params.get("protocolVersion")
+        if not isinstance(version, int) or isinstance(version, bool):
+            raise RpcError(INVALID_PARAMS, "protocolVersion must be an integer.")
+        return {
+            "protocolVersion": min(max(version, 1), PROTOCOL_VERSION),
+            "agentCapabilities": AGENT_CAPABILITIES,
+            "authMethods": [],
+            "agentInfo": {"name": "agent-fleet", "version": "0.1.0"},
+        }
+
+    async def new_session(self, params: dict[str, Any]) -> dict[str, Any]:
+        _mcp_servers(params)
+        session = await self._call(sessions.create_session, self.store, params.get("cwd"))
+        self._open(session.session_id)
+        return {"sessionId": session.session_id}
+
+    async def _openable(self, params: dict[str, Any]) -> sessions.Session:
+        sid = _session_id(params)
+        _mcp_servers(params, required=False)
+        session: sessions.Session = await self._call(sessions.get_session, self.store, sid)
+        if session.archived:
+            raise RpcError(
+                -32004,
+                "Session is archived; call session/unarchive first.",
+                {"sessionId": sid, "archived": True},
+            )
+        return session
+
+    async def load_session(self, params: dict[str, Any]) -> dict[str, Any]:
+        session = await self._openable(params)
+        raw = await self._call(
+            self.store.redis.lrange, self.store.keys.history(session.session_id), 0, -1
+        )
+        for item in raw:
+            await self.send(
+                {
+                    "jsonrpc": "2.0",
+                    "method": "session/update",
+                    "params": {"sessionId": session.session_id, "update": json.loads(item)},
+                }
+            )
+        self._open(session.session_id)
+        return {}
+
+    async def resume_session(self, params: dict[str, Any]) -> dict[str, Any]:
+        session = await self._openable(params)
+        self._open(session.session_id)
+        return {}
+
+    async def close_session(self, params: dict[str, Any]) -> dict[str, Any]:
+        sid = _session_id(params)
+        await self._call(sessions.get_session, self.store, sid)
+        await self._call(turns.cancel_session_turns, self.store, self.dispatcher, sid)
+        if sid in self.open:
+            self.open.discard(sid)
+            self.hub.unwatch(sid, self.events)
+        return {}
+
+    async def delete_session(self, params: dict[str, Any]) -> dict[str, Any]:
+        sid = _session_id(params)
+        with contextlib.suppress(SessionNotFound):
+            await self._call(turns.cancel_session_turns, self.store, self.dispatcher, sid)
+        await self._call(sessions.delete_session, self.store, sid)
+        return {}
+
+    async def list_sessions(self, params: dict[str, Any]) -> dict[str, Any]:
+        cwd, cursor = params.get("cwd"), params.get("cursor")
+        if cursor is not None and not isinstance(cursor, str):
+            raise RpcError(INVALID_PARAMS, "cursor must be a string from nextCursor.")
+        page = await self._call(
+            sessions.list_sessions,
+            self.store,
+            archived=params.get("archived"),
+            cwd=cwd,
+            cursor=cursor,
+            limit=LIST_PAGE,
+        )
+        result: dict[str, Any] = {"sessions": [s.to_info() for s in page.sessions]}
+        if page.next_cursor:
+            result["nextCursor"] = page.next_cursor
+        return result
+
+    async def archive_session(self, params: dict[str, Any]) -> dict[str, Any]:
+        # On ACP the protocol's rule wins: an active session has its work stopped (as if
+        # session/close were called) and is archived; never refused for being busy.
+        sid = _session_id(params)
+        await self._call(archive.archive, self.store, self.dispatcher, sid, stop_activity=True)
+        return {}
+
+    async def unarchive_session(self, params: dict[str, Any]) -> dict[str, Any]:
+        await self._call(archive.unarchive, self.store, _session_id(params))
+        return {}
+
+    async def set_title(self, params: dict[str, Any]) -> dict[str, Any]:
+        sid = _session_id(params)
+        stored = await self._call(titles.set_title, self.store, sid, params["title"])
+        return {"title": stored}
+
+    async def prompt(self, params: dict[str, Any]) -> dict[str, Any]:
+        sid = _session_id(params)
+        text = _prompt_text(params)
+        session: sessions.Session = await self._call(sessions.get_session, self.store, sid)
+        if session.archived:
+            raise SessionArchived(sid)
+        self._open(sid)
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[str] = loop.create_future()
+        tid: str = await self._call(turns.start_turn, self.store, self.dispatcher, sid, text)
+        if tid in self._ended:
+            future.set_result(self._ended.pop(tid))
+        else:
+            self._prompts[tid] = future
+        try:
+            while True:
+                # The event normally settles the future; the poll covers a lost event.
+                done, _ = await asyncio.wait({future}, timeout=2.0)
+                if done:
+                    break
+                turn = await self._call(turns.get_turn, self.store, tid)
+                if turn is not None and turn.state not in turns.LIVE_STATES:
+                    await asyncio.sleep(0.2)  # let the relay deliver the turn's last updates
+                    if not future.done():
+                        future.set_result(turns.STOP_REASON[turn.state])
+        finally:
+            self._prompts.pop(tid, None)
+        return {"stopReason": future.result()}
+
+    async def cancel(self, params: dict[str, Any]) -> None:
+        sid = _session_id(params)
+        await self._call(turns.cancel_session_turns, self.store, self.dispatcher, sid)
+
+    async def activity(self, params: dict[str, Any]) -> dict[str, Any]:
+        items = await self._call(activity.census, self.store, _session_id(params))
+        return {"activity": [i.to_wire() for i in items]}
+
+
+def _mcp_servers(params: dict[str, Any], *, required: bool = True) -> None:
+    servers = params.get("mcpServers", [] if not required else None)
+    if servers is None and not required:
+        return
+    if not isinstance(servers, list):
+        raise InvalidParams(
+            "mcpServers must be an array (it may be empty).", {"param": "mcpServers"}
+        )
+
+
+Handler = Callable[[AcpConnection, dict[str, Any]], Awaitable[Any]]
+
+_METHODS: dict[str, Handler] = {
+    "initialize": AcpConnection.initialize,
+    "session/new": AcpConnection.new_session,
+    "session/load": AcpConnection.load_session,
+    "session/resume": AcpConnection.resume_session,
+    "session/close": AcpConnection.close_session,
+    "session/delete": AcpConnection.delete_session,
+    "session/list": AcpConnection.list_sessions,
+    "session/archive": AcpConnection.archive_session,
+    "session/unarchive": AcpConnection.unarchive_session,
+    "session/set_title": AcpConnection.set_title,
+    "session/prompt": AcpConnection.prompt,
+    "_agentFleet/activity": AcpConnection.activity,
+}
+_NOTIFICATIONS: dict[str, Handler] = {
+    "session/cancel": AcpConnection.cancel,
+}
