@@ -284,6 +284,31 @@ def unarchive(session_id: str) -> None:
 
 
 @app.command()
+def flower(
+    port: int = typer.Option(5555, help="Port of Flower's web UI and HTTP API."),
+    address: str = typer.Option("127.0.0.1", help="Bind address."),
+) -> None:
+    """Run Flower against the configured broker (basic auth from FLEET_FLOWER_BASIC_AUTH,
+    ``user:password``; required unless bound to loopback)."""
+    from api.context import redis_url
+    from orchestrator.settings import get_settings
+
+    url = redis_url()
+    auth = get_settings().flower_basic_auth
+    if not auth and address not in ("127.0.0.1", "localhost", "::1"):
+        err.print("[red]error[/red]: set FLEET_FLOWER_BASIC_AUTH=user:password to serve Flower "
+                  "beyond loopback.")
+        raise typer.Exit(2)
+    from workers.app import app as celery_app
+
+    celery_app.conf.broker_url = url
+    argv = ["flower", f"--port={port}", f"--address={address}"]
+    if auth:
+        argv.append(f"--basic-auth={auth}")
+    celery_app.start(argv)
+
+
+@app.command()
 def acp() -> None:
     """Speak ACP (JSON-RPC, one message per line) on stdin/stdout: an editor's agent command."""
     import logging

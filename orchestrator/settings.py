@@ -46,6 +46,8 @@ class FleetSettings(BaseSettings):
     api_port: int = 8765
     #: Bearer token the API requires (issue: authentication); empty disables it on loopback.
     api_token: str = ""
+    #: ``user:password`` Flower asks for (``fleet flower``); required beyond loopback.
+    flower_basic_auth: str = ""
 
 
 @lru_cache(maxsize=1)

@@ -100,9 +100,9 @@ def test_fleet_services_share_image_and_redis_url(services: dict[str, dict[str, 
 
 def test_secrets_are_required_not_defaulted(services: dict[str, dict[str, Any]]) -> None:
     assert services["api"]["environment"]["FLEET_API_TOKEN"].startswith("${FLEET_API_TOKEN:?")
-    flower = " ".join(_command(services["flower"]))
-    assert "--basic-auth=${FLOWER_BASIC_AUTH:?" in flower
-    assert "workers.app:app" in flower
+    flower = services["flower"]
+    assert _command(flower)[:2] == ["fleet", "flower"]
+    assert flower["environment"]["FLEET_FLOWER_BASIC_AUTH"].startswith("${FLOWER_BASIC_AUTH:?")
 
 
 def test_worker_services_cover_every_family(services: dict[str, dict[str, Any]]) -> None:
