@@ -4,7 +4,6 @@ from ``api/errors.py`` in one shape. OpenAPI at ``/docs`` and ``/openapi.json``.
 from __future__ import annotations
 
 import hmac
-import json
 import logging
 from typing import Annotated, Any
 
@@ -13,7 +12,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr
 
-from api.acp import AcpConnection, EventHub
+from api.acp import AcpConnection, EventHub, encode_message, shared_hub
 from api.context import dispatcher, redis_url, store
 from api.errors import error_body, lookup
 from orchestrator import activity, archive, sessions, turns
@@ -132,7 +131,7 @@ def create_app() -> FastAPI:
     @app.get("/sessions/{session_id}/activity", dependencies=auth, tags=["activity"])
     def get_activity(session_id: str) -> dict[str, Any]:
         """Live work of the session, per item: family, id, label."""
-        items = activity.census(store(), session_id)
+        items = activity.census(store(), session_id, dispatcher())
         return {"sessionId": session_id, "activity": [i.to_wire() for i in items]}
 
     @app.post("/sessions/{session_id}/prompt", status_code=202, dependencies=auth, tags=["turns"])
@@ -144,7 +143,7 @@ def create_app() -> FastAPI:
     @app.get("/turns/{turn_id}", dependencies=auth, tags=["turns"])
     def get_turn(turn_id: str) -> dict[str, Any]:
         """A turn's state."""
-        if not sessions.SESSION_ID_RE.match(turn_id):
+        if not sessions.SESSION_ID_RE.fullmatch(turn_id):
             raise SessionNotFound(turn_id[:80])
         turn = turns.get_turn(store(), turn_id)
         if turn is None:
@@ -168,7 +167,8 @@ def create_app() -> FastAPI:
 
     @app.websocket("/acp")
     async def acp_socket(ws: WebSocket) -> None:
-        """ACP over WebSocket: one JSON-RPC message per text frame."""
+        """ACP over WebSocket: one JSON-RPC message per text frame (a binary frame is read as
+        UTF-8 text). Malformed messages are answered with errors; the socket stays open."""
         token = get_settings().api_token
         if token:
             supplied = (ws.headers.get("authorization") or "").removeprefix("Bearer ").strip()
@@ -178,17 +178,20 @@ def create_app() -> FastAPI:
                 return
         await ws.accept()
         st = store()
-        global _hub
-        if _hub is None:
-            _hub = EventHub(redis_url(), st.keys.events)
 
         async def send(message: dict[str, Any]) -> None:
-            await ws.send_text(json.dumps(message, ensure_ascii=False))
+            await ws.send_text(encode_message(message))
 
-        conn = AcpConnection(send, st, dispatcher(), _hub)
+        conn = AcpConnection(send, st, dispatcher(), shared_hub(redis_url(), st.keys.events))
         try:
             while True:
-                text = await ws.receive_text()
+                frame = await ws.receive()
+                if frame["type"] == "websocket.disconnect":
+                    break
+                text = frame.get("text")
+                if text is None:
+                    data = frame.get("bytes") or b""
+                    text = data.decode("utf-8", errors="replace")
                 await conn.handle_text(text)
         except WebSocketDisconnect:
             pass

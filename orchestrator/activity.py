@@ -11,7 +11,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
-from orchestrator.families import Family
+from orchestrator.families import Dispatcher, Family, send_step
 from orchestrator.sessions import check_session_id, descendants, get_session
 from orchestrator.store import Store, iso, now_ms, retried
 
@@ -52,7 +52,8 @@ def shorten(text: str, limit: int = _LABEL_TEXT) -> str:
 
 
 @retried
-def _own(store: Store, sid: str) -> list[ActivityItem]:
+def _read_own(store: Store, sid: str) -> tuple[list[ActivityItem], list[str], list[str]]:
+    """The session's own live items, plus the ids of turns and jobs whose owner vanished."""
     k = store.keys
     pipe = store.redis.pipeline(transaction=False)
     pipe.zrange(k.live_turns(sid), 0, -1)
@@ -97,32 +98,53 @@ def _own(store: Store, sid: str) -> list[ActivityItem]:
         pos += 1
         label = f'reminder "{shorten(prompt or "")}" due {due}'
         items.append(ActivityItem(Family.REMINDER, rid, label, sid))
-    _settle_stale(store, stale_turns, stale_jobs)
+    return items, stale_turns, stale_jobs
+
+
+def _own(store: Store, sid: str, dispatcher: Dispatcher | None) -> list[ActivityItem]:
+    items, stale_turns, stale_jobs = _read_own(store, sid)
+    _settle_stale(store, dispatcher, sid, stale_turns if dispatcher else [], stale_jobs)
     return items
 
 
-def _settle_stale(store: Store, turns: list[str], jobs: list[str]) -> None:
-    """Records whose owner vanished (lease lapsed) are settled so they never block archive."""
+def _settle_stale(
+    store: Store, dispatcher: Dispatcher | None, sid: str, turns: list[str], jobs: list[str]
+) -> None:
+    """Records whose owner vanished (lease lapsed) are settled so they never block archive.
+    A turn settled here may let the next queued turn run: its first step is sent."""
     ms = now_ms()
     for tid in turns:
-        store.run("turn_finish", [tid, "cancelled", "cancelled", "", ms, iso(ms), "cancelling"])
-        log.info("turn %s: settled as cancelled (its worker is gone)", tid)
+        result = store.run(
+            "turn_finish", [tid, "cancelled", "cancelled", "", ms, iso(ms), "cancelling"]
+        )
+        log.info(
+            "turn %s: settled as cancelled (its worker is gone)",
+            tid,
+            extra={"session_id": sid, "turn_id": tid},
+        )
+        if dispatcher is not None and result[0] == "finished" and result[1]:
+            send_step(dispatcher, sid, result[1], 0)
     for jid in jobs:
         store.run("job_end", [jid, "lost", "", iso(ms), "starting,running"])
         log.warning("job %s: marked lost (its lease lapsed; the owning worker is gone)", jid)
 
 
-def census(store: Store, session_id: str) -> list[ActivityItem]:
+def census(
+    store: Store, session_id: str, dispatcher: Dispatcher | None = None
+) -> list[ActivityItem]:
     """Every live item of a session: its own turns, jobs and reminders, then one ``subagent``
     item per descendant session (any depth) that has live work of its own.
 
+    Records whose owner vanished are settled on the way (a job whose lease lapsed is marked
+    ``lost``); a turn left ``cancelling`` by a dead worker is settled only when a
+    ``dispatcher`` is given, since that can start the session's next queued turn.
     Raises ``SessionNotFound``, ``StoreUnavailable``.
     """
     sid = check_session_id(session_id)
     get_session(store, sid)
-    items = _own(store, sid)
+    items = _own(store, sid, dispatcher)
     for child in descendants(store, sid):
-        own = _own(store, child)
+        own = _own(store, child, dispatcher)
         if not own:
             continue
         counts: dict[str, int] = {}
@@ -133,6 +155,8 @@ def census(store: Store, session_id: str) -> list[ActivityItem]:
     return items
 
 
-def own_items(store: Store, session_id: str) -> list[ActivityItem]:
+def own_items(
+    store: Store, session_id: str, dispatcher: Dispatcher | None = None
+) -> list[ActivityItem]:
     """The session's own live turns, jobs and reminders (no descendants)."""
-    return _own(store, session_id)
+    return _own(store, session_id, dispatcher)

@@ -78,15 +78,21 @@ def archive(
         if outcome == "not_found":
             raise SessionNotFound(sid)
         if outcome == "already":
-            return ArchiveResult(sid, "already_archived")
+            already = ArchiveResult(sid, "already_archived")
+            if stop_activity:
+                # Nothing changes in the archive state, but work that outlived an earlier
+                # stop (a lost or failed dispatch) is asked to stop again.
+                already.stopped = census(store, sid, dispatcher)
+                already.stop_report = dispatch_stops(dispatcher, sid, already.stopped)
+            return already
         if outcome == "archived":
             break
-        items = census(store, sid)
+        items = census(store, sid, dispatcher)
         if items:
             raise SessionActive(sid, items)
         # The work ended between the check and the census: try the archive again.
     else:
-        raise SessionActive(sid, census(store, sid))
+        raise SessionActive(sid, census(store, sid, dispatcher))
 
     done = ArchiveResult(sid, "archived", archived_count=int(result[1]))
     log.info(
@@ -99,7 +105,7 @@ def archive(
     if stop_activity:
         # Read after the write: anything that started before it is seen here, and anything
         # that starts after it is refused by the gate.
-        done.stopped = census(store, sid)
+        done.stopped = census(store, sid, dispatcher)
         done.stop_report = dispatch_stops(dispatcher, sid, done.stopped)
     return done
 

@@ -52,6 +52,11 @@ def control_queue(family: Family, host: str | None = None) -> str:
     return f"{family}.ctl"
 
 
+def send_step(dispatcher: Dispatcher, session_id: str, turn_id: str, index: int) -> None:
+    """Send step ``index`` of a turn to the turn queue."""
+    dispatcher.send(Task.TURN_STEP, [session_id, turn_id, index], work_queue(Family.TURN))
+
+
 class Dispatcher(Protocol):
     """Sends a task by name to a queue and returns without waiting for it to run.
 

@@ -67,8 +67,12 @@ class Keys:
 
     def live_turns(self, sid: str) -> str:
         """ZSET: ids of the session's live turns (queued, running, cancelling) scored by
-        creation time (epoch ms); the lowest queued one runs next."""
+        arrival order (``turn_seq``); the lowest queued one runs next."""
         return f"{self.prefix}turns:live:{sid}"
+
+    def turn_seq(self, sid: str) -> str:
+        """STRING (counter): arrival order of the session's turns; scores ``live_turns``."""
+        return f"{self.prefix}turn:seq:{sid}"
 
     def active_turn(self, sid: str) -> str:
         """STRING: id of the turn currently running for the session (one at a time)."""

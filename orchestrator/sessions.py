@@ -10,6 +10,7 @@ import base64
 import binascii
 import hashlib
 import json
+import math
 import re
 from dataclasses import dataclass
 from enum import StrEnum
@@ -121,7 +122,7 @@ def check_session_id(session_id: object) -> str:
     (a malformed id names no session) or ``InvalidParams`` when it is not a string."""
     if not isinstance(session_id, str):
         raise InvalidParams("sessionId must be a string.", {"param": "sessionId"})
-    if not SESSION_ID_RE.match(session_id):
+    if not SESSION_ID_RE.fullmatch(session_id):
         raise SessionNotFound(session_id[:80])
     return session_id
 
@@ -200,7 +201,13 @@ def _decode_cursor(cursor: object, flt: ArchivedFilter, cwd: str | None) -> tupl
     score, sid = data.get("s"), data.get("i")
     if not isinstance(score, (int, float)) or isinstance(score, bool) or not isinstance(sid, str):
         raise bad
-    return float(score), sid
+    try:
+        value = float(score)
+    except OverflowError:
+        raise bad from None
+    if not math.isfinite(value):
+        raise bad
+    return value, sid
 
 
 @retried
@@ -275,7 +282,7 @@ def _load_many(store: Store, ids: list[str]) -> list[Session | None]:
 def delete_session(store: Store, session_id: str) -> bool:
     """Delete a session: it leaves every listing and its steps are refused. Idempotent
     (returns ``False`` when there was nothing to delete). Raises ``StoreUnavailable``."""
-    if not isinstance(session_id, str) or not SESSION_ID_RE.match(session_id):
+    if not isinstance(session_id, str) or not SESSION_ID_RE.fullmatch(session_id):
         return False
     return bool(store.run("delete_session", [session_id, iso(now_ms())], durable=True) == "deleted")
 

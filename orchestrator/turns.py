@@ -26,7 +26,7 @@ from enum import StrEnum
 from orchestrator import events
 from orchestrator.activity import shorten
 from orchestrator.errors import InvalidParams, SessionArchived, SessionNotFound
-from orchestrator.families import Dispatcher, Family, Task, work_queue
+from orchestrator.families import Dispatcher, send_step
 from orchestrator.gate import StepRefused, admit
 from orchestrator.model import Model, ModelAction, ModelError, StepRequest, prompt_lines
 from orchestrator.sessions import check_session_id
@@ -81,7 +81,7 @@ STOP_REASON = {
     TurnState.COMPLETED: "end_turn",
     TurnState.CANCELLED: "cancelled",
     TurnState.BLOCKED: "cancelled",
-    TurnState.FAILED: "refusal",
+    TurnState.FAILED: "end_turn",  # the error is in the turn's last message
 }
 
 
@@ -143,10 +143,6 @@ def record_update(store: Store, session_id: str, update: dict[str, object]) -> N
     events.publish(store, "update", session_id, update=update)
 
 
-def _dispatch_step(dispatcher: Dispatcher, session_id: str, turn_id: str, index: int) -> None:
-    dispatcher.send(Task.TURN_STEP, [session_id, turn_id, index], work_queue(Family.TURN))
-
-
 def start_turn(
     store: Store, dispatcher: Dispatcher, session_id: str, prompt: str, *, source: str = "prompt"
 ) -> str:
@@ -186,7 +182,7 @@ def start_turn(
     )
     log.info("turn %s %s (%s)", tid, result[0], source, extra={"session_id": sid, "turn_id": tid})
     if result[0] == "run":
-        _dispatch_step(dispatcher, sid, tid, 0)
+        send_step(dispatcher, sid, tid, 0)
     return tid
 
 
@@ -220,7 +216,7 @@ def finish(
             extra={"session_id": turn.session_id, "turn_id": turn_id},
         )
         if result[1]:
-            _dispatch_step(dispatcher, turn.session_id, result[1], 0)
+            send_step(dispatcher, turn.session_id, result[1], 0)
     return True
 
 
@@ -237,7 +233,7 @@ def cancel_turns(
     outcomes: dict[str, str] = {}
     for tid, outcome in zip(flat[::2], flat[1::2], strict=True):
         if outcome == "promoted":
-            _dispatch_step(dispatcher, session_id, tid, 0)
+            send_step(dispatcher, session_id, tid, 0)
             continue
         outcomes[tid] = outcome
         extra = {"session_id": session_id, "turn_id": tid}
@@ -384,7 +380,7 @@ def run_step(
     if index + 1 < total:
         advanced = store.run("turn_advance", [turn_id, index + 1])
         if advanced == "ok":
-            _dispatch_step(dispatcher, session_id, turn_id, index + 1)
+            send_step(dispatcher, session_id, turn_id, index + 1)
             return "ran"
         finish(store, dispatcher, turn_id, TurnState.CANCELLED)
         return "cancelled"

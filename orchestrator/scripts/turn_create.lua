@@ -17,8 +17,11 @@ if redis.call('EXISTS', active_key) == 0 then state = 'running' end
 redis.call('HSET', P .. 'turn:' .. tid, 'turnId', tid, 'sessionId', sid, 'state', state,
   'prompt', prompt, 'label', label, 'source', source, 'step', 0, 'stopReason', '',
   'error', '', 'createdAt', now, 'endedAt', '')
-redis.call('ZADD', P .. 'turns:live:' .. sid, ms, tid)
-touch(sid, ms, now)
+-- Ordered by a per-session sequence, not the clock: prompts sent within one millisecond
+-- still run in the order they arrived.
+redis.call('ZADD', P .. 'turns:live:' .. sid, redis.call('INCR', P .. 'turn:seq:' .. sid), tid)
+-- A wake-up of an archived lineage is stored (its step meets the gate) but is not activity.
+if not archived_in_lineage(sid) then touch(sid, ms, now) end
 if state == 'running' then
   redis.call('SET', active_key, tid)
   return {'run'}

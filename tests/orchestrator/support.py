@@ -1,0 +1,80 @@
+"""Helpers for the orchestrator tests (import as ``from tests.orchestrator.support import ...``).
+
+Everything here drives the domain through ``orchestrator`` functions only; no worker process
+runs. ``deliver`` plays the part of the workers for recorded stop messages, so a test can see
+what a stop does once it arrives without starting Celery.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from orchestrator import jobs, reminders, sessions, subagents, turns
+from orchestrator.families import Task
+from orchestrator.sessions import Session
+from orchestrator.store import Store
+from tests.helpers import RecordingDispatcher
+
+STOP_TASKS = frozenset({Task.TURN_STOP, Task.JOB_STOP, Task.SUBAGENT_STOP, Task.REMINDER_STOP})
+
+
+def unique_cwd() -> str:
+    """An absolute cwd no other test uses, so a cwd-filtered listing sees only this test."""
+    return f"/tmp/fleet-tests/{uuid.uuid4().hex}"
+
+
+def chain(store: Store, depth: int, cwd: str | None = None) -> list[Session]:
+    """A root session and ``depth`` nested subagents: ``[root, child, grandchild, ...]``."""
+    where = cwd or unique_cwd()
+    out = [sessions.create_session(store, where)]
+    for _ in range(depth):
+        out.append(sessions.create_session(store, where, parent_id=out[-1].session_id))
+    return out
+
+
+def stops(recorder: RecordingDispatcher, since: int = 0) -> list[tuple[str, list[Any], str]]:
+    """The stop messages the recorder received (from index ``since`` on)."""
+    return [m for m in recorder.sent[since:] if m[0] in STOP_TASKS]
+
+
+def deliver(store: Store, recorder: RecordingDispatcher, messages: list[Any]) -> None:
+    """Do what the family workers do with the given stop messages (no processes: jobs are only
+    ever stored here, never forked, and never carry a pid)."""
+    for task, args, queue in messages:
+        if task == Task.TURN_STOP:
+            turns.cancel_turns(store, recorder, args[0], list(args[1]))
+        elif task == Task.JOB_STOP:
+            host = queue.removeprefix("job.ctl.") if queue != "job.ctl" else "no-such-host"
+            jobs.stop_unclaimed(store, recorder, args[0], list(args[1]), local_host=host)
+        elif task == Task.SUBAGENT_STOP:
+            subagents.stop_subagents(store, recorder, args[0], list(args[1]))
+        elif task == Task.REMINDER_STOP:
+            reminders.stop_reminders(store, args[0])
+        else:  # pragma: no cover - a test passed something that is not a stop
+            raise AssertionError(f"not a stop message: {task}")
+
+
+def claim_job(store: Store, job_id: str, host: str = "hostA") -> str:
+    """Take a starting job as a job worker on ``host`` would (no process is started)."""
+    result: str = store.run("job_claim", [job_id, host, 5000, "2026-01-01T00:00:00Z"])
+    return result
+
+
+def model_requests(store: Store, session_id: str) -> list[str]:
+    """The session's recorded model requests (JSON strings)."""
+    found: list[str] = store.redis.lrange(store.keys.model_requests(session_id), 0, -1)
+    return found
+
+
+class FailingDispatcher(RecordingDispatcher):
+    """Records like ``RecordingDispatcher`` but raises for the tasks in ``fail``."""
+
+    def __init__(self, fail: set[str]) -> None:
+        super().__init__()
+        self.fail = fail
+
+    def send(self, task: str, args: list[Any], queue: str) -> None:
+        if task in self.fail:
+            raise RuntimeError("broker down")
+        super().send(task, args, queue)

@@ -1,0 +1,148 @@
+"""Jobs: the start lease, the claim (refused for archived lineages), stops of unclaimed jobs.
+
+No job process is ever started here: jobs are claimed through ``job_claim.lua`` directly and
+never carry a pid.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from orchestrator import archive, jobs, sessions
+from orchestrator.activity import census
+from orchestrator.jobs import JobState
+from orchestrator.store import Store
+from tests.helpers import RecordingDispatcher
+from tests.orchestrator.support import chain, claim_job
+
+
+def job(store: Store, jid: str) -> dict[str, str]:
+    found: dict[str, str] = store.redis.hgetall(store.keys.job(jid))
+    return found
+
+
+@pytest.fixture
+def sid(store: Store, cwd: str) -> str:
+    return sessions.create_session(store, cwd).session_id
+
+
+def test_a_new_job_is_starting_with_a_start_lease_and_is_sent_to_the_job_queue(
+    store: Store, recorder: RecordingDispatcher, sid: str
+) -> None:
+    jid = jobs.create_job(store, recorder, sid, 30, "sleep 30s")
+
+    assert job(store, jid)["state"] == JobState.STARTING
+    assert 0 < store.redis.pttl(store.keys.job_lease(jid)) <= jobs.START_TIMEOUT_MS
+    assert store.redis.smembers(store.keys.live_jobs(sid)) == {jid}
+    assert recorder.sent == [("job.run", [sid, jid], "job")]
+
+
+def test_claiming_a_starting_job_makes_it_run_on_that_host(
+    store: Store, recorder: RecordingDispatcher, sid: str
+) -> None:
+    jid = jobs.create_job(store, recorder, sid, 30, "sleep 30s")
+
+    assert claim_job(store, jid, "hostA") == "ok"
+
+    h = job(store, jid)
+    assert (h["state"], h["host"]) == (JobState.RUNNING, "hostA")
+    assert store.redis.get(store.keys.job_lease(jid)) == "hostA"
+    # A second worker taking the same job gets told it is running already
+    assert claim_job(store, jid, "hostB") == JobState.RUNNING
+    assert job(store, jid)["host"] == "hostA"
+
+
+def test_claiming_a_job_of_an_archived_session_is_refused_and_it_is_not_live(
+    store: Store, recorder: RecordingDispatcher, sid: str
+) -> None:
+    # Given a starting job, and its session archived with stopActivity before any worker took it
+    jid = jobs.create_job(store, recorder, sid, 30, "sleep 30s")
+    archive.archive(store, recorder, sid, stop_activity=True)
+    # When a job worker takes it
+    outcome = claim_job(store, jid, "hostA")
+    # Then it is refused naming the archived session, ends refused and is not live
+    assert outcome == f"refused:{sid}"
+    assert job(store, jid)["state"] == JobState.REFUSED
+    assert not store.redis.exists(store.keys.job_lease(jid))
+    assert census(store, sid) == []
+
+
+def test_claiming_a_job_under_an_archived_ancestor_is_refused(
+    store: Store, recorder: RecordingDispatcher, cwd: str
+) -> None:
+    root, child = chain(store, 1, cwd)
+    jid = jobs.create_job(store, recorder, child.session_id, 30, "sleep 30s")
+    archive.archive(store, recorder, root.session_id, stop_activity=True)
+
+    assert claim_job(store, jid, "hostA").startswith("refused:")
+    assert job(store, jid)["state"] == JobState.REFUSED
+
+
+def test_claiming_a_job_of_a_deleted_session_is_refused(
+    store: Store, recorder: RecordingDispatcher, sid: str
+) -> None:
+    jid = jobs.create_job(store, recorder, sid, 30, "sleep 30s")
+    sessions.delete_session(store, sid)
+
+    assert claim_job(store, jid, "hostA") == f"refused:{sid}"
+    assert job(store, jid)["state"] == JobState.REFUSED
+
+
+def test_claiming_an_unknown_job_says_missing(store: Store) -> None:
+    assert claim_job(store, "job_nope", "hostA") == "missing"
+
+
+def test_stop_unclaimed_stops_a_starting_job_before_any_worker_takes_it(
+    store: Store, recorder: RecordingDispatcher, sid: str
+) -> None:
+    # Given a starting job
+    jid = jobs.create_job(store, recorder, sid, 30, "sleep 30s")
+    mark = len(recorder.sent)
+    # When it is stopped by a worker that does not supervise it
+    outcome = jobs.stop_unclaimed(store, recorder, sid, [jid], local_host="hostA")
+    # Then it ends stopped, is no longer live, and a worker taking it later starts nothing
+    assert outcome == {jid: "stopped before it started"}
+    assert job(store, jid)["state"] == JobState.STOPPED
+    assert census(store, sid) == []
+    assert claim_job(store, jid, "hostB") == JobState.STOPPED
+    assert recorder.sent[mark:] == []
+
+
+def test_stop_unclaimed_forwards_the_stop_of_a_job_running_on_another_host(
+    store: Store, recorder: RecordingDispatcher, sid: str
+) -> None:
+    jid = jobs.create_job(store, recorder, sid, 30, "sleep 30s")
+    claim_job(store, jid, "hostB")
+    mark = len(recorder.sent)
+
+    outcome = jobs.stop_unclaimed(store, recorder, sid, [jid], local_host="hostA")
+
+    assert outcome == {jid: "forwarded to hostB"}
+    assert recorder.sent[mark:] == [("job.stop", [sid, [jid]], "job.ctl.hostB")]
+    assert job(store, jid)["state"] == JobState.RUNNING
+
+
+def test_stop_unclaimed_ends_a_local_orphan_recorded_without_a_process(
+    store: Store, recorder: RecordingDispatcher, sid: str
+) -> None:
+    # A job recorded as running here that this worker does not supervise (no pid recorded,
+    # so no process group is signalled)
+    jid = jobs.create_job(store, recorder, sid, 30, "sleep 30s")
+    claim_job(store, jid, "hostA")
+
+    outcome = jobs.stop_unclaimed(store, recorder, sid, [jid], local_host="hostA")
+
+    assert outcome == {jid: "orphan killed"}
+    assert job(store, jid)["state"] == JobState.STOPPED
+    assert census(store, sid) == []
+
+
+def test_stop_unclaimed_reports_jobs_that_already_ended(
+    store: Store, recorder: RecordingDispatcher, sid: str
+) -> None:
+    jid = jobs.create_job(store, recorder, sid, 30, "sleep 30s")
+    jobs.stop_unclaimed(store, recorder, sid, [jid], local_host="hostA")
+
+    again = jobs.stop_unclaimed(store, recorder, sid, [jid, "job_nope"], local_host="hostA")
+
+    assert again == {jid: JobState.STOPPED, "job_nope": "missing"}
