@@ -18,6 +18,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import weakref
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -61,6 +62,44 @@ AGENT_CAPABILITIES: dict[str, Any] = {
 }
 
 Send = Callable[[dict[str, Any]], Awaitable[None]]
+
+#: ``ToolCallStatus`` values of ACP v1. The orchestrator also records ``cancelled``, which
+#: ACP v1 lacks; on the wire it becomes ``failed`` with the original kept in ``_meta``.
+_TOOL_CALL_STATUSES = frozenset({"pending", "in_progress", "completed", "failed"})
+
+
+def encode_message(message: dict[str, Any]) -> str:
+    """One JSON-RPC message as JSON text, UTF-8 safe: a lone surrogate (which a client can
+    send as a ``\\ud800`` escape and which an error message may echo) cannot be encoded as
+    UTF-8, so such a message is written with ASCII escapes instead of failing to send."""
+    text = json.dumps(message, ensure_ascii=False)
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        text = json.dumps(message, ensure_ascii=True)
+    return text
+
+
+def wire_update(update: dict[str, Any]) -> dict[str, Any]:
+    """A recorded ``session/update`` payload in ACP v1 shape: the fleet's own fields
+    (``turnId``, a ``cancelled`` tool-call status) move to ``_meta.agentFleet``."""
+    out = dict(update)
+    ours: dict[str, Any] = {}
+    if "turnId" in out:
+        ours["turnId"] = out.pop("turnId")
+    status = out.get("status")
+    if (
+        out.get("sessionUpdate") in ("tool_call", "tool_call_update")
+        and status is not None
+        and status not in _TOOL_CALL_STATUSES
+    ):
+        ours["status"] = status
+        out["status"] = "failed"
+    if ours:
+        meta = dict(out.get("_meta") or {})
+        meta["agentFleet"] = {**(meta.get("agentFleet") or {}), **ours}
+        out["_meta"] = meta
+    return out
 
 
 class RpcError(Exception):
@@ -165,6 +204,21 @@ class EventHub:
                 del self._watchers[session_id]
 
 
+_HUBS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, EventHub] = weakref.WeakKeyDictionary()
+
+
+def shared_hub(url: str, channel: str) -> EventHub:
+    """The event hub of the running event loop (one subscription per loop and channel).
+
+    A hub's queues belong to its loop, so connections served by different loops (a test
+    client's portal beside a server) never share one: each loop relays to its own."""
+    loop = asyncio.get_running_loop()
+    hub = _HUBS.get(loop)
+    if hub is None or (hub.url, hub.channel) != (url, channel):
+        hub = _HUBS[loop] = EventHub(url, channel)
+    return hub
+
+
 class AcpConnection:
     """One client connection: its open sessions, pending prompts and event forwarding."""
 
@@ -203,28 +257,44 @@ class AcpConnection:
         except json.JSONDecodeError as exc:
             await self._error(None, PARSE_ERROR, f"Parse error: not valid JSON ({exc.msg}).")
             return
+        except RecursionError:
+            await self._error(None, PARSE_ERROR, "Parse error: JSON nested too deeply.")
+            return
+        msg_id = msg.get("id") if isinstance(msg, dict) else None
+        # JSON-RPC ids are strings, integers or null (ACP RequestId); anything else is echoed
+        # as null, since it cannot identify a request.
+        good_id = msg_id is None or (
+            isinstance(msg_id, (str, int)) and not isinstance(msg_id, bool)
+        )
         if not isinstance(msg, dict) or msg.get("jsonrpc") != "2.0":
             await self._error(
-                msg.get("id") if isinstance(msg, dict) else None,
+                msg_id if good_id else None,
                 INVALID_REQUEST,
                 "Invalid request: expected a JSON-RPC 2.0 object.",
             )
             return
         if "method" not in msg:
-            return  # a response to a request we never send: ignore
-        method, msg_id = msg.get("method"), msg.get("id")
-        good_id = "id" not in msg or (
-            isinstance(msg_id, (str, int)) and not isinstance(msg_id, bool)
-        )
+            if "result" in msg or "error" in msg:
+                return  # a response to a request we never send: ignore
+            await self._error(
+                msg_id if good_id else None,
+                INVALID_REQUEST,
+                "Invalid request: a request needs a method.",
+            )
+            return
+        method = msg.get("method")
         if not isinstance(method, str) or not good_id:
             await self._error(
                 msg_id if good_id else None,
                 INVALID_REQUEST,
-                "Invalid request: method must be a string and id a string or an integer.",
+                "Invalid request: method must be a string and id a string, an integer or null.",
             )
             return
         if self._forwarder is None:
-            await self.hub.start()
+            try:
+                await self.hub.start()
+            except Exception as exc:  # Redis unreachable: requests still get their answers
+                log.warning("event relay not subscribed yet: %s", exc)
             self._forwarder = asyncio.create_task(self._forward())
         task = asyncio.create_task(self._dispatch(method, msg, "id" in msg))
         self._tasks.add(task)
@@ -248,6 +318,15 @@ class AcpConnection:
             if is_request:
                 _status, code = lookup(exc)
                 await self._error(msg_id, code, exc.message, exc.data or None)
+        except UnicodeError:
+            # A string with a lone surrogate (a "\ud800" escape) reached the store: the
+            # client's mistake, not ours.
+            if is_request:
+                await self._error(
+                    msg_id,
+                    INVALID_PARAMS,
+                    "Invalid params: strings must be valid Unicode (no lone surrogates).",
+                )
         except Exception:
             log.exception("ACP %s failed", method)
             if is_request:
@@ -284,14 +363,17 @@ class AcpConnection:
                 update = {"sessionUpdate": "session_info_update", "archived": kind == "archived"}
             elif kind == "title":
                 update = {"sessionUpdate": "session_info_update", "title": event.get("title")}
-            if update is not None and sid in self.open:
-                await self.send(
-                    {
-                        "jsonrpc": "2.0",
-                        "method": "session/update",
-                        "params": {"sessionId": sid, "update": update},
-                    }
-                )
+            if isinstance(update, dict) and sid in self.open:
+                try:
+                    await self.send(
+                        {
+                            "jsonrpc": "2.0",
+                            "method": "session/update",
+                            "params": {"sessionId": sid, "update": wire_update(update)},
+                        }
+                    )
+                except Exception as exc:  # the transport is closing; keep settling prompts
+                    log.debug("update for %s not sent: %s", sid, exc)
             if kind == "turn" and event.get("state") not in ("queued", "running"):
                 reason = str(event.get("stopReason") or "end_turn")
                 future = self._prompts.pop(str(event.get("turnId")), None)
@@ -345,7 +427,10 @@ class AcpConnection:
                 {
                     "jsonrpc": "2.0",
                     "method": "session/update",
-                    "params": {"sessionId": session.session_id, "update": json.loads(item)},
+                    "params": {
+                        "sessionId": session.session_id,
+                        "update": wire_update(json.loads(item)),
+                    },
                 }
             )
         self._open(session.session_id)
@@ -402,7 +487,8 @@ class AcpConnection:
 
     async def set_title(self, params: dict[str, Any]) -> dict[str, Any]:
         sid = _session_id(params)
-        stored = await self._call(titles.set_title, self.store, sid, params["title"])
+        # A missing title is the same mistake as a null one: -32602 "Title must not be empty."
+        stored = await self._call(titles.set_title, self.store, sid, params.get("title"))
         return {"title": stored}
 
     async def prompt(self, params: dict[str, Any]) -> dict[str, Any]:

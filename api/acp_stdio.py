@@ -1,38 +1,103 @@
 """``fleet acp``: the ACP agent over stdio, one JSON-RPC message per line (UTF-8, ``\\n``).
 
-Logs go to stderr; stdout carries protocol messages only.
+Logs go to stderr; stdout carries protocol messages only. A line longer than
+``MAX_MESSAGE`` is answered with an error and skipped whole; the connection goes on.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import sys
+import threading
+from collections.abc import AsyncIterator
 from typing import Any
 
-from api.acp import AcpConnection, EventHub
+from api.acp import INVALID_REQUEST, MAX_MESSAGE, AcpConnection, encode_message, shared_hub
 from api.context import dispatcher, redis_url, store
+
+_CHUNK = 1 << 16
+
+
+async def _stdin_reader() -> asyncio.StreamReader:
+    """A stream reader on stdin: a pipe, socket or terminal is read by the event loop; any
+    other file (``fleet acp < requests.jsonl``) by a thread."""
+    loop = asyncio.get_running_loop()
+    reader = asyncio.StreamReader(limit=2 * _CHUNK)
+    try:
+        await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
+    except ValueError:  # a regular file: the loop cannot watch it
+
+        def feed() -> None:
+            try:
+                while chunk := sys.stdin.buffer.read1(_CHUNK):
+                    loop.call_soon_threadsafe(reader.feed_data, chunk)
+            finally:
+                loop.call_soon_threadsafe(reader.feed_eof)
+
+        threading.Thread(target=feed, name="acp-stdin", daemon=True).start()
+    return reader
+
+
+async def _lines(reader: asyncio.StreamReader, too_long: Any) -> AsyncIterator[bytes]:
+    """Complete lines from ``reader`` (without the ``\\n``). A line over ``MAX_MESSAGE``
+    bytes is dropped up to its end and reported once through ``too_long()``."""
+    buffer = bytearray()
+    skipping = False
+    while True:
+        chunk = await reader.read(_CHUNK)
+        if not chunk:
+            if buffer and not skipping:
+                yield bytes(buffer)
+            return
+        start = 0
+        while True:
+            end = chunk.find(b"\n", start)
+            if end < 0:
+                break
+            if skipping:
+                skipping = False
+            else:
+                buffer += chunk[start:end]
+                if len(buffer) > MAX_MESSAGE:
+                    await too_long()
+                else:
+                    yield bytes(buffer)
+            buffer.clear()
+            start = end + 1
+        if not skipping:
+            buffer += chunk[start:]
+            if len(buffer) > MAX_MESSAGE:
+                buffer.clear()
+                skipping = True
+                await too_long()
 
 
 async def serve_stdio() -> None:
     """Serve one client on stdin/stdout until stdin closes."""
-    loop = asyncio.get_running_loop()
-    reader = asyncio.StreamReader(limit=2**24)
-    await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
+    reader = await _stdin_reader()
     out = sys.stdout.buffer
 
     async def send(message: dict[str, Any]) -> None:
-        out.write(json.dumps(message, ensure_ascii=False).encode() + b"\n")
+        out.write(encode_message(message).encode("utf-8") + b"\n")
         out.flush()
 
     st = store()
-    hub = EventHub(redis_url(), st.keys.events)
-    conn = AcpConnection(send, st, dispatcher(), hub)
+    conn = AcpConnection(send, st, dispatcher(), shared_hub(redis_url(), st.keys.events))
+
+    async def too_long() -> None:
+        await conn.send(
+            {
+                "jsonrpc": "2.0",
+                "id": None,
+                "error": {
+                    "code": INVALID_REQUEST,
+                    "message": f"Invalid request: message larger than {MAX_MESSAGE} bytes.",
+                },
+            }
+        )
+
     try:
-        while True:
-            line = await reader.readline()
-            if not line:
-                break
+        async for line in _lines(reader, too_long):
             text = line.decode("utf-8", errors="replace").strip()
             if text:
                 await conn.handle_text(text)

@@ -16,7 +16,7 @@ from typing import Any
 
 import typer
 from rich.console import Console
-from rich.table import Table
+from rich.table import Column, Table
 
 from orchestrator.errors import FleetError, SessionActive
 
@@ -185,7 +185,14 @@ def sessions_ls(
     if as_json:
         print(json.dumps([s.to_info() for s in sessions], indent=2))
         return
-    table = Table("sessionId", "cwd", "title", "updatedAt", "archived", "parent")
+    table = Table(
+        Column("sessionId", no_wrap=True, min_width=29),
+        "cwd",
+        "title",
+        Column("updatedAt", no_wrap=True),
+        "archived",
+        Column("parent", no_wrap=True, min_width=29),
+    )
     for s in sessions:
         table.add_row(
             s.session_id,
@@ -296,8 +303,10 @@ def flower(
     url = redis_url()
     auth = get_settings().flower_basic_auth
     if not auth and address not in ("127.0.0.1", "localhost", "::1"):
-        err.print("[red]error[/red]: set FLEET_FLOWER_BASIC_AUTH=user:password to serve Flower "
-                  "beyond loopback.")
+        err.print(
+            "[red]error[/red]: set FLEET_FLOWER_BASIC_AUTH=user:password to serve Flower "
+            "beyond loopback."
+        )
         raise typer.Exit(2)
     from workers.app import app as celery_app
 

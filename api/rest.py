@@ -11,12 +11,13 @@ from fastapi import Depends, FastAPI, Header, Query, Request, WebSocket, WebSock
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from api.acp import AcpConnection, EventHub, encode_message, shared_hub
 from api.context import dispatcher, redis_url, store
 from api.errors import error_body, lookup
 from orchestrator import activity, archive, sessions, turns
-from orchestrator.errors import FleetError, SessionNotFound
+from orchestrator.errors import FleetError
 from orchestrator.settings import get_settings
 
 log = logging.getLogger(__name__)
@@ -47,12 +48,18 @@ class ArchiveBody(_Strict):
     )
 
 
+def bearer_ok(authorization: str | None, token: str) -> bool:
+    """Whether an ``Authorization`` header carries ``token`` with the Bearer scheme (the
+    scheme is case-insensitive, RFC 7235); compared in constant time."""
+    scheme, _, supplied = (authorization or "").strip().partition(" ")
+    if scheme.lower() != "bearer":
+        return False
+    return hmac.compare_digest(supplied.strip().encode(), token.encode())
+
+
 def _authorize(authorization: Annotated[str | None, Header()] = None) -> None:
     token = get_settings().api_token
-    if not token:
-        return
-    supplied = (authorization or "").removeprefix("Bearer ").strip()
-    if not hmac.compare_digest(supplied.encode(), token.encode()):
+    if token and not bearer_ok(authorization, token):
         raise _Unauthorized()
 
 
@@ -80,6 +87,19 @@ def create_app() -> FastAPI:
         return JSONResponse(
             error_body("invalid_params", f"Invalid request: {where}", {"errors": errors}),
             status_code=422,
+        )
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
+        message = {
+            404: "No such resource; see /docs for the API's paths.",
+            405: "That method is not allowed on this path; see /docs.",
+        }.get(exc.status_code, str(exc.detail))
+        return JSONResponse(
+            error_body(code, message),
+            status_code=exc.status_code,
+            headers=getattr(exc, "headers", None),
         )
 
     @app.exception_handler(_Unauthorized)
@@ -143,9 +163,9 @@ def create_app() -> FastAPI:
     @app.get("/turns/{turn_id}", dependencies=auth, tags=["turns"])
     def get_turn(turn_id: str) -> dict[str, Any]:
         """A turn's state."""
-        if not sessions.SESSION_ID_RE.fullmatch(turn_id):
-            raise SessionNotFound(turn_id[:80])
-        turn = turns.get_turn(store(), turn_id)
+        turn = (
+            turns.get_turn(store(), turn_id) if sessions.SESSION_ID_RE.fullmatch(turn_id) else None
+        )
         if turn is None:
             return JSONResponse(
                 error_body("turn_not_found", f"Turn {turn_id!r} was not found."), status_code=404
@@ -171,9 +191,8 @@ def create_app() -> FastAPI:
         UTF-8 text). Malformed messages are answered with errors; the socket stays open."""
         token = get_settings().api_token
         if token:
-            supplied = (ws.headers.get("authorization") or "").removeprefix("Bearer ").strip()
-            supplied = supplied or ws.query_params.get("token", "")
-            if not hmac.compare_digest(supplied.encode(), token.encode()):
+            header = ws.headers.get("authorization") or f"Bearer {ws.query_params.get('token', '')}"
+            if not bearer_ok(header, token):
                 await ws.close(code=4401, reason="A valid bearer token is required.")
                 return
         await ws.accept()

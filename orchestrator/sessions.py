@@ -140,7 +140,20 @@ def check_cwd(cwd: object) -> str:
         raise InvalidParams(
             f"cwd must be at most {MAX_CWD_LENGTH} characters with no NUL byte.", {"param": "cwd"}
         )
+    check_utf8(cwd, "cwd")
     return cwd
+
+
+def check_utf8(text: str, param: str) -> str:
+    """Return ``text`` if it encodes as UTF-8; raise ``InvalidParams`` for lone surrogates
+    (what a JSON ``\\ud800`` escape or an undecodable file name turns into)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidParams(
+            f"{param} is not valid Unicode text (it contains a lone surrogate).", {"param": param}
+        ) from None
+    return text
 
 
 def create_session(store: Store, cwd: str, parent_id: str | None = None) -> Session:

@@ -29,7 +29,7 @@ from orchestrator.errors import InvalidParams, SessionArchived, SessionNotFound
 from orchestrator.families import Dispatcher, send_step
 from orchestrator.gate import StepRefused, admit
 from orchestrator.model import Model, ModelAction, ModelError, StepRequest, prompt_lines
-from orchestrator.sessions import check_session_id
+from orchestrator.sessions import check_session_id, check_utf8
 from orchestrator.store import Store, iso, new_id, now_ms, retried
 from orchestrator.titles import generated_title, set_title
 
@@ -160,6 +160,7 @@ def start_turn(
         raise InvalidParams("prompt must be a string.", {"param": "prompt"})
     if len(prompt) > MAX_PROMPT:
         raise InvalidParams(f"prompt is longer than {MAX_PROMPT} characters.", {"param": "prompt"})
+    check_utf8(prompt, "prompt")
     tid = new_id("turn")
     ms = now_ms()
     label = shorten(prompt)

@@ -1,0 +1,240 @@
+"""The ``fleet`` command line (``api/cli.py``) in process with typer's ``CliRunner``, against the
+real test Redis (conftest sets ``FLEET_REDIS_URL`` and ``FLEET_KEY_PREFIX``). ``api/context.py``
+caches the store and dispatcher per process, which is fine: the environment is fixed for the run.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from typing import Any
+
+import pytest
+from click.testing import Result
+from typer.testing import CliRunner
+
+from api.cli import app
+from tests.helpers import wait_for
+
+ID_RE = re.compile(r"^sess_[0-9a-f]{24}$")
+TURN_RE = re.compile(r"^turn_[0-9a-f]{24}$")
+
+runner = CliRunner()
+
+
+@pytest.fixture(autouse=True)
+def _wide_console(monkeypatch: pytest.MonkeyPatch) -> None:
+    """rich reads the width from ``COLUMNS`` (or the real terminal) at every print; pin it so
+    tables and messages are not cut or wrapped differently from one machine to another."""
+    monkeypatch.setenv("COLUMNS", "300")
+
+
+def _run(*args: str) -> Result:
+    result = runner.invoke(app, list(args))
+    output = result.output
+    assert "Traceback" not in output, output
+    if result.exit_code not in (0, 2):
+        raise AssertionError(f"fleet {' '.join(args)} exited {result.exit_code}: {output}") from (
+            result.exception
+        )
+    return result
+
+
+def _ok(*args: str) -> str:
+    result = _run(*args)
+    assert result.exit_code == 0, f"fleet {' '.join(args)}: {result.output}"
+    return result.stdout
+
+
+def _flat(text: str) -> str:
+    """Whitespace-normalized text (rich wraps long lines at the console width)."""
+    return " ".join(text.split())
+
+
+def _cwd() -> str:
+    return f"/tmp/fleet-cli-test/{uuid.uuid4().hex}"
+
+
+def _new(cwd: str | None = None) -> str:
+    out = _ok("sessions", "new", cwd or _cwd()).strip()
+    assert ID_RE.match(out), out
+    return out
+
+
+def _ls(*flags: str) -> list[dict[str, Any]]:
+    listed: list[dict[str, Any]] = json.loads(_ok("sessions", "ls", "--json", *flags))
+    return listed
+
+
+def _activity(sid: str) -> list[dict[str, Any]]:
+    items: list[dict[str, Any]] = json.loads(_ok("activity", sid, "--json"))
+    return items
+
+
+def test_sessions_new_prints_an_id_listed_by_ls() -> None:
+    cwd = _cwd()
+    sid = _new(cwd)
+    listed = {s["sessionId"]: s for s in _ls()}
+    assert sid in listed
+    assert listed[sid]["cwd"] == cwd
+    assert listed[sid]["archived"] is False
+    assert [s["sessionId"] for s in _ls("--cwd", cwd)] == [sid]
+
+
+def test_sessions_new_with_parent() -> None:
+    parent = _new()
+    child = _ok("sessions", "new", _cwd(), "--parent", parent).strip()
+    assert ID_RE.match(child), child
+    info = next(s for s in _ls() if s["sessionId"] == child)
+    assert info["_meta"]["agentFleet"]["parentId"] == parent
+
+
+def test_sessions_ls_table() -> None:
+    cwd = _cwd()
+    sid = _new(cwd)
+    out = _ok("sessions", "ls", "--cwd", cwd)
+    assert "sessionId" in out
+    assert sid in out
+    assert cwd in out
+
+
+def test_sessions_ls_table_shows_whole_ids_at_80_columns(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    cwd = _cwd()
+    sid = _new(cwd)
+    monkeypatch.setenv("COLUMNS", "80")
+    out = _ok("sessions", "ls", "--cwd", cwd)
+    assert sid in out
+
+
+def test_archive_and_unarchive_quiet_session() -> None:
+    cwd = _cwd()
+    sid = _new(cwd)
+
+    out = _ok("archive", sid)
+    assert _flat(out) == f"{sid}: archived"
+    assert sid not in {s["sessionId"] for s in _ls()}
+    archived = {s["sessionId"]: s for s in _ls("--archived")}
+    assert archived[sid]["archived"] is True
+    assert all(s["archived"] for s in archived.values())
+    assert [s["sessionId"] for s in _ls("--all", "--cwd", cwd)] == [sid]
+
+    assert _flat(_ok("archive", sid)) == f"{sid}: already archived"
+
+    assert _flat(_ok("unarchive", sid)) == f"{sid}: unarchived"
+    assert sid in {s["sessionId"] for s in _ls()}
+    assert sid not in {s["sessionId"] for s in _ls("--archived")}
+    assert _flat(_ok("unarchive", sid)) == f"{sid}: was not archived"
+
+
+def test_archive_json_of_a_quiet_session() -> None:
+    sid = _new()
+    body = json.loads(_ok("archive", sid, "--json"))
+    assert body["sessionId"] == sid
+    assert body["outcome"] == "archived"
+    assert body["stopped"] == []
+
+
+@pytest.mark.parametrize("command", ["archive", "unarchive", "activity"])
+@pytest.mark.parametrize("sid", ["sess_doesnotexist", "a*b", "../.."])
+def test_unknown_session_exits_2_with_a_readable_error(command: str, sid: str) -> None:
+    result = _run(command, sid)
+    assert result.exit_code == 2, result.output
+    assert isinstance(result.exception, SystemExit)
+    assert "session_not_found" in result.stderr
+    assert "was not found" in _flat(result.stderr)
+    assert result.stdout == ""
+
+
+def test_prompt_unknown_session_exits_2() -> None:
+    result = _run("prompt", "sess_doesnotexist", "say hi")
+    assert result.exit_code == 2
+    assert "session_not_found" in result.stderr
+
+
+def test_prompt_archived_session_exits_2() -> None:
+    sid = _new()
+    _ok("archive", sid)
+    result = _run("prompt", sid, "say hi")
+    assert result.exit_code == 2
+    assert "session_archived" in result.stderr
+    assert _activity(sid) == []
+
+
+@pytest.mark.parametrize("cwd", ["relative/path", "./x", ""])
+def test_sessions_new_relative_path_exits_2(cwd: str) -> None:
+    result = _run("sessions", "new", cwd)
+    assert result.exit_code == 2, result.output
+    assert "invalid_params" in result.stderr
+    assert "cwd must be an absolute path" in _flat(result.stderr)
+    assert result.stdout == ""
+
+
+def test_sessions_ls_relative_cwd_exits_2() -> None:
+    result = _run("sessions", "ls", "--cwd", "relative")
+    assert result.exit_code == 2
+    assert "cwd must be an absolute path" in _flat(result.stderr)
+
+
+def test_sessions_new_non_utf8_path_exits_2() -> None:
+    result = runner.invoke(app, ["sessions", "new", "/tmp/\udcff"])
+    assert result.exit_code == 2, repr(result.exception)
+    assert "invalid_params" in result.stderr
+
+
+def test_activity_of_a_quiet_session() -> None:
+    sid = _new()
+    assert _activity(sid) == []
+    assert "no live activity" in _ok("activity", sid)
+
+
+def test_archive_live_turn_refused_then_stopped(fleet: Any) -> None:
+    sid = _new()
+    tid = _ok("prompt", sid, "think 30").strip()
+    assert TURN_RE.match(tid), tid
+    wait_for(
+        lambda: any(i["family"] == "turn" and i["id"] == tid for i in _activity(sid)),
+        message="the activity to list the turn",
+    )
+    try:
+        refused = _run("archive", sid)
+        assert refused.exit_code == 2, refused.output
+        err = _flat(refused.stderr)
+        assert "session_active" in err
+        assert f"- turn {tid}" in err
+        assert "think 30" in err
+        assert refused.stdout == ""
+        assert sid not in {s["sessionId"] for s in _ls("--archived")}
+        # The refusal stopped nothing.
+        assert [i["id"] for i in _activity(sid)] == [tid]
+        assert tid in _ok("activity", sid)
+    finally:
+        stopped = _run("archive", sid, "--stop", "--json")
+
+    assert stopped.exit_code == 0, stopped.output
+    body = json.loads(stopped.stdout)
+    assert body["outcome"] == "archived"
+    assert tid in [i["id"] for i in body["stopped"]]
+    assert body["stopDispatch"]["sent"].get("turn") == 1
+    assert sid in {s["sessionId"] for s in _ls("--archived")}
+    wait_for(lambda: _activity(sid) == [], message="the activity to drain")
+
+    # Unarchive restores nothing.
+    assert _flat(_ok("unarchive", sid)) == f"{sid}: unarchived"
+    assert _activity(sid) == []
+
+
+def test_prompt_runs_a_turn(fleet: Any, store: Any) -> None:
+    from orchestrator.turns import get_turn
+
+    sid = _new()
+    tid = _ok("prompt", sid, "say one\\nsay two").strip()
+    assert TURN_RE.match(tid), tid
+    wait_for(lambda: _activity(sid) == [], message="the turn to finish")
+    turn = get_turn(store, tid)
+    assert turn is not None
+    assert turn.state.value == "completed"
+    assert turn.prompt == "say one\nsay two", "'\\n' separates scripted instructions"
+    assert _flat(_ok("archive", sid)) == f"{sid}: archived"
