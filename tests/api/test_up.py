@@ -1,0 +1,69 @@
+"""`fleet up` runs a whole local fleet on an embedded Redis and tears it all down on Ctrl-C."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import redis
+
+from tests.helpers import wait_for
+
+
+def test_fleet_up_starts_an_embedded_redis_and_every_family_then_stops_them_all(
+    tmp_path: Path,
+) -> None:
+    # Given no Redis URL configured
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FLEET_")}
+    env.update(
+        FLEET_STATE_DIR=str(tmp_path / "state"),
+        FLEET_KEY_PREFIX="upcheck:",
+        FLEET_HOSTNAME="uphost",
+        PYTHONUNBUFFERED="1",
+    )
+    out = tmp_path / "up.log"
+    with open(out, "wb") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "api.cli", "up", "--no-api"],
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            cwd=tmp_path,
+        )
+    try:
+        # When it is up
+        line = wait_for(
+            lambda: re.search(r"fleet up on (redis://\S+)", out.read_text()),
+            90,
+            message="`fleet up` to report its Redis",
+        )
+        url = line.group(1)
+        client = redis.Redis.from_url(url, decode_responses=True)
+        # Then an embedded, append-only Redis answers and every family has a live worker
+        assert client.config_get("appendonly")["appendonly"] == "yes"
+        beats = client.keys("upcheck:worker:*")
+        assert {b.split(":")[2] for b in beats} == {"turn", "job", "subagent", "reminder"}
+        server_pids = [
+            p.pid
+            for p in psutil.Process(proc.pid).children(recursive=True)
+            if "redis-server" in p.name()
+        ]
+        assert server_pids
+        children = psutil.Process(proc.pid).children(recursive=True)
+        client.close()
+    finally:
+        # When Ctrl-C arrives
+        proc.send_signal(signal.SIGINT)
+        code = proc.wait(60)
+    # Then it exits cleanly and leaves no worker or Redis behind
+    assert code == 0, out.read_text()[-2000:]
+    deadline = time.monotonic() + 10
+    while any(c.is_running() and c.status() != psutil.STATUS_ZOMBIE for c in children):
+        assert time.monotonic() < deadline, [c.pid for c in children if c.is_running()]
+        time.sleep(0.1)
