@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from celery import Task
+from celery.exceptions import Ignore
 
 from orchestrator import tools, turns
 from orchestrator.errors import StoreUnavailable
@@ -15,9 +16,9 @@ from workers.runtime import get_runtime
 
 @app.task(name="turn.step", bind=True, max_retries=None, acks_late=True)
 def step(self: Task, session_id: str, turn_id: str, index: int) -> dict[str, Any]:
-    """Run step ``index`` of a turn. A step the gate refuses ends the turn ``blocked`` and is
-    reported with a ``task-refused`` event; a step that could not read the gate is retried
-    later (fail closed)."""
+    """Run step ``index`` of a turn. A step the gate refuses ends the turn ``blocked`` and the
+    task ends in the custom state ``REFUSED`` (a ``task-refused`` event, then ``Ignore``); a
+    step that could not read the gate is retried later (fail closed)."""
     rt = get_runtime()
     try:
         outcome = turns.run_step(
@@ -26,7 +27,10 @@ def step(self: Task, session_id: str, turn_id: str, index: int) -> dict[str, Any
     except StoreUnavailable as exc:
         raise self.retry(exc=exc, countdown=get_settings().gate_retry_seconds) from exc
     if outcome == "refused":
+        # A custom event gives the task its own state in Flower (REFUSED outranks STARTED);
+        # Ignore then ends it without a task-succeeded that would paint it SUCCESS.
         self.send_event("task-refused", session_id=session_id, turn_id=turn_id, step=index)
+        raise Ignore()
     return {"sessionId": session_id, "turnId": turn_id, "step": index, "outcome": outcome}
 
 
