@@ -105,8 +105,20 @@ class JobSupervisor:
     def start(self, session_id: str, job_id: str) -> str:
         """Take a starting job and run its process here. Returns ``running``,
         ``refused:<archived session>``, or the job's state when it was not starting."""
-        claimed = self.store.run("job_claim", [job_id, self.host, self.lease_ms, iso(now_ms())])
+        # Counted as ours before the claim is visible, so a stop that sees the claim also
+        # sees the job here and waits for its fork instead of treating it as an orphan.
+        with self._lock:
+            self._pending.add(job_id)
+        try:
+            claimed = self.store.run("job_claim", [job_id, self.host, self.lease_ms, iso(now_ms())])
+            seconds = float(self.store.redis.hget(self.store.keys.job(job_id), "seconds") or 0)
+        except BaseException:
+            with self._lock:
+                self._pending.discard(job_id)
+            raise
         if claimed != "ok":
+            with self._lock:
+                self._pending.discard(job_id)
             log.info(
                 "job %s not started: %s",
                 job_id,
@@ -114,11 +126,8 @@ class JobSupervisor:
                 extra={"session_id": session_id, "family": "job"},
             )
             return str(claimed)
-        seconds = float(self.store.redis.hget(self.store.keys.job(job_id), "seconds") or 0)
         done = threading.Event()
         box: list[object] = []
-        with self._lock:
-            self._pending.add(job_id)
         with self._wake:
             self._requests.append((session_id, job_id, seconds, done, box))
             self._wake.notify()
@@ -166,6 +175,11 @@ class JobSupervisor:
                     extra={"session_id": session_id, "family": "job"},
                 )
         return outcomes
+
+    def owned(self) -> set[str]:
+        """Ids of the jobs this supervisor runs or is about to fork."""
+        with self._lock:
+            return set(self._running) | self._pending
 
     def pids(self) -> dict[str, int]:
         """``{jobId: pid}`` of the processes running here."""

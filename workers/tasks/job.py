@@ -48,7 +48,7 @@ def stop(session_id: str, job_ids: list[str]) -> dict[str, Any]:
     marked stopped; those another host took meanwhile are forwarded to it."""
     rt = get_runtime()
     sup = supervisor()
-    local = set(sup.pids())
+    local = sup.owned()  # a job claimed here but not forked yet is ours too
     outcomes = sup.stop(session_id, [j for j in job_ids if j in local])
     others = [j for j in job_ids if j not in local]
     if others:

@@ -1,0 +1,169 @@
+"""The step gate as the turn workers apply it: steps of archived lineages are refused before
+any model request, duplicate deliveries are dropped, and unarchive restarts nothing."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+
+from orchestrator.activity import census
+from orchestrator.archive import archive, unarchive
+from orchestrator.sessions import create_session, get_session
+from orchestrator.store import iso, new_id, now_ms
+from orchestrator.turns import start_turn
+from tests.helpers import wait_for
+from tests.workers.support import (
+    item_of,
+    job_record,
+    job_workers,
+    log_text,
+    model_requests,
+    requests_of,
+    sleep_processes,
+    turn_state,
+    wait_drained,
+    wait_gone,
+    wait_job_pid,
+    wait_log,
+    wait_request,
+    wait_turn_state,
+    worker,
+)
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def test_a_step_for_an_archived_session_is_refused_without_a_model_request(
+    fleet: Any, store: Any, dispatcher: Any, sessions: Any
+) -> None:
+    # Given an idle session that is archived
+    sid = sessions.new()
+    archive(store, dispatcher, sid)
+
+    # When a late wake-up starts a turn in it (its first step goes to the turn workers)
+    tid = start_turn(store, dispatcher, sid, "say hi", source="reminder")
+
+    # Then the step is refused: the turn ends blocked and no model request is made
+    wait_turn_state(store, tid, "blocked")
+    turn_log = worker(fleet, "turn")
+    wait_log(turn_log, f"step 0 of turn {tid} refused by the gate (archived {sid})")
+    assert model_requests(store, sid) == []
+
+    # And another copy of the step is refused the same way
+    dispatcher.send("turn.step", [sid, tid, 0], "turn")
+    wait_log(turn_log, f"step 0 of turn {tid} refused by the gate", count=2)
+    assert turn_state(store, tid) == "blocked"
+    assert model_requests(store, sid) == []
+
+
+def test_a_redelivered_step_of_a_completed_turn_is_dropped_without_a_second_request(
+    fleet: Any, store: Any, dispatcher: Any, sessions: Any
+) -> None:
+    # Given a turn that completed after one model request
+    sid = sessions.new()
+    tid = start_turn(store, dispatcher, sid, "say hi")
+    wait_turn_state(store, tid, "completed")
+    assert requests_of(store, sid, tid) == [0]
+
+    # When its step message is delivered twice more
+    dispatcher.send("turn.step", [sid, tid, 0], "turn")
+    dispatcher.send("turn.step", [sid, tid, 0], "turn")
+
+    # Then both copies are dropped and no second model request is made
+    wait_log(worker(fleet, "turn"), f"step 0 of turn {tid} dropped: completed", count=2)
+    assert requests_of(store, sid, tid) == [0]
+    assert turn_state(store, tid) == "completed"
+
+
+def test_a_late_copy_of_an_earlier_step_is_dropped_as_stale(
+    fleet: Any, store: Any, dispatcher: Any, sessions: Any
+) -> None:
+    # Given a turn whose second step is in a model request
+    sid = sessions.new()
+    tid = start_turn(store, dispatcher, sid, "say first\nthink 1.5")
+    wait_request(store, sid, tid, 1)
+
+    # When a copy of its first step arrives again
+    dispatcher.send("turn.step", [sid, tid, 0], "turn")
+
+    # Then it is dropped as stale, and the turn finishes with one request per step
+    wait_log(worker(fleet, "turn"), f"step 0 of turn {tid} dropped: stale")
+    wait_turn_state(store, tid, "completed")
+    assert requests_of(store, sid, tid) == [0, 1]
+
+
+def test_a_descendant_created_just_after_its_parents_archive_is_gated(
+    fleet: Any, store: Any, dispatcher: Any, sessions: Any
+) -> None:
+    # Given an archived parent
+    parent = sessions.new()
+    archive(store, dispatcher, parent)
+
+    # When a subagent (and its own subagent) is created under it just afterwards, and its
+    # first turn is started as a spawn would
+    child = create_session(store, "/tmp", parent_id=parent).session_id
+    grandchild = create_session(store, "/tmp", parent_id=child).session_id
+    child_tid = start_turn(store, dispatcher, child, "say hi", source="subagent")
+    grand_tid = start_turn(store, dispatcher, grandchild, "say hi", source="subagent")
+
+    # Then both are born archived and their turns end blocked without a model request
+    assert get_session(store, child).archived and get_session(store, grandchild).archived
+    wait_turn_state(store, child_tid, "blocked")
+    wait_turn_state(store, grand_tid, "blocked")
+    assert model_requests(store, child) == [] and model_requests(store, grandchild) == []
+
+
+def test_a_job_start_that_outlived_the_archive_starts_no_process(
+    fleet: Any, store: Any, dispatcher: Any, sessions: Any
+) -> None:
+    # Given an archived session
+    sid = sessions.new()
+    archive(store, dispatcher, sid)
+
+    # When a job start for it reaches a job worker
+    jid = new_id("job")
+    store.run("job_create", [jid, sid, "sleep 68.3s", 68.3, iso(now_ms()), 30_000])
+    dispatcher.send("job.run", [sid, jid], "job")
+
+    # Then the worker refuses it and starts no process
+    wait_for(lambda: job_record(store, jid)["state"] == "refused", 15, message="job refused")
+    assert any(f"job {jid} not started: refused:{sid}" in log_text(w) for w in job_workers(fleet))
+    assert job_record(store, jid)["pid"] == ""
+    assert not any(sleep_processes(w.process.pid, "68.3") for w in job_workers(fleet))
+    assert not census(store, sid)
+
+
+def test_after_unarchive_nothing_that_was_stopped_restarts(
+    fleet: Any, store: Any, dispatcher: Any, sessions: Any
+) -> None:
+    # Given a session whose thinking turn and running job were stopped by its archive
+    sid = sessions.new()
+    tid = start_turn(store, dispatcher, sid, "run 69.3\nthink 60")
+    wait_request(store, sid, tid, 1)
+    jid = item_of(store, sid, "job").id
+    pid = wait_job_pid(store, jid)
+    archive(store, dispatcher, sid, stop_activity=True)
+    wait_drained(store, sid)
+    wait_gone(pid)
+    requests_before = model_requests(store, sid)
+
+    # When it is unarchived
+    assert unarchive(store, sid) == 1
+
+    # Then nothing restarts: for 2 s the turn stays cancelled, no model request is made and the
+    # job is not started again
+    deadline = time.monotonic() + 2
+    while time.monotonic() < deadline:
+        assert turn_state(store, tid) == "cancelled"
+        assert model_requests(store, sid) == requests_before
+        assert job_record(store, jid)["state"] == "stopped"
+        assert not census(store, sid)
+        time.sleep(0.1)
+    assert not any(sleep_processes(w.process.pid, "69.3") for w in job_workers(fleet))
+
+    # And the session itself runs again: a new prompt makes its model request (the control)
+    new = start_turn(store, dispatcher, sid, "say back")
+    wait_turn_state(store, new, "completed")
+    assert requests_of(store, sid, new) == [0]

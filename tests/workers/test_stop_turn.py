@@ -1,0 +1,106 @@
+"""Stopping turns on real turn workers: an in-flight tool call and its child process, queued
+turns, and stops that name turns exactly."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from orchestrator.archive import archive
+from orchestrator.turns import start_turn
+from tests.helpers import wait_for
+from tests.workers.support import (
+    history,
+    requests_of,
+    sleep_processes,
+    turn_state,
+    wait_log,
+    wait_request,
+    wait_turn_state,
+    worker,
+)
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def test_an_archive_stops_a_turn_in_exec_kills_its_child_and_discards_the_queued_turns(
+    fleet: Any, store: Any, dispatcher: Any, sessions: Any
+) -> None:
+    # Given a turn running a 31.7 s child process, and two prompts queued behind it
+    sid = sessions.new()
+    turn_pid = worker(fleet, "turn").process.pid
+    tid = start_turn(store, dispatcher, sid, "exec 31.7")
+    queued = [start_turn(store, dispatcher, sid, f"say queued {n}") for n in (1, 2)]
+    assert [turn_state(store, q) for q in queued] == ["queued", "queued"]
+    wait_for(lambda: sleep_processes(turn_pid, "31.7"), 15, message="the exec child process")
+
+    # When the session is archived with stop_activity
+    result = archive(store, dispatcher, sid, stop_activity=True)
+
+    # Then the running turn ends cancelled and its child process is gone
+    assert result.stop_report.sent == {"turn": 3}
+    wait_turn_state(store, tid, "cancelled")
+    wait_for(lambda: not sleep_processes(turn_pid, "31.7"), 15, message="the child to end")
+
+    # And the tool call settles as a cancelled tool result (it does not vanish)
+    updates = [u for u in history(store, sid) if u.get("turnId") == tid]
+    [call] = [u for u in updates if u["sessionUpdate"] == "tool_call"]
+    [settled] = [u for u in updates if u["sessionUpdate"] == "tool_call_update"]
+    assert settled["toolCallId"] == call["toolCallId"]
+    assert settled["status"] == "cancelled"
+    assert "cancelled" in settled["content"][0]["content"]["text"]
+
+    # And the queued turns are discarded: cancelled, never run
+    for q in queued:
+        wait_turn_state(store, q, "cancelled")
+        assert requests_of(store, sid, q) == []
+    assert requests_of(store, sid, tid) == [0]
+    assert not [u for u in history(store, sid) if u["sessionUpdate"] == "agent_message_chunk"]
+
+
+def test_a_late_stop_naming_a_finished_turn_leaves_the_next_running_turn_alone(
+    fleet: Any, store: Any, dispatcher: Any, sessions: Any
+) -> None:
+    # Given a finished turn and, after it, a turn in the middle of a model request
+    sid = sessions.new()
+    old = start_turn(store, dispatcher, sid, "say one")
+    wait_turn_state(store, old, "completed")
+    new = start_turn(store, dispatcher, sid, "think 1.5\nsay two")
+    wait_request(store, sid, new, 0)
+
+    # When a stop naming the finished turn arrives late
+    dispatcher.send("turn.stop", [sid, [old]], "turn.ctl")
+
+    # Then the worker reports the old turn already ended and the new turn keeps running
+    wait_log(worker(fleet, "turn"), f"turn {old} not cancelled: already completed")
+    assert turn_state(store, new) == "running"
+    assert turn_state(store, old) == "completed"
+
+    # And it runs to the end, both steps
+    wait_turn_state(store, new, "completed")
+    assert requests_of(store, sid, new) == [0, 1]
+    said = [
+        u["content"]["text"]
+        for u in history(store, sid)
+        if u["sessionUpdate"] == "agent_message_chunk" and u["turnId"] == new
+    ]
+    assert said[-1] == "two"
+
+
+def test_a_stop_naming_only_the_running_turn_lets_the_queued_turn_run_next(
+    fleet: Any, store: Any, dispatcher: Any, sessions: Any
+) -> None:
+    # Given a turn in a long model request and a prompt queued behind it
+    sid = sessions.new()
+    running = start_turn(store, dispatcher, sid, "think 30")
+    queued = start_turn(store, dispatcher, sid, "say next")
+    wait_request(store, sid, running, 0)
+
+    # When a stop names only the running turn
+    dispatcher.send("turn.stop", [sid, [running]], "turn.ctl")
+
+    # Then it ends cancelled and the queued turn runs to completion
+    wait_turn_state(store, running, "cancelled")
+    wait_turn_state(store, queued, "completed")
+    assert requests_of(store, sid, queued) == [0]
