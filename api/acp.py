@@ -7,9 +7,12 @@ adapters over it. The rules followed are those of ``shared/acp.md`` (ACP v1, see
 
 Notifications reach every connection that has a session open, in every API process: domain
 changes are published on Redis (``orchestrator/events.py``) and ``EventHub`` relays them. A
-connection forwards its events in publish order from one loop, and a prompt's answer is sent
-from that same loop after the turn's final event, so every update of a turn reaches the client
-before the ``session/prompt`` response.
+connection handles its events in publish order from one task (the forwarder). Conversation
+updates are read from the session's history after a per-session cursor, the event only saying
+that there is more, so a late or lost event never drops or repeats an update, and a
+``session/load`` replay joins the live stream exactly. A prompt is settled by that same task
+after its turn's final event and the updates before it, so every update of a turn reaches the
+client before the ``session/prompt`` response.
 """
 
 from __future__ import annotations
@@ -46,6 +49,7 @@ PARSE_ERROR, INVALID_REQUEST, METHOD_NOT_FOUND, INVALID_PARAMS, INTERNAL_ERROR =
     -32602,
     -32603,
 )
+REQUEST_CANCELLED = -32800
 
 AGENT_CAPABILITIES: dict[str, Any] = {
     "loadSession": True,
@@ -63,6 +67,8 @@ AGENT_CAPABILITIES: dict[str, Any] = {
 
 Send = Callable[[dict[str, Any]], Awaitable[None]]
 
+#: Turn states a ``turn`` event settles a pending ``session/prompt`` with.
+_TERMINAL_TURN_STATES = frozenset(s.value for s in turns.STOP_REASON)
 #: ``ToolCallStatus`` values of ACP v1. The orchestrator also records ``cancelled``, which
 #: ACP v1 lacks; on the wire it becomes ``failed`` with the original kept in ``_meta``.
 _TOOL_CALL_STATUSES = frozenset({"pending", "in_progress", "completed", "failed"})
@@ -226,12 +232,20 @@ class AcpConnection:
         self._send_raw = send
         self.store, self.dispatcher, self.hub = store, dispatcher, hub
         self.open: set[str] = set()
+        # Per open session: how much of its history (Keys.history) this client has been sent.
+        self._cursor: dict[str, int] = {}
         self.events: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
         self._prompts: dict[str, asyncio.Future[str]] = {}  # turnId -> stopReason
+        self._prompting: dict[str, int] = {}  # sessionId -> prompts pending on it
         # Turns that ended before their prompt's future was registered (a fast turn).
         self._ended: OrderedDict[str, str] = OrderedDict()
         self._tasks: set[asyncio.Task[None]] = set()
+        # Requests being handled, by id (for $/cancel_request); ids cancelled that way.
+        self._requests: dict[tuple[str, Any], tuple[asyncio.Task[None], str, dict[str, Any]]] = {}
+        self._cancelled: set[tuple[str, Any]] = set()
         self._forwarder: asyncio.Task[None] | None = None
+        # Sessions being loaded: their events wait here until the replay has been sent.
+        self._loading: dict[str, list[dict[str, Any]]] = {}
         self._send_lock = asyncio.Lock()
 
     # -- plumbing ----------------------------------------------------------------------------
@@ -299,6 +313,14 @@ class AcpConnection:
         task = asyncio.create_task(self._dispatch(method, msg, "id" in msg))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        if "id" in msg:
+            key = _id_key(msg_id)
+            self._requests[key] = (task, method, msg)
+            task.add_done_callback(lambda t: self._forget_request(key, t))
+
+    def _forget_request(self, key: tuple[str, Any], task: asyncio.Task[None]) -> None:
+        if self._requests.get(key, (None,))[0] is task:
+            del self._requests[key]
 
     async def _dispatch(self, method: str, msg: dict[str, Any], is_request: bool) -> None:
         msg_id = msg.get("id")
@@ -327,6 +349,12 @@ class AcpConnection:
                     INVALID_PARAMS,
                     "Invalid params: strings must be valid Unicode (no lone surrogates).",
                 )
+        except asyncio.CancelledError:
+            key = _id_key(msg_id)
+            if not is_request or key not in self._cancelled:
+                raise  # the connection is closing
+            self._cancelled.discard(key)
+            await self._error(msg_id, REQUEST_CANCELLED, "Request cancelled.")
         except Exception:
             log.exception("ACP %s failed", method)
             if is_request:
@@ -346,43 +374,103 @@ class AcpConnection:
         if self._forwarder is not None:
             self._forwarder.cancel()
 
-    def _open(self, sid: str) -> None:
-        if sid not in self.open:
-            self.open.add(sid)
-            self.hub.watch(sid, self.events)
+    async def _open(self, sid: str, cursor: int | None = None) -> None:
+        """Watch ``sid``'s events; updates recorded from ``cursor`` on (default: from now)
+        will be sent."""
+        if sid in self.open:
+            return
+        self.open.add(sid)
+        self.hub.watch(sid, self.events)
+        if cursor is None:
+            cursor = int(await self._call(self.store.redis.llen, self.store.keys.history(sid)))
+            # An update recorded after the LLEN whose event came before the cursor was set
+            # found no cursor: catch up through the forwarder.
+            self.events.put_nowait({"type": "update", "sessionId": sid})
+        self._cursor.setdefault(sid, cursor)
+
+    def _close(self, sid: str) -> None:
+        """No more updates of ``sid`` for this client. Its events stay watched while a prompt
+        of this client is pending on it, so the prompt still settles from its turn's event."""
+        if sid in self.open:
+            self.open.discard(sid)
+            self._cursor.pop(sid, None)
+            if not self._prompting.get(sid):
+                self.hub.unwatch(sid, self.events)
 
     async def _forward(self) -> None:
+        """Handle events in publish order (the only task that sends live updates)."""
         while True:
             event = await self.events.get()
-            sid = event.get("sessionId")
-            kind = event.get("type")
-            update: dict[str, Any] | None = None
-            if kind == "update":
-                update = event.get("update")
-            elif kind in ("archived", "unarchived"):
-                update = {"sessionUpdate": "session_info_update", "archived": kind == "archived"}
-            elif kind == "title":
-                update = {"sessionUpdate": "session_info_update", "title": event.get("title")}
-            if isinstance(update, dict) and sid in self.open:
-                try:
-                    await self.send(
-                        {
-                            "jsonrpc": "2.0",
-                            "method": "session/update",
-                            "params": {"sessionId": sid, "update": wire_update(update)},
-                        }
-                    )
-                except Exception as exc:  # the transport is closing; keep settling prompts
-                    log.debug("update for %s not sent: %s", sid, exc)
-            if kind == "turn" and event.get("state") not in ("queued", "running"):
-                reason = str(event.get("stopReason") or "end_turn")
-                future = self._prompts.pop(str(event.get("turnId")), None)
-                if future is None:
-                    self._ended[str(event.get("turnId"))] = reason
-                    while len(self._ended) > 256:
-                        self._ended.popitem(last=False)
-                elif not future.done():
-                    future.set_result(reason)
+            held = self._loading.get(str(event.get("sessionId")))
+            if held is not None:
+                held.append(event)
+                continue
+            try:
+                await self._handle_event(event)
+            except Exception:  # one bad event never stops the relay
+                log.exception("ACP event %s not handled", event.get("type"))
+
+    async def _handle_event(self, event: dict[str, Any], *, loading: bool = False) -> None:
+        """Send what ``event`` means to this client; settle the prompt of an ended turn.
+        ``loading``: called by ``load_session`` for an event it held."""
+        sid = str(event.get("sessionId"))
+        kind = event.get("type")
+        if kind == "update":
+            # The history is the source of truth: the event says "there is more"; what is
+            # sent is read from the history after this client's cursor, so an update is never
+            # sent twice or skipped, even if the relay delivered its event late or lost it.
+            await self._sync(sid, loading=loading)
+        elif kind in ("archived", "unarchived") and sid in self.open:
+            update = {"sessionUpdate": "session_info_update", "archived": kind == "archived"}
+            await self._send_update(sid, update)
+        elif kind == "title" and sid in self.open:
+            update = {"sessionUpdate": "session_info_update", "title": event.get("title")}
+            await self._send_update(sid, update)
+        elif kind == "turn" and event.get("state") in _TERMINAL_TURN_STATES:
+            await self._sync(sid, loading=loading)  # the turn's updates precede its answer
+            reason = str(event.get("stopReason") or "end_turn")
+            future = self._prompts.pop(str(event.get("turnId")), None)
+            if future is None:
+                self._ended[str(event.get("turnId"))] = reason
+                while len(self._ended) > 256:
+                    self._ended.popitem(last=False)
+            elif not future.done():
+                future.set_result(reason)
+
+    async def _sync(self, sid: str, *, loading: bool = False) -> None:
+        """Send the updates recorded for ``sid`` since this client's cursor. One caller at a
+        time per session: the forwarder, or ``load_session`` while it holds the session."""
+        start = self._cursor.get(sid)
+        if start is None:
+            return
+        raw = await self._call(self.store.redis.lrange, self.store.keys.history(sid), start, -1)
+        if self._cursor.get(sid) != start or (sid in self._loading and not loading):
+            return  # closed, reopened or being loaded meanwhile: that path sends them
+        self._cursor[sid] = start + len(raw)
+        await self._send_history(sid, raw)
+
+    async def _send_history(self, sid: str, raw: list[str]) -> None:
+        for item in raw:
+            try:
+                update = json.loads(item)
+            except ValueError:
+                update = None
+            if isinstance(update, dict):
+                await self._send_update(sid, update)
+            else:
+                log.warning("unreadable history item of %s skipped", sid)
+
+    async def _send_update(self, sid: str, update: dict[str, Any]) -> None:
+        try:
+            await self.send(
+                {
+                    "jsonrpc": "2.0",
+                    "method": "session/update",
+                    "params": {"sessionId": sid, "update": wire_update(update)},
+                }
+            )
+        except Exception as exc:  # the transport is closing; keep settling prompts
+            log.debug("update for %s not sent: %s", sid, exc)
 
     async def _call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         return await asyncio.to_thread(fn, *args, **kwargs)
@@ -402,7 +490,7 @@ class AcpConnection:
     async def new_session(self, params: dict[str, Any]) -> dict[str, Any]:
         _mcp_servers(params)
         session = await self._call(sessions.create_session, self.store, params.get("cwd"))
-        self._open(session.session_id)
+        await self._open(session.session_id, 0)
         return {"sessionId": session.session_id}
 
     async def _openable(self, params: dict[str, Any]) -> sessions.Session:
@@ -418,43 +506,45 @@ class AcpConnection:
         return session
 
     async def load_session(self, params: dict[str, Any]) -> dict[str, Any]:
+        """Replay the conversation as updates, then answer; live updates continue from the
+        end of the replay, none lost in between and none sent twice (events arriving during
+        the replay are held, then handled against the history cursor)."""
         session = await self._openable(params)
-        raw = await self._call(
-            self.store.redis.lrange, self.store.keys.history(session.session_id), 0, -1
-        )
-        for item in raw:
-            await self.send(
-                {
-                    "jsonrpc": "2.0",
-                    "method": "session/update",
-                    "params": {
-                        "sessionId": session.session_id,
-                        "update": wire_update(json.loads(item)),
-                    },
-                }
-            )
-        self._open(session.session_id)
+        sid = session.session_id
+        if sid in self._loading:
+            raise RpcError(INVALID_REQUEST, "session/load of this session is already running.")
+        held: list[dict[str, Any]] = []
+        self._loading[sid] = held
+        try:
+            self._close(sid)  # loading an open session replays it from the start
+            await self._open(sid, 0)
+            raw = await self._call(self.store.redis.lrange, self.store.keys.history(sid), 0, -1)
+            self._cursor[sid] = len(raw)
+            await self._send_history(sid, raw)
+            while held:  # the forwarder keeps holding this session's events meanwhile
+                await self._handle_event(held.pop(0), loading=True)
+        finally:
+            del self._loading[sid]
         return {}
 
     async def resume_session(self, params: dict[str, Any]) -> dict[str, Any]:
         session = await self._openable(params)
-        self._open(session.session_id)
+        await self._open(session.session_id)
         return {}
 
     async def close_session(self, params: dict[str, Any]) -> dict[str, Any]:
         sid = _session_id(params)
         await self._call(sessions.get_session, self.store, sid)
-        await self._call(turns.cancel_session_turns, self.store, self.dispatcher, sid)
-        if sid in self.open:
-            self.open.discard(sid)
-            self.hub.unwatch(sid, self.events)
+        await self._cancel_turns(sid)
+        self._close(sid)
         return {}
 
     async def delete_session(self, params: dict[str, Any]) -> dict[str, Any]:
         sid = _session_id(params)
         with contextlib.suppress(SessionNotFound):
-            await self._call(turns.cancel_session_turns, self.store, self.dispatcher, sid)
+            await self._cancel_turns(sid)
         await self._call(sessions.delete_session, self.store, sid)
+        self._close(sid)
         return {}
 
     async def list_sessions(self, params: dict[str, Any]) -> dict[str, Any]:
@@ -497,10 +587,15 @@ class AcpConnection:
         session: sessions.Session = await self._call(sessions.get_session, self.store, sid)
         if session.archived:
             raise SessionArchived(sid)
-        self._open(sid)
+        await self._open(sid)  # before the turn exists: its updates are all sent
         loop = asyncio.get_running_loop()
         future: asyncio.Future[str] = loop.create_future()
-        tid: str = await self._call(turns.start_turn, self.store, self.dispatcher, sid, text)
+        self._prompting[sid] = self._prompting.get(sid, 0) + 1
+        try:
+            tid: str = await self._call(turns.start_turn, self.store, self.dispatcher, sid, text)
+        except BaseException:
+            self._prompt_done(sid)
+            raise
         if tid in self._ended:
             future.set_result(self._ended.pop(tid))
         else:
@@ -513,20 +608,75 @@ class AcpConnection:
                     break
                 turn = await self._call(turns.get_turn, self.store, tid)
                 if turn is not None and turn.state not in turns.LIVE_STATES:
-                    await asyncio.sleep(0.2)  # let the relay deliver the turn's last updates
-                    if not future.done():
-                        future.set_result(turns.STOP_REASON[turn.state])
+                    # Its event was lost (or the session was closed here): let the forwarder
+                    # send the turn's updates and settle the prompt, as the event would have.
+                    self.events.put_nowait(
+                        {
+                            "type": "turn",
+                            "sessionId": sid,
+                            "turnId": tid,
+                            "state": turn.state.value,
+                            "stopReason": turns.STOP_REASON[turn.state],
+                        }
+                    )
         finally:
             self._prompts.pop(tid, None)
+            self._prompt_done(sid)
         return {"stopReason": future.result()}
 
+    def _prompt_done(self, sid: str) -> None:
+        left = self._prompting.get(sid, 1) - 1
+        if left > 0:
+            self._prompting[sid] = left
+            return
+        self._prompting.pop(sid, None)
+        if sid not in self.open:  # closed while the prompt ran: stop watching now
+            self.hub.unwatch(sid, self.events)
+
     async def cancel(self, params: dict[str, Any]) -> None:
-        sid = _session_id(params)
-        await self._call(turns.cancel_session_turns, self.store, self.dispatcher, sid)
+        await self._cancel_turns(_session_id(params))
+
+    async def cancel_request(self, params: dict[str, Any]) -> None:
+        """``$/cancel_request``: a pending session/prompt is cancelled like session/cancel and
+        answers ``stopReason: cancelled``; any other pending request answers -32800."""
+        entry = self._requests.get(_id_key(params.get("requestId")))
+        if entry is None:
+            return  # unknown or already answered
+        task, method, msg = entry
+        if method == "session/prompt":
+            sid = _params(msg).get("sessionId")
+            if isinstance(sid, str) and sid:
+                await self._cancel_turns(sid)
+                return
+        self._cancelled.add(_id_key(params.get("requestId")))
+        task.cancel()
+
+    async def _cancel_turns(self, sid: str) -> None:
+        """Cancel the session's live turns. A turn that ends ``cancelled`` at once (queued, or
+        between steps) publishes no ``turn`` event, so its prompt is settled from here (through
+        the forwarder, after the turn's updates); one with a step in flight is settled by the
+        event its step publishes."""
+        outcomes = await self._call(turns.cancel_session_turns, self.store, self.dispatcher, sid)
+        for tid, outcome in outcomes.items():
+            if outcome == "cancelled":
+                self.events.put_nowait(
+                    {
+                        "type": "turn",
+                        "sessionId": sid,
+                        "turnId": tid,
+                        "state": "cancelled",
+                        "stopReason": "cancelled",
+                    }
+                )
 
     async def activity(self, params: dict[str, Any]) -> dict[str, Any]:
         items = await self._call(activity.census, self.store, _session_id(params))
         return {"activity": [i.to_wire() for i in items]}
+
+
+def _id_key(msg_id: Any) -> tuple[str, Any]:
+    """A request id as a dictionary key (``1`` and ``"1"`` are different ids)."""
+    return (type(msg_id).__name__, msg_id if isinstance(msg_id, (str, int)) else None)
 
 
 def _mcp_servers(params: dict[str, Any], *, required: bool = True) -> None:
@@ -557,4 +707,5 @@ _METHODS: dict[str, Handler] = {
 }
 _NOTIFICATIONS: dict[str, Handler] = {
     "session/cancel": AcpConnection.cancel,
+    "$/cancel_request": AcpConnection.cancel_request,
 }

@@ -7,6 +7,7 @@ Logs go to stderr; stdout carries protocol messages only. A line longer than
 from __future__ import annotations
 
 import asyncio
+import os
 import sys
 import threading
 from collections.abc import AsyncIterator
@@ -26,10 +27,11 @@ async def _stdin_reader() -> asyncio.StreamReader:
     try:
         await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
     except ValueError:  # a regular file: the loop cannot watch it
+        fd = sys.stdin.fileno()
 
         def feed() -> None:
             try:
-                while chunk := sys.stdin.buffer.read1(_CHUNK):
+                while chunk := os.read(fd, _CHUNK):
                     loop.call_soon_threadsafe(reader.feed_data, chunk)
             finally:
                 loop.call_soon_threadsafe(reader.feed_eof)

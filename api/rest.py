@@ -13,7 +13,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from api.acp import AcpConnection, EventHub, encode_message, shared_hub
+from api.acp import AcpConnection, encode_message, shared_hub
 from api.context import dispatcher, redis_url, store
 from api.errors import error_body, lookup
 from orchestrator import activity, archive, sessions, turns
@@ -218,6 +218,3 @@ def create_app() -> FastAPI:
             await conn.close()
 
     return app
-
-
-_hub: EventHub | None = None

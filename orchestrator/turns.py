@@ -240,6 +240,14 @@ def cancel_turns(
         extra = {"session_id": session_id, "turn_id": tid}
         if outcome == "cancelled":
             log.info("turn %s cancelled", tid, extra=extra)
+            events.publish(
+                store,
+                "turn",
+                session_id,
+                turnId=tid,
+                state="cancelled",
+                stopReason=STOP_REASON[TurnState.CANCELLED],
+            )
         elif outcome == "cancelling":
             log.info("turn %s cancelling (a step is in flight)", tid, extra=extra)
         else:

@@ -3,11 +3,25 @@
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterator
+
+import pytest
 
 from orchestrator import reminders, sessions
 from orchestrator.activity import census
 from orchestrator.store import Store
 from tests.helpers import RecordingDispatcher
+
+ISOLATED = "no-poller:"
+
+
+@pytest.fixture
+def store(redis_url: str, key_prefix: str) -> Iterator[Store]:
+    """A store under a prefix no worker polls: the run's reminder worker (started by other
+    tests) would otherwise claim these due reminders first."""
+    isolated = Store(redis_url, key_prefix + ISOLATED)
+    yield isolated
+    isolated.close()
 
 
 def claim_all(store: Store, limit: int = 100) -> list[reminders.DueReminder]:
@@ -58,7 +72,7 @@ def test_two_concurrent_claimers_claim_each_due_reminder_exactly_once(
     sid = sessions.create_session(store, cwd).session_id
     made = {reminders.create_reminder(store, sid, 0, f"say {i}") for i in range(40)}
     # When two pollers (each with its own connection) claim in small batches at the same time
-    pollers = [Store(redis_url, key_prefix) for _ in range(2)]
+    pollers = [Store(redis_url, key_prefix + ISOLATED) for _ in range(2)]
     claimed: list[list[str]] = [[], []]
     start = threading.Barrier(2)
 
