@@ -1,25 +1,33 @@
 """The step gate: asked before every model step; refuses steps of archived lineages.
 
 Like a dramatiq middleware veto, ``admit`` raises a typed ``StepRefused`` and the step runner
-ends the turn ``blocked`` without a model request. It costs one Redis round trip whatever the
-lineage depth (``scripts/gate.lua`` reads the session's stored ancestor list and the archived
-set server-side). If Redis cannot be read the gate fails closed: ``StoreUnavailable``
-propagates and the caller retries the step later instead of running it.
+ends the turn ``blocked`` without a model request.
+
+It costs one Redis round trip whatever the lineage depth, and reads only the session's own
+entries: the archive state is materialized down the tree when it is written, so the gate never
+walks the lineage. The invariant the scripts keep, atomically, is: *a session with an archived
+ancestor is itself in the archived set.* Archiving marks the whole subtree
+(``archive.lua``); a child created under an archived lineage is born archived
+(``create_session.lua``); unarchiving a session whose ancestor is archived is refused
+(``unarchive.lua``). Writes are rare and reads are per step, so the cost sits on the write side.
+
+If Redis cannot be read the gate fails closed: ``StoreUnavailable`` propagates and the caller
+retries the step later instead of running it.
 """
 
 from __future__ import annotations
 
-from orchestrator.store import Store
+from orchestrator.sessions import SESSION_ID_RE
+from orchestrator.store import Store, translated
 
 
 class StepRefused(Exception):
     """Raised when a step may not run: ``reason`` is ``archived``, ``deleted`` or ``missing``;
-    ``holder`` is the archived session (the session itself or an ancestor)."""
+    ``holder`` is the archived session (the session itself: see the module docstring)."""
 
     def __init__(self, session_id: str, reason: str, holder: str | None = None) -> None:
-        super().__init__(
-            f"step for {session_id} refused: {reason}" + (f" ({holder})" if holder else "")
-        )
+        detail = f" ({holder})" if holder else ""
+        super().__init__(f"step for {session_id} refused: {reason}{detail}")
         self.session_id = session_id
         self.reason = reason
         self.holder = holder
@@ -28,12 +36,19 @@ class StepRefused(Exception):
 def admit(store: Store, session_id: str) -> None:
     """Return if a model step of ``session_id`` may run now.
 
-    Raises ``StepRefused`` when the session or an ancestor is archived, or the session is
-    deleted or unknown; ``StoreUnavailable`` when Redis cannot answer (fail closed).
+    Raises ``StepRefused`` when the session (hence also when any ancestor) is archived, or the
+    session is deleted or unknown; ``StoreUnavailable`` when Redis cannot answer (fail closed).
     """
-    verdict: str = store.run("gate", [session_id])
-    if verdict == "ok":
-        return
-    if verdict.startswith("archived:"):
-        raise StepRefused(session_id, "archived", verdict.split(":", 1)[1])
-    raise StepRefused(session_id, verdict)
+    if not isinstance(session_id, str) or not SESSION_ID_RE.fullmatch(session_id):
+        raise StepRefused(str(session_id), "missing")
+    with translated():
+        pipe = store.redis.pipeline(transaction=False)
+        pipe.sismember(store.keys.archived, session_id)
+        pipe.hget(store.keys.session(session_id), "deleted")
+        archived, deleted = pipe.execute()
+    if deleted is None:
+        raise StepRefused(session_id, "missing")
+    if deleted != "0":
+        raise StepRefused(session_id, "deleted")
+    if archived:
+        raise StepRefused(session_id, "archived", session_id)
