@@ -100,7 +100,14 @@ def scenario(store: Store, dispatcher: Any, tl: Timeline) -> None:
     for item in items:
         tl.detail(f"{item.family.value:9} {item.label}")
     job = next(i for i in items if i.family is Family.JOB)
-    job_pid = int(store.redis.hget(store.keys.job(job.id), "pid"))
+    # The census counts a job from the moment it is stored; its pid exists once a worker runs it.
+    job_pid = int(
+        _until(
+            lambda: store.redis.hget(store.keys.job(job.id), "pid"),
+            15,
+            "the job's process to start",
+        )
+    )
     child = next(i for i in items if i.family is Family.SUBAGENT).id
     reminder = next(i for i in items if i.family is Family.REMINDER).id
     child_turns = store.redis.zrange(store.keys.live_turns(child), 0, -1)
@@ -183,7 +190,11 @@ def scenario(store: Store, dispatcher: Any, tl: Timeline) -> None:
 def run_demo(console: Console) -> int:
     """Run the scenario; return the process exit code (0 only if every expectation held)."""
     settings = get_settings()
-    url, embedded = resolve_redis_url(settings)
+    try:
+        url, embedded = resolve_redis_url(settings)
+    except RuntimeError as exc:
+        console.print(f"[red]demo cannot start[/red]: {exc}")
+        return 2
     # On a shared Redis, a fresh prefix keeps the demo's keys apart from real sessions.
     prefix = settings.key_prefix
     if embedded is None:

@@ -24,6 +24,7 @@ import contextlib
 import importlib.util
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import threading
@@ -38,6 +39,8 @@ import redis
 import redis.exceptions
 from redis.backoff import NoBackoff
 from redis.retry import Retry
+
+from orchestrator.processes import die_with_parent
 
 if TYPE_CHECKING:
     from orchestrator.settings import FleetSettings
@@ -238,8 +241,11 @@ class EmbeddedRedis:
             attempts = 1 if self._requested_port is not None else _PORT_ATTEMPTS
             for _ in range(attempts):
                 port = self._requested_port or _free_port(self._host)
+                # Measured before the launch: a server that fails fast (port taken) may have
+                # written its complaint before we look.
+                log_start = self._log_size()
                 self._launch(executable, port)
-                outcome = self._wait_ready(executable, port)
+                outcome = self._wait_ready(executable, port, log_start)
                 if outcome is None:
                     self._port = port
                     return self
@@ -307,15 +313,15 @@ class EmbeddedRedis:
             stderr=subprocess.STDOUT,
             cwd=self.data_dir,
             # Own session: a Ctrl-C in the terminal reaches the runner, which stops its
-            # workers first and then this server (stop() / atexit).
-            start_new_session=True,
+            # workers first and then this server (stop() / atexit). If the runner is killed
+            # outright, the kernel stops the server too.
+            preexec_fn=die_with_parent(signal.SIGTERM),
         )
 
-    def _wait_ready(self, executable: str, port: int) -> tuple[bool, str] | None:
+    def _wait_ready(self, executable: str, port: int, log_start: int) -> tuple[bool, str] | None:
         """Poll PING until it answers; ``None`` on success, else ``(port_taken, message)``."""
         process = self._process
         assert process is not None
-        log_start = self._log_size()
         deadline = time.monotonic() + self._startup_timeout
         client = redis.Redis(
             host=self._host,

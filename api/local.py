@@ -19,6 +19,7 @@ import redis
 
 from orchestrator.families import Family
 from orchestrator.keys import Keys
+from orchestrator.processes import die_with_parent
 
 FAMILIES = [Family.TURN, Family.JOB, Family.SUBAGENT, Family.REMINDER]
 
@@ -81,7 +82,7 @@ class LocalFleet:
                 self.start_worker(family, host)
         return self
 
-    def start_worker(self, family: Family, host: str) -> WorkerProcess:
+    def start_worker(self, family: Family, host: str, *, append: bool = True) -> WorkerProcess:
         """Start one ``fleet worker`` process for ``family`` on ``host``."""
         log_path = self.state_dir / "logs" / f"{family.value}@{host}.log"
         log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -100,14 +101,27 @@ class LocalFleet:
         with open(log_path, "ab") as log_file:
             proc = subprocess.Popen(
                 cmd,
+                # A runner killed with SIGKILL takes its workers (and, through theirs, their
+                # jobs and exec children) with it.
+                preexec_fn=die_with_parent(signal.SIGKILL, new_session=False),
                 env=self.env(host, family),
                 stdout=log_file,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
             )
         worker = WorkerProcess(family, host, proc, log_path)
-        self.workers.append(worker)
+        if append:
+            self.workers.append(worker)
         return worker
+
+    def restart_dead(self) -> list[WorkerProcess]:
+        """Start a replacement for every worker that exited; return the replacements."""
+        replaced = []
+        for i, w in enumerate(self.workers):
+            if w.process.poll() is not None:
+                self.workers[i] = self.start_worker(w.family, w.host, append=False)
+                replaced.append(self.workers[i])
+        return replaced
 
     def wait_ready(self, timeout: float = 60.0) -> None:
         """Block until every started worker has a heartbeat in Redis. Raises

@@ -12,7 +12,6 @@ Stopping is cooperative first: SIGTERM to the process group, SIGKILL after the g
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import logging
 import os
 import signal
@@ -24,13 +23,13 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from orchestrator.families import Dispatcher, Family, Task, control_queue, work_queue
+from orchestrator.processes import die_with_parent
 from orchestrator.store import Store, iso, new_id, now_ms
 
 log = logging.getLogger(__name__)
 
 #: A starting job not taken by any worker within this time stops counting as live (ms).
 START_TIMEOUT_MS = 30_000
-_PR_SET_PDEATHSIG = 1
 
 
 class JobState(StrEnum):
@@ -53,15 +52,6 @@ def create_job(
     store.run("job_create", [jid, session_id, label, seconds, iso(now_ms()), START_TIMEOUT_MS])
     dispatcher.send(Task.JOB_RUN, [session_id, jid], work_queue(Family.JOB))
     return jid
-
-
-def _die_with_parent() -> None:  # pragma: no cover - runs in the child between fork and exec
-    os.setsid()
-    try:
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-    except OSError:
-        pass
 
 
 @dataclass
@@ -235,7 +225,7 @@ class JobSupervisor:
                     stdin=subprocess.DEVNULL,
                     stdout=subprocess.DEVNULL,
                     stderr=subprocess.DEVNULL,
-                    preexec_fn=_die_with_parent,
+                    preexec_fn=die_with_parent(),
                 )
             except OSError as exc:
                 with self._lock:

@@ -15,6 +15,7 @@ import threading
 from orchestrator.families import Dispatcher
 from orchestrator.jobs import create_job
 from orchestrator.model import ModelAction
+from orchestrator.processes import die_with_parent
 from orchestrator.reminders import create_reminder
 from orchestrator.sessions import create_session, get_session
 from orchestrator.store import Store, new_id
@@ -30,7 +31,8 @@ def _exec(seconds: float, cancel: threading.Event) -> str:
         stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
-        start_new_session=True,
+        # Its own process group, and it dies with the worker thread running the step.
+        preexec_fn=die_with_parent(),
     )
     try:
         while proc.poll() is None:
