@@ -22,4 +22,7 @@ RUN pip install . \
 
 USER fleet
 
+# The API and Flower (docker-compose.yml picks the command of each service).
+EXPOSE 8765 5555
+
 CMD ["fleet", "--help"]

@@ -29,7 +29,7 @@ from typing import Any
 import redis.asyncio as aioredis
 
 from api.errors import lookup
-from orchestrator import activity, archive, sessions, titles, turns
+from orchestrator import activity, archive, audit, sessions, titles, turns
 from orchestrator.errors import FleetError, InvalidParams, SessionArchived, SessionNotFound
 from orchestrator.families import Dispatcher
 from orchestrator.store import Store
@@ -535,8 +535,9 @@ class AcpConnection:
     async def close_session(self, params: dict[str, Any]) -> dict[str, Any]:
         sid = _session_id(params)
         await self._call(sessions.get_session, self.store, sid)
-        await self._cancel_turns(sid)
+        cancelled = await self._cancel_turns(sid)
         self._close(sid)
+        await self._call(audit.record, self.store, sid, "close", "closed", cancelledTurns=cancelled)
         return {}
 
     async def delete_session(self, params: dict[str, Any]) -> dict[str, Any]:
@@ -651,11 +652,11 @@ class AcpConnection:
         self._cancelled.add(_id_key(params.get("requestId")))
         task.cancel()
 
-    async def _cancel_turns(self, sid: str) -> None:
-        """Cancel the session's live turns. A turn that ends ``cancelled`` at once (queued, or
-        between steps) publishes no ``turn`` event, so its prompt is settled from here (through
-        the forwarder, after the turn's updates); one with a step in flight is settled by the
-        event its step publishes."""
+    async def _cancel_turns(self, sid: str) -> int:
+        """Cancel the session's live turns; return how many were asked to stop. A turn that
+        ends ``cancelled`` at once (queued, or between steps) publishes no ``turn`` event, so
+        its prompt is settled from here (through the forwarder, after the turn's updates); one
+        with a step in flight is settled by the event its step publishes."""
         outcomes = await self._call(turns.cancel_session_turns, self.store, self.dispatcher, sid)
         for tid, outcome in outcomes.items():
             if outcome == "cancelled":
@@ -668,6 +669,7 @@ class AcpConnection:
                         "stopReason": "cancelled",
                     }
                 )
+        return sum(1 for outcome in outcomes.values() if outcome in ("cancelled", "cancelling"))
 
     async def activity(self, params: dict[str, Any]) -> dict[str, Any]:
         items = await self._call(activity.census, self.store, _session_id(params))

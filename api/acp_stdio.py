@@ -15,6 +15,7 @@ from typing import Any
 
 from api.acp import INVALID_REQUEST, MAX_MESSAGE, AcpConnection, encode_message, shared_hub
 from api.context import dispatcher, redis_url, store
+from orchestrator import audit
 
 _CHUNK = 1 << 16
 
@@ -110,5 +111,6 @@ async def serve_stdio() -> None:
 
 
 def main() -> None:
-    """Run the stdio agent."""
+    """Run the stdio agent; what its client changes is audited as done by ``acp:stdio``."""
+    audit.set_default_actor("acp:stdio")
     asyncio.run(serve_stdio())

@@ -42,6 +42,15 @@ def _interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
 
 
+@app.callback()
+def _every_command() -> None:
+    # What a command changes is audited as done by "cli" (``fleet api`` and ``fleet acp``
+    # name their own actors per request or connection).
+    from orchestrator import audit
+
+    audit.set_default_actor("cli")
+
+
 def _fail(exc: FleetError) -> None:
     err.print(f"[red]error[/red] ({exc.code}): {exc.message}")
     if isinstance(exc, SessionActive):
@@ -62,6 +71,7 @@ def worker(
     """Run a Celery worker for one family (a real process; stop with Ctrl-C)."""
     from api.context import redis_url
     from orchestrator.families import Family
+    from orchestrator.logs import resolve_format
     from orchestrator.settings import get_settings
 
     url = redis_url()
@@ -74,8 +84,11 @@ def worker(
 
     celery_app.conf.broker_url = url
     queues = worker_queues(Family(family.value), host)
+    # JSON logs: no start-up banner among the JSON lines (workers/logs.py formats them).
+    quiet = ["--quiet"] if resolve_format(settings.log_format, sys.stderr) == "json" else []
     celery_app.worker_main(
         [
+            *quiet,
             "worker",
             "-n",
             f"{family.value}@{host}",
@@ -96,17 +109,24 @@ def worker(
 
 @app.command()
 def up(
-    hosts: int = typer.Option(1, help="How many job workers, each with its own host name."),
+    hosts: int = typer.Option(1, min=1, help="How many job workers, each with its own host name."),
     api: bool = typer.Option(True, help="Also serve the HTTP API."),
 ) -> None:
     """Run the whole fleet locally until Ctrl-C: Redis (embedded if FLEET_REDIS_URL is unset),
     one worker per family, and the API."""
     from api.embedded import resolve_redis_url
     from api.local import LocalFleet
+    from orchestrator.logs import configure as configure_logging
+    from orchestrator.processes import die_with_parent
     from orchestrator.settings import get_settings
 
+    configure_logging()
     settings = get_settings()
-    url, embedded = resolve_redis_url(settings)
+    try:
+        url, embedded = resolve_redis_url(settings)
+    except RuntimeError as exc:
+        err.print(f"[red]error[/red]: {exc}")
+        raise typer.Exit(2) from None
     fleet = LocalFleet(
         url, settings.key_prefix, settings.state_dir, hostname=settings.hostname, job_hosts=hosts
     )
@@ -118,15 +138,27 @@ def up(
             f"[green]fleet up[/green] on {url} (prefix {settings.key_prefix!r}); "
             f"{len(fleet.workers)} workers, logs in {settings.state_dir / 'logs'}"
         )
+        console.print(f"job workers on {', '.join(fleet.job_host_names())}")
         if api:
             import subprocess
 
             env = dict(os.environ, FLEET_REDIS_URL=url)
-            api_proc = subprocess.Popen([sys.executable, "-m", "api.cli", "api"], env=env)
+            api_proc = subprocess.Popen(
+                [sys.executable, "-m", "api.cli", "api"],
+                env=env,
+                preexec_fn=die_with_parent(signal.SIGTERM, new_session=False),
+            )
             console.print(f"API on http://{settings.api_host}:{settings.api_port}")
         signal.signal(signal.SIGTERM, _interrupt)
         while True:
-            time.sleep(3600)
+            time.sleep(1)
+            # A worker that died (crash, OOM, kill -9) is replaced, so the fleet keeps
+            # serving every family; its jobs died with it and their leases lapse.
+            for w in fleet.restart_dead():
+                err.print(
+                    f"[yellow]worker {w.family.value}@{w.host} had exited; restarted "
+                    f"(log {w.log_path})[/yellow]"
+                )
     except KeyboardInterrupt:
         pass
     finally:
@@ -147,16 +179,21 @@ def serve_api(
     import uvicorn
 
     from api.context import redis_url
+    from orchestrator.logs import configure as configure_logging
     from orchestrator.settings import get_settings
 
     redis_url()
     settings = get_settings()
+    configure_logging()
     uvicorn.run(
         "api.rest:create_app",
         factory=True,
         host=host or settings.api_host,
         port=port or settings.api_port,
         log_level="info",
+        # uvicorn's own loggers propagate to the root handler (FLEET_LOG_FORMAT) instead of
+        # getting a format of their own.
+        log_config=None,
     )
 
 
@@ -256,11 +293,83 @@ def activity(session_id: str, as_json: bool = typer.Option(False, "--json")) -> 
 
 @app.command()
 def archive(
-    session_id: str,
+    ids: list[str] | None = typer.Argument(
+        None, help="Session id (several with --bulk).", show_default=False
+    ),
     stop: bool = typer.Option(False, "--stop", help="Stop live work, then archive."),
-    as_json: bool = typer.Option(False, "--json"),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON (for scripts)."),
+    bulk: bool = typer.Option(False, "--bulk", help="Archive many: ids, --ids-file or a filter."),
+    ids_file: str | None = typer.Option(
+        None, "--ids-file", help="--bulk: a file of session ids, one a line ('-': stdin)."
+    ),
+    cwd: str | None = typer.Option(None, "--cwd", help="--bulk/--auto filter: this directory."),
+    idle_since: str | None = typer.Option(
+        None, "--idle-since", help="--bulk filter: last activity before this ISO 8601 time."
+    ),
+    q: str | None = typer.Option(None, "--q", help="--bulk filter: title contains this text."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Show what would happen; write nothing."),
+    auto: bool = typer.Option(
+        False, "--auto", help="Run the auto-archive policy once (idle sessions, no live work)."
+    ),
+    idle_seconds: float = typer.Option(
+        0, "--idle-seconds", help="--auto: idle age (default FLEET_AUTO_ARCHIVE_IDLE_SECONDS)."
+    ),
 ) -> None:
-    """Archive a session. Refused while it has live work unless --stop is given."""
+    """Archive a session. Refused while it has live work unless --stop is given.
+
+    --bulk archives many sessions in batches (ids, --ids-file, or a filter of --cwd,
+    --idle-since, --q) with a progress bar; --auto runs the auto-archive policy once. Both
+    take --dry-run and --json. Exit status: 0 done, 1 some sessions refused or not found,
+    2 the request was refused.
+    """
+    if bulk or auto:
+        from api.cli_bulk import run_auto, run_bulk
+
+        if auto:
+            run_auto(
+                ids=ids or [],
+                bulk=bulk,
+                ids_file=ids_file,
+                cwd=cwd,
+                idle_since=idle_since,
+                q=q,
+                stop=stop,
+                dry_run=dry_run,
+                as_json=as_json,
+                idle_seconds=idle_seconds,
+            )
+            return
+        run_bulk(
+            ids=ids or [],
+            ids_file=ids_file,
+            cwd=cwd,
+            idle_since=idle_since,
+            q=q,
+            stop=stop,
+            dry_run=dry_run,
+            as_json=as_json,
+        )
+        return
+    extra = [
+        name
+        for name, given in (
+            ("--ids-file", ids_file is not None),
+            ("--cwd", cwd is not None),
+            ("--idle-since", idle_since is not None),
+            ("--q", q is not None),
+            ("--dry-run", dry_run),
+            ("--idle-seconds", bool(idle_seconds)),
+        )
+        if given
+    ]
+    if extra or len(ids or []) != 1:
+        err.print(
+            "[red]error[/red]: give one session id"
+            + (f" ({', '.join(extra)} needs --bulk or --auto)" if extra else "")
+            + "; several sessions or a filter need --bulk."
+        )
+        raise typer.Exit(2)
+    session_id = (ids or [""])[0]
     from api.context import dispatcher, store
     from orchestrator.archive import archive as do_archive
 
@@ -278,6 +387,49 @@ def archive(
 
 
 @app.command()
+def beat(
+    idle_seconds: float = typer.Option(
+        0, help="Auto-archive idle age (default FLEET_AUTO_ARCHIVE_IDLE_SECONDS)."
+    ),
+    interval: float = typer.Option(
+        0, help="Seconds between runs (default FLEET_AUTO_ARCHIVE_INTERVAL_SECONDS)."
+    ),
+    schedule_file: str = typer.Option(
+        "", help="Beat's schedule state file (default FLEET_STATE_DIR/celerybeat-schedule)."
+    ),
+    loglevel: str = typer.Option("INFO", help="Celery log level."),
+) -> None:
+    """Run Celery beat: schedules the auto-archive policy (archive.auto on the maintenance
+    queue, run by reminder workers). Run one beat per fleet."""
+    from pathlib import Path
+
+    from api.context import redis_url
+    from orchestrator.settings import get_settings
+    from workers.beat import beat_schedule
+
+    url = redis_url()
+    settings = get_settings()
+    age = idle_seconds or settings.auto_archive_idle_seconds
+    every = interval or settings.auto_archive_interval_seconds
+    if age <= 0 or every <= 0:
+        err.print(
+            "[red]error[/red]: auto-archive is off; set FLEET_AUTO_ARCHIVE_IDLE_SECONDS (or "
+            "--idle-seconds) to an idle age in seconds, and a positive interval."
+        )
+        raise typer.Exit(2)
+    from workers.app import app as celery_app
+
+    celery_app.conf.broker_url = url
+    celery_app.conf.beat_schedule = beat_schedule(age, every)
+    path = Path(schedule_file) if schedule_file else settings.state_dir / "celerybeat-schedule"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    console.print(
+        f"beat: archive.auto every {every:g}s (sessions idle > {age:g}s) on the maintenance queue"
+    )
+    celery_app.start(["beat", "-s", str(path), "-l", loglevel])
+
+
+@app.command()
 def unarchive(session_id: str) -> None:
     """Unarchive a session (restores nothing that was stopped)."""
     from api.context import store
@@ -288,6 +440,45 @@ def unarchive(session_id: str) -> None:
     except FleetError as exc:
         _fail(exc)
     console.print(f"{session_id}: " + ("unarchived" if n else "was not archived"))
+
+
+@app.command()
+def audit(
+    session_id: str | None = typer.Argument(None, help="A session; omit for the whole fleet."),
+    limit: int = typer.Option(50, min=1, max=1000, help="How many entries, newest first."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+) -> None:
+    """Show the audit trail of a session (or of the fleet): every archive, unarchive, title
+    change, delete and close, with when, who and the outcome."""
+    from api.context import store
+    from orchestrator.audit import read
+    from orchestrator.sessions import get_session
+
+    try:
+        if session_id is not None:
+            session_id = get_session(store(), session_id, include_deleted=True).session_id
+        entries = read(store(), session_id, limit)
+    except FleetError as exc:
+        _fail(exc)
+    if as_json:
+        print(json.dumps(entries, indent=2))
+        return
+    if not entries:
+        console.print("no audit entries")
+        return
+    table = Table(
+        Column("at", no_wrap=True),
+        "action",
+        "outcome",
+        Column("actor", no_wrap=True),
+        *([] if session_id else [Column("sessionId", no_wrap=True, min_width=29)]),
+        "detail",
+    )
+    for e in entries:
+        detail = ", ".join(f"{k}={json.dumps(v)}" for k, v in e["detail"].items())
+        row = [e["at"], e["action"], e["outcome"], e["actor"]]
+        table.add_row(*row, *([] if session_id else [e["sessionId"]]), detail)
+    console.print(table)
 
 
 @app.command()
@@ -323,8 +514,9 @@ def acp() -> None:
     import logging
 
     from api.acp_stdio import main as acp_main
+    from orchestrator.logs import configure as configure_logging
 
-    logging.basicConfig(stream=sys.stderr, level=logging.WARNING)
+    configure_logging(level=logging.WARNING)
     acp_main()
 
 

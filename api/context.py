@@ -18,6 +18,10 @@ def redis_url() -> str:
             "FLEET_REDIS_URL is not set. Point it at your Redis (redis://host:6379/0), or use "
             "`fleet up` / `fleet demo`, which start an embedded Redis."
         )
+    if not url.startswith(("redis://", "rediss://", "unix://")):
+        raise SystemExit(
+            f"FLEET_REDIS_URL must start with redis://, rediss:// or unix:// (got {url!r})."
+        )
     return url
 
 

@@ -13,10 +13,11 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from api import lifecycle, ops, sse
 from api.acp import AcpConnection, encode_message, shared_hub
 from api.context import dispatcher, redis_url, store
 from api.errors import error_body, lookup
-from orchestrator import activity, archive, sessions, turns
+from orchestrator import activity, archive, audit, sessions, turns
 from orchestrator.errors import FleetError
 from orchestrator.settings import get_settings
 
@@ -65,6 +66,24 @@ def _authorize(authorization: Annotated[str | None, Header()] = None) -> None:
 
 class _Unauthorized(Exception):
     pass
+
+
+class _Actor:
+    """ASGI middleware: changes made while serving a request are audited as made by
+    ``rest:<client host>`` (ACP over WebSocket: ``acp:ws:<client host>``)."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] not in ("http", "websocket"):
+            await self.app(scope, receive, send)
+            return
+        client = scope.get("client")
+        host = client[0] if client else "unknown"
+        kind = "rest" if scope["type"] == "http" else "acp:ws"
+        with audit.acting_as(f"{kind}:{host}"):
+            await self.app(scope, receive, send)
 
 
 def create_app() -> FastAPI:
@@ -116,6 +135,11 @@ def create_app() -> FastAPI:
         return {"status": "ok"}
 
     auth = [Depends(_authorize)]
+    app.add_middleware(_Actor)
+    app.include_router(ops.router(auth))
+    # Before the /sessions/{session_id}/... routes below: POST /sessions/archive is bulk.
+    app.include_router(lifecycle.router(auth))
+    app.include_router(sse.router(auth))
 
     @app.post("/sessions", status_code=201, dependencies=auth, tags=["sessions"])
     def create(body: CreateSession) -> dict[str, Any]:
@@ -128,10 +152,18 @@ def create_app() -> FastAPI:
         cwd: Annotated[str | None, Query(description="Exact absolute cwd.")] = None,
         cursor: Annotated[str | None, Query(description="nextCursor of the previous page.")] = None,
         limit: Annotated[int, Query(ge=1, le=sessions.MAX_PAGE)] = sessions.DEFAULT_PAGE,
+        q: Annotated[
+            str | None,
+            Query(description="Title search: case-insensitive substring of the title."),
+        ] = None,
     ) -> dict[str, Any]:
-        """List sessions newest activity first; filters apply before pagination."""
+        """List sessions newest activity first; filters apply before pagination, with
+        cursors as in ACP session/list. ``q`` is answered by a bounded server-side scan of the
+        listing index (at most 5,000 sessions read per request, titles in batches of 500):
+        a page of a search may hold fewer than ``limit`` sessions, even none, and still carry
+        ``nextCursor``; follow it until it is absent to see every match once."""
         page = sessions.list_sessions(
-            store(), archived=archived, cwd=cwd, cursor=cursor, limit=limit
+            store(), archived=archived, cwd=cwd, cursor=cursor, limit=limit, q=q
         )
         out: dict[str, Any] = {"sessions": [s.to_info() for s in page.sessions]}
         if page.next_cursor:
@@ -168,7 +200,8 @@ def create_app() -> FastAPI:
         )
         if turn is None:
             return JSONResponse(
-                error_body("turn_not_found", f"Turn {turn_id!r} was not found."), status_code=404
+                error_body("turn_not_found", f"Turn {turn_id[:80]!r} was not found."),
+                status_code=404,
             )  # type: ignore[return-value]
         return turn.to_wire()
 

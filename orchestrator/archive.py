@@ -19,8 +19,8 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
-from orchestrator import events
-from orchestrator.activity import ActivityItem, census
+from orchestrator import audit, events, metrics
+from orchestrator.activity import ActivityItem, census, mark_quiet
 from orchestrator.errors import AncestorArchived, SessionActive, SessionNotFound
 from orchestrator.families import Dispatcher
 from orchestrator.sessions import check_session_id
@@ -65,10 +65,44 @@ def archive(
 ) -> ArchiveResult:
     """Archive a session (and its subtree).
 
-    Raises ``SessionNotFound`` (unknown, malformed or deleted id), ``SessionActive`` (live
-    work and no ``stop_activity``), ``StoreUnavailable`` (nothing written).
+    Every outcome, a refusal included, is counted (``fleet_archives``) and recorded in the
+    audit trail. Raises ``SessionNotFound`` (unknown, malformed or deleted id),
+    ``SessionActive`` (live work and no ``stop_activity``), ``StoreUnavailable`` (nothing
+    written).
     """
     sid = check_session_id(session_id)
+    try:
+        result = _archive(store, dispatcher, sid, stop_activity)
+    except SessionActive as refused:
+        families = sorted({item.family.value for item in refused.items})
+        metrics.incr(store, metrics.ARCHIVES, "refused")
+        for family in families:
+            metrics.incr(store, metrics.ARCHIVE_REFUSALS, family)
+        audit.record(
+            store,
+            sid,
+            "archive",
+            "refused",
+            stopActivity=stop_activity,
+            families=families,
+            items=len(refused.items),
+        )
+        raise
+    metrics.incr(store, metrics.ARCHIVES, result.outcome)
+    audit.record(
+        store,
+        sid,
+        "archive",
+        result.outcome,
+        stopActivity=stop_activity,
+        archivedCount=result.archived_count,
+        stopped=len(result.stopped),
+        stopFailures=[family for family, _ in result.stop_report.failed],
+    )
+    return result
+
+
+def _archive(store: Store, dispatcher: Dispatcher, sid: str, stop_activity: bool) -> ArchiveResult:
     txn = new_id("arc")
     for _ in range(_REFUSAL_RECHECKS):
         result = store.run(
@@ -83,7 +117,7 @@ def archive(
                 # Nothing changes in the archive state, but work that outlived an earlier
                 # stop (a lost or failed dispatch) is asked to stop again.
                 already.stopped = census(store, sid, dispatcher)
-                already.stop_report = dispatch_stops(dispatcher, sid, already.stopped)
+                already.stop_report = dispatch_stops(dispatcher, sid, already.stopped, store=store)
             return already
         if outcome == "archived":
             break
@@ -104,15 +138,21 @@ def archive(
     events.publish(store, "archived", sid, archived=True)
     if stop_activity:
         # Read after the write: anything that started before it is seen here, and anything
-        # that starts after it is refused by the gate.
+        # that starts after it is refused by the gate. An empty census records the session
+        # quiet right away.
         done.stopped = census(store, sid, dispatcher)
-        done.stop_report = dispatch_stops(dispatcher, sid, done.stopped)
+        done.stop_report = dispatch_stops(dispatcher, sid, done.stopped, store=store)
+    else:
+        # The script found no live work when it wrote, so the subtree is quiet already; it is
+        # marked so (not observed: there was nothing to stop and no time to measure).
+        mark_quiet(store, sid, observe=False)
     return done
 
 
 def unarchive(store: Store, session_id: str) -> int:
     """Unarchive a session and the descendants its archive transition archived. Idempotent;
-    returns how many sessions were restored (0 when it was not archived).
+    returns how many sessions were restored (0 when it was not archived). Every outcome, a
+    refusal included, is recorded in the audit trail.
 
     Raises ``SessionNotFound``, ``AncestorArchived``, ``StoreUnavailable``.
     """
@@ -122,9 +162,12 @@ def unarchive(store: Store, session_id: str) -> int:
     if outcome == "not_found":
         raise SessionNotFound(sid)
     if outcome == "ancestor":
+        audit.record(store, sid, "unarchive", "refused", archivedAncestor=result[1])
         raise AncestorArchived(sid, result[1])
     if outcome == "not_archived":
+        audit.record(store, sid, "unarchive", "not_archived")
         return 0
+    audit.record(store, sid, "unarchive", "unarchived", restoredCount=int(result[1]))
     log.info("unarchived (%s in subtree)", result[1], extra={"session_id": sid})
     events.publish(store, "unarchived", sid, archived=False)
     return int(result[1])

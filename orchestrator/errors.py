@@ -8,7 +8,8 @@
     ├── SessionArchived        the operation needs an unarchived session
     ├── AncestorArchived       unarchive of a session whose ancestor is still archived
     ├── InvalidParams          a value the caller sent is not acceptable
-    │   └── InvalidTitle       a title that is empty after normalization
+    │   ├── InvalidTitle       a title that is empty after normalization
+    │   └── TooManySessions    a bulk request selects more sessions than allowed
     └── StoreUnavailable       Redis cannot be reached or answered with an error
 """
 
@@ -89,6 +90,13 @@ class InvalidTitle(InvalidParams):
     """Raised when a title is empty after normalization."""
 
     code = "invalid_title"
+
+
+class TooManySessions(InvalidParams):
+    """Raised when a bulk request names or selects more sessions than it may (nothing is
+    written); ``data`` carries ``param``, ``max`` and, for filters, the setting to raise."""
+
+    code = "too_many_sessions"
 
 
 class StoreUnavailable(FleetError):

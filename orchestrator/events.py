@@ -1,8 +1,15 @@
 """Lifecycle events published on Redis so every API process can tell its clients.
 
 An event is a JSON object ``{"type": ..., "sessionId": ..., ...}`` published on the
-``events`` channel (``Keys.events``). Publishing is best effort: a failure is logged and never
-undoes the change it reports (listing stays the source of truth).
+``events`` channel (``Keys.events``). Lifecycle events (``DURABLE_KINDS``: archived,
+unarchived, title, turn) are also appended to a capped stream (``Keys.event_stream``, about
+``STREAM_MAXLEN`` entries), in the same pipeline, so ``GET /events`` can serve them as
+Server-Sent Events whose ids are the stream ids and a client that reconnects with
+``Last-Event-ID`` misses nothing still retained. Conversation ``update`` events are only
+published (the history list is their durable record).
+
+Publishing is best effort: a failure is logged and never undoes the change it reports (listing
+stays the source of truth).
 """
 
 from __future__ import annotations
@@ -18,16 +25,44 @@ from orchestrator.store import Store
 log = logging.getLogger(__name__)
 
 
+#: Event kinds kept in the durable stream (and served by ``GET /events``).
+DURABLE_KINDS = frozenset({"archived", "unarchived", "title", "turn"})
+#: Approximate cap of the event stream (``XADD MAXLEN ~``): Redis trims whole nodes, so it
+#: may hold slightly more.
+STREAM_MAXLEN = 10_000
+
+
 def publish(store: Store, kind: str, session_id: str, **fields: Any) -> None:
-    """Publish one event of ``kind`` (``archived``, ``unarchived``, ``title``, ``turn``)."""
-    payload = json.dumps({"type": kind, "sessionId": session_id, **fields})
+    """Publish one event of ``kind`` (``archived``, ``unarchived``, ``title``, ``turn``,
+    ``update``); lifecycle kinds are also appended to the event stream."""
+    publish_many(store, [(kind, session_id, fields)])
+
+
+def publish_many(store: Store, batch: list[tuple[str, str, dict[str, Any]]]) -> None:
+    """Publish ``(kind, session_id, fields)`` events in order, in one round trip (bulk
+    operations). Best effort, like ``publish``."""
+    if not batch:
+        return
+    pipe = store.redis.pipeline(transaction=False)
+    for kind, session_id, fields in batch:
+        payload = json.dumps({"type": kind, "sessionId": session_id, **fields})
+        if kind in DURABLE_KINDS:
+            pipe.xadd(
+                store.keys.event_stream,
+                {"event": payload},
+                maxlen=STREAM_MAXLEN,
+                approximate=True,
+            )
+        pipe.publish(store.keys.events, payload)
     try:
-        store.redis.publish(store.keys.events, payload)
+        pipe.execute()
     except redis.RedisError as exc:
+        first_kind, first_sid, _ = batch[0]
         log.warning(
-            "event %s for %s not published: %s",
-            kind,
-            session_id,
+            "%d event(s) (%s for %s, ...) not published: %s",
+            len(batch),
+            first_kind,
+            first_sid,
             exc,
-            extra={"session_id": session_id},
+            extra={"session_id": first_sid},
         )

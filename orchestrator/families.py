@@ -8,6 +8,10 @@ API process never imports task code. Queue layout, per family:
   yet; ``job.ctl.<host>``: stops for jobs running on ``<host>``, consumed only by that host's
   job worker, so a stop reaches exactly the host that owns the process.
 - ``subagent.ctl``: subagent stops. ``reminder``: reminder firings; ``reminder.ctl``: stops.
+- ``maintenance``: scheduled fleet-wide tasks (``archive.auto``), consumed by reminder workers.
+
+Bulk operations send one stop per family per batch (``*.stop_many``, jobs: per host queue)
+carrying many sessions, instead of one message per session.
 
 Control queues are separate from work queues and listed first by every worker, so a stop never
 waits behind queued work.
@@ -38,6 +42,18 @@ class Task:
     SUBAGENT_STOP = "subagent.stop"
     REMINDER_FIRE = "reminder.fire"
     REMINDER_STOP = "reminder.stop"
+    #: Bulk stops: one message for many sessions. Arguments: ``{sessionId: [ids]}`` (turns,
+    #: jobs, descendant sessions); reminders: ``[sessionId, ...]``.
+    TURN_STOP_MANY = "turn.stop_many"
+    JOB_STOP_MANY = "job.stop_many"
+    SUBAGENT_STOP_MANY = "subagent.stop_many"
+    REMINDER_STOP_MANY = "reminder.stop_many"
+    #: The auto-archive policy (scheduled by ``fleet beat`` on ``MAINTENANCE_QUEUE``).
+    ARCHIVE_AUTO = "archive.auto"
+
+
+#: Queue of scheduled fleet-wide tasks; reminder workers consume it.
+MAINTENANCE_QUEUE = "maintenance"
 
 
 def work_queue(family: Family) -> str:
@@ -50,6 +66,22 @@ def control_queue(family: Family, host: str | None = None) -> str:
     if family is Family.JOB and host:
         return f"job.ctl.{host}"
     return f"{family}.ctl"
+
+
+def send_all(
+    dispatcher: Dispatcher, messages: list[tuple[str, list[Any], str]]
+) -> list[Exception | None]:
+    """Send ``(task, args, queue)`` messages one after another; return, per message, the
+    error that kept it from being sent or ``None``. One failure never stops the others.
+    (Publishing them from threads was measured slower: kombu's cost is Python-side.)"""
+    errors: list[Exception | None] = []
+    for task, args, queue in messages:
+        try:
+            dispatcher.send(task, args, queue)
+            errors.append(None)
+        except Exception as exc:  # contained: reported to the caller per message
+            errors.append(exc)
+    return errors
 
 
 def send_step(dispatcher: Dispatcher, session_id: str, turn_id: str, index: int) -> None:

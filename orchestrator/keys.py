@@ -27,7 +27,8 @@ class Keys:
     def session(self, sid: str) -> str:
         """HASH: sessionId, cwd, title, titleSource (client|generated|''), parentId,
         createdAt/updatedAt (ISO 8601), updatedMs, archived ('0'|'1'), archivedAt, archiveTxn
-        (id of the archive transition that archived it), deleted ('0'|'1')."""
+        (id of the archive transition that archived it), deleted ('0'|'1'), quietAt and
+        quietTxn (when a census first found it quiet after the archive transition quietTxn)."""
         return f"{self.prefix}session:{sid}"
 
     def lineage(self, sid: str) -> str:
@@ -120,8 +121,36 @@ class Keys:
         """Glob matching the heartbeat keys of every worker of ``family``."""
         return f"{self.prefix}worker:{family}:*"
 
+    def ops_counter(self, name: str) -> str:
+        """STRING (counter): how many ``ops.ping`` tasks named ``name`` ran."""
+        return f"{self.prefix}ops:{name}"
+
     # -- events -----------------------------------------------------------------------------
     @property
     def events(self) -> str:
         """PUBSUB channel: JSON lifecycle events (archived, unarchived, title, turn state)."""
         return f"{self.prefix}events"
+
+    @property
+    def event_stream(self) -> str:
+        """STREAM: the lifecycle events of ``events`` kept durably (field ``event``: the JSON
+        payload), capped near ``events.STREAM_MAXLEN`` entries; ``GET /events`` (Server-Sent
+        Events) reads it, so a client resumes after its ``Last-Event-ID``."""
+        return f"{self.prefix}events:stream"
+
+    # -- operations: metrics and audit -------------------------------------------------------
+    def metric(self, name: str) -> str:
+        """HASH: one metric (``orchestrator/metrics.py``). A counter maps its label values
+        (joined by ``|``) to a count; a histogram maps ``le=<bound>`` (non-cumulative),
+        ``sum`` and ``count`` to numbers."""
+        return f"{self.prefix}metrics:{name}"
+
+    def audit(self, sid: str) -> str:
+        """STREAM: the session's lifecycle changes (``orchestrator/audit.py``), capped at
+        ``FLEET_AUDIT_MAX_PER_SESSION`` entries."""
+        return f"{self.prefix}audit:{sid}"
+
+    @property
+    def audit_all(self) -> str:
+        """STREAM: every session's lifecycle changes, capped at ``FLEET_AUDIT_MAX_GLOBAL``."""
+        return f"{self.prefix}audit"

@@ -12,10 +12,12 @@ import hashlib
 import json
 import math
 import re
+import unicodedata
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
+from orchestrator import audit
 from orchestrator.errors import InvalidParams, SessionNotFound
 from orchestrator.store import Store, iso, new_id, now_ms, retried
 
@@ -26,6 +28,12 @@ SESSION_ID_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 MAX_PAGE = 200
 DEFAULT_PAGE = 50
 MAX_CWD_LENGTH = 4096
+#: Longest title search (``q``), in characters.
+MAX_QUERY = 200
+#: Index entries a title search reads per page at most (it scans the listing index, newest
+#: first, in batches of ``SEARCH_BATCH``); past that the page ends early with a cursor.
+SEARCH_SCAN = 5_000
+SEARCH_BATCH = 500
 
 
 class ArchivedFilter(StrEnum):
@@ -71,6 +79,9 @@ class Session:
     archived: bool
     archived_at: str | None
     deleted: bool
+    #: When a census first found the archived session quiet (no live work in its subtree)
+    #: after its current archive; ``None`` until then and for sessions not archived.
+    quiet_at: str | None = None
 
     @classmethod
     def from_hash(cls, h: dict[str, str]) -> Session:
@@ -86,6 +97,13 @@ class Session:
             archived=h.get("archived") == "1",
             archived_at=h.get("archivedAt") or None,
             deleted=h.get("deleted") == "1",
+            # quietTxn names the archive transition the quiet was observed for; an older one
+            # (the session was unarchived and archived again since) says nothing.
+            quiet_at=(
+                h.get("quietAt") or None
+                if h.get("archived") == "1" and h.get("quietTxn") == h.get("archiveTxn")
+                else None
+            ),
         )
 
     def to_info(self) -> dict[str, Any]:
@@ -103,6 +121,8 @@ class Session:
             meta["parentId"] = self.parent_id
         if self.archived_at:
             meta["archivedAt"] = self.archived_at
+        if self.quiet_at:
+            meta["quietAt"] = self.quiet_at
         if self.title_source:
             meta["titleSource"] = self.title_source
         info["_meta"] = {"agentFleet": meta}
@@ -141,6 +161,9 @@ def check_cwd(cwd: object) -> str:
             f"cwd must be at most {MAX_CWD_LENGTH} characters with no NUL byte.", {"param": "cwd"}
         )
     check_utf8(cwd, "cwd")
+    if any(unicodedata.category(ch) == "Cc" for ch in cwd):
+        # Control characters would reach terminals and logs that print the path.
+        raise InvalidParams("cwd must not contain control characters.", {"param": "cwd"})
     return cwd
 
 
@@ -193,12 +216,42 @@ def get_session(store: Store, session_id: str, *, include_deleted: bool = False)
     return Session.from_hash(h)
 
 
-def _encode_cursor(flt: ArchivedFilter, cwd: str | None, score: float, sid: str) -> str:
-    raw = json.dumps({"a": flt.value, "c": cwd, "s": score, "i": sid}, separators=(",", ":"))
+def normalize_query(q: object) -> str | None:
+    """The needle of a title search: ``q`` in NFC, trimmed and case-folded; ``None`` for no
+    search (``None`` or blank). Raises ``InvalidParams`` when ``q`` is not a string, is longer
+    than ``MAX_QUERY`` characters or is not valid Unicode text."""
+    if q is None:
+        return None
+    if not isinstance(q, str):
+        raise InvalidParams("q must be a string.", {"param": "q"})
+    if len(q) > MAX_QUERY:
+        raise InvalidParams(
+            f"q is longer than {MAX_QUERY} characters.", {"param": "q", "maxLength": MAX_QUERY}
+        )
+    check_utf8(q, "q")
+    needle = unicodedata.normalize("NFC", q).strip().casefold()
+    return needle or None
+
+
+def title_matches(title: str | None, needle: str) -> bool:
+    """Whether ``needle`` (from ``normalize_query``) is a case-insensitive substring of the
+    title; an untitled session matches no search."""
+    return bool(title) and needle in unicodedata.normalize("NFC", title or "").casefold()
+
+
+def _encode_cursor(
+    flt: ArchivedFilter, cwd: str | None, score: float, sid: str, q: str | None = None
+) -> str:
+    data: dict[str, Any] = {"a": flt.value, "c": cwd, "s": score, "i": sid}
+    if q is not None:
+        data["q"] = q
+    raw = json.dumps(data, separators=(",", ":"))
     return base64.urlsafe_b64encode(raw.encode()).decode().rstrip("=")
 
 
-def _decode_cursor(cursor: object, flt: ArchivedFilter, cwd: str | None) -> tuple[float, str]:
+def _decode_cursor(
+    cursor: object, flt: ArchivedFilter, cwd: str | None, q: str | None = None
+) -> tuple[float, str]:
     bad = InvalidParams(
         "cursor is not valid for this listing; start again without a cursor.", {"param": "cursor"}
     )
@@ -210,6 +263,8 @@ def _decode_cursor(cursor: object, flt: ArchivedFilter, cwd: str | None) -> tupl
     except (binascii.Error, ValueError, UnicodeDecodeError):
         raise bad from None
     if not isinstance(data, dict) or data.get("a") != flt.value or data.get("c") != cwd:
+        raise bad
+    if data.get("q") != q:
         raise bad
     score, sid = data.get("s"), data.get("i")
     if not isinstance(score, (int, float)) or isinstance(score, bool) or not isinstance(sid, str):
@@ -259,20 +314,27 @@ def list_sessions(
     cwd: object = None,
     cursor: object = None,
     limit: int = DEFAULT_PAGE,
+    q: object = None,
 ) -> Page:
     """List sessions newest activity first, filtered before pagination (ACP ``session/list``).
 
     ``archived``: ``exclude`` (default, also for ``None``), ``include`` or ``only``; ``cwd``:
     exact absolute path or ``None``; ``cursor``: an opaque ``nextCursor`` from an earlier page
-    of the same listing; ``limit``: 1..``MAX_PAGE``. Deleted sessions never appear.
-    Raises ``InvalidParams`` for a bad filter, cwd or cursor; ``StoreUnavailable``.
+    of the same listing; ``limit``: 1..``MAX_PAGE``; ``q``: a title search (case-insensitive
+    substring; see ``_search_page``). Deleted sessions never appear.
+    Raises ``InvalidParams`` for a bad filter, cwd, q or cursor; ``StoreUnavailable``.
     """
     flt = ArchivedFilter.parse(archived)
     cwd_value = None if cwd is None else check_cwd(cwd)
     if not 1 <= limit <= MAX_PAGE:
         raise InvalidParams(f"limit must be between 1 and {MAX_PAGE}.", {"param": "limit"})
-    after = None if cursor is None else _decode_cursor(cursor, flt, cwd_value)
+    needle = normalize_query(q)
+    after = None if cursor is None else _decode_cursor(cursor, flt, cwd_value, needle)
     key = store.keys.index(flt.index_state, None if cwd_value is None else cwd_hash(cwd_value))
+    if needle is not None:
+        found, resume = _search_page(store, key, after, limit, needle)
+        token = None if resume is None else _encode_cursor(flt, cwd_value, *resume, needle)
+        return Page(found, token)
     rows = _page_ids(store, key, after, limit + 1)
     more = len(rows) > limit
     rows = rows[:limit]
@@ -285,6 +347,50 @@ def list_sessions(
 
 
 @retried
+def _titles(store: Store, ids: list[str]) -> list[str | None]:
+    pipe = store.redis.pipeline(transaction=False)
+    for sid in ids:
+        pipe.hget(store.keys.session(sid), "title")
+    return list(pipe.execute())
+
+
+def _search_page(
+    store: Store, key: str, after: tuple[float, str] | None, limit: int, needle: str
+) -> tuple[list[Session], tuple[float, str] | None]:
+    """One page of a title search, filtered before pagination: a bounded scan of the listing
+    index ``key`` newest first from ``after``, ``SEARCH_BATCH`` entries per round trip (plus
+    one for their titles), reading at most ``SEARCH_SCAN`` entries. Returns the matching
+    sessions and where the next page resumes (``None`` when the index is exhausted).
+
+    A page is full when ``limit`` matches are found and one more match exists. When the scan
+    budget runs out first, the page holds fewer matches (possibly none) and still resumes
+    where the scan stopped, so following ``nextCursor`` until it is absent finds every match
+    exactly once."""
+    matches: list[tuple[str, float]] = []
+    position = after
+    scanned = 0
+    while scanned < SEARCH_SCAN:
+        want = min(SEARCH_BATCH, SEARCH_SCAN - scanned)
+        rows = _page_ids(store, key, position, want)
+        for (sid, score), title in zip(rows, _titles(store, [r[0] for r in rows]), strict=True):
+            scanned += 1
+            if title_matches(title, needle):
+                if len(matches) == limit:  # one more exists: the page is full
+                    last_id, last_score = matches[-1]
+                    return _load_matches(store, matches), (last_score, last_id)
+                matches.append((sid, score))
+            position = (score, sid)
+        if len(rows) < want:  # the index is exhausted
+            return _load_matches(store, matches), None
+    return _load_matches(store, matches), position
+
+
+def _load_matches(store: Store, rows: list[tuple[str, float]]) -> list[Session]:
+    found = _load_many(store, [sid for sid, _ in rows])
+    return [s for s in found if s is not None and not s.deleted]
+
+
+@retried
 def _load_many(store: Store, ids: list[str]) -> list[Session | None]:
     pipe = store.redis.pipeline(transaction=False)
     for sid in ids:
@@ -294,10 +400,14 @@ def _load_many(store: Store, ids: list[str]) -> list[Session | None]:
 
 def delete_session(store: Store, session_id: str) -> bool:
     """Delete a session: it leaves every listing and its steps are refused. Idempotent
-    (returns ``False`` when there was nothing to delete). Raises ``StoreUnavailable``."""
+    (returns ``False`` when there was nothing to delete). A deletion is recorded in the audit
+    trail. Raises ``StoreUnavailable``."""
     if not isinstance(session_id, str) or not SESSION_ID_RE.fullmatch(session_id):
         return False
-    return bool(store.run("delete_session", [session_id, iso(now_ms())], durable=True) == "deleted")
+    deleted = store.run("delete_session", [session_id, iso(now_ms())], durable=True) == "deleted"
+    if deleted:
+        audit.record(store, session_id, "delete", "deleted")
+    return bool(deleted)
 
 
 def descendants(store: Store, session_id: str) -> list[str]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import socket
 from functools import lru_cache
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -48,6 +49,25 @@ class FleetSettings(BaseSettings):
     api_token: str = ""
     #: ``user:password`` Flower asks for (``fleet flower``); required beyond loopback.
     flower_basic_auth: str = ""
+    #: Most sessions a bulk-archive filter may select (``POST /sessions/archive``, ``fleet
+    #: archive --bulk``); a filter matching more is refused. The auto-archive policy takes at
+    #: most this many per run (the oldest first) and the rest on its next run.
+    bulk_filter_max: int = Field(default=50_000, ge=1)
+    #: Auto-archive: sessions idle longer than this many seconds (last activity, or their
+    #: last unarchive if later) and with no live work are archived by ``archive.auto``
+    #: (scheduled by ``fleet beat``). 0 turns the policy off.
+    auto_archive_idle_seconds: float = Field(default=0.0, ge=0)
+    #: Seconds between two runs of ``archive.auto`` in ``fleet beat``'s schedule.
+    auto_archive_interval_seconds: float = Field(default=300.0, gt=0)
+    #: Seconds between two heartbeat comments on an idle ``GET /events`` stream.
+    sse_heartbeat_seconds: float = Field(default=15.0, gt=0)
+    #: Log format: ``json`` (one JSON object per line) or ``text`` (for a terminal); empty
+    #: picks ``text`` when stderr is a terminal and ``json`` otherwise.
+    log_format: Literal["", "json", "text"] = ""
+    #: Audit entries kept per session (``fleet audit SESSION``); older ones are trimmed.
+    audit_max_per_session: int = Field(default=1000, ge=1)
+    #: Audit entries kept in the fleet-wide trail (``GET /audit``).
+    audit_max_global: int = Field(default=100_000, ge=1)
 
 
 @lru_cache(maxsize=1)

@@ -8,9 +8,12 @@ from __future__ import annotations
 import logging
 from collections import defaultdict
 from dataclasses import dataclass, field
+from typing import Any
 
+from orchestrator import metrics
 from orchestrator.activity import ActivityItem
-from orchestrator.families import Dispatcher, Family, Task, control_queue
+from orchestrator.families import Dispatcher, Family, Task, control_queue, send_all
+from orchestrator.store import Store
 
 log = logging.getLogger(__name__)
 
@@ -24,29 +27,16 @@ class StopReport:
     failed: list[tuple[str, str]] = field(default_factory=list)
 
 
-def _send(
-    dispatcher: Dispatcher,
-    report: StopReport,
-    family: Family,
-    task: str,
-    args: list[object],
-    queue: str,
-    count: int,
-    session_id: str,
-) -> None:
-    try:
-        dispatcher.send(task, list(args), queue)
-    except Exception as exc:  # contained on purpose: one family must not block another
-        report.failed.append((family.value, f"{type(exc).__name__}: {exc}"))
-        log.warning(
-            "stop dispatch for %s failed: %s: %s",
-            family.value,
-            type(exc).__name__,
-            exc,
-            extra={"session_id": session_id, "family": family.value},
-        )
-        return
-    report.sent[family.value] = report.sent.get(family.value, 0) + count
+@dataclass(frozen=True)
+class StopMessage:
+    """One stop request: the ``family`` it stops, how many items (``count``), and the task
+    name, arguments and queue it is sent as."""
+
+    family: Family
+    count: int
+    task: str
+    args: list[Any]
+    queue: str
 
 
 def job_stop_batches(items: list[ActivityItem]) -> dict[str, list[ActivityItem]]:
@@ -58,60 +48,179 @@ def job_stop_batches(items: list[ActivityItem]) -> dict[str, list[ActivityItem]]
     return dict(by_queue)
 
 
-def dispatch_stops(
-    dispatcher: Dispatcher, session_id: str, items: list[ActivityItem]
-) -> StopReport:
-    """Ask each family with live items to stop them. Returns once every request is sent (or
-    failed); never raises for a dispatch failure."""
-    report = StopReport()
+def stop_messages(session_id: str, items: list[ActivityItem]) -> list[StopMessage]:
+    """The stop requests for ``items``: one per family, and one per owning host for jobs."""
     by_family: dict[Family, list[ActivityItem]] = defaultdict(list)
     for item in items:
         by_family[item.family].append(item)
+    out: list[StopMessage] = []
     turns = by_family.get(Family.TURN, [])
     if turns:
-        _send(
-            dispatcher,
-            report,
-            Family.TURN,
-            Task.TURN_STOP,
-            [session_id, [t.id for t in turns]],
-            control_queue(Family.TURN),
-            len(turns),
-            session_id,
+        out.append(
+            StopMessage(
+                Family.TURN,
+                len(turns),
+                Task.TURN_STOP,
+                [session_id, [t.id for t in turns]],
+                control_queue(Family.TURN),
+            )
         )
     for queue, jobs in job_stop_batches(by_family.get(Family.JOB, [])).items():
-        _send(
-            dispatcher,
-            report,
-            Family.JOB,
-            Task.JOB_STOP,
-            [session_id, [j.id for j in jobs]],
-            queue,
-            len(jobs),
-            session_id,
+        out.append(
+            StopMessage(
+                Family.JOB, len(jobs), Task.JOB_STOP, [session_id, [j.id for j in jobs]], queue
+            )
         )
     subagents = by_family.get(Family.SUBAGENT, [])
     if subagents:
-        _send(
-            dispatcher,
-            report,
-            Family.SUBAGENT,
-            Task.SUBAGENT_STOP,
-            [session_id, [s.id for s in subagents]],
-            control_queue(Family.SUBAGENT),
-            len(subagents),
-            session_id,
+        out.append(
+            StopMessage(
+                Family.SUBAGENT,
+                len(subagents),
+                Task.SUBAGENT_STOP,
+                [session_id, [a.id for a in subagents]],
+                control_queue(Family.SUBAGENT),
+            )
         )
     reminders = by_family.get(Family.REMINDER, [])
     if reminders:
-        _send(
-            dispatcher,
-            report,
-            Family.REMINDER,
-            Task.REMINDER_STOP,
-            [session_id],
-            control_queue(Family.REMINDER),
-            len(reminders),
-            session_id,
+        out.append(
+            StopMessage(
+                Family.REMINDER,
+                len(reminders),
+                Task.REMINDER_STOP,
+                [session_id],
+                control_queue(Family.REMINDER),
+            )
         )
+    return out
+
+
+def dispatch_stops(
+    dispatcher: Dispatcher,
+    session_id: str,
+    items: list[ActivityItem],
+    *,
+    store: Store | None = None,
+) -> StopReport:
+    """Ask each family with live items to stop them. The requests are sent together (at once
+    where the dispatcher can publish concurrently) and never awaited; a failed one is logged
+    and reported, and never keeps the others from being sent. Never raises. With ``store``,
+    each request is counted (``fleet_stop_dispatches``/``fleet_stop_failures`` by family)."""
+    report = StopReport()
+    messages = stop_messages(session_id, items)
+    errors = send_all(dispatcher, [(m.task, m.args, m.queue) for m in messages])
+    for message, error in zip(messages, errors, strict=True):
+        family = message.family.value
+        if error is None:
+            report.sent[family] = report.sent.get(family, 0) + message.count
+            if store is not None:
+                metrics.incr(store, metrics.STOP_DISPATCHES, family)
+            continue
+        report.failed.append((family, f"{type(error).__name__}: {error}"))
+        extra = {"session_id": session_id, "family": family}
+        # One line per failure: a broker outage fails every family at once, and a traceback
+        # each would bury the archive that succeeded. The traceback is logged at debug.
+        log.warning(
+            "stop dispatch for %s failed: %s: %s",
+            family,
+            type(error).__name__,
+            error,
+            extra=extra,
+        )
+        log.debug("stop dispatch for %s failed", family, exc_info=error, extra=extra)
+        if store is not None:
+            metrics.incr(store, metrics.STOP_FAILURES, family)
+    return report
+
+
+def stop_messages_many(items_by_session: dict[str, list[ActivityItem]]) -> list[StopMessage]:
+    """The stop requests of a bulk batch: ONE message per family carrying every session of
+    the batch (jobs: one per owning host's queue), instead of one per session.
+
+    ``turn.stop_many``/``job.stop_many``/``subagent.stop_many`` take ``{sessionId: [ids]}``
+    (turn ids, job ids, descendant session ids); ``reminder.stop_many`` takes
+    ``[sessionId, ...]``. Each item is keyed by the session it was found for (the archived
+    one; a subagent item names the descendant to stop)."""
+    turns: dict[str, list[str]] = defaultdict(list)
+    jobs: dict[str, dict[str, list[str]]] = defaultdict(lambda: defaultdict(list))
+    subagents: dict[str, list[str]] = defaultdict(list)
+    reminders: dict[str, int] = defaultdict(int)
+    for sid, items in items_by_session.items():
+        for item in items:
+            if item.family is Family.TURN:
+                turns[sid].append(item.id)
+            elif item.family is Family.JOB:
+                jobs[control_queue(Family.JOB, item.host)][sid].append(item.id)
+            elif item.family is Family.SUBAGENT:
+                subagents[sid].append(item.id)
+            else:
+                reminders[sid] += 1
+    out: list[StopMessage] = []
+    if turns:
+        count = sum(len(v) for v in turns.values())
+        out.append(
+            StopMessage(
+                Family.TURN, count, Task.TURN_STOP_MANY, [dict(turns)], control_queue(Family.TURN)
+            )
+        )
+    for queue, by_session in jobs.items():
+        count = sum(len(v) for v in by_session.values())
+        out.append(StopMessage(Family.JOB, count, Task.JOB_STOP_MANY, [dict(by_session)], queue))
+    if subagents:
+        count = sum(len(v) for v in subagents.values())
+        out.append(
+            StopMessage(
+                Family.SUBAGENT,
+                count,
+                Task.SUBAGENT_STOP_MANY,
+                [dict(subagents)],
+                control_queue(Family.SUBAGENT),
+            )
+        )
+    if reminders:
+        out.append(
+            StopMessage(
+                Family.REMINDER,
+                sum(reminders.values()),
+                Task.REMINDER_STOP_MANY,
+                [list(reminders)],
+                control_queue(Family.REMINDER),
+            )
+        )
+    return out
+
+
+def dispatch_stops_many(
+    dispatcher: Dispatcher,
+    items_by_session: dict[str, list[ActivityItem]],
+    *,
+    store: Store | None = None,
+    report: StopReport | None = None,
+) -> StopReport:
+    """``dispatch_stops`` for a bulk batch: one message per family (per host for jobs) for
+    all the sessions in ``items_by_session``. Never waits, never raises; failures are logged
+    and reported (added to ``report`` when given)."""
+    report = report if report is not None else StopReport()
+    messages = stop_messages_many(items_by_session)
+    errors = send_all(dispatcher, [(m.task, m.args, m.queue) for m in messages])
+    for message, error in zip(messages, errors, strict=True):
+        family = message.family.value
+        if error is None:
+            report.sent[family] = report.sent.get(family, 0) + message.count
+            if store is not None:
+                metrics.incr(store, metrics.STOP_DISPATCHES, family)
+            continue
+        report.failed.append((family, f"{type(error).__name__}: {error}"))
+        log.warning(
+            "bulk stop dispatch for %s (%d item(s) of %d session(s)) failed: %s: %s",
+            family,
+            message.count,
+            len(items_by_session),
+            type(error).__name__,
+            error,
+            extra={"family": family},
+        )
+        if store is not None:
+            metrics.incr(store, metrics.STOP_FAILURES, family)
     return report

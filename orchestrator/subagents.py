@@ -29,7 +29,7 @@ def stop_subagents(
             turns = cancel_session_turns(store, dispatcher, child)
             reminders = stop_reminders(store, child)
             jobs = [i for i in own_items(store, child) if i.family is Family.JOB]
-            report = dispatch_stops(dispatcher, child, jobs)
+            report = dispatch_stops(dispatcher, child, jobs, store=store)
             outcomes[child] = (
                 f"{len(turns)} turn(s) cancelled, {reminders} reminder(s) "
                 f"deleted, {len(jobs)} job stop(s) sent"
@@ -39,5 +39,6 @@ def stop_subagents(
             log.info("subagent stopped: %s", outcomes[child], extra=extra)
         except Exception as exc:  # contained: the next descendant is still stopped
             outcomes[child] = f"error: {type(exc).__name__}: {exc}"
-            log.warning("subagent stop failed: %s", exc, extra=extra)
+            log.warning("subagent stop failed: %s: %s", type(exc).__name__, exc, extra=extra)
+            log.debug("subagent stop failed", exc_info=True, extra=extra)
     return outcomes

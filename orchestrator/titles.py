@@ -19,7 +19,7 @@ from typing import Literal
 
 import grapheme
 
-from orchestrator import events
+from orchestrator import audit, events
 from orchestrator.errors import InvalidParams, InvalidTitle, SessionNotFound
 from orchestrator.sessions import check_session_id
 from orchestrator.store import Store
@@ -124,7 +124,7 @@ def set_title(
     written is decided atomically with the write, so a generation that was in flight when the
     client renamed the session never overwrites the client's title. Archived sessions can be
     retitled (they are listed); ``updatedAt`` does not change. A successful write publishes a
-    ``title`` event carrying the stored title.
+    ``title`` event carrying the stored title; a client's is also recorded in the audit trail.
 
     Raises ``InvalidTitle``/``InvalidParams`` (see ``normalize_title``; also a non-string
     ``session_id``), ``SessionNotFound`` (unknown, malformed or deleted session),
@@ -140,6 +140,8 @@ def set_title(
     if outcome == "discarded":
         return None
     events.publish(store, "title", sid, title=title)
+    if source == "client":  # a generated title is the fleet's own doing, not a change asked for
+        audit.record(store, sid, "set_title", "set", title=title)
     return title
 
 

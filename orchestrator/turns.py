@@ -23,7 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
 
-from orchestrator import events
+from orchestrator import events, metrics
 from orchestrator.activity import shorten
 from orchestrator.errors import InvalidParams, SessionArchived, SessionNotFound
 from orchestrator.families import Dispatcher, send_step
@@ -325,6 +325,7 @@ def run_step(
         admit(store, session_id)
     except StepRefused as refused:
         finish(store, dispatcher, turn_id, TurnState.BLOCKED, f"gate: {refused.reason}")
+        metrics.incr(store, metrics.GATE_REFUSALS, refused.reason)
         log.info(
             "step %d of turn %s refused by the gate (%s %s)",
             index,

@@ -17,7 +17,7 @@ import os
 from celery import Celery
 from kombu.entity import Queue
 
-from orchestrator.families import Family, control_queue, work_queue
+from orchestrator.families import MAINTENANCE_QUEUE, Family, control_queue, work_queue
 from orchestrator.settings import FleetSettings, get_settings
 
 TASK_MODULES = [
@@ -25,7 +25,11 @@ TASK_MODULES = [
     "workers.tasks.job",
     "workers.tasks.subagent",
     "workers.tasks.reminder",
+    "workers.tasks.maintenance",
+    "workers.tasks.ops",
     "workers.heartbeat",
+    # Not tasks: connects Celery's setup_logging signal (loaded before logging is set up).
+    "workers.logs",
 ]
 
 
@@ -39,6 +43,7 @@ def static_queues() -> list[Queue]:
         control_queue(Family.SUBAGENT),
         control_queue(Family.REMINDER),
         work_queue(Family.REMINDER),
+        MAINTENANCE_QUEUE,
     ]
     return [Queue(name, routing_key=name) for name in names]
 
@@ -49,6 +54,9 @@ def worker_queues(family: Family, host: str) -> list[str]:
         return [control_queue(Family.JOB, host), control_queue(Family.JOB), work_queue(Family.JOB)]
     if family is Family.SUBAGENT:
         return [control_queue(Family.SUBAGENT)]
+    if family is Family.REMINDER:
+        # Reminder workers also run the fleet's scheduled maintenance (``archive.auto``).
+        return [control_queue(family), work_queue(family), MAINTENANCE_QUEUE]
     return [control_queue(family), work_queue(family)]
 
 

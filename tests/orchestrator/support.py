@@ -17,6 +17,10 @@ from orchestrator.store import Store
 from tests.helpers import RecordingDispatcher
 
 STOP_TASKS = frozenset({Task.TURN_STOP, Task.JOB_STOP, Task.SUBAGENT_STOP, Task.REMINDER_STOP})
+#: The bulk forms, one message per family per batch (``orchestrator/bulk.py``).
+STOP_MANY_TASKS = frozenset(
+    {Task.TURN_STOP_MANY, Task.JOB_STOP_MANY, Task.SUBAGENT_STOP_MANY, Task.REMINDER_STOP_MANY}
+)
 
 
 def unique_cwd() -> str:
@@ -42,6 +46,21 @@ def deliver(store: Store, recorder: RecordingDispatcher, messages: list[Any]) ->
     """Do what the family workers do with the given stop messages (no processes: jobs are only
     ever stored here, never forked, and never carry a pid)."""
     for task, args, queue in messages:
+        if task in STOP_MANY_TASKS:
+            # The workers' loop (workers/bulk.py): each session as its single stop would be.
+            single = {
+                Task.TURN_STOP_MANY: Task.TURN_STOP,
+                Task.JOB_STOP_MANY: Task.JOB_STOP,
+                Task.SUBAGENT_STOP_MANY: Task.SUBAGENT_STOP,
+                Task.REMINDER_STOP_MANY: Task.REMINDER_STOP,
+            }[task]
+            if task == Task.REMINDER_STOP_MANY:
+                deliver(store, recorder, [(single, [sid], queue) for sid in args[0]])
+            else:
+                deliver(
+                    store, recorder, [(single, [sid, ids], queue) for sid, ids in args[0].items()]
+                )
+            continue
         if task == Task.TURN_STOP:
             turns.cancel_turns(store, recorder, args[0], list(args[1]))
         elif task == Task.JOB_STOP:

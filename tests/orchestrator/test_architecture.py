@@ -14,7 +14,7 @@ from orchestrator.store import Store
 
 PACKAGE_DIR = Path(orchestrator.__file__).parent
 ROOT = PACKAGE_DIR.parent
-FORBIDDEN = ("fastapi", "starlette", "celery", "kombu")
+FORBIDDEN = ("fastapi", "starlette", "celery", "kombu", "prometheus_client")
 
 
 def test_importing_every_orchestrator_module_loads_no_web_or_task_framework() -> None:

@@ -8,8 +8,9 @@ from typing import Any
 
 from celery.signals import worker_ready, worker_shutdown
 
-from orchestrator import jobs
+from orchestrator import activity, jobs
 from workers.app import app
+from workers.bulk import STOP_THREADS, each_session
 from workers.runtime import get_runtime, supervisor
 
 log = logging.getLogger(__name__)
@@ -55,4 +56,13 @@ def stop(session_id: str, job_ids: list[str]) -> dict[str, Any]:
         outcomes.update(
             jobs.stop_unclaimed(rt.store, rt.dispatcher, session_id, others, local_host=rt.host)
         )
+    activity.note_quiet(rt.store, session_id)
     return {"sessionId": session_id, "jobs": outcomes}
+
+
+@app.task(name="job.stop_many", acks_late=True)
+def stop_many(stops: dict[str, list[str]]) -> dict[str, Any]:
+    """Bulk form of ``job.stop`` (one message per host queue per bulk-archive batch):
+    ``{sessionId: [jobIds]}``. Each session is stopped on its own; one that fails is logged
+    and the others are still stopped."""
+    return {"sessions": each_session(stops, stop, "job", threads=STOP_THREADS)}

@@ -9,10 +9,11 @@ from typing import Any
 
 from celery.signals import worker_ready, worker_shutdown
 
-from orchestrator import reminders, turns
+from orchestrator import activity, reminders, turns
 from orchestrator.errors import FleetError
 from orchestrator.settings import get_settings
 from workers.app import app
+from workers.bulk import each_session
 from workers.runtime import get_runtime
 
 log = logging.getLogger(__name__)
@@ -63,4 +64,13 @@ def fire(session_id: str, reminder_id: str, prompt: str) -> dict[str, Any]:
 def stop(session_id: str) -> dict[str, Any]:
     """Delete every armed reminder of the session."""
     rt = get_runtime()
-    return {"sessionId": session_id, "deleted": reminders.stop_reminders(rt.store, session_id)}
+    deleted = reminders.stop_reminders(rt.store, session_id)
+    activity.note_quiet(rt.store, session_id)
+    return {"sessionId": session_id, "deleted": deleted}
+
+
+@app.task(name="reminder.stop_many", acks_late=True)
+def stop_many(session_ids: list[str]) -> dict[str, Any]:
+    """Bulk form of ``reminder.stop`` (one message per bulk-archive batch): delete every
+    armed reminder of each session; one that fails is logged and the others still run."""
+    return {"sessions": each_session({sid: None for sid in session_ids}, stop, "reminder")}

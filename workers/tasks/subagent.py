@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from orchestrator.activity import note_quiet
 from orchestrator.subagents import stop_subagents
 from workers.app import app
+from workers.bulk import STOP_THREADS, each_session
 from workers.runtime import get_runtime
 
 
@@ -13,7 +15,14 @@ from workers.runtime import get_runtime
 def stop(session_id: str, descendant_ids: list[str]) -> dict[str, Any]:
     """Stop the named running descendants of a session (any depth)."""
     rt = get_runtime()
-    return {
-        "sessionId": session_id,
-        "subagents": stop_subagents(rt.store, rt.dispatcher, session_id, list(descendant_ids)),
-    }
+    outcomes = stop_subagents(rt.store, rt.dispatcher, session_id, list(descendant_ids))
+    note_quiet(rt.store, session_id)
+    return {"sessionId": session_id, "subagents": outcomes}
+
+
+@app.task(name="subagent.stop_many", acks_late=True)
+def stop_many(stops: dict[str, list[str]]) -> dict[str, Any]:
+    """Bulk form of ``subagent.stop`` (one message per bulk-archive batch): ``{sessionId:
+    [descendantIds]}``. Each session is handled on its own; one that fails is logged and the
+    others are still stopped."""
+    return {"sessions": each_session(stops, stop, "subagent", threads=STOP_THREADS)}

@@ -7,10 +7,11 @@ from typing import Any
 from celery import Task
 from celery.exceptions import Ignore
 
-from orchestrator import tools, turns
+from orchestrator import activity, tools, turns
 from orchestrator.errors import StoreUnavailable
 from orchestrator.settings import get_settings
 from workers.app import app
+from workers.bulk import each_session
 from workers.runtime import get_runtime
 
 
@@ -26,6 +27,10 @@ def step(self: Task, session_id: str, turn_id: str, index: int) -> dict[str, Any
         )
     except StoreUnavailable as exc:
         raise self.retry(exc=exc, countdown=get_settings().gate_retry_seconds) from exc
+    if outcome in ("refused", "cancelled"):
+        # The turn just ended because of an archive or a stop: record the archive quiet if
+        # this was its last live work.
+        activity.note_quiet(rt.store, session_id)
     if outcome == "refused":
         # A custom event gives the task its own state in Flower (REFUSED outranks STARTED);
         # Ignore then ends it without a task-succeeded that would paint it SUCCESS.
@@ -38,7 +43,14 @@ def step(self: Task, session_id: str, turn_id: str, index: int) -> dict[str, Any
 def stop(session_id: str, turn_ids: list[str]) -> dict[str, Any]:
     """Cancel exactly the named turns of a session."""
     rt = get_runtime()
-    return {
-        "sessionId": session_id,
-        "turns": turns.cancel_turns(rt.store, rt.dispatcher, session_id, list(turn_ids)),
-    }
+    outcomes = turns.cancel_turns(rt.store, rt.dispatcher, session_id, list(turn_ids))
+    activity.note_quiet(rt.store, session_id)
+    return {"sessionId": session_id, "turns": outcomes}
+
+
+@app.task(name="turn.stop_many", acks_late=True)
+def stop_many(stops: dict[str, list[str]]) -> dict[str, Any]:
+    """Bulk form of ``turn.stop`` (one message per bulk-archive batch): ``{sessionId:
+    [turnIds]}``. Each session is stopped on its own; one that fails is logged and the others
+    are still stopped."""
+    return {"sessions": each_session(stops, stop, "turn")}

@@ -1,0 +1,232 @@
+"""``fleet archive --bulk`` and ``fleet archive --auto``: many sessions at once, talking to the
+orchestrator directly like the other commands. A progress bar (batches) goes to stderr, so
+``--json`` output on stdout stays clean for scripts.
+
+Exit status: 0 when every selected session ended archived (or already was, or a dry run found
+nothing to refuse), 1 when some were refused, not found or skipped, 2 when the request itself
+was refused (bad arguments, too many sessions, Redis unavailable).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any, NoReturn
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Column, Table
+
+from orchestrator.bulk import BulkResult
+from orchestrator.errors import FleetError
+
+console = Console()
+err = Console(stderr=True)
+
+#: Sessions listed by name in human output; ``--json`` lists them all.
+_LISTED = 200
+
+
+def _usage(message: str) -> NoReturn:
+    err.print(f"[red]error[/red]: {message}")
+    raise typer.Exit(2)
+
+
+def _fail(exc: FleetError) -> NoReturn:
+    err.print(f"[red]error[/red] ({exc.code}): {exc.message}")
+    raise typer.Exit(2)
+
+
+def read_ids(path: str) -> list[str]:
+    """Session ids from a file (``-``: stdin), one a line; blank lines and ``#`` comments are
+    skipped."""
+    try:
+        text = sys.stdin.read() if path == "-" else Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        _usage(f"cannot read --ids-file {path}: {exc.strerror or exc}")
+    out: list[str] = []
+    for line in text.splitlines():
+        line = line.split("#", 1)[0].strip()
+        if line:
+            out.append(line)
+    return out
+
+
+class _Bar:
+    """A rich progress bar of batches on stderr (nothing when stderr is not a terminal)."""
+
+    def __init__(self, label: str) -> None:
+        self.progress = Progress(
+            TextColumn(label),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("batches"),
+            TimeElapsedColumn(),
+            console=err,
+            transient=True,
+        )
+        self.task: Any = None
+
+    def __enter__(self) -> _Bar:
+        self.progress.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.progress.stop()
+
+    def __call__(self, done: int, total: int) -> None:
+        if self.task is None:
+            self.task = self.progress.add_task("batches", total=max(total, 1))
+        self.progress.update(self.task, completed=done, total=max(total, 1))
+
+
+def _summary(result: BulkResult) -> str:
+    t = result.totals
+    verb = "would archive" if result.dry_run else "archived"
+    parts = [f"{verb} {t['archived']}", f"already archived {t['already_archived']}"]
+    parts += [f"refused {t['refused']}", f"not found {t['not_found']}"]
+    if t["skipped"]:
+        parts.append(f"skipped {t['skipped']} (active again)")
+    head = "dry run: " if result.dry_run else ""
+    plural = "es" if result.batches != 1 else ""
+    return f"{head}{', '.join(parts)} (selected {t['selected']}, {result.batches} batch{plural})"
+
+
+def _print_human(result: BulkResult) -> None:
+    console.print(_summary(result))
+    refused = [i for i in result.results if i.outcome == "refused"]
+    if refused:
+        console.print("refused (live work; --stop stops it):")
+        for item in refused[:_LISTED]:
+            console.print(f"  {item.session_id}")
+            for a in item.activity or []:
+                console.print(f"    - {a.family.value:9} {a.id}  {a.label}")
+    missing = [i.session_id for i in result.results if i.outcome == "not_found"]
+    if missing:
+        console.print("not found: " + ", ".join(missing[:_LISTED]))
+    if result.dry_run:
+        would = [i.session_id for i in result.results if i.outcome == "archived"]
+        for sid in would[:_LISTED]:
+            console.print(f"  would archive {sid}")
+        if len(would) > _LISTED:
+            console.print(f"  ... and {len(would) - _LISTED} more (--json lists all)")
+    sent = result.stop_report.sent
+    if sent:
+        console.print("stops sent: " + ", ".join(f"{fam} {n}" for fam, n in sorted(sent.items())))
+    for family, error in result.stop_report.failed:
+        err.print(f"[yellow]warning[/yellow]: stop dispatch for {family} failed: {error}")
+
+
+def _finish(result: BulkResult, as_json: bool, *, strict: bool) -> None:
+    if as_json:
+        print(json.dumps(result.to_wire(), indent=2))
+    else:
+        _print_human(result)
+    t = result.totals
+    if strict and (t["refused"] or t["not_found"] or t["skipped"]):
+        raise typer.Exit(1)
+
+
+def run_bulk(
+    *,
+    ids: list[str],
+    ids_file: str | None,
+    cwd: str | None,
+    idle_since: str | None,
+    q: str | None,
+    stop: bool,
+    dry_run: bool,
+    as_json: bool,
+) -> None:
+    """``fleet archive --bulk``."""
+    from api.context import dispatcher, store
+    from orchestrator.bulk import BulkFilter, bulk_archive
+
+    named = list(ids) + (read_ids(ids_file) if ids_file is not None else [])
+    filtered = cwd is not None or idle_since is not None or q is not None
+    if named and filtered:
+        _usage("give session ids (or --ids-file) or a filter (--cwd, --idle-since, --q), not both.")
+    if not named and not filtered and ids_file is None:
+        _usage("--bulk needs session ids, --ids-file, or a filter (--cwd, --idle-since, --q).")
+    try:
+        with _Bar("dry run" if dry_run else "archiving") as bar:
+            result = bulk_archive(
+                store(),
+                dispatcher(),
+                session_ids=None if filtered else named,
+                flt=BulkFilter(cwd, idle_since, q) if filtered else None,
+                stop_activity=stop,
+                dry_run=dry_run,
+                progress=bar,
+            )
+    except FleetError as exc:
+        _fail(exc)
+    _finish(result, as_json, strict=True)
+
+
+def run_auto(
+    *,
+    ids: list[str],
+    bulk: bool,
+    ids_file: str | None,
+    cwd: str | None,
+    idle_since: str | None,
+    q: str | None,
+    stop: bool,
+    dry_run: bool,
+    as_json: bool,
+    idle_seconds: float,
+) -> None:
+    """``fleet archive --auto [--dry-run] [--cwd DIR] [--idle-seconds N]``: one run of the
+    auto-archive policy; a dry run prints the sessions it would archive."""
+    from api.context import dispatcher, store
+    from orchestrator.bulk import auto_archive
+    from orchestrator.sessions import get_session
+
+    if bulk or ids or ids_file is not None or idle_since is not None or q is not None or stop:
+        _usage(
+            "--auto selects by idle age (--idle-seconds, --cwd) and never stops work; it takes "
+            "no ids, --bulk, --idle-since, --q or --stop."
+        )
+    try:
+        with _Bar("auto-archive dry run" if dry_run else "auto-archive") as bar:
+            result = auto_archive(
+                store(),
+                dispatcher(),
+                idle_seconds=idle_seconds or None,
+                dry_run=dry_run,
+                cwd=cwd,
+                progress=bar,
+            )
+    except FleetError as exc:
+        _fail(exc)
+    if as_json or not dry_run:
+        _finish(result, as_json, strict=False)
+        return
+    would = [i.session_id for i in result.results if i.outcome == "archived"]
+    busy = [i for i in result.results if i.outcome == "refused"]
+    console.print(
+        f"dry run: would archive {len(would)} idle session(s); "
+        f"{len(busy)} idle but with live work left alone"
+    )
+    if would:
+        table = Table(
+            Column("sessionId", no_wrap=True, min_width=29),
+            "cwd",
+            "title",
+            Column("last activity", no_wrap=True),
+        )
+        for sid in would[:_LISTED]:
+            try:
+                s = get_session(store(), sid)
+            except FleetError:
+                continue
+            table.add_row(sid, s.cwd, s.title, s.updated_at)
+        console.print(table)
+        if len(would) > _LISTED:
+            console.print(f"... and {len(would) - _LISTED} more (--json lists all)")
+    for item in busy[:_LISTED]:
+        families = sorted({a.family.value for a in item.activity or []})
+        console.print(f"  busy: {item.session_id} ({', '.join(families) or 'live work'})")

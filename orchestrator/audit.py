@@ -1,0 +1,175 @@
+"""The audit trail: an append-only record of every lifecycle change, in Redis streams.
+
+Each change (archive, unarchive, set_title, delete, close, and the bulk forms of these) is one
+entry ``{at, action, outcome, actor, sessionId, detail}`` appended to the session's stream
+(``Keys.audit``, capped at ``FLEET_AUDIT_MAX_PER_SESSION``) and to the fleet-wide stream
+(``Keys.audit_all``, capped at ``FLEET_AUDIT_MAX_GLOBAL``); the oldest entries are trimmed.
+Refusals are recorded too (outcome ``refused``).
+
+Who asked is the *actor*: the interface that received the request sets it (``rest:<client
+host>``, ``acp:stdio``, ``acp:ws:<client host>``, ``cli``, ``worker``) with ``acting_as``
+(per request, a context variable) or ``set_default_actor`` (per process); ``unknown`` when
+nobody did.
+
+Recording is best effort: a failure is logged and never fails the change it records (the
+change is already made by then, and the stores it lives in are the source of truth).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+from typing import Any
+
+from orchestrator.errors import InvalidParams
+from orchestrator.settings import get_settings
+from orchestrator.store import Store, iso, now_ms, retried
+
+log = logging.getLogger(__name__)
+
+#: Longest page ``read`` returns.
+MAX_READ = 1000
+#: A stream entry id (``<ms>-<seq>``), as ``before`` takes it.
+_ENTRY_ID = re.compile(r"^[0-9]{1,20}-[0-9]{1,20}$")
+
+_actor: ContextVar[str | None] = ContextVar("fleet_audit_actor", default=None)
+_default_actor = "unknown"
+
+
+def set_default_actor(name: str) -> None:
+    """Set the actor of this process (``cli``, ``worker``, ``acp:stdio``): used wherever no
+    request set one. A worker thread starts with an empty context, so a per-process default
+    is what reaches it."""
+    global _default_actor
+    _default_actor = name
+
+
+@contextmanager
+def acting_as(name: str) -> Iterator[None]:
+    """Record changes made inside the block (and in tasks or threads it starts through
+    ``asyncio``) as made by ``name``, e.g. ``rest:10.0.0.7``."""
+    token = _actor.set(name)
+    try:
+        yield
+    finally:
+        _actor.reset(token)
+
+
+def current_actor() -> str:
+    """Who is acting now: the request's actor, else the process's, else ``unknown``."""
+    return _actor.get() or _default_actor
+
+
+def record(
+    store: Store,
+    session_id: str,
+    action: str,
+    outcome: str,
+    *,
+    actor: str | None = None,
+    **detail: Any,
+) -> str | None:
+    """Append one entry for ``session_id`` to its stream and to the fleet-wide stream.
+
+    ``action`` names the change (``archive``, ``unarchive``, ``set_title``, ``delete``,
+    ``close``, ``bulk_archive`` ...); ``outcome`` a short word (``archived``, ``refused``,
+    ...); ``actor`` defaults to ``current_actor()``; ``detail`` is stored as JSON (values must
+    be JSON-serializable). Returns the entry id, or ``None`` when it could not be written
+    (logged as a warning; never raises for a store failure).
+    """
+    ids = record_many(store, [(session_id, action, outcome, detail)], actor=actor)
+    return ids[0] if ids else None
+
+
+def record_many(
+    store: Store,
+    entries: list[tuple[str, str, str, dict[str, Any]]],
+    *,
+    actor: str | None = None,
+) -> list[str]:
+    """Append ``(session_id, action, outcome, detail)`` entries in one round trip (bulk
+    operations). Returns the per-session entry ids, or ``[]`` when the write failed (logged as
+    a warning; never raises for a store failure)."""
+    if not entries:
+        return []
+    settings = get_settings()
+    who = actor or current_actor()
+    at = iso(now_ms())
+    k = store.keys
+    try:
+        pipe = store.redis.pipeline(transaction=False)
+        for session_id, action, outcome, detail in entries:
+            fields = {
+                "at": at,
+                "action": action,
+                "outcome": outcome,
+                "actor": who,
+                "sessionId": session_id,
+                "detail": json.dumps(detail, separators=(",", ":"), sort_keys=True),
+            }
+            # Exact trimming (no "~"): the cap is a promise to the operator, and removing one
+            # entry per append is cheap at these sizes.
+            pipe.xadd(
+                k.audit(session_id),
+                fields,
+                maxlen=settings.audit_max_per_session,
+                approximate=False,
+            )
+            pipe.xadd(k.audit_all, fields, maxlen=settings.audit_max_global, approximate=False)
+        replies = pipe.execute()
+    except Exception as exc:  # best effort: the change itself is already made
+        first = entries[0]
+        log.warning(
+            "audit entries (%d, first %s/%s) not recorded: %s: %s",
+            len(entries),
+            first[1],
+            first[2],
+            type(exc).__name__,
+            exc,
+            extra={"session_id": first[0]},
+        )
+        return []
+    return [str(entry_id) for entry_id in replies[::2]]
+
+
+def _decode(entry_id: str, fields: dict[str, str]) -> dict[str, Any]:
+    try:
+        detail = json.loads(fields.get("detail") or "{}")
+    except ValueError:
+        detail = {"raw": fields.get("detail")}
+    return {
+        "id": entry_id,
+        "at": fields.get("at", ""),
+        "action": fields.get("action", ""),
+        "outcome": fields.get("outcome", ""),
+        "actor": fields.get("actor", ""),
+        "sessionId": fields.get("sessionId", ""),
+        "detail": detail,
+    }
+
+
+@retried
+def read(
+    store: Store, session_id: str | None = None, count: int = 50, before: str | None = None
+) -> list[dict[str, Any]]:
+    """Audit entries newest first: the session's (or, with ``session_id=None``, the whole
+    fleet's), at most ``count`` (1..``MAX_READ``), only those older than the entry id
+    ``before`` when given (to page on from the last entry of a page).
+
+    Each entry is ``{"id", "at", "action", "outcome", "actor", "sessionId", "detail"}``.
+    Raises ``InvalidParams`` for a bad ``count`` or ``before``; ``StoreUnavailable``.
+    """
+    if not 1 <= count <= MAX_READ:
+        raise InvalidParams(f"limit must be between 1 and {MAX_READ}.", {"param": "limit"})
+    if before is not None and not _ENTRY_ID.fullmatch(before):
+        raise InvalidParams(
+            "before must be the id of an audit entry (as returned).", {"param": "before"}
+        )
+    key = store.keys.audit_all if session_id is None else store.keys.audit(session_id)
+    top = "+" if before is None else f"({before}"
+    rows = store.redis.xrevrange(key, max=top, min="-", count=count)
+    return [_decode(entry_id, fields) for entry_id, fields in rows]

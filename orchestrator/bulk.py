@@ -1,0 +1,506 @@
+"""Bulk archive: many sessions in one request, and the auto-archive policy built on it.
+
+A bulk archive names sessions (at most ``MAX_IDS``) or selects them with a filter (cwd, last
+activity older than ``idleSince``, a title search; at most ``FLEET_BULK_FILTER_MAX``), then
+archives them in batches of ``BATCH_SIZE``. Each session gets what ``archive.archive`` gives
+one session (the same live-work check and subtree transition, written atomically by
+``scripts/bulk_archive.lua``), so the outcome of a bulk request is the outcome of that many
+single archives run in order:
+
+- ``archived``, ``already_archived``, ``not_found``;
+- ``refused``: live work and no ``stopActivity``, with the live items (``activity``);
+- ``skipped``: selected by ``idleSince`` (or the auto policy's age) but active again by the
+  time its batch was written.
+
+It scales by batching every round trip: one Lua script per batch writes the flags and says
+which sessions have live work; only those are read by the census (``census_many``, pipelined);
+with ``stopActivity`` ONE stop message per family per batch carries all the batch's sessions
+(``*.stop_many``; jobs: one per owning host's queue). A batch of idle sessions costs a
+constant number of round trips. Stops are never awaited; a failed dispatch is logged and
+reported, never undoes an archive. ``dryRun`` computes the same outcomes and writes nothing.
+
+A filter's selection is archived ancestors first (by lineage depth, then oldest activity
+first), so a selected subtree is archived in its root's transition and restored with it.
+
+The auto-archive policy (``auto_archive``) archives sessions whose idle clock,
+max(``updatedAt``, ``unarchivedAt``), is older than ``FLEET_AUTO_ARCHIVE_IDLE_SECONDS`` and
+that have no live work (it never stops anything: busy sessions are refused and left alone).
+The clock is checked again in the script that writes, so a session unarchived by hand while a
+run was under way is not archived again.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from orchestrator import audit, events, metrics
+from orchestrator.activity import ActivityItem, census_many
+from orchestrator.errors import InvalidParams, TooManySessions
+from orchestrator.families import Dispatcher
+from orchestrator.sessions import (
+    SESSION_ID_RE,
+    check_cwd,
+    cwd_hash,
+    normalize_query,
+    title_matches,
+)
+from orchestrator.settings import get_settings
+from orchestrator.stops import StopReport, dispatch_stops_many
+from orchestrator.store import Store, iso, new_id, now_ms, retried
+
+log = logging.getLogger(__name__)
+
+#: Most session ids one bulk request may name.
+MAX_IDS = 10_000
+#: Sessions per batch: one Lua script, one census round, one stop message per family.
+BATCH_SIZE = 500
+#: Index entries read per round trip while a filter selects.
+_SCAN_CHUNK = 1_000
+#: How often a refusal whose census found nothing is tried again (as ``archive.archive``).
+_REFUSAL_RECHECKS = 3
+
+#: Outcomes, in the order totals are listed.
+OUTCOMES = ("archived", "already_archived", "refused", "not_found", "skipped")
+_FROM_SCRIPT = {
+    "archived": "archived",
+    "already": "already_archived",
+    "not_found": "not_found",
+    "skipped": "skipped",
+}
+
+#: ``progress(done_batches, total_batches)``; called once before the first batch.
+Progress = Callable[[int, int], None]
+
+
+@dataclass(frozen=True)
+class BulkFilter:
+    """What a filter selects among sessions that are not archived: ``cwd`` (exact absolute
+    path), ``idle_since`` (ISO 8601 with an offset or ``Z``: last activity strictly older),
+    ``q`` (case-insensitive substring of the title). At least one is required."""
+
+    cwd: str | None = None
+    idle_since: str | None = None
+    q: str | None = None
+
+
+@dataclass
+class BulkItem:
+    """One session's outcome; ``activity`` holds the live items of a refused session."""
+
+    session_id: str
+    outcome: str
+    activity: list[ActivityItem] | None = None
+
+    def to_wire(self) -> dict[str, Any]:
+        """``{"sessionId", "outcome", "activity"?}``."""
+        out: dict[str, Any] = {"sessionId": self.session_id, "outcome": self.outcome}
+        if self.activity is not None:
+            out["activity"] = [item.to_wire() for item in self.activity]
+        return out
+
+
+@dataclass
+class BulkResult:
+    """Outcome of a bulk archive: one ``BulkItem`` per selected session, in order."""
+
+    results: list[BulkItem]
+    dry_run: bool
+    stop_activity: bool
+    batches: int
+    stop_report: StopReport = field(default_factory=StopReport)
+
+    @property
+    def totals(self) -> dict[str, int]:
+        """Sessions per outcome, plus ``selected`` (all of them)."""
+        counts = Counter(item.outcome for item in self.results)
+        out = {outcome: counts.get(outcome, 0) for outcome in OUTCOMES}
+        out["selected"] = len(self.results)
+        return out
+
+    def to_wire(self) -> dict[str, Any]:
+        """The JSON answer of ``POST /sessions/archive`` and ``fleet archive --bulk --json``."""
+        return {
+            "totals": self.totals,
+            "results": [item.to_wire() for item in self.results],
+            "dryRun": self.dry_run,
+            "stopActivity": self.stop_activity,
+            "batches": self.batches,
+            "stopDispatch": {
+                "sent": self.stop_report.sent,
+                "failed": [{"family": f, "error": e} for f, e in self.stop_report.failed],
+            },
+        }
+
+
+def parse_instant(value: object, param: str) -> int:
+    """Epoch milliseconds of an ISO 8601 date-time that carries a UTC offset (``Z`` or
+    ``+02:00``). Raises ``InvalidParams`` naming ``param`` otherwise (a date alone, a time
+    without an offset, anything not a string or ``datetime``)."""
+    if isinstance(value, datetime):
+        moment = value
+    elif isinstance(value, str):
+        try:
+            moment = datetime.fromisoformat(value.strip())
+        except ValueError:
+            raise InvalidParams(
+                f"{param} must be an ISO 8601 date-time such as 2026-01-31T12:00:00Z "
+                f"(got {value[:60]!r}).",
+                {"param": param},
+            ) from None
+    else:
+        raise InvalidParams(f"{param} must be an ISO 8601 date-time string.", {"param": param})
+    if moment.tzinfo is None or moment.utcoffset() is None:
+        raise InvalidParams(
+            f"{param} must carry a UTC offset or Z (got {str(value)[:60]!r}).", {"param": param}
+        )
+    return int(moment.timestamp() * 1000)
+
+
+# -- selection --------------------------------------------------------------------------------
+def _index_key(store: Store, cwd: str | None) -> str:
+    return store.keys.index("active", None if cwd is None else cwd_hash(cwd))
+
+
+@retried
+def _chunk(
+    store: Store, key: str, below: str, offset: int, fields: tuple[str, ...]
+) -> list[tuple[str, list[str | None]]]:
+    ids: list[str] = store.redis.zrangebyscore(key, "-inf", below, start=offset, num=_SCAN_CHUNK)
+    if not ids or not fields:
+        return [(sid, []) for sid in ids]
+    pipe = store.redis.pipeline(transaction=False)
+    for sid in ids:
+        pipe.hmget(store.keys.session(sid), *fields)
+    return list(zip(ids, pipe.execute(), strict=True))
+
+
+def _scan(
+    store: Store, key: str, below: str, fields: tuple[str, ...]
+) -> Iterator[tuple[str, list[str | None]]]:
+    """Sessions of an index with score (last activity, epoch ms) below ``below`` (a ZRANGE
+    bound such as ``(1700000000000`` or ``+inf``), oldest first, with the hash ``fields``."""
+    offset = 0
+    while True:
+        rows = _chunk(store, key, below, offset, fields)
+        yield from rows
+        if len(rows) < _SCAN_CHUNK:
+            return
+        offset += len(rows)
+
+
+@retried
+def _depths(store: Store, ids: list[str]) -> list[int]:
+    pipe = store.redis.pipeline(transaction=False)
+    for sid in ids:
+        pipe.llen(store.keys.lineage(sid))
+    return [int(n) for n in pipe.execute()]
+
+
+def roots_first(store: Store, ids: list[str]) -> list[str]:
+    """``ids`` ordered by lineage depth (a stable sort: ties keep their order), so an
+    ancestor comes before its descendants and archives them in its own transition."""
+    depth: dict[str, int] = {}
+    for start in range(0, len(ids), _SCAN_CHUNK):
+        part = ids[start : start + _SCAN_CHUNK]
+        depth.update(zip(part, _depths(store, part), strict=True))
+    return sorted(ids, key=lambda sid: depth[sid])
+
+
+def _too_many(limit: int) -> TooManySessions:
+    return TooManySessions(
+        f"The filter selects more than {limit} sessions, the most one bulk archive may "
+        "select (FLEET_BULK_FILTER_MAX); nothing was archived. Narrow the filter (cwd, "
+        "idleSince, q), or archive in steps (an older idleSince first).",
+        {"param": "filter", "max": limit, "setting": "FLEET_BULK_FILTER_MAX"},
+    )
+
+
+def select(store: Store, flt: BulkFilter, *, limit: int | None = None) -> list[str]:
+    """Ids of the sessions (not archived, not deleted) ``flt`` selects, ancestors first.
+
+    Raises ``InvalidParams`` for an empty filter or a bad criterion; ``TooManySessions``
+    when more than ``limit`` (default ``FLEET_BULK_FILTER_MAX``) match; ``StoreUnavailable``.
+    """
+    if flt.cwd is None and flt.idle_since is None and flt.q is None:
+        raise InvalidParams(
+            "filter needs at least one of cwd, idleSince, q (an empty filter would select "
+            "every session).",
+            {"param": "filter"},
+        )
+    cap = get_settings().bulk_filter_max if limit is None else limit
+    cwd = None if flt.cwd is None else check_cwd(flt.cwd)
+    needle = normalize_query(flt.q)
+    if flt.q is not None and needle is None:
+        raise InvalidParams("filter.q must not be blank.", {"param": "filter.q"})
+    below = "+inf" if flt.idle_since is None else f"({parse_instant(flt.idle_since, 'idleSince')}"
+    found: list[str] = []
+    fields = ("title",) if needle is not None else ()
+    for sid, values in _scan(store, _index_key(store, cwd), below, fields):
+        if needle is not None and not title_matches(values[0], needle):
+            continue
+        found.append(sid)
+        if len(found) > cap:
+            raise _too_many(cap)
+    return roots_first(store, found)
+
+
+def auto_candidates(
+    store: Store,
+    *,
+    idle_seconds: float,
+    now: int | None = None,
+    cwd: str | None = None,
+    limit: int | None = None,
+) -> tuple[list[str], int]:
+    """Sessions (not archived) idle longer than ``idle_seconds`` by the policy's clock,
+    max(``updatedAt``, ``unarchivedAt``), oldest activity first, at most ``limit`` (default
+    ``FLEET_BULK_FILTER_MAX``; the rest wait for the next run), ancestors first. Returns the
+    ids and the cutoff (epoch ms) the clock must be older than."""
+    cutoff = (now_ms() if now is None else now) - int(idle_seconds * 1000)
+    cap = get_settings().bulk_filter_max if limit is None else limit
+    where = None if cwd is None else check_cwd(cwd)
+    found: list[str] = []
+    for sid, (unarchived,) in _scan(
+        store, _index_key(store, where), f"({cutoff}", ("unarchivedMs",)
+    ):
+        if int(unarchived or 0) >= cutoff:
+            continue  # unarchived by hand since: idle only from then on
+        found.append(sid)
+        if len(found) >= cap:
+            break
+    return roots_first(store, found), cutoff
+
+
+# -- archiving ----------------------------------------------------------------------------------
+@dataclass
+class _Run:
+    store: Store
+    dispatcher: Dispatcher
+    stop: bool
+    dry: bool
+    describe_refused: bool
+    action: str
+    #: Outcomes counted and added to the audit trail (the auto policy records only what it
+    #: archived: a busy session would otherwise be recorded as refused on every run).
+    recorded: tuple[str, ...] = ("archived", "already_archived", "refused")
+    idle_before: int | None = None
+    with_unarchive: bool = False
+    virtual: set[str] = field(default_factory=set)
+    report: StopReport = field(default_factory=StopReport)
+
+    def script(self, ids: list[str]) -> list[Any]:
+        argv: list[Any] = [
+            "1" if self.stop else "0",
+            "1" if self.dry else "0",
+            iso(now_ms()),
+            new_id("arc"),
+            "" if self.idle_before is None else self.idle_before,
+            "1" if self.with_unarchive else "0",
+            *ids,
+        ]
+        rows: list[Any] = self.store.run("bulk_archive", argv, durable=not self.dry)
+        return rows
+
+    def batch(self, ids: list[str]) -> list[BulkItem]:
+        """Archive one batch; returns its items in the order of ``ids``."""
+        done: dict[str, BulkItem] = {}
+        pending: list[str] = []
+        for sid in ids:
+            if not SESSION_ID_RE.fullmatch(sid):
+                done[sid] = BulkItem(sid, "not_found")
+            elif sid in self.virtual:  # a dry run archived it with an earlier batch's ancestor
+                done[sid] = BulkItem(sid, "already_archived")
+            else:
+                pending.append(sid)
+        archived: list[str] = []
+        busy: list[str] = []
+        for attempt in range(_REFUSAL_RECHECKS):
+            if not pending:
+                break
+            active: list[str] = []
+            for sid, outcome, _count, is_busy, would in self.script(pending):
+                if outcome == "active":
+                    active.append(sid)
+                    continue
+                done[sid] = BulkItem(sid, _FROM_SCRIPT[outcome])
+                if outcome == "archived":
+                    archived.append(sid)
+                    self.virtual.update(would)
+                if int(is_busy) and self.stop and outcome in ("archived", "already"):
+                    busy.append(sid)
+            pending = []
+            if not active:
+                break
+            if not self.describe_refused:
+                done.update((sid, BulkItem(sid, "refused")) for sid in active)
+                break
+            last = attempt == _REFUSAL_RECHECKS - 1
+            found = census_many(
+                self.store, active, None if self.dry else self.dispatcher, settle=not self.dry
+            )
+            for sid in active:
+                if found[sid] or last:
+                    done[sid] = BulkItem(sid, "refused", found[sid])
+                else:
+                    pending.append(sid)  # the work ended meanwhile: try the archive again
+        if not self.dry:
+            events.publish_many(
+                self.store, [("archived", sid, {"archived": True}) for sid in archived]
+            )
+        if busy and not self.dry:
+            # Read after the write, as a single archive does: anything that started before it
+            # is seen here; anything after it is refused by the gate.
+            stops = census_many(self.store, busy, self.dispatcher)
+            dispatch_stops_many(
+                self.dispatcher,
+                {sid: items for sid, items in stops.items() if items},
+                store=self.store,
+                report=self.report,
+            )
+        items = [done[sid] for sid in ids]
+        if not self.dry:
+            self.record(items)
+        return items
+
+    def record(self, items: list[BulkItem]) -> None:
+        """Count the batch's outcomes and add them to the audit trail (best effort)."""
+        counts = Counter(item.outcome for item in items if item.outcome != "not_found")
+        for outcome, n in counts.items():
+            if outcome in self.recorded:
+                metrics.incr(self.store, metrics.ARCHIVES, outcome, by=n)
+        families = Counter(
+            family
+            for item in items
+            for family in {a.family.value for a in item.activity or []}
+            if item.outcome == "refused" and "refused" in self.recorded
+        )
+        for family, n in families.items():
+            metrics.incr(self.store, metrics.ARCHIVE_REFUSALS, family, by=n)
+        audit.record_many(
+            self.store,
+            [
+                (
+                    item.session_id,
+                    self.action,
+                    item.outcome,
+                    {"stopActivity": self.stop, "items": len(item.activity or [])},
+                )
+                for item in items
+                if item.outcome in self.recorded
+            ],
+        )
+
+
+def _run(run: _Run, ids: list[str], batch_size: int, progress: Progress | None) -> BulkResult:
+    batches = [ids[i : i + batch_size] for i in range(0, len(ids), batch_size)]
+    if progress is not None:
+        progress(0, len(batches))
+    results: list[BulkItem] = []
+    for n, part in enumerate(batches, start=1):
+        results.extend(run.batch(part))
+        if progress is not None:
+            progress(n, len(batches))
+    result = BulkResult(results, run.dry, run.stop, len(batches), run.report)
+    log.info(
+        "%s%s: %s",
+        run.action,
+        " (dry run)" if run.dry else "",
+        ", ".join(f"{k} {v}" for k, v in result.totals.items() if v),
+    )
+    return result
+
+
+def bulk_archive(
+    store: Store,
+    dispatcher: Dispatcher,
+    *,
+    session_ids: list[str] | None = None,
+    flt: BulkFilter | None = None,
+    stop_activity: bool = False,
+    dry_run: bool = False,
+    batch_size: int = BATCH_SIZE,
+    max_selected: int | None = None,
+    progress: Progress | None = None,
+) -> BulkResult:
+    """Archive the sessions named by ``session_ids`` (in that order; duplicates once) or
+    selected by ``flt`` (exactly one of the two), in batches of ``batch_size``.
+
+    Raises ``InvalidParams`` (both or neither given, a bad id list or filter),
+    ``TooManySessions`` (more than ``MAX_IDS`` ids, or a filter selecting more than
+    ``max_selected``/``FLEET_BULK_FILTER_MAX``; nothing is written), ``StoreUnavailable``
+    (batches before the failing one stay archived, as single archives would).
+    """
+    if (session_ids is None) == (flt is None):
+        raise InvalidParams(
+            "Give exactly one of sessionIds or filter.", {"param": "sessionIds|filter"}
+        )
+    if not 1 <= batch_size <= 5_000:
+        raise InvalidParams("batch size must be between 1 and 5000.", {"param": "batchSize"})
+    if session_ids is not None:
+        if not isinstance(session_ids, list) or not all(isinstance(s, str) for s in session_ids):
+            raise InvalidParams("sessionIds must be a list of strings.", {"param": "sessionIds"})
+        if len(session_ids) > MAX_IDS:
+            raise TooManySessions(
+                f"At most {MAX_IDS} sessionIds per request (got {len(session_ids)}); split "
+                "the list, or select with a filter.",
+                {"param": "sessionIds", "max": MAX_IDS, "got": len(session_ids)},
+            )
+        ids = list(dict.fromkeys(session_ids))
+        idle_before = None
+    else:
+        assert flt is not None
+        ids = select(store, flt, limit=max_selected)
+        idle_before = None if flt.idle_since is None else parse_instant(flt.idle_since, "idleSince")
+    run = _Run(
+        store,
+        dispatcher,
+        stop=stop_activity,
+        dry=dry_run,
+        describe_refused=True,
+        action="bulk_archive",
+        idle_before=idle_before,
+    )
+    return _run(run, ids, batch_size, progress)
+
+
+def auto_archive(
+    store: Store,
+    dispatcher: Dispatcher,
+    *,
+    idle_seconds: float | None = None,
+    dry_run: bool = False,
+    cwd: str | None = None,
+    now: int | None = None,
+    limit: int | None = None,
+    batch_size: int = BATCH_SIZE,
+    progress: Progress | None = None,
+) -> BulkResult:
+    """One run of the auto-archive policy: archive the sessions ``auto_candidates`` finds
+    (idle longer than ``idle_seconds``, default ``FLEET_AUTO_ARCHIVE_IDLE_SECONDS``) that have
+    no live work; busy ones come back ``refused`` and are left alone (nothing is stopped).
+    ``cwd`` narrows the run to one directory. Raises ``InvalidParams`` when the policy is off
+    (0 seconds); ``StoreUnavailable``."""
+    age = get_settings().auto_archive_idle_seconds if idle_seconds is None else idle_seconds
+    if not age or age <= 0:
+        raise InvalidParams(
+            "Auto-archive is off: set FLEET_AUTO_ARCHIVE_IDLE_SECONDS to an age in seconds.",
+            {"param": "idleSeconds"},
+        )
+    ids, cutoff = auto_candidates(store, idle_seconds=age, now=now, cwd=cwd, limit=limit)
+    run = _Run(
+        store,
+        dispatcher,
+        stop=False,
+        dry=dry_run,
+        describe_refused=dry_run,
+        action="auto_archive",
+        recorded=("archived",),
+        idle_before=cutoff,
+        with_unarchive=True,
+    )
+    return _run(run, ids, batch_size, progress)

@@ -1,0 +1,124 @@
+"""Log formats for every agent-fleet process: JSON lines in production, readable text in a
+terminal.
+
+Every record carries ``session_id`` (``null`` when unknown) and, when the code logging it knows
+them, ``turn_id``, ``family`` and ``task_id``, passed through ``extra={...}``. A JSON line is
+``{"time", "level", "logger", "message", "session_id", "turn_id"?, "family"?, "task_id"?,
+"exc"?}``; an exception and its traceback are one field, never extra lines.
+
+``configure`` installs one handler on the root logger; the interfaces call it (``fleet api``,
+``fleet up``, ``fleet acp``, and the Celery workers through ``workers/logs.py``). The format
+comes from ``FLEET_LOG_FORMAT`` (``json`` | ``text``); unset, it is ``text`` when the stream is
+a terminal and ``json`` otherwise.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from collections.abc import Iterable
+from typing import Any, TextIO
+
+from orchestrator.settings import get_settings
+from orchestrator.store import iso
+
+#: Context fields a record may carry through ``extra``; ``session_id`` is always written.
+CONTEXT_FIELDS = ("session_id", "turn_id", "family", "task_id")
+#: Attribute marking the handler ``configure`` installed, so a second call replaces it.
+_MARK = "_fleet_handler"
+
+
+def _context(record: logging.LogRecord) -> dict[str, Any]:
+    out: dict[str, Any] = {"session_id": getattr(record, "session_id", None)}
+    for name in CONTEXT_FIELDS[1:]:
+        value = getattr(record, name, None)
+        if value is not None:
+            out[name] = value
+    return out
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per record, on one line."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        entry: dict[str, Any] = {
+            "time": iso(int(record.created * 1000)),
+            "level": record.levelname,
+            "logger": record.name,
+            "message": record.getMessage(),
+            **_context(record),
+        }
+        if record.exc_info:
+            entry["exc"] = self.formatException(record.exc_info)
+        elif record.exc_text:
+            entry["exc"] = record.exc_text
+        if record.stack_info:
+            entry["stack"] = self.formatStack(record.stack_info)
+        return json.dumps(entry, ensure_ascii=False, default=str)
+
+
+class TextFormatter(logging.Formatter):
+    """``HH:MM:SS.mmm LEVEL logger: message [session_id=... turn_id=...]`` for terminals."""
+
+    def __init__(self) -> None:
+        super().__init__(
+            "%(asctime)s.%(msecs)03d %(levelname)-7s %(name)s: %(message)s", "%H:%M:%S"
+        )
+
+    def format(self, record: logging.LogRecord) -> str:
+        text = super().format(record)
+        context = " ".join(f"{k}={v}" for k, v in _context(record).items() if v is not None)
+        if not context:
+            return text
+        # The context goes after the first line, so a traceback keeps its own lines below.
+        first, sep, rest = text.partition("\n")
+        return f"{first} [{context}]{sep}{rest}"
+
+
+def resolve_format(value: str | None, stream: TextIO) -> str:
+    """``json`` or ``text``: ``value`` when it is one of them, else ``text`` for a terminal
+    ``stream`` and ``json`` otherwise."""
+    if value in ("json", "text"):
+        return value
+    try:
+        tty = stream.isatty()
+    except (AttributeError, ValueError):
+        tty = False
+    return "text" if tty else "json"
+
+
+def formatter(fmt: str) -> logging.Formatter:
+    """The formatter for ``fmt`` (``json`` or ``text``)."""
+    return JsonFormatter() if fmt == "json" else TextFormatter()
+
+
+def configure(
+    fmt: str | None = None,
+    level: int | str = logging.INFO,
+    *,
+    stream: TextIO | None = None,
+    filters: Iterable[logging.Filter] = (),
+) -> logging.Handler:
+    """Log every record of ``level`` and above to ``stream`` (stderr) in format ``fmt``
+    (``json``, ``text``, or ``None``: from ``FLEET_LOG_FORMAT``, else by terminal).
+
+    Replaces the handler an earlier call installed and leaves other handlers alone (a test's
+    log capture keeps working). ``filters`` are added to the handler, e.g. one filling
+    ``task_id`` from the running Celery task. Returns the handler.
+    """
+    if fmt is None:
+        fmt = get_settings().log_format or None
+    out = stream if stream is not None else sys.stderr
+    handler = logging.StreamHandler(out)
+    handler.setFormatter(formatter(resolve_format(fmt, out)))
+    for item in filters:
+        handler.addFilter(item)
+    setattr(handler, _MARK, True)
+    root = logging.getLogger()
+    for old in [h for h in root.handlers if getattr(h, _MARK, False)]:
+        root.removeHandler(old)
+        old.close()
+    root.addHandler(handler)
+    root.setLevel(level)
+    return handler
