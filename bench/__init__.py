@@ -1,0 +1,1 @@
+"""Benchmarks of agent-fleet; run ``python -m bench.run``."""

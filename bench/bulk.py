@@ -1,0 +1,145 @@
+"""Benchmark 3: bulk archive over HTTP versus the same sessions archived one request at a time.
+
+Both sides get the same population: idle sessions plus busy ones (stored live work in all four
+families, as in benchmark 1), each side in its own cwd. Broker messages are counted as the
+growth of the Celery queues in Redis (no workers consume them during the run).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from typing import Any
+
+import httpx
+
+from bench.run import Row, _free_port, _ok, _until, configure, seed_busy
+
+
+def _seed_idle(store: Any, cwd: str, count: int, batch: int = 1000) -> None:
+    from orchestrator.sessions import cwd_hash
+    from orchestrator.store import iso, new_id, now_ms
+
+    create = store.script("create_session")
+    for start in range(0, count, batch):
+        pipe = store.redis.pipeline(transaction=False)
+        for _ in range(min(batch, count - start)):
+            ms = now_ms()
+            create(
+                keys=[],
+                args=[store.keys.prefix, new_id("sess"), cwd, cwd_hash(cwd), "", ms, iso(ms)],
+                client=pipe,
+            )
+        pipe.execute()
+
+
+def _seed_busy_in(store: Any, cwd: str, count: int) -> list[str]:
+    ids = seed_busy(store, count)
+    from orchestrator.sessions import cwd_hash
+
+    # seed_busy uses its own cwd: move the sessions' index entries into this one.
+    for sid in ids:
+        for child in store.redis.smembers(store.keys.children(sid)):
+            _move_cwd(store, child, cwd, cwd_hash)
+        _move_cwd(store, sid, cwd, cwd_hash)
+    return ids
+
+
+def _move_cwd(store: Any, sid: str, cwd: str, cwd_hash: Any) -> None:
+    h = store.redis.hmget(store.keys.session(sid), "cwdHash", "updatedMs", "archived")
+    state = "archived" if h[2] == "1" else "active"
+    pipe = store.redis.pipeline(transaction=False)
+    for st in ("all", state):
+        pipe.zrem(store.keys.index(st, h[0]), sid)
+        pipe.zadd(store.keys.index(st, cwd_hash(cwd)), {sid: float(h[1])})
+    pipe.hset(store.keys.session(sid), mapping={"cwd": cwd, "cwdHash": cwd_hash(cwd)})
+    pipe.execute()
+
+
+def _queued(store: Any) -> int:
+    total = 0
+    for key in store.redis.scan_iter(match=f"{store.keys.prefix}celery:*", count=1000):
+        if store.redis.type(key) == "list":
+            total += int(store.redis.llen(key))
+    return total
+
+
+def bench_bulk(url: str, prefix: str, *, quick: bool) -> list[Row]:
+    idle, busy = (1_000, 100) if quick else (10_000, 1_000)
+    store, _ = configure(url, prefix)
+    port = _free_port()
+    env = dict(os.environ, FLEET_REDIS_URL=url, FLEET_KEY_PREFIX=prefix, FLEET_API_TOKEN="")
+    api = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "uvicorn",
+            "api.rest:create_app",
+            "--factory",
+            "--port",
+            str(port),
+            "--log-level",
+            "warning",
+        ],
+        env=env,
+    )
+    try:
+        base = f"http://127.0.0.1:{port}"
+        _until(lambda: _ok(base + "/health"), 30)
+        for cwd in ("/bench/bulk", "/bench/single"):
+            _seed_idle(store, cwd, idle)
+        _seed_busy_in(store, "/bench/bulk", busy)
+        single_busy = _seed_busy_in(store, "/bench/single", busy)
+        with httpx.Client(base_url=base, timeout=120) as client:
+            before = _queued(store)
+            t0 = time.perf_counter()
+            r = client.post(
+                "/sessions/archive", json={"filter": {"cwd": "/bench/bulk"}, "stopActivity": True}
+            )
+            bulk_s = time.perf_counter() - t0
+            assert r.status_code == 200, r.text
+            totals = r.json()["totals"]
+            bulk_msgs = _queued(store) - before
+
+            ids = [s.session_id for s in _all(store, "/bench/single")]
+            assert set(single_busy) <= set(ids)
+            before = _queued(store)
+            t0 = time.perf_counter()
+            for sid in ids:
+                rr = client.post(f"/sessions/{sid}/archive", json={"stopActivity": True})
+                assert rr.status_code == 200, rr.text
+            single_s = time.perf_counter() - t0
+            single_msgs = _queued(store) - before
+    finally:
+        api.terminate()
+        api.wait(10)
+    n = idle + busy
+    speedup = single_s / bulk_s
+    return [
+        (
+            f"3 bulk archive, {idle:,} idle + {busy:,} busy (one request)",
+            f"n={n:,}",
+            f"{bulk_s:.2f} s, {bulk_msgs} broker messages; archived {totals.get('archived')}",
+            "goal <= 2 s: " + ("met" if bulk_s <= 2 else "MISSED"),
+        ),
+        (
+            "3 same, one request per session",
+            f"n={len(ids):,}",
+            f"{single_s:.2f} s, {single_msgs} broker messages",
+            f"bulk {speedup:.0f}x faster; goal >= 20x: " + ("met" if speedup >= 20 else "MISSED"),
+        ),
+    ]
+
+
+def _all(store: Any, cwd: str) -> list[Any]:
+    from orchestrator import sessions
+
+    out, cursor = [], None
+    while True:
+        page = sessions.list_sessions(store, cwd=cwd, cursor=cursor, limit=200)
+        out.extend(page.sessions)
+        if page.next_cursor is None:
+            return [s for s in out if s.parent_id is None]
+        cursor = page.next_cursor

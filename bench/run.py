@@ -1,0 +1,456 @@
+"""agent-fleet benchmarks: one command, one table, every figure measured in the same run.
+
+    python -m bench.run            # full sizes (about 3-5 minutes on 2 cores)
+    python -m bench.run --quick    # smaller sizes, for a smoke run
+
+Each benchmark starts from a private Redis (the embedded server: append-only, fsync on every
+write, as ``fleet up`` runs it) unless ``--redis-url`` is given, in which case a fresh key prefix
+is used and removed afterwards. Figures are wall-clock medians and 99th percentiles from
+``time.perf_counter``; floors are measured in the same run against the same server.
+
+1. archive over HTTP (stopActivity, live work in all four families) vs two raw round trips
+2. the gate at lineage depth 1, 10, 100 vs one SISMEMBER
+3. bulk archive (when the bulk operation exists; see ``bench/bulk.py``)
+4. archive response -> empty census, 50 busy sessions on real workers
+5. session/list page latency at 10k and 100k sessions (half archived)
+6. step throughput through the gate vs the same workers running ungated no-op tasks
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+import redis
+
+Row = tuple[str, str, str, str]
+
+
+def pct(values: list[float], q: float) -> float:
+    """The ``q`` quantile (0..1) of ``values``, nearest rank."""
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, round(q * len(ordered)) - 1))]
+
+
+def ms(seconds: float) -> str:
+    return f"{seconds * 1000:.3f} ms"
+
+
+def timed(fn: Callable[[], Any], n: int) -> list[float]:
+    out = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        fn()
+        out.append(time.perf_counter() - t0)
+    return out
+
+
+class NullDispatcher:
+    """Seeds state without sending anything."""
+
+    def send(self, task: str, args: list[Any], queue: str) -> None:
+        return None
+
+
+@contextmanager
+def environment(url: str | None) -> Iterator[tuple[str, str]]:
+    """(redis url, key prefix) for a run; a private embedded server unless ``url``."""
+    prefix = f"bench-{uuid.uuid4().hex[:8]}:"
+    if url:
+        try:
+            yield url, prefix
+        finally:
+            client = redis.Redis.from_url(url)
+            for key in client.scan_iter(match=f"{prefix}*", count=5000):
+                client.delete(key)
+        return
+    from api.embedded import EmbeddedRedis
+
+    with EmbeddedRedis(Path(tempfile.mkdtemp(prefix="fleet-bench-"))) as server:
+        yield server.url, prefix
+
+
+def configure(url: str, prefix: str) -> tuple[Any, Any]:
+    """Point this process's settings and Celery app at the run's Redis; return (store,
+    dispatcher)."""
+    os.environ["FLEET_REDIS_URL"] = url
+    os.environ["FLEET_KEY_PREFIX"] = prefix
+    from orchestrator.settings import get_settings
+
+    get_settings.cache_clear()
+    from orchestrator.store import Store
+    from workers.app import app
+    from workers.app import configure as configure_app
+    from workers.dispatch import CeleryDispatcher
+
+    configure_app(app, get_settings())
+    return Store(url, prefix), CeleryDispatcher(app)
+
+
+def seed_busy(store: Any, n: int) -> list[str]:
+    """``n`` sessions with stored live work in all four families (no workers needed)."""
+    from orchestrator import jobs, reminders, sessions, turns
+    from orchestrator.store import iso, now_ms
+
+    null = NullDispatcher()
+    ids = []
+    for _ in range(n):
+        sid = sessions.create_session(store, "/bench/busy").session_id
+        turns.start_turn(store, null, sid, "think 600")
+        jid = jobs.create_job(store, null, sid, 600, "sleep 600s")
+        store.run("job_claim", [jid, "bench-host", 600_000, iso(now_ms())])
+        reminders.create_reminder(store, sid, 3600, "say later")
+        child = sessions.create_session(store, "/bench/busy", parent_id=sid).session_id
+        turns.start_turn(store, null, child, "think 600", source="subagent")
+        ids.append(sid)
+    return ids
+
+
+# --------------------------------------------------------------------------- 1
+def bench_archive_http(url: str, prefix: str, n: int) -> list[Row]:
+    store, _ = configure(url, prefix)
+    port = _free_port()
+    env = dict(os.environ, FLEET_REDIS_URL=url, FLEET_KEY_PREFIX=prefix, FLEET_API_TOKEN="")
+    api = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "uvicorn",
+            "api.rest:create_app",
+            "--factory",
+            "--port",
+            str(port),
+            "--log-level",
+            "warning",
+        ],
+        env=env,
+    )
+    try:
+        base = f"http://127.0.0.1:{port}"
+        _until(lambda: _ok(base + "/health"), 30)
+        ids = seed_busy(store, n)
+        with httpx.Client(base_url=base) as client:
+            client.post(
+                f"/sessions/{seed_busy(store, 1)[0]}/archive", json={"stopActivity": True}
+            )  # warm-up
+            lat = []
+            for sid in ids:
+                t0 = time.perf_counter()
+                r = client.post(f"/sessions/{sid}/archive", json={"stopActivity": True})
+                lat.append(time.perf_counter() - t0)
+                body = r.json()
+                assert r.status_code == 200 and len(body["stopDispatch"]["sent"]) == 4, body
+        raw = redis.Redis.from_url(url)
+        floor = timed(lambda: (raw.ping(), raw.ping()), n)
+    finally:
+        api.terminate()
+        api.wait(10)
+    med = statistics.median(lat)
+    return [
+        (
+            "1 archive over HTTP, stopActivity, 4 families",
+            f"n={n}",
+            f"median {ms(med)}, p99 {ms(pct(lat, 0.99))}",
+            f"floor 2 RTT median {ms(statistics.median(floor))}; goal median <= 3 ms: "
+            + ("met" if med <= 0.003 else "MISSED"),
+        ),
+    ]
+
+
+# --------------------------------------------------------------------------- 2
+def bench_gate(url: str, prefix: str, n: int) -> list[Row]:
+    from orchestrator import gate, sessions
+
+    store, _ = configure(url, prefix)
+    chain = [sessions.create_session(store, "/bench/gate").session_id]
+    for _ in range(100):
+        chain.append(sessions.create_session(store, "/bench/gate", parent_id=chain[-1]).session_id)
+    raw = redis.Redis.from_url(url, decode_responses=True)
+    floor = statistics.median(timed(lambda: raw.sismember(store.keys.archived, chain[0]), n))
+    rows = [("2 gate: one SISMEMBER round trip", f"n={n}", f"median {ms(floor)}", "floor")]
+    for depth in (1, 10, 100):
+        sid = chain[depth]
+        gate.admit(store, sid)
+        med = statistics.median(timed(lambda sid=sid: gate.admit(store, sid), n))
+        rows.append(
+            (
+                f"2 gate at lineage depth {depth}",
+                f"n={n}",
+                f"median {ms(med)}",
+                f"{med / floor:.2f}x SISMEMBER; goal <= 1.5x: "
+                + ("met" if med <= 1.5 * floor else "MISSED"),
+            )
+        )
+    return rows
+
+
+# --------------------------------------------------------------------------- 4
+BUSY_PROMPT = "spawn think 60|say done\nrun 60\nremind 60 say later\nthink 60"
+
+
+def bench_drain(url: str, prefix: str, n: int) -> list[Row]:
+    from api.local import LocalFleet
+    from orchestrator import activity, archive, sessions, turns
+    from orchestrator.families import Family
+
+    store, dispatcher = configure(url, prefix)
+    state = Path(tempfile.mkdtemp(prefix="fleet-bench-workers-"))
+    fleet = LocalFleet(url, prefix, state, hostname="bench", concurrency=max(32, 3 * n))
+    fleet.start()
+    try:
+        fleet.wait_ready(90)
+        ids = [sessions.create_session(store, "/bench/drain").session_id for _ in range(n)]
+        for sid in ids:
+            turns.start_turn(store, dispatcher, sid, BUSY_PROMPT)
+        _until(
+            lambda: all({i.family for i in activity.census(store, s)} == set(Family) for s in ids),
+            120,
+        )
+        answered: dict[str, float] = {}
+        for sid in ids:
+            archive.archive(store, dispatcher, sid, stop_activity=True)
+            answered[sid] = time.perf_counter()
+        quiet: dict[str, float] = {}
+        deadline = time.monotonic() + 60
+        while len(quiet) < n and time.monotonic() < deadline:
+            for sid in ids:
+                if sid not in quiet and not activity.census(store, sid):
+                    quiet[sid] = time.perf_counter()
+            time.sleep(0.005)
+    finally:
+        fleet.stop()
+    if len(quiet) < n:
+        return [
+            (
+                "4 archive -> empty census",
+                f"n={n}",
+                f"{n - len(quiet)} never went quiet",
+                "goal p99 <= 2 s: MISSED",
+            )
+        ]
+    waits = [quiet[s] - answered[s] for s in ids]
+    p99 = pct(waits, 0.99)
+    return [
+        (
+            "4 archive response -> empty census (real workers)",
+            f"n={n}",
+            f"median {ms(statistics.median(waits))}, p99 {ms(p99)}",
+            "goal p99 <= 2 s: " + ("met" if p99 <= 2 else "MISSED"),
+        )
+    ]
+
+
+# --------------------------------------------------------------------------- 5
+def seed_sessions(store: Any, count: int, batch: int = 1000) -> None:
+    """Create ``count`` sessions (every second one archived) through the product's scripts,
+    pipelined."""
+    from orchestrator.sessions import cwd_hash
+    from orchestrator.store import iso, new_id, now_ms
+
+    create = store.script("create_session")
+    arc = store.script("archive")
+    made = 0
+    while made < count:
+        pipe = store.redis.pipeline(transaction=False)
+        ids = []
+        for _ in range(min(batch, count - made)):
+            sid = new_id("sess")
+            ms_ = now_ms()
+            create(
+                keys=[],
+                args=[
+                    store.keys.prefix,
+                    sid,
+                    "/bench/list",
+                    cwd_hash("/bench/list"),
+                    "",
+                    ms_,
+                    iso(ms_),
+                ],
+                client=pipe,
+            )
+            ids.append(sid)
+        for sid in ids[::2]:
+            arc(
+                keys=[],
+                args=[store.keys.prefix, sid, "0", iso(now_ms()), new_id("arc")],
+                client=pipe,
+            )
+        pipe.execute()
+        made += len(ids)
+
+
+def bench_list(url: str, prefix: str, sizes: tuple[int, ...], n: int) -> list[Row]:
+    from orchestrator import sessions
+
+    store, _ = configure(url, prefix)
+    rows: list[Row] = []
+    medians: dict[tuple[int, str], float] = {}
+    have = 0
+    for size in sizes:
+        seed_sessions(store, size - have)
+        have = size
+        for flt in ("exclude", "include", "only"):
+            first = sessions.list_sessions(store, archived=flt)
+            cursor = first.next_cursor
+            lat = timed(lambda flt=flt: sessions.list_sessions(store, archived=flt), n // 2)
+            lat += timed(
+                lambda flt=flt, c=cursor: sessions.list_sessions(store, archived=flt, cursor=c),
+                n // 2,
+            )
+            medians[(size, flt)] = statistics.median(lat)
+            rows.append(
+                (
+                    f"5 session/list page ({flt}), {size:,} sessions",
+                    f"n={n}",
+                    f"median {ms(medians[(size, flt)])}, p99 {ms(pct(lat, 0.99))}",
+                    "goal median <= 5 ms: "
+                    + ("met" if medians[(size, flt)] <= 0.005 else "MISSED"),
+                )
+            )
+    if len(sizes) == 2:
+        small, big = sizes
+        worst = max(medians[(big, f)] / medians[(small, f)] for f in ("exclude", "include", "only"))
+        rows.append(
+            (
+                f"5 list {big:,} vs {small:,}",
+                "",
+                f"worst ratio {worst:.2f}x",
+                "goal <= 1.5x: " + ("met" if worst <= 1.5 else "MISSED"),
+            )
+        )
+    return rows
+
+
+# --------------------------------------------------------------------------- 6
+def bench_throughput(url: str, prefix: str, n: int) -> list[Row]:
+    from api.local import LocalFleet
+    from orchestrator import sessions
+    from orchestrator.families import Family
+
+    store, dispatcher = configure(url, prefix)
+    state = Path(tempfile.mkdtemp(prefix="fleet-bench-tp-"))
+    fleet = LocalFleet(url, prefix, state, hostname="benchtp", concurrency=8)
+    fleet.start([Family.TURN])
+    try:
+        fleet.wait_ready(90)
+        sid = sessions.create_session(store, "/bench/tp").session_id
+        rates = {}
+        for label, gated in (("ungated", False), ("gated", True)):
+            counter = f"tp-{label}"
+            t0 = time.perf_counter()
+            for _ in range(n):
+                dispatcher.send("ops.ping", [sid, counter, gated], "turn")
+            key = store.keys.ops_counter(counter)
+            _until(lambda key=key: int(store.redis.get(key) or 0) >= n, 300)
+            rates[label] = n / (time.perf_counter() - t0)
+    finally:
+        fleet.stop()
+    ratio = rates["gated"] / rates["ungated"]
+    return [
+        (
+            "6 no-op tasks, ungated (same turn workers)",
+            f"n={n}",
+            f"{rates['ungated']:.0f} tasks/s",
+            "baseline",
+        ),
+        (
+            "6 no-op tasks through the gate",
+            f"n={n}",
+            f"{rates['gated']:.0f} tasks/s",
+            f"{ratio:.2f} of ungated; goal >= 0.8: " + ("met" if ratio >= 0.8 else "MISSED"),
+        ),
+    ]
+
+
+# --------------------------------------------------------------------------- helpers
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _ok(url: str) -> bool:
+    try:
+        return httpx.get(url, timeout=0.5).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def _until(predicate: Callable[[], Any], timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"benchmark setup did not converge in {timeout}s")
+        time.sleep(0.05)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="smaller sizes")
+    parser.add_argument("--redis-url", default=None, help="use this Redis (fresh prefix)")
+    parser.add_argument("--only", default="", help="comma list of benchmark numbers to run")
+    args = parser.parse_args()
+    q = args.quick
+    only = {int(x) for x in args.only.split(",") if x}
+    plan: list[tuple[int, Callable[[str, str], list[Row]]]] = [
+        (1, lambda u, p: bench_archive_http(u, p, 200 if q else 1000)),
+        (2, lambda u, p: bench_gate(u, p, 500 if q else 2000)),
+        (4, lambda u, p: bench_drain(u, p, 10 if q else 50)),
+        (
+            5,
+            lambda u, p: bench_list(
+                u, p, (2_000, 20_000) if q else (10_000, 100_000), 100 if q else 400
+            ),
+        ),
+        (6, lambda u, p: bench_throughput(u, p, 500 if q else 3000)),
+    ]
+    try:
+        from bench.bulk import bench_bulk
+
+        plan.insert(2, (3, lambda u, p: bench_bulk(u, p, quick=q)))
+    except ImportError:
+        pass
+    rows: list[Row] = []
+    for number, fn in plan:
+        if only and number not in only:
+            continue
+        with environment(args.redis_url) as (url, prefix):
+            started = time.perf_counter()
+            rows.extend(fn(url, prefix))
+            print(
+                f"benchmark {number} done in {time.perf_counter() - started:.1f}s", file=sys.stderr
+            )
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(
+        "benchmark",
+        "size",
+        "result",
+        "compared with / goal",
+        title=f"agent-fleet benchmarks: {platform.node()}, {os.cpu_count()} cores, "
+        f"Python {platform.python_version()}",
+    )
+    for row in rows:
+        table.add_row(*row)
+    Console(width=160).print(table)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
