@@ -170,6 +170,21 @@ def up(
             embedded.stop()
 
 
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
+
+
+def api_bind_address(requested: str, token: str) -> str:
+    """The address the API may bind: any with a token configured; loopback only without one
+    (said on stderr, since anyone who can reach the port could archive sessions)."""
+    if token or requested in LOOPBACK:
+        return requested
+    err.print(
+        f"[yellow]FLEET_API_TOKEN is not set: binding to 127.0.0.1 instead of {requested}. "
+        "Set a token to serve the API beyond this machine.[/yellow]"
+    )
+    return "127.0.0.1"
+
+
 @app.command("api")
 def serve_api(
     host: str = typer.Option("", help="Bind address (default FLEET_API_HOST)."),
@@ -185,10 +200,11 @@ def serve_api(
     redis_url()
     settings = get_settings()
     configure_logging()
+    bind = api_bind_address(host or settings.api_host, settings.api_token)
     uvicorn.run(
         "api.rest:create_app",
         factory=True,
-        host=host or settings.api_host,
+        host=bind,
         port=port or settings.api_port,
         log_level="info",
         # uvicorn's own loggers propagate to the root handler (FLEET_LOG_FORMAT) instead of
@@ -493,7 +509,7 @@ def flower(
 
     url = redis_url()
     auth = get_settings().flower_basic_auth
-    if not auth and address not in ("127.0.0.1", "localhost", "::1"):
+    if not auth and address not in LOOPBACK:
         err.print(
             "[red]error[/red]: set FLEET_FLOWER_BASIC_AUTH=user:password to serve Flower "
             "beyond loopback."
