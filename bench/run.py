@@ -95,6 +95,11 @@ def configure(url: str, prefix: str) -> tuple[Any, Any]:
     from workers.app import configure as configure_app
     from workers.dispatch import CeleryDispatcher
 
+    # Each benchmark has its own Redis: drop connections to the previous one.
+    if app._pool is not None:
+        app._pool.force_close_all()
+        app._pool = None
+    app.amqp._producer_pool = None
     configure_app(app, get_settings())
     return Store(url, prefix), CeleryDispatcher(app)
 
