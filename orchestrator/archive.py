@@ -75,9 +75,11 @@ def archive(
         result = _archive(store, dispatcher, sid, stop_activity)
     except SessionActive as refused:
         families = sorted({item.family.value for item in refused.items})
-        metrics.incr(store, metrics.ARCHIVES, "refused")
-        for family in families:
-            metrics.incr(store, metrics.ARCHIVE_REFUSALS, family)
+        metrics.incr_many(
+            store,
+            [(metrics.ARCHIVES, ("refused",), 1)]
+            + [(metrics.ARCHIVE_REFUSALS, (family,), 1) for family in families],
+        )
         audit.record(
             store,
             sid,

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from orchestrator.store import Store, retried
@@ -94,6 +95,23 @@ def incr(store: Store, counter: Counter, *labels: str, by: int = 1) -> None:
         store.redis.hincrby(store.keys.metric(counter.name), _SEP.join(labels), by)
     except Exception as exc:  # best effort: a metric never fails what it counts
         log.debug("metric %s not counted: %s", counter.name, exc)
+
+
+def incr_many(store: Store, counts: Sequence[tuple[Counter, tuple[str, ...], int]]) -> None:
+    """Add several ``(counter, labels, by)`` increments in one round trip. Never raises for a
+    Redis failure (logged at debug)."""
+    if not counts:
+        return
+    for counter, labels, _ in counts:
+        if len(labels) != len(counter.labels):
+            raise ValueError(f"{counter.name} takes labels {counter.labels}, got {labels}")
+    try:
+        pipe = store.redis.pipeline(transaction=False)
+        for counter, labels, by in counts:
+            pipe.hincrby(store.keys.metric(counter.name), _SEP.join(labels), by)
+        pipe.execute()
+    except Exception as exc:  # best effort: a metric never fails what it counts
+        log.debug("metrics not counted: %s", exc)
 
 
 def observe(store: Store, histogram: Histogram, seconds: float) -> None:

@@ -103,19 +103,19 @@ def dispatch_stops(
     *,
     store: Store | None = None,
 ) -> StopReport:
-    """Ask each family with live items to stop them. The requests are sent together (at once
-    where the dispatcher can publish concurrently) and never awaited; a failed one is logged
-    and reported, and never keeps the others from being sent. Never raises. With ``store``,
-    each request is counted (``fleet_stop_dispatches``/``fleet_stop_failures`` by family)."""
+    """Ask each family with live items to stop them. The requests are sent and never awaited;
+    a failed one is logged and reported, and never keeps the others from being sent. Never
+    raises. With ``store``, each request is counted (``fleet_stop_dispatches``/
+    ``fleet_stop_failures`` by family, in one round trip)."""
     report = StopReport()
     messages = stop_messages(session_id, items)
     errors = send_all(dispatcher, [(m.task, m.args, m.queue) for m in messages])
+    counts: list[tuple[metrics.Counter, tuple[str, ...], int]] = []
     for message, error in zip(messages, errors, strict=True):
         family = message.family.value
         if error is None:
             report.sent[family] = report.sent.get(family, 0) + message.count
-            if store is not None:
-                metrics.incr(store, metrics.STOP_DISPATCHES, family)
+            counts.append((metrics.STOP_DISPATCHES, (family,), 1))
             continue
         report.failed.append((family, f"{type(error).__name__}: {error}"))
         extra = {"session_id": session_id, "family": family}
@@ -129,8 +129,9 @@ def dispatch_stops(
             extra=extra,
         )
         log.debug("stop dispatch for %s failed", family, exc_info=error, extra=extra)
-        if store is not None:
-            metrics.incr(store, metrics.STOP_FAILURES, family)
+        counts.append((metrics.STOP_FAILURES, (family,), 1))
+    if store is not None:
+        metrics.incr_many(store, counts)
     return report
 
 
