@@ -488,6 +488,7 @@ class AcpConnection:
         }
 
     async def new_session(self, params: dict[str, Any]) -> dict[str, Any]:
+        sessions.check_cwd(params.get("cwd"))  # the first thing to fix, if both are wrong
         _mcp_servers(params)
         session = await self._call(sessions.create_session, self.store, params.get("cwd"))
         await self._open(session.session_id, 0)

@@ -39,6 +39,8 @@ from orchestrator.settings import get_settings
 log = logging.getLogger(__name__)
 
 _STREAM_ID = re.compile(r"^([0-9]{1,20})-([0-9]{1,20})$")
+#: Largest value of either part of a Redis stream id (unsigned 64-bit).
+_MAX_PART = 2**64 - 1
 #: Entries read per XREAD.
 _READ_COUNT = 200
 #: Seconds to wait before reading again after Redis failed mid-stream.
@@ -47,7 +49,7 @@ _RETRY_SECONDS = 1.0
 
 def _parse_id(value: str, param: str) -> tuple[int, int]:
     found = _STREAM_ID.fullmatch(value.strip())
-    if found is None:
+    if found is None or max(int(found.group(1)), int(found.group(2))) > _MAX_PART:
         raise InvalidParams(
             f"{param} must be the id of an earlier event (such as 1700000000000-0).",
             {"param": param},
@@ -82,6 +84,11 @@ async def _start(
     oldest = await client.xrange(key, "-", "+", count=1)
     if oldest and _parse_id(str(oldest[0][0]), "") > _parse_id(resume, "Last-Event-ID"):
         return resume, {"lastEventId": resume, "oldestId": str(oldest[0][0])}
+    newest = await client.xrevrange(key, "+", "-", count=1)
+    if newest and _parse_id(resume, "Last-Event-ID") > _parse_id(str(newest[0][0]), ""):
+        # An id from the future (another fleet's, or made up): nothing would ever follow it.
+        # Say so and go on from the newest event, so the client's next id is a real one.
+        return str(newest[0][0]), {"lastEventId": str(newest[0][0]), "unknownId": resume}
     return resume, None
 
 

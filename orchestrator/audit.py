@@ -165,10 +165,14 @@ def read(
     """
     if not 1 <= count <= MAX_READ:
         raise InvalidParams(f"limit must be between 1 and {MAX_READ}.", {"param": "limit"})
-    if before is not None and not _ENTRY_ID.fullmatch(before):
+    if before is not None and (
+        not _ENTRY_ID.fullmatch(before) or max(int(part) for part in before.split("-")) > 2**64 - 1
+    ):
         raise InvalidParams(
             "before must be the id of an audit entry (as returned).", {"param": "before"}
         )
+    if before == "0-0":
+        return []  # nothing comes before the first possible id
     key = store.keys.audit_all if session_id is None else store.keys.audit(session_id)
     top = "+" if before is None else f"({before}"
     rows = store.redis.xrevrange(key, max=top, min="-", count=count)

@@ -47,7 +47,18 @@ EMPTY_TITLE_MESSAGE = "Title must not be empty."
 _ZERO_WIDTH = frozenset("\u200b\u2060\ufeff\u180e")
 #: Bidi embedding/override (U+202A-U+202E) and isolate (U+2066-U+2069) controls: they can make
 #: a title display reversed or spill its direction into the text around it in a client's UI.
-_BIDI_CONTROLS = frozenset("\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069")
+_BIDI_CONTROLS = frozenset(
+    "\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069"
+    # The direction marks (LRM, RLM, ALM) draw nothing: a title made only of them would be
+    # stored and shown as blank.
+    "\u200e\u200f\u061c"
+)
+#: Most code points a stored title may have: the grapheme cap alone would let one letter carry
+#: thousands of combining marks. Each cluster is first cut to ``_CLUSTER_CODEPOINTS`` (a base
+#: and 30 marks: the Stream-Safe Text Format of UAX #15), then whole clusters are dropped from
+#: the end until the title fits.
+MAX_TITLE_CODEPOINTS = 1000
+_CLUSTER_CODEPOINTS = 31
 _SPACE_RUNS = re.compile(" {2,}")
 
 
@@ -99,6 +110,7 @@ def normalize_title(raw: object) -> str:
             f"title is longer than {MAX_TITLE_INPUT} characters.",
             {"param": "title", "maxLength": MAX_TITLE_INPUT},
         )
+
     text = "".join(_clean_char(ch) for ch in raw)
     # NFC so that canonically equal titles are stored alike (é typed precomposed or as e +
     # U+0301) and graphemes are counted on one form. It runs after the removals rather than
@@ -108,6 +120,15 @@ def normalize_title(raw: object) -> str:
     text = unicodedata.normalize("NFC", text)
     text = _SPACE_RUNS.sub(" ", text).strip(" ")
     text = _cap(text, MAX_TITLE_GRAPHEMES)
+    if len(text) > MAX_TITLE_CODEPOINTS:
+        text = "".join(g[:_CLUSTER_CODEPOINTS] for g in grapheme.graphemes(text))
+    while len(text) > MAX_TITLE_CODEPOINTS:
+        # Drop whole clusters from the end until the code points fit too.
+        text = _cap(text, grapheme.length(text) - 1)
+    if not text and any(unicodedata.category(ch) == "Cs" for ch in raw):
+        raise InvalidParams(
+            "title is not valid Unicode text (it holds only lone surrogates).", {"param": "title"}
+        )
     if not text:
         raise InvalidTitle(EMPTY_TITLE_MESSAGE, {"param": "title"})
     return text

@@ -1,0 +1,68 @@
+"""Edge inputs found by trying the product as a user: each must be a clear 4xx, never a 503
+that invites retries, a silent choice, or a stream that never ends."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+from fastapi.testclient import TestClient
+
+from api.rest import create_app
+from orchestrator import audit
+from orchestrator.errors import InvalidParams
+from orchestrator.settings import get_settings
+from orchestrator.store import Store
+from orchestrator.titles import normalize_title
+
+
+@pytest.fixture
+def client(monkeypatch: pytest.MonkeyPatch) -> Iterator[TestClient]:
+    monkeypatch.delenv("FLEET_API_TOKEN", raising=False)
+    get_settings.cache_clear()
+    with TestClient(create_app()) as c:
+        yield c
+    get_settings.cache_clear()
+
+
+@pytest.mark.parametrize("before", ["99999999999999999999-0", "1-99999999999999999999"])
+def test_an_audit_cursor_past_the_id_range_is_invalid_params_not_an_outage(
+    client: TestClient, before: str
+) -> None:
+    r = client.get("/audit", params={"before": before})
+    assert r.status_code == 422, r.text
+    assert r.json()["error"]["code"] == "invalid_params"
+
+
+def test_nothing_comes_before_the_first_audit_id(store: Store) -> None:
+    assert audit.read(store, before="0-0") == []
+
+
+@pytest.mark.parametrize("bad", ["99999999999999999999-0", "1-99999999999999999999", "x"])
+def test_a_last_event_id_outside_the_id_range_is_refused(client: TestClient, bad: str) -> None:
+    r = client.get("/events", headers={"Last-Event-ID": bad})
+    assert r.status_code == 422, r.text
+
+
+def test_a_repeated_query_parameter_is_refused_not_silently_chosen(client: TestClient) -> None:
+    r = client.get("/sessions", params=[("archived", "only"), ("archived", "include")])
+    assert r.status_code == 422
+    assert "more than once" in r.json()["error"]["message"]
+
+
+@pytest.mark.parametrize("raw", ["\u200f", "\u200e\u200f", " \u061c "])
+def test_a_title_of_direction_marks_only_is_empty(raw: str) -> None:
+    with pytest.raises(InvalidParams, match="Title must not be empty"):
+        normalize_title(raw)
+
+
+def test_a_title_of_lone_surrogates_says_so() -> None:
+    with pytest.raises(InvalidParams, match="lone surrogate"):
+        normalize_title("\ud800")
+
+
+def test_combining_marks_cannot_inflate_a_title_past_its_code_point_cap() -> None:
+    from orchestrator.titles import MAX_TITLE_CODEPOINTS
+
+    stored = normalize_title("e" + "\u0301" * 5000 + " tail")
+    assert len(stored) <= MAX_TITLE_CODEPOINTS
