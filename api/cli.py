@@ -405,7 +405,7 @@ def archive(
 @app.command()
 def beat(
     idle_seconds: float = typer.Option(
-        0, help="Auto-archive idle age (default FLEET_AUTO_ARCHIVE_IDLE_SECONDS)."
+        0, help="Auto-archive idle age (default FLEET_AUTO_ARCHIVE_IDLE_SECONDS; 0: off)."
     ),
     interval: float = typer.Option(
         0, help="Seconds between runs (default FLEET_AUTO_ARCHIVE_INTERVAL_SECONDS)."
@@ -415,8 +415,10 @@ def beat(
     ),
     loglevel: str = typer.Option("INFO", help="Celery log level."),
 ) -> None:
-    """Run Celery beat: schedules the auto-archive policy (archive.auto on the maintenance
-    queue, run by reminder workers). Run one beat per fleet."""
+    """Run Celery beat: schedules the archive reconciler (archive.reconcile every
+    FLEET_RECONCILE_INTERVAL_SECONDS) and, when it is on, the auto-archive policy
+    (archive.auto), both on the maintenance queue (run by reminder workers). Run one beat
+    per fleet."""
     from pathlib import Path
 
     from api.context import redis_url
@@ -427,22 +429,68 @@ def beat(
     settings = get_settings()
     age = idle_seconds or settings.auto_archive_idle_seconds
     every = interval or settings.auto_archive_interval_seconds
-    if age <= 0 or every <= 0:
-        err.print(
-            "[red]error[/red]: auto-archive is off; set FLEET_AUTO_ARCHIVE_IDLE_SECONDS (or "
-            "--idle-seconds) to an idle age in seconds, and a positive interval."
-        )
+    if every <= 0:
+        err.print("[red]error[/red]: the auto-archive interval must be positive.")
         raise typer.Exit(2)
     from workers.app import app as celery_app
 
     celery_app.conf.broker_url = url
-    celery_app.conf.beat_schedule = beat_schedule(age, every)
+    reconcile_every = settings.reconcile_interval_seconds
+    celery_app.conf.beat_schedule = beat_schedule(age, every, reconcile_every)
     path = Path(schedule_file) if schedule_file else settings.state_dir / "celerybeat-schedule"
     path.parent.mkdir(parents=True, exist_ok=True)
-    console.print(
-        f"beat: archive.auto every {every:g}s (sessions idle > {age:g}s) on the maintenance queue"
-    )
+    if age > 0:
+        console.print(
+            f"beat: archive.auto every {every:g}s (sessions idle > {age:g}s) on the "
+            "maintenance queue"
+        )
+    else:
+        console.print("beat: auto-archive is off (FLEET_AUTO_ARCHIVE_IDLE_SECONDS=0)")
+    console.print(f"beat: archive.reconcile every {reconcile_every:g}s on the maintenance queue")
     celery_app.start(["beat", "-s", str(path), "-l", loglevel])
+
+
+@app.command()
+def reconcile(
+    dry_run: bool = typer.Option(False, "--dry-run", help="Report only; write and send nothing."),
+    include_quiet: bool = typer.Option(
+        False, "--all", help="Also re-examine archives already recorded quiet."
+    ),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+) -> None:
+    """Run the archive reconciler once: stop again the work that outlived its archive, flag
+    archive hazards, clear them once the work is gone (FLEET_RECONCILE_* settings)."""
+    from api.context import dispatcher, store
+    from orchestrator.reconcile import reconcile as run_reconcile
+    from orchestrator.settings import get_settings
+
+    settings = get_settings()
+    try:
+        report = run_reconcile(
+            store(),
+            dispatcher(),
+            grace_seconds=settings.reconcile_grace_seconds,
+            max_attempts=settings.reconcile_max_attempts,
+            backoff_seconds=10 * settings.reconcile_interval_seconds,
+            dry_run=dry_run,
+            include_quiet=include_quiet,
+        )
+    except FleetError as exc:
+        _fail(exc)
+    if as_json:
+        print(json.dumps(report.to_wire()))
+        return
+    verb = "would stop again" if dry_run else "stopped again"
+    console.print(
+        f"reconcile{' (dry run)' if dry_run else ''}: {report.scanned} archived, "
+        f"{report.examined} examined, {report.quiet} quiet, {verb} {report.restopped}, "
+        f"{report.hazards} new hazard(s), {report.cleared} cleared"
+    )
+    for entry in report.sessions:
+        fams = ", ".join(entry.get("families", []))
+        console.print(
+            f"  {entry['sessionId']}: {entry['outcome']}" + (f" ({fams})" if fams else "")
+        )
 
 
 @app.command()
@@ -484,8 +532,8 @@ def audit(
         return
     table = Table(
         Column("at", no_wrap=True),
-        "action",
-        "outcome",
+        Column("action", no_wrap=True, min_width=12),
+        Column("outcome", no_wrap=True, min_width=16),
         Column("actor", no_wrap=True),
         *([] if session_id else [Column("sessionId", no_wrap=True, min_width=29)]),
         "detail",

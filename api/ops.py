@@ -56,7 +56,10 @@ def router(auth: list[Any]) -> APIRouter:
     r = APIRouter(tags=["ops"])
     reg = api_metrics.registry(store)
 
-    @r.get("/ready")
+    @r.get(
+        "/ready",
+        responses={503: {"description": "Not ready; the same body says what is missing."}},
+    )
     def ready() -> JSONResponse:
         """Readiness: 200 when Redis and the broker answer and each family has a live
         worker; 503 with the same body otherwise."""

@@ -12,13 +12,14 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import HTTPConnection
 
 from api import lifecycle, ops, sse
 from api.acp import AcpConnection, encode_message, shared_hub
 from api.context import dispatcher, redis_url, store
 from api.errors import error_body, lookup
 from orchestrator import activity, archive, audit, sessions, turns
-from orchestrator.errors import FleetError
+from orchestrator.errors import FleetError, InvalidParams
 from orchestrator.settings import get_settings
 
 log = logging.getLogger(__name__)
@@ -86,12 +87,139 @@ class _Actor:
             await self.app(scope, receive, send)
 
 
+class _BodyLimit:
+    """ASGI middleware: a request body larger than ``FLEET_API_MAX_BODY_BYTES`` (default
+    1 MiB) answers 413 ``body_too_large`` in the one error shape. A declared
+    ``Content-Length`` over the cap is refused before anything is read; a body without one
+    (chunked) is read up to the cap and refused as soon as it goes past it. Bodies within
+    the cap are passed on unchanged."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        cap = get_settings().api_max_body_bytes
+        declared = None
+        for name, value in scope.get("headers") or ():
+            if name.lower() == b"content-length":
+                declared = value
+        if declared is not None:
+            try:
+                too_big = int(declared) > cap
+            except ValueError:
+                too_big = False  # the server rejects a malformed Content-Length itself
+            if too_big:
+                await self._refuse(send, cap)
+                return
+        chunks: list[bytes] = []
+        size = 0
+        first: dict[str, Any] | None = None
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":
+                first = message  # the client left: pass that on
+                break
+            body = message.get("body", b"")
+            size += len(body)
+            if size > cap:
+                await self._refuse(send, cap)
+                return
+            chunks.append(body)
+            if not message.get("more_body", False):
+                break
+        replay: list[dict[str, Any]] = [
+            first or {"type": "http.request", "body": b"".join(chunks), "more_body": False}
+        ]
+
+        async def replayed() -> Any:
+            return replay.pop() if replay else await receive()
+
+        await self.app(scope, replayed, send)
+
+    @staticmethod
+    async def _refuse(send: Any, cap: int) -> None:
+        response = JSONResponse(
+            error_body(
+                "body_too_large",
+                f"Request body is larger than {cap} bytes (FLEET_API_MAX_BODY_BYTES).",
+                {"maxBytes": cap},
+            ),
+            status_code=413,
+            headers={"Connection": "close"},
+        )
+        await send({"type": "http.response.start", "status": 413, "headers": response.raw_headers})
+        await send({"type": "http.response.body", "body": response.body})
+
+
+#: The one error shape (``api/errors.py``), as documented in the OpenAPI document.
+ERROR_SCHEMA: dict[str, Any] = {
+    "title": "Error",
+    "type": "object",
+    "required": ["error"],
+    "properties": {
+        "error": {
+            "type": "object",
+            "required": ["code", "message", "data"],
+            "properties": {
+                "code": {"type": "string"},
+                "message": {"type": "string", "minLength": 1},
+                "data": {"type": "object"},
+            },
+        }
+    },
+}
+
+
+def _document_errors(app: FastAPI) -> None:
+    """Make the OpenAPI document tell the truth about errors: every operation's 422 and
+    its other error answers (``default``) have the one error shape, not FastAPI's
+    ``HTTPValidationError``."""
+    build = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is not None:
+            return app.openapi_schema
+        doc = build()
+        schemas = doc.setdefault("components", {}).setdefault("schemas", {})
+        schemas["Error"] = ERROR_SCHEMA
+        error = {
+            "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}
+        }
+        for item in doc.get("paths", {}).values():
+            for op in item.values():
+                responses = op.setdefault("responses", {})
+                if "422" in responses:
+                    responses["422"] = {"description": "Invalid request", **error}
+                responses.setdefault("default", {"description": "Error", **error})
+        for unused in ("HTTPValidationError", "ValidationError"):
+            schemas.pop(unused, None)
+        app.openapi_schema = doc
+        return doc
+
+    app.openapi = openapi  # type: ignore[method-assign]
+
+
+def _single_valued_query(request: HTTPConnection) -> None:
+    """Refuse a query parameter given twice (``?archived=only&archived=include``): taking one
+    of them silently would answer a question the caller did not ask. (``HTTPConnection``, not
+    ``Request``: as an app-wide dependency it also runs for the ``/acp`` WebSocket.)"""
+    for name in request.query_params:
+        if len(request.query_params.getlist(name)) > 1:
+            raise InvalidParams(
+                f"query parameter {name!r} was given more than once.", {"param": name}
+            )
+
+
 def create_app() -> FastAPI:
     """Build the API application."""
     app = FastAPI(
         title="agent-fleet",
         version="0.1.0",
         description="Sessions, activity and archive for agent fleets.",
+        dependencies=[Depends(_single_valued_query)],
     )
 
     @app.exception_handler(FleetError)
@@ -134,8 +262,10 @@ def create_app() -> FastAPI:
         """Liveness: the process answers."""
         return {"status": "ok"}
 
+    _document_errors(app)
     auth = [Depends(_authorize)]
     app.add_middleware(_Actor)
+    app.add_middleware(_BodyLimit)
     app.include_router(ops.router(auth))
     # Before the /sessions/{session_id}/... routes below: POST /sessions/archive is bulk.
     app.include_router(lifecycle.router(auth))

@@ -50,6 +50,8 @@ class Task:
     REMINDER_STOP_MANY = "reminder.stop_many"
     #: The auto-archive policy (scheduled by ``fleet beat`` on ``MAINTENANCE_QUEUE``).
     ARCHIVE_AUTO = "archive.auto"
+    #: The archive reconciler (scheduled by ``fleet beat`` on ``MAINTENANCE_QUEUE``).
+    ARCHIVE_RECONCILE = "archive.reconcile"
 
 
 #: Queue of scheduled fleet-wide tasks; reminder workers consume it.

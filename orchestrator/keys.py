@@ -28,7 +28,10 @@ class Keys:
         """HASH: sessionId, cwd, title, titleSource (client|generated|''), parentId,
         createdAt/updatedAt (ISO 8601), updatedMs, archived ('0'|'1'), archivedAt, archiveTxn
         (id of the archive transition that archived it), deleted ('0'|'1'), quietAt and
-        quietTxn (when a census first found it quiet after the archive transition quietTxn)."""
+        quietTxn (when a census first found it quiet after the archive transition quietTxn);
+        reconciler bookkeeping (``orchestrator/reconcile.py``): reconcileTxn (the archive
+        transition the attempts count for), reconcileAttempts, reconcileNextMs (epoch ms before
+        which it is not retried) and archiveHazard (JSON {since, attempts, families})."""
         return f"{self.prefix}session:{sid}"
 
     def lineage(self, sid: str) -> str:

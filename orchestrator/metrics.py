@@ -71,6 +71,12 @@ GATE_REFUSALS = Counter(
     "Model steps the gate refused, by reason (archived, deleted, missing).",
     ("reason",),
 )
+ARCHIVE_HAZARDS = Counter(
+    "fleet_archive_hazards",
+    "Archives flagged with an archive hazard by the reconciler (live work still there after "
+    "FLEET_RECONCILE_MAX_ATTEMPTS stop re-dispatches), once per family of the live items.",
+    ("family",),
+)
 ARCHIVE_QUIET = Histogram(
     "fleet_archive_quiet_seconds",
     "Seconds from an archive with stopActivity to the first census that found the session "
@@ -78,7 +84,14 @@ ARCHIVE_QUIET = Histogram(
     (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0),
 )
 
-COUNTERS = (ARCHIVES, ARCHIVE_REFUSALS, STOP_DISPATCHES, STOP_FAILURES, GATE_REFUSALS)
+COUNTERS = (
+    ARCHIVES,
+    ARCHIVE_REFUSALS,
+    STOP_DISPATCHES,
+    STOP_FAILURES,
+    GATE_REFUSALS,
+    ARCHIVE_HAZARDS,
+)
 HISTOGRAMS = (ARCHIVE_QUIET,)
 
 

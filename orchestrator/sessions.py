@@ -64,6 +64,18 @@ class ArchivedFilter(StrEnum):
         return {"exclude": "active", "include": "all", "only": "archived"}[self.value]
 
 
+def _hazard(h: dict[str, str]) -> dict[str, Any] | None:
+    """The archive hazard of a stored hash, for its current archive transition only."""
+    raw = h.get("archiveHazard")
+    if not raw or h.get("archived") != "1" or h.get("reconcileTxn") != h.get("archiveTxn"):
+        return None
+    try:
+        value = json.loads(raw)
+    except ValueError:
+        return None
+    return value if isinstance(value, dict) else None
+
+
 @dataclass(frozen=True)
 class Session:
     """A stored session. Times are ISO 8601 strings; ``title_source`` is ``client``,
@@ -82,6 +94,9 @@ class Session:
     #: When a census first found the archived session quiet (no live work in its subtree)
     #: after its current archive; ``None`` until then and for sessions not archived.
     quiet_at: str | None = None
+    #: The reconciler's archive hazard (``{since, attempts, families}``): live work it could
+    #: not stop after ``FLEET_RECONCILE_MAX_ATTEMPTS`` re-dispatches; ``None`` otherwise.
+    archive_hazard: dict[str, Any] | None = None
 
     @classmethod
     def from_hash(cls, h: dict[str, str]) -> Session:
@@ -104,6 +119,7 @@ class Session:
                 if h.get("archived") == "1" and h.get("quietTxn") == h.get("archiveTxn")
                 else None
             ),
+            archive_hazard=_hazard(h),
         )
 
     def to_info(self) -> dict[str, Any]:
@@ -125,6 +141,8 @@ class Session:
             meta["quietAt"] = self.quiet_at
         if self.title_source:
             meta["titleSource"] = self.title_source
+        if self.archive_hazard is not None:
+            meta["archiveHazard"] = self.archive_hazard
         info["_meta"] = {"agentFleet": meta}
         return info
 

@@ -47,6 +47,8 @@ class FleetSettings(BaseSettings):
     api_port: int = 8765
     #: Bearer token the API requires (issue: authentication); empty disables it on loopback.
     api_token: str = ""
+    #: Largest HTTP request body the API reads, in bytes; a larger one answers 413.
+    api_max_body_bytes: int = Field(default=1_048_576, ge=1)
     #: ``user:password`` Flower asks for (``fleet flower``); required beyond loopback.
     flower_basic_auth: str = ""
     #: Most sessions a bulk-archive filter may select (``POST /sessions/archive``, ``fleet
@@ -59,6 +61,18 @@ class FleetSettings(BaseSettings):
     auto_archive_idle_seconds: float = Field(default=0.0, ge=0)
     #: Seconds between two runs of ``archive.auto`` in ``fleet beat``'s schedule.
     auto_archive_interval_seconds: float = Field(default=300.0, gt=0)
+    #: Seconds between two runs of the archive reconciler (``archive.reconcile``) in ``fleet
+    #: beat``'s schedule.
+    reconcile_interval_seconds: float = Field(default=10.0, gt=0)
+    #: Seconds after an archive before the reconciler looks at it (the fan-out's own stops
+    #: get this long to drain the work).
+    reconcile_grace_seconds: float = Field(default=5.0, ge=0)
+    #: Stop re-dispatches for one archive before it is flagged with an archive hazard (and
+    #: retried only every 10 intervals).
+    reconcile_max_attempts: int = Field(default=5, ge=1)
+    #: Seconds before the broker redelivers an unacknowledged message (a step whose worker
+    #: died); Celery's Redis transport ``visibility_timeout``.
+    visibility_timeout_seconds: float = Field(default=60.0, gt=0)
     #: Seconds between two heartbeat comments on an idle ``GET /events`` stream.
     sse_heartbeat_seconds: float = Field(default=15.0, gt=0)
     #: Log format: ``json`` (one JSON object per line) or ``text`` (for a terminal); empty

@@ -29,7 +29,7 @@ from orchestrator.errors import InvalidParams, SessionArchived, SessionNotFound
 from orchestrator.families import Dispatcher, send_step
 from orchestrator.gate import StepRefused, admit
 from orchestrator.model import Model, ModelAction, ModelError, StepRequest, prompt_lines
-from orchestrator.sessions import check_session_id, check_utf8
+from orchestrator.sessions import SESSION_ID_RE, check_session_id, check_utf8
 from orchestrator.store import Store, iso, new_id, now_ms, retried
 from orchestrator.titles import generated_title, set_title
 
@@ -121,7 +121,10 @@ class Turn:
 
 @retried
 def get_turn(store: Store, turn_id: str) -> Turn | None:
-    """The stored turn, or ``None``."""
+    """The stored turn, or ``None`` (also for a malformed id, which never reaches a key
+    name: turn ids share the session id alphabet)."""
+    if not isinstance(turn_id, str) or not SESSION_ID_RE.fullmatch(turn_id):
+        return None
     h: dict[str, str] = store.redis.hgetall(store.keys.turn(turn_id))
     if not h:
         return None
@@ -256,9 +259,11 @@ def cancel_turns(
 
 
 def cancel_session_turns(store: Store, dispatcher: Dispatcher, session_id: str) -> dict[str, str]:
-    """Stop every live turn of a session, running and queued (queued input is discarded)."""
-    tids: list[str] = store.redis.zrange(store.keys.live_turns(session_id), 0, -1)
-    return cancel_turns(store, dispatcher, session_id, tids)
+    """Stop every live turn of a session, running and queued (queued input is discarded).
+    Raises ``SessionNotFound`` for a malformed id (it never reaches a key name)."""
+    sid = check_session_id(session_id)
+    tids: list[str] = store.redis.zrange(store.keys.live_turns(sid), 0, -1)
+    return cancel_turns(store, dispatcher, sid, tids)
 
 
 class _StepWatch:

@@ -70,7 +70,14 @@ def configure(app: Celery, settings: FleetSettings) -> None:
             # Broker keys live under the fleet's prefix, beside its state.
             "global_keyprefix": f"{settings.key_prefix}celery:",
             "queue_order_strategy": "priority",
-            "visibility_timeout": 60,
+            "visibility_timeout": settings.visibility_timeout_seconds,
+            # kombu sweeps for messages past the visibility timeout only every interval x
+            # throttle seconds (100 s by default), whatever the timeout: sweep every third of
+            # it (at most 10 s) so a step whose worker died comes back about on time.
+            "unacked_restore_interval": min(
+                10.0, max(1.0, settings.visibility_timeout_seconds / 3)
+            ),
+            "unacked_restore_throttle": 1,
         },
         task_queues=static_queues(),
         task_default_queue=work_queue(Family.TURN),

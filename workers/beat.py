@@ -1,5 +1,7 @@
-"""The Celery beat schedule of ``fleet beat``: the auto-archive policy (``archive.auto`` on
-the ``maintenance`` queue) every ``FLEET_AUTO_ARCHIVE_INTERVAL_SECONDS``."""
+"""The Celery beat schedule of ``fleet beat``: the auto-archive policy (``archive.auto``)
+every ``FLEET_AUTO_ARCHIVE_INTERVAL_SECONDS`` when it is on, and the archive reconciler
+(``archive.reconcile``) every ``FLEET_RECONCILE_INTERVAL_SECONDS``, both on the
+``maintenance`` queue."""
 
 from __future__ import annotations
 
@@ -8,22 +10,35 @@ from typing import Any
 from orchestrator.families import MAINTENANCE_QUEUE, Task
 
 
-def beat_schedule(idle_seconds: float, interval_seconds: float) -> dict[str, Any]:
-    """The ``beat_schedule`` setting: ``archive.auto`` with the idle age beat was started
-    with (so every worker applies the same age), sent to ``maintenance``; empty when the
-    policy is off (``idle_seconds`` 0)."""
-    if idle_seconds <= 0:
-        return {}
+def _options(interval_seconds: float) -> dict[str, Any]:
     return {
-        "archive-auto": {
+        "queue": MAINTENANCE_QUEUE,
+        "routing_key": MAINTENANCE_QUEUE,
+        # A run that waited longer than one interval is superseded by the next one.
+        "expires": float(interval_seconds),
+    }
+
+
+def beat_schedule(
+    idle_seconds: float, interval_seconds: float, reconcile_seconds: float = 0
+) -> dict[str, Any]:
+    """The ``beat_schedule`` setting: ``archive.auto`` with the idle age beat was started
+    with (so every worker applies the same age), absent when the policy is off
+    (``idle_seconds`` 0); ``archive.reconcile`` every ``reconcile_seconds`` (absent when 0),
+    given its interval so hazards back off by 10 intervals. Both go to ``maintenance``."""
+    schedule: dict[str, Any] = {}
+    if idle_seconds > 0:
+        schedule["archive-auto"] = {
             "task": Task.ARCHIVE_AUTO,
             "schedule": float(interval_seconds),
             "args": (float(idle_seconds),),
-            "options": {
-                "queue": MAINTENANCE_QUEUE,
-                "routing_key": MAINTENANCE_QUEUE,
-                # A run that waited longer than one interval is superseded by the next one.
-                "expires": float(interval_seconds),
-            },
+            "options": _options(interval_seconds),
         }
-    }
+    if reconcile_seconds > 0:
+        schedule["archive-reconcile"] = {
+            "task": Task.ARCHIVE_RECONCILE,
+            "schedule": float(reconcile_seconds),
+            "args": (float(reconcile_seconds),),
+            "options": _options(reconcile_seconds),
+        }
+    return schedule

@@ -138,6 +138,7 @@ def test_metrics_count_archives_refusals_stops_gate_refusals_and_quiet(
         "fleet_store_up": "gauge",
         "fleet_archives": "counter",
         "fleet_archive_refusals": "counter",
+        "fleet_archive_hazards": "counter",
         "fleet_stop_dispatches": "counter",
         "fleet_stop_failures": "counter",
         "fleet_gate_refusals": "counter",

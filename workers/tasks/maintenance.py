@@ -1,13 +1,15 @@
-"""``archive.auto``: one run of the auto-archive policy, on the ``maintenance`` queue (which
-reminder workers consume); ``fleet beat`` schedules it."""
+"""Scheduled fleet-wide tasks on the ``maintenance`` queue (which reminder workers consume);
+``fleet beat`` schedules them: ``archive.auto`` (one run of the auto-archive policy) and
+``archive.reconcile`` (one pass of the archive reconciler)."""
 
 from __future__ import annotations
 
 import logging
 from typing import Any
 
-from orchestrator import bulk
+from orchestrator import bulk, reconcile
 from orchestrator.errors import InvalidParams
+from orchestrator.settings import get_settings
 from workers.app import app
 from workers.runtime import get_runtime
 
@@ -30,3 +32,30 @@ def auto(idle_seconds: float | None = None, cwd: str | None = None) -> dict[str,
         return {"outcome": "off", "message": exc.message}
     archived = [i.session_id for i in result.results if i.outcome == "archived"]
     return {"outcome": "ran", "totals": result.totals, "archived": archived[:_LISTED]}
+
+
+@app.task(name="archive.reconcile", acks_late=True)
+def reconcile_archives(interval_seconds: float | None = None) -> dict[str, Any]:
+    """One pass of the archive reconciler with this worker's ``FLEET_RECONCILE_*`` settings;
+    a session flagged with a hazard is retried every 10 x ``interval_seconds`` (beat passes
+    its interval; default ``FLEET_RECONCILE_INTERVAL_SECONDS``). Overlapping runs are
+    harmless: a duplicate stop is a no-op, and the bookkeeping is written by one script."""
+    rt = get_runtime()
+    settings = get_settings()
+    interval = interval_seconds or settings.reconcile_interval_seconds
+    report = reconcile.reconcile(
+        rt.store,
+        rt.dispatcher,
+        grace_seconds=settings.reconcile_grace_seconds,
+        max_attempts=settings.reconcile_max_attempts,
+        backoff_seconds=10 * interval,
+    )
+    if report.restopped or report.cleared:
+        log.info(
+            "reconcile: %d examined, %d stopped again, %d new hazard(s), %d cleared",
+            report.examined,
+            report.restopped,
+            report.hazards,
+            report.cleared,
+        )
+    return report.to_wire()

@@ -1,0 +1,237 @@
+"""The archive reconciler against real workers: the archive flag is the desired state, the
+census the actual one, and ``reconcile`` stops again whatever outlived its archive.
+
+Every test archives a session that owns a running job on the shared ``fleet`` and then
+breaks the stop path: the stop message is dropped, or waits behind a paused consumer. The
+reconciler scans the run's whole archived index (other tests' sessions included), so the
+assertions look only at the test's own session: its hash, its census, its process, the stop
+messages sent for it."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from orchestrator import audit, jobs, metrics
+from orchestrator.activity import census
+from orchestrator.archive import archive
+from orchestrator.reconcile import reconcile
+from orchestrator.sessions import create_session, get_session, list_sessions
+from orchestrator.stops import dispatch_stops
+from tests.helpers import wait_for
+from tests.workers.support import (
+    job_record,
+    paused_consumer,
+    process_alive,
+    wait_drained,
+    wait_gone,
+    wait_job_pid,
+)
+
+pytestmark = pytest.mark.timeout(90)
+
+_BOOKKEEPING = ("reconcileTxn", "reconcileAttempts", "reconcileNextMs", "archiveHazard")
+
+
+class FaultyDispatcher:
+    """Forwards to a real dispatcher and records what it sent, except tasks in ``drop``
+    (a stop message lost on its way) and, while ``broken``, everything (the broker refuses)."""
+
+    def __init__(self, inner: Any, drop: frozenset[str] = frozenset()) -> None:
+        self.inner = inner
+        self.drop = drop
+        self.broken = False
+        self.sent: list[tuple[str, list[Any], str]] = []
+        self.dropped: list[tuple[str, list[Any], str]] = []
+
+    @property
+    def app(self) -> Any:
+        return self.inner.app
+
+    def send(self, task: str, args: list[Any], queue: str) -> None:
+        if self.broken:
+            raise ConnectionError("broker unavailable (injected)")
+        if task in self.drop:
+            self.dropped.append((task, args, queue))
+            return
+        self.inner.send(task, args, queue)
+        self.sent.append((task, args, queue))
+
+    def sent_for(self, sid: str) -> list[tuple[str, list[Any], str]]:
+        return [m for m in self.sent if m[1] and m[1][0] == sid]
+
+
+@pytest.fixture
+def owned(store: Any, dispatcher: Any, fleet: Any) -> Iterator[list[str]]:
+    """Sessions the test creates; at teardown their work is stopped (best effort)."""
+    made: list[str] = []
+    yield made
+    for sid in made:
+        result = archive(store, dispatcher, sid, stop_activity=True)
+        if result.outcome == "already_archived":
+            dispatch_stops(dispatcher, sid, census(store, sid))
+    with contextlib.suppress(pytest.fail.Exception):
+        wait_for(lambda: not any(census(store, s) for s in made), 15, message="drain")
+
+
+def session_with_job(store: Any, dispatcher: Any, owned: list[str], seconds: float) -> Any:
+    """A new session owning a running job; returns ``(sid, jid, pid, host)``."""
+    sid = create_session(store, "/tmp/reconciler").session_id
+    owned.append(sid)
+    jid = jobs.create_job(store, dispatcher, sid, seconds, f"sleep {seconds}")
+    pid = wait_job_pid(store, jid)
+    return sid, jid, pid, job_record(store, jid)["host"]
+
+
+def bookkeeping(store: Any, sid: str) -> dict[str, str]:
+    fields = store.redis.hmget(store.keys.session(sid), *_BOOKKEEPING)
+    return {k: v for k, v in zip(_BOOKKEEPING, fields, strict=True) if v is not None}
+
+
+def hazards_counted(store: Any) -> int:
+    return sum(metrics.snapshot(store).counters["fleet_archive_hazards"].values())
+
+
+def test_a_lost_job_stop_is_sent_again_and_the_job_drains(
+    store: Any, dispatcher: Any, owned: list[str]
+) -> None:
+    # Given an archived session whose job stop was lost on its way to the worker
+    sid, jid, pid, _ = session_with_job(store, dispatcher, owned, 71.3)
+    lossy = FaultyDispatcher(dispatcher, drop=frozenset({"job.stop"}))
+    result = archive(store, lossy, sid, stop_activity=True)
+    assert result.stop_report.sent == {"job": 1} and len(lossy.dropped) == 1
+    assert [i.id for i in census(store, sid)] == [jid] and process_alive(pid)
+
+    # When the reconciler runs past the grace period
+    forward = FaultyDispatcher(dispatcher)
+    report = reconcile(store, forward, grace_seconds=0, max_attempts=5)
+
+    # Then it sent exactly the job stop again, for exactly that job, and the job drains
+    assert [(t, a) for t, a, _ in forward.sent_for(sid)] == [("job.stop", [sid, [jid]])]
+    assert report.restopped >= 1 and bookkeeping(store, sid)["reconcileAttempts"] == "1"
+    wait_gone(pid)
+    wait_drained(store, sid)
+
+    # And the next run finds it quiet: quietAt recorded, bookkeeping cleared, nothing sent
+    again = FaultyDispatcher(dispatcher)
+    reconcile(store, again, grace_seconds=0, max_attempts=5)
+    assert again.sent_for(sid) == []
+    assert bookkeeping(store, sid) == {}
+    assert get_session(store, sid).to_info()["_meta"]["agentFleet"]["quietAt"]
+
+
+def test_a_stop_for_a_paused_worker_raises_a_hazard_that_clears_once_the_work_drains(
+    store: Any, dispatcher: Any, owned: list[str]
+) -> None:
+    # Given an archived session whose job runs on a worker that consumes no stops
+    sid, jid, pid, host = session_with_job(store, dispatcher, owned, 72.3)
+    hazards_before = hazards_counted(store)
+    with paused_consumer(dispatcher.app, f"job@{host}", f"job.ctl.{host}"):
+        archive(store, dispatcher, sid, stop_activity=True)
+
+        # When the reconciler runs max_attempts times, and once more
+        for _ in range(3):
+            reconcile(store, dispatcher, grace_seconds=0, max_attempts=3, backoff_seconds=600)
+        last = reconcile(store, dispatcher, grace_seconds=0, max_attempts=3, backoff_seconds=600)
+
+        # Then the session carries an archive hazard in get and list, metrics and audit
+        hazard = get_session(store, sid).to_info()["_meta"]["agentFleet"]["archiveHazard"]
+        assert hazard["attempts"] == 3 and hazard["families"] == ["job"] and hazard["since"]
+        listed = list_sessions(store, archived="only", cwd="/tmp/reconciler").sessions
+        [mine] = [s for s in listed if s.session_id == sid]
+        assert mine.to_info()["_meta"]["agentFleet"]["archiveHazard"] == hazard
+        assert hazards_counted(store) >= hazards_before + 1
+        entries = [e for e in audit.read(store, sid) if e["action"] == "reconcile"]
+        assert [(e["outcome"], e["detail"]["families"]) for e in entries] == [("hazard", ["job"])]
+        # And it is no longer retried every run: the fourth run backed off
+        assert last.deferred >= 1 and bookkeeping(store, sid)["reconcileAttempts"] == "3"
+        assert process_alive(pid)
+
+    # When the consumer is back and the queued stops drain the job
+    wait_gone(pid)
+    wait_drained(store, sid)
+    reconcile(store, dispatcher, grace_seconds=0, max_attempts=3, backoff_seconds=600)
+
+    # Then the hazard is cleared (audited) and the archive recorded quiet
+    info = get_session(store, sid).to_info()["_meta"]["agentFleet"]
+    assert "archiveHazard" not in info and info["quietAt"]
+    assert bookkeeping(store, sid) == {}
+    outcomes = [e["outcome"] for e in audit.read(store, sid) if e["action"] == "reconcile"]
+    assert outcomes == ["cleared", "hazard"]
+
+
+def test_the_reconciler_leaves_sessions_within_the_grace_period_alone(
+    store: Any, dispatcher: Any, owned: list[str]
+) -> None:
+    # Given an archived session whose job stop was lost a moment ago
+    sid, jid, pid, _ = session_with_job(store, dispatcher, owned, 73.3)
+    archive(
+        store, FaultyDispatcher(dispatcher, drop=frozenset({"job.stop"})), sid, stop_activity=True
+    )
+
+    # When the reconciler runs with a grace period not yet over
+    forward = FaultyDispatcher(dispatcher)
+    report = reconcile(store, forward, grace_seconds=60, max_attempts=5)
+
+    # Then it sent nothing for it and wrote nothing on it
+    assert report.in_grace >= 1
+    assert forward.sent_for(sid) == [] and bookkeeping(store, sid) == {}
+    assert [i.id for i in census(store, sid)] == [jid] and process_alive(pid)
+
+
+def test_a_dry_run_reports_what_it_would_stop_and_writes_and_sends_nothing(
+    store: Any, dispatcher: Any, owned: list[str]
+) -> None:
+    # Given an archived session whose job stop was lost
+    sid, jid, pid, _ = session_with_job(store, dispatcher, owned, 74.3)
+    archive(
+        store, FaultyDispatcher(dispatcher, drop=frozenset({"job.stop"})), sid, stop_activity=True
+    )
+    before = store.redis.hgetall(store.keys.session(sid))
+    audit_before = store.redis.xlen(store.keys.audit(sid))
+
+    # When the reconciler runs dry
+    forward = FaultyDispatcher(dispatcher)
+    report = reconcile(store, forward, grace_seconds=0, max_attempts=1, dry_run=True)
+
+    # Then it names the session and its live family, and nothing was sent or written
+    assert report.dry_run and report.hazards == 0 and report.cleared == 0
+    assert {"sessionId": sid, "outcome": "would_restop", "families": ["job"]} in report.sessions
+    assert forward.sent == []
+    assert store.redis.hgetall(store.keys.session(sid)) == before
+    assert store.redis.xlen(store.keys.audit(sid)) == audit_before
+    assert [i.id for i in census(store, sid)] == [jid] and process_alive(pid)
+
+
+def test_beat_schedules_the_reconciler_on_the_maintenance_queue_whatever_the_policy() -> None:
+    from workers.beat import beat_schedule
+
+    entry = beat_schedule(0, 300, 10)["archive-reconcile"]
+    assert entry["task"] == "archive.reconcile" and entry["schedule"] == 10.0
+    assert entry["args"] == (10.0,) and entry["options"]["queue"] == "maintenance"
+    assert set(beat_schedule(3600, 300, 10)) == {"archive-auto", "archive-reconcile"}
+
+
+def test_the_scheduled_task_on_a_reminder_worker_stops_what_a_lost_message_left_running(
+    store: Any, dispatcher: Any, owned: list[str], fleet: Any
+) -> None:
+    # Given an archived session whose job stop was lost
+    sid, jid, pid, _ = session_with_job(store, dispatcher, owned, 75.3)
+    archive(
+        store, FaultyDispatcher(dispatcher, drop=frozenset({"job.stop"})), sid, stop_activity=True
+    )
+
+    # When beat's message reaches the maintenance queue (sent every second, as beat would on
+    # a short interval; the worker applies its default 5 s grace period)
+    def ticked() -> bool:
+        dispatcher.send("archive.reconcile", [1.0], "maintenance")
+        return not process_alive(pid)
+
+    # Then a reminder worker runs the reconciler, which stops the job
+    wait_for(ticked, 30, interval=1.0, message=f"archive.reconcile to stop job {jid}")
+    wait_drained(store, sid)
+    reminder = [w for w in fleet.workers if w.family.value == "reminder"][0]
+    assert "archive.reconcile" in reminder.log_path.read_text(errors="replace")

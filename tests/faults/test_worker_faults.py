@@ -1,0 +1,197 @@
+"""Worker faults (issue faults 1, 2 and 5) on a fleet of this module's own: real turn and job
+worker processes on a fresh key prefix (run prefix + ``faults1:``), so killing them with
+SIGKILL never disturbs the shared ``fleet``. The module drives them through its own ``Store``
+and a ``CeleryDispatcher`` on a new Celery app configured for that prefix.
+
+The workers redeliver an unacknowledged message after 3 s (``FLEET_VISIBILITY_TIMEOUT_
+SECONDS``) instead of 60, so a step whose worker was killed comes back within the test."""
+
+from __future__ import annotations
+
+import logging
+import signal
+from collections.abc import Iterator
+from datetime import datetime
+
+import pytest
+from celery import Celery
+
+from api.local import LocalFleet, WorkerProcess
+from orchestrator import jobs
+from orchestrator.activity import census
+from orchestrator.archive import archive
+from orchestrator.families import Family
+from orchestrator.reconcile import reconcile
+from orchestrator.sessions import create_session, get_session
+from orchestrator.settings import FleetSettings
+from orchestrator.store import Store
+from orchestrator.turns import start_turn
+from tests.faults.test_reconciler import FaultyDispatcher, bookkeeping
+from tests.workers.support import (
+    job_record,
+    model_requests,
+    process_alive,
+    wait_drained,
+    wait_gone,
+    wait_job_pid,
+    wait_log,
+    wait_request,
+)
+from workers.app import configure
+from workers.dispatch import CeleryDispatcher
+
+pytestmark = pytest.mark.timeout(120)
+
+
+class Private:
+    """The module's fleet, store and dispatcher."""
+
+    def __init__(self, fleet: LocalFleet, store: Store, dispatcher: CeleryDispatcher) -> None:
+        self.fleet = fleet
+        self.store = store
+        self.dispatcher = dispatcher
+
+    def worker(self, family: Family) -> WorkerProcess:
+        [found] = [w for w in self.fleet.workers if w.family is family]
+        return found
+
+    def kill(self, family: Family) -> None:
+        """SIGKILL the family's worker process (no shutdown of any kind) and reap it."""
+        w = self.worker(family)
+        w.process.send_signal(signal.SIGKILL)
+        w.process.wait(10)
+
+    def restart(self, family: Family) -> WorkerProcess:
+        """Start a replacement for the dead worker and wait for its heartbeat."""
+        old = self.worker(family)
+        key = self.store.keys.worker_heartbeat(family.value, f"{family.value}@{old.host}")
+        self.store.redis.delete(key)  # the dead worker's heartbeat must not count as ready
+        self.fleet.restart_dead()
+        self.fleet.wait_ready(60)
+        return self.worker(family)
+
+
+@pytest.fixture(scope="module")
+def private(
+    redis_url: str, key_prefix: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Private]:
+    prefix = f"{key_prefix}faults1:"
+    store = Store(redis_url, prefix)
+    app = Celery("agent_fleet_faults")
+    configure(app, FleetSettings(redis_url=redis_url, key_prefix=prefix))
+    fleet = LocalFleet(
+        redis_url,
+        prefix,
+        tmp_path_factory.mktemp("faults-fleet"),
+        hostname="faults",
+        concurrency=4,
+        extra_env={"FLEET_VISIBILITY_TIMEOUT_SECONDS": "3"},
+    )
+    fleet.start([Family.TURN, Family.JOB])
+    try:
+        fleet.wait_ready(90)
+        yield Private(fleet, store, CeleryDispatcher(app))
+    finally:
+        fleet.stop()
+        for key in store.redis.scan_iter(match=f"{prefix}*", count=1000):
+            store.redis.delete(key)
+        store.close()
+        app.close()
+
+
+def epoch(text: str) -> float:
+    return datetime.fromisoformat(text).timestamp()
+
+
+def test_a_step_redelivered_after_its_worker_was_killed_is_refused_by_the_gate(
+    private: Private,
+) -> None:
+    store, dispatcher = private.store, private.dispatcher
+    # Given a turn in the middle of a 30 s model request
+    sid = create_session(store, "/tmp/faults").session_id
+    tid = start_turn(store, dispatcher, sid, "think 30\nsay never")
+    wait_request(store, sid, tid, 0)
+
+    # When its turn worker is killed with SIGKILL, and the session archived with stopActivity
+    private.kill(Family.TURN)
+    result = archive(store, dispatcher, sid, stop_activity=True)
+    assert result.outcome == "archived" and result.stop_report.sent == {"turn": 1}
+    archived_at = epoch(store.redis.hget(store.keys.session(sid), "archivedAt"))
+
+    # And the worker is restarted
+    w = private.restart(Family.TURN)
+
+    # Then the step comes back (visibility timeout) and is refused by the gate
+    wait_log(w, f"step 0 of turn {tid} refused by the gate", timeout=30)
+    wait_drained(store, sid, 15)
+    # And no model request was made after the archive committed
+    made = [epoch(r["at"]) for r in model_requests(store, sid)]
+    assert len(made) == 1 and all(at <= archived_at for at in made), made
+    assert get_session(store, sid).quiet_at is not None
+
+
+def test_a_killed_job_workers_processes_die_with_it_and_the_job_lapses_to_lost(
+    private: Private,
+) -> None:
+    store, dispatcher = private.store, private.dispatcher
+    # Given a session owning two running jobs
+    sid = create_session(store, "/tmp/faults").session_id
+    jids = [jobs.create_job(store, dispatcher, sid, 81.3, f"sleep 81.3 #{n}") for n in range(2)]
+    pids = [wait_job_pid(store, jid) for jid in jids]
+
+    # When their job worker is killed with SIGKILL
+    private.kill(Family.JOB)
+
+    # Then its processes die with it (PR_SET_PDEATHSIG), nothing left behind
+    for pid in pids:
+        wait_gone(pid, 10)
+
+    # When the session is archived with stopActivity and the worker restarted
+    result = archive(store, dispatcher, sid, stop_activity=True)
+    assert result.outcome == "archived"
+    private.restart(Family.JOB)
+
+    # Then the census reaches zero: the leases lapsed, so the jobs count as lost
+    wait_drained(store, sid, 20)
+    assert {job_record(store, jid)["state"] for jid in jids} <= {"lost", "stopped"}
+    assert not any(process_alive(pid) for pid in pids)
+
+
+def test_a_rejected_stop_dispatch_keeps_the_archive_and_the_reconciler_stops_the_work(
+    private: Private, caplog: pytest.LogCaptureFixture
+) -> None:
+    store, dispatcher = private.store, private.dispatcher
+    # Given a session owning a running job
+    sid = create_session(store, "/tmp/faults").session_id
+    jid = jobs.create_job(store, dispatcher, sid, 82.3, "sleep 82.3")
+    pid = wait_job_pid(store, jid)
+
+    # When it is archived while the broker refuses every message
+    broker = FaultyDispatcher(dispatcher)
+    broker.broken = True
+    with caplog.at_level(logging.WARNING, logger="orchestrator.stops"):
+        result = archive(store, broker, sid, stop_activity=True)
+
+    # Then the archive stands, the failure is reported and logged, and the job still runs
+    assert result.outcome == "archived" and result.stop_report.failed
+    assert result.stop_report.failed[0][0] == "job"
+    assert any("stop dispatch for job failed" in r.getMessage() for r in caplog.records)
+    assert get_session(store, sid).archived
+    assert [i.id for i in census(store, sid)] == [jid] and process_alive(pid)
+
+    # And a reconciler run while the broker is still down fails softly and counts an attempt
+    down = reconcile(store, broker, grace_seconds=0, max_attempts=5)
+    assert down.failed == {"job": 1} and bookkeeping(store, sid)["reconcileAttempts"] == "1"
+
+    # When the broker is back, the next run stops the job
+    broker.broken = False
+    up = reconcile(store, broker, grace_seconds=0, max_attempts=5)
+    assert up.sent == {"job": 1}
+    assert [(t, a) for t, a, _ in broker.sent_for(sid)] == [("job.stop", [sid, [jid]])]
+    wait_gone(pid)
+    wait_drained(store, sid)
+    assert job_record(store, jid)["state"] == "stopped"
+
+    # And the run after that records it quiet and clears the bookkeeping
+    reconcile(store, broker, grace_seconds=0, max_attempts=5)
+    assert bookkeeping(store, sid) == {} and get_session(store, sid).quiet_at is not None

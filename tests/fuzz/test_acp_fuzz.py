@@ -1,0 +1,312 @@
+"""Property-based fuzzing of the JSON-RPC endpoint: ``api.acp.AcpConnection`` driven in process
+(the same object serves ``fleet acp`` and the ``/acp`` WebSocket) with arbitrary JSON values,
+JSON-RPC-shaped objects with methods from the real method list and random params, random text
+lines and deeply nested documents, against the real test Redis.
+
+For every input: ``handle_text`` never raises; every message sent back is a JSON-RPC 2.0
+message whose errors carry an integer ``code`` and a non-empty ``message`` and are never
+-32603 (internal error); a request (with a usable id) is answered; the connection still
+answers ``initialize`` afterwards. A ``RecordingDispatcher`` stands in for Celery, so a prompt
+on a real session starts a turn that no worker runs: such prompts may stay pending and are
+cancelled when the connection closes.
+
+The number of inputs fuzzed per target is printed (run with ``-s`` to see it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from api.acp import _METHODS, _NOTIFICATIONS, MAX_MESSAGE, AcpConnection, encode_message, shared_hub
+from orchestrator import archive, sessions
+from tests.helpers import RecordingDispatcher
+
+pytestmark = pytest.mark.redis
+
+INTERNAL_ERROR = -32603
+METHODS = sorted(_METHODS) + sorted(_NOTIFICATIONS)
+ANSWER_TIMEOUT = 10.0
+FUZZ = settings(
+    max_examples=200,
+    deadline=None,
+    database=None,
+    derandomize=False,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
+COUNTS: dict[str, int] = {}
+
+
+class Harness:
+    """One event loop for the run, a fresh connection per input."""
+
+    def __init__(self, store: Any, redis_url: str) -> None:
+        self.store, self.redis_url = store, redis_url
+        self.loop = asyncio.new_event_loop()
+        cwd = f"/tmp/fleet-fuzz/{uuid.uuid4().hex}"
+        self.active = sessions.create_session(store, cwd).session_id
+        self.archived = sessions.create_session(store, cwd).session_id
+        archive.archive(store, RecordingDispatcher(), self.archived)
+
+    def run(self, text: str) -> list[dict[str, Any]]:
+        return self.loop.run_until_complete(self._run(text))
+
+    async def _run(self, text: str) -> list[dict[str, Any]]:
+        sent: list[dict[str, Any]] = []
+
+        async def send(message: dict[str, Any]) -> None:
+            wire = encode_message(message)  # what a transport would write: must encode
+            wire.encode("utf-8")
+            sent.append(json.loads(wire))
+
+        hub = shared_hub(self.redis_url, self.store.keys.events)
+        conn = AcpConnection(send, self.store, RecordingDispatcher(), hub)
+        try:
+            await conn.handle_text(text)
+            await _answered(sent, text)
+            # The connection is still usable.
+            mark = len(sent)
+            await conn.handle_text(
+                '{"jsonrpc":"2.0","id":"fuzz-check","method":"initialize",'
+                '"params":{"protocolVersion":1}}'
+            )
+            await _wait(lambda: any(m.get("id") == "fuzz-check" for m in sent[mark:]), "initialize")
+        finally:
+            await conn.close()
+        return sent
+
+    def close(self) -> None:
+        self.loop.run_until_complete(asyncio.sleep(0))
+        self.loop.close()
+
+
+async def _wait(predicate: Any, what: str) -> None:
+    deadline = asyncio.get_running_loop().time() + ANSWER_TIMEOUT
+    while not predicate():
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError(f"no answer to {what} within {ANSWER_TIMEOUT}s")
+        await asyncio.sleep(0.005)
+
+
+def _good_id(value: Any) -> bool:
+    return value is None or (isinstance(value, (str, int)) and not isinstance(value, bool))
+
+
+async def _answered(sent: list[dict[str, Any]], text: str) -> None:
+    """A request with a usable id gets an answer with that id (a prompt may stay pending).
+    An oversized message is refused unread, so its answer carries a null id."""
+    if len(text) > MAX_MESSAGE:
+        return
+    try:
+        msg = json.loads(text)
+    except (ValueError, RecursionError):
+        return  # answered synchronously with -32700; checked by _check_messages
+    if not (
+        isinstance(msg, dict)
+        and msg.get("jsonrpc") == "2.0"
+        and isinstance(msg.get("method"), str)
+        and "id" in msg
+        and _good_id(msg["id"])
+        and msg["method"] in _METHODS
+    ):
+        return
+    if msg["method"] == "session/prompt":
+        return
+    rid = msg["id"]
+    await _wait(
+        lambda: any("id" in m and m["id"] == rid and type(m["id"]) is type(rid) for m in sent),
+        f"{msg['method']} (id {rid!r})",
+    )
+
+
+def _check_messages(sent: list[dict[str, Any]], text: str) -> None:
+    for m in sent:
+        assert m.get("jsonrpc") == "2.0", (m, text[:200])
+        assert not ("result" in m and "error" in m), m
+        if "error" in m:
+            err = m["error"]
+            assert isinstance(err, dict), m
+            assert isinstance(err.get("code"), int), m
+            assert err["code"] != INTERNAL_ERROR, (m, text[:500])
+            assert isinstance(err.get("message"), str) and err["message"].strip(), m
+            assert err["message"] != "Internal Server Error", m
+
+
+@pytest.fixture(scope="module")
+def harness(store: Any, redis_url: str) -> Iterator[Harness]:
+    h = Harness(store, redis_url)
+    yield h
+    h.close()
+    report = ", ".join(f"{k}: {v}" for k, v in sorted(COUNTS.items()))
+    print(f"\nACP fuzz inputs per target: {report}")
+
+
+# -- strategies ------------------------------------------------------------------------------
+
+json_scalars = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(min_value=-(2**70), max_value=2**70),
+    st.floats(allow_nan=False, allow_infinity=False),
+    st.text(max_size=40),
+)
+json_values = st.recursive(
+    json_scalars,
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=5), st.dictionaries(st.text(max_size=10), inner, max_size=5)
+    ),
+    max_leaves=20,
+)
+ids = st.one_of(
+    st.integers(min_value=-(2**64), max_value=2**64),
+    st.text(max_size=20),
+    st.none(),
+    json_values,
+)
+probe_ids = st.sampled_from(
+    [
+        "a:b",
+        "*",
+        "sess_x\n",
+        "../",
+        "x" * 65,
+        "x" * 5000,
+        "séance",
+        "\ud800",
+        "",
+        "sess_000000000000000000000000",
+        "idx:all",
+        "fleet:session:*",
+    ]
+)
+
+
+@st.composite
+def session_ids(draw: st.DrawFn, harness: Harness) -> Any:
+    return draw(
+        st.one_of(st.sampled_from([harness.active, harness.archived]), probe_ids, json_values)
+    )
+
+
+def params_for(harness: Harness) -> st.SearchStrategy[Any]:
+    text_blocks = st.lists(
+        st.one_of(
+            st.fixed_dictionaries({"type": st.just("text"), "text": st.text(max_size=50)}),
+            st.fixed_dictionaries(
+                {"type": st.sampled_from(["image", "resource_link", "audio", ""])},
+                optional={"uri": json_values, "text": json_values},
+            ),
+            json_values,
+        ),
+        max_size=3,
+    )
+    shaped = st.fixed_dictionaries(
+        {},
+        optional={
+            "sessionId": session_ids(harness),
+            "cwd": st.one_of(st.just("/tmp/fleet-fuzz/x"), st.text(max_size=30), json_values),
+            "mcpServers": st.one_of(st.just([]), json_values),
+            "protocolVersion": st.one_of(st.integers(), json_values),
+            "cursor": st.one_of(st.text(max_size=40), json_values),
+            "archived": st.one_of(st.sampled_from(["exclude", "include", "only"]), json_values),
+            "title": st.one_of(st.text(max_size=60), json_values),
+            "prompt": st.one_of(text_blocks, json_values),
+            "requestId": ids,
+        },
+    )
+    return st.one_of(shaped, json_values)
+
+
+def rpc_objects(harness: Harness) -> st.SearchStrategy[dict[str, Any]]:
+    return st.fixed_dictionaries(
+        {"jsonrpc": st.one_of(st.just("2.0"), st.just("2.0"), json_values)},
+        optional={
+            "id": ids,
+            "method": st.one_of(st.sampled_from(METHODS), st.text(max_size=20), json_values),
+            "params": params_for(harness),
+            "result": json_values,
+        },
+    )
+
+
+def _deep(depth: int, kind: str) -> str:
+    if kind == "list":
+        return "[" * depth + "]" * depth
+    if kind == "object":
+        return '{"a":' * depth + "1" + "}" * depth
+    # A well-formed request whose params nest deeply.
+    return (
+        '{"jsonrpc":"2.0","id":1,"method":"session/set_title","params":{"sessionId":"x",'
+        '"title":' + "[" * depth + "]" * depth + "}}"
+    )
+
+
+def _dump(value: Any) -> str:
+    return json.dumps(value)
+
+
+# -- tests -----------------------------------------------------------------------------------
+
+
+def _one(harness: Harness, target: str, text: str) -> None:
+    COUNTS[target] = COUNTS.get(target, 0) + 1
+    sent = harness.run(text)
+    _check_messages(sent, text)
+
+
+def test_fuzz_jsonrpc_shaped(harness: Harness) -> None:
+    @FUZZ
+    @given(msg=rpc_objects(harness))
+    def run(msg: dict[str, Any]) -> None:
+        _one(harness, "jsonrpc-shaped", _dump(msg))
+
+    run()
+
+
+def test_fuzz_arbitrary_json(harness: Harness) -> None:
+    @settings(FUZZ, max_examples=100)
+    @given(value=json_values)
+    def run(value: Any) -> None:
+        _one(harness, "arbitrary-json", _dump(value))
+
+    run()
+
+
+def test_fuzz_text_lines(harness: Harness) -> None:
+    @settings(FUZZ, max_examples=100)
+    @given(text=st.text(max_size=200))
+    def run(text: str) -> None:
+        _one(harness, "text", text)
+
+    run()
+
+
+def test_fuzz_deep_nesting(harness: Harness) -> None:
+    @settings(FUZZ, max_examples=30)
+    @given(
+        depth=st.one_of(st.integers(1, 3000), st.integers(3000, 200_000)),
+        kind=st.sampled_from(["list", "object", "params"]),
+    )
+    def run(depth: int, kind: str) -> None:
+        text = _deep(depth, kind)
+        if len(text) > MAX_MESSAGE:
+            text = text[:MAX_MESSAGE]
+        _one(harness, "deep-nesting", text)
+
+    run()
+
+
+def test_oversized_message_is_refused_clearly(harness: Harness) -> None:
+    text = '{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"x":"' + "a" * MAX_MESSAGE
+    text += '"}}'
+    sent = harness.run(text)
+    _check_messages(sent, text)
+    err = sent[0]["error"]
+    assert err["code"] == -32600 and str(MAX_MESSAGE) in err["message"], err
