@@ -7,15 +7,12 @@ growth of the Celery queues in Redis (no workers consume them during the run).
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import time
 from typing import Any
 
 import httpx
 
-from bench.run import Row, _free_port, _ok, _until, configure, seed_busy
+from bench.run import Row, api_server, configure, seed_busy
 
 
 def _seed_idle(store: Any, cwd: str, count: int, batch: int = 1000) -> None:
@@ -69,25 +66,7 @@ def _queued(store: Any) -> int:
 def bench_bulk(url: str, prefix: str, *, quick: bool) -> list[Row]:
     idle, busy = (1_000, 100) if quick else (10_000, 1_000)
     store, _ = configure(url, prefix)
-    port = _free_port()
-    env = dict(os.environ, FLEET_REDIS_URL=url, FLEET_KEY_PREFIX=prefix, FLEET_API_TOKEN="")
-    api = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "uvicorn",
-            "api.rest:create_app",
-            "--factory",
-            "--port",
-            str(port),
-            "--log-level",
-            "warning",
-        ],
-        env=env,
-    )
-    try:
-        base = f"http://127.0.0.1:{port}"
-        _until(lambda: _ok(base + "/health"), 30)
+    with api_server(url, prefix) as base:
         for cwd in ("/bench/bulk", "/bench/single"):
             _seed_idle(store, cwd, idle)
         _seed_busy_in(store, "/bench/bulk", busy)
@@ -112,9 +91,6 @@ def bench_bulk(url: str, prefix: str, *, quick: bool) -> list[Row]:
                 assert rr.status_code == 200, rr.text
             single_s = time.perf_counter() - t0
             single_msgs = _queued(store) - before
-    finally:
-        api.terminate()
-        api.wait(10)
     n = idle + busy
     speedup = single_s / bulk_s
     return [

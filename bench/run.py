@@ -123,28 +123,36 @@ def seed_busy(store: Any, n: int) -> list[str]:
     return ids
 
 
-# --------------------------------------------------------------------------- 1
-def bench_archive_http(url: str, prefix: str, n: int) -> list[Row]:
-    store, _ = configure(url, prefix)
+@contextmanager
+def api_server(url: str, prefix: str) -> Iterator[str]:
+    """The HTTP API (uvicorn, in its own process) on a free port; yields its base URL."""
     port = _free_port()
     env = dict(os.environ, FLEET_REDIS_URL=url, FLEET_KEY_PREFIX=prefix, FLEET_API_TOKEN="")
-    api = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "uvicorn",
-            "api.rest:create_app",
-            "--factory",
-            "--port",
-            str(port),
-            "--log-level",
-            "warning",
-        ],
-        env=env,
-    )
+    cmd = [
+        sys.executable,
+        "-m",
+        "uvicorn",
+        "api.rest:create_app",
+        "--factory",
+        "--port",
+        str(port),
+        "--log-level",
+        "warning",
+    ]
+    api = subprocess.Popen(cmd, env=env)
     try:
         base = f"http://127.0.0.1:{port}"
         _until(lambda: _ok(base + "/health"), 30)
+        yield base
+    finally:
+        api.terminate()
+        api.wait(10)
+
+
+# --------------------------------------------------------------------------- 1
+def bench_archive_http(url: str, prefix: str, n: int) -> list[Row]:
+    store, _ = configure(url, prefix)
+    with api_server(url, prefix) as base:
         ids = seed_busy(store, n)
         with httpx.Client(base_url=base) as client:
             client.post(
@@ -159,9 +167,6 @@ def bench_archive_http(url: str, prefix: str, n: int) -> list[Row]:
                 assert r.status_code == 200 and len(body["stopDispatch"]["sent"]) == 4, body
         raw = redis.Redis.from_url(url)
         floor = timed(lambda: (raw.ping(), raw.ping()), n)
-    finally:
-        api.terminate()
-        api.wait(10)
     med = statistics.median(lat)
     return [
         (
