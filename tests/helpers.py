@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
+import httpx
 import pytest
+from fastapi.testclient import TestClient
 
 
 class RecordingDispatcher:
@@ -34,3 +37,37 @@ def wait_for(
         if time.monotonic() > deadline:
             pytest.fail(f"timed out after {timeout}s waiting for {message}")
         time.sleep(interval)
+
+
+class NoServerErrors(TestClient):
+    """A TestClient that fails the test on any 5xx answer (the app's 500s included), except
+    on paths starting with one of ``allowed_5xx`` (``/ready`` answers 503 by design)."""
+
+    allowed_5xx: tuple[str, ...] = ()
+
+    def request(self, method: str, url: Any, *args: Any, **kwargs: Any) -> httpx.Response:  # type: ignore[override]
+        resp = super().request(method, url, *args, **kwargs)
+        if not (self.allowed_5xx and str(url).startswith(self.allowed_5xx)):
+            assert resp.status_code < 500, (
+                f"{method} {url} answered {resp.status_code}: {resp.text}"
+            )
+        return resp
+
+
+@contextmanager
+def rest_client(allowed_5xx: tuple[str, ...] = (), **env: str) -> Iterator[TestClient]:
+    """The in-process REST app without a token (unless ``env`` sets one) and with ``env``
+    applied, as a ``NoServerErrors`` client; settings are re-read before and after."""
+    from api.rest import create_app
+    from orchestrator.settings import get_settings
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.delenv("FLEET_API_TOKEN", raising=False)
+        for name, value in env.items():
+            mp.setenv(name, value)
+        get_settings.cache_clear()
+        client = NoServerErrors(create_app(), raise_server_exceptions=False)
+        client.allowed_5xx = allowed_5xx
+        with client as c:
+            yield c
+    get_settings.cache_clear()

@@ -11,7 +11,6 @@ import uuid
 from collections.abc import Iterator
 from typing import Any
 
-import httpx
 import pytest
 from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
@@ -26,29 +25,15 @@ from orchestrator.settings import get_settings
 from orchestrator.store import Store
 from tests.api.test_acp_stdio import new_session, stdio_agent
 from tests.api.test_acp_websocket import acp_socket
-from tests.helpers import wait_for
+from tests.helpers import rest_client, wait_for
 
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 
 
-class _NoServerErrors(TestClient):
-    """A TestClient that fails the test on any 5xx answer other than ``/ready``'s 503."""
-
-    def request(self, method: str, url: Any, *args: Any, **kwargs: Any) -> httpx.Response:  # type: ignore[override]
-        resp = super().request(method, url, *args, **kwargs)
-        if not str(url).startswith("/ready"):
-            assert resp.status_code < 500, f"{method} {url} answered {resp.status_code}"
-        return resp
-
-
 @pytest.fixture(scope="module")
 def client() -> Iterator[TestClient]:
-    with pytest.MonkeyPatch.context() as mp:
-        mp.delenv("FLEET_API_TOKEN", raising=False)
-        get_settings.cache_clear()
-        with _NoServerErrors(api.rest.create_app(), raise_server_exceptions=False) as c:
-            yield c
-    get_settings.cache_clear()
+    with rest_client(allowed_5xx=("/ready",)) as c:
+        yield c
 
 
 def _cwd() -> str:

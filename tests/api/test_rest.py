@@ -15,32 +15,18 @@ import httpx
 import pytest
 from fastapi.testclient import TestClient
 
-import api.rest
 from orchestrator.settings import get_settings
-from tests.helpers import wait_for
+from tests.helpers import rest_client, wait_for
 
 ALLOWED_ARCHIVED = ("exclude", "include", "only")
 LIVE_TURN_STATES = {"queued", "running", "cancelling"}
 
 
-class _NoServerErrors(TestClient):
-    """A TestClient that fails the test on any 5xx answer (the app's 500s included)."""
-
-    def request(self, method: str, url: Any, *args: Any, **kwargs: Any) -> httpx.Response:  # type: ignore[override]
-        resp = super().request(method, url, *args, **kwargs)
-        assert resp.status_code < 500, f"{method} {url} answered {resp.status_code}: {resp.text}"
-        return resp
-
-
 @pytest.fixture(scope="module")
 def client() -> Iterator[TestClient]:
     # The API reads FLEET_API_TOKEN per request; these tests run without one unless they ask.
-    with pytest.MonkeyPatch.context() as mp:
-        mp.delenv("FLEET_API_TOKEN", raising=False)
-        get_settings.cache_clear()
-        with _NoServerErrors(api.rest.create_app(), raise_server_exceptions=False) as c:
-            yield c
-    get_settings.cache_clear()
+    with rest_client() as c:
+        yield c
 
 
 def _cwd() -> str:

@@ -21,29 +21,15 @@ import api.rest
 from orchestrator import archive, reminders, sessions, titles, turns
 from orchestrator.settings import get_settings
 from orchestrator.store import Store
-from tests.helpers import RecordingDispatcher
+from tests.helpers import RecordingDispatcher, rest_client
 
 pytestmark = pytest.mark.timeout(120)
 
 
-class _NoServerErrors(TestClient):
-    """A TestClient that fails the test on any 5xx answer."""
-
-    def request(self, method: str, url: Any, *args: Any, **kwargs: Any) -> httpx.Response:  # type: ignore[override]
-        resp = super().request(method, url, *args, **kwargs)
-        assert resp.status_code < 500, f"{method} {url} answered {resp.status_code}: {resp.text}"
-        return resp
-
-
 @pytest.fixture(scope="module")
 def client() -> Iterator[TestClient]:
-    with pytest.MonkeyPatch.context() as mp:
-        mp.delenv("FLEET_API_TOKEN", raising=False)
-        mp.setenv("FLEET_SSE_HEARTBEAT_SECONDS", "0.3")
-        get_settings.cache_clear()
-        with _NoServerErrors(api.rest.create_app(), raise_server_exceptions=False) as c:
-            yield c
-    get_settings.cache_clear()
+    with rest_client(FLEET_SSE_HEARTBEAT_SECONDS="0.3") as c:
+        yield c
 
 
 def _cwd() -> str:
