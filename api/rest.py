@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import HTTPConnection
 
-from api import lifecycle, ops, sse
+from api import console, lifecycle, ops, sse
 from api.acp import AcpConnection, encode_message, shared_hub
 from api.context import dispatcher, redis_url, store
 from api.errors import error_body, lookup
@@ -59,10 +59,18 @@ def bearer_ok(authorization: str | None, token: str) -> bool:
     return hmac.compare_digest(supplied.strip().encode(), token.encode())
 
 
-def _authorize(authorization: Annotated[str | None, Header()] = None) -> None:
+def _authorize(
+    request: HTTPConnection, authorization: Annotated[str | None, Header()] = None
+) -> None:
     token = get_settings().api_token
-    if token and not bearer_ok(authorization, token):
-        raise _Unauthorized()
+    if not token or bearer_ok(authorization, token):
+        return
+    # EventSource cannot send headers: GET /events alone also takes ``?token=`` (constant time).
+    if request.url.path == "/events" and request.scope.get("method") == "GET":
+        supplied = request.query_params.get("token")
+        if supplied is not None and hmac.compare_digest(supplied.encode(), token.encode()):
+            return
+    raise _Unauthorized()
 
 
 class _Unauthorized(Exception):
@@ -270,6 +278,7 @@ def create_app() -> FastAPI:
     # Before the /sessions/{session_id}/... routes below: POST /sessions/archive is bulk.
     app.include_router(lifecycle.router(auth))
     app.include_router(sse.router(auth))
+    console.mount(app)
 
     @app.post("/sessions", status_code=201, dependencies=auth, tags=["sessions"])
     def create(body: CreateSession) -> dict[str, Any]:
@@ -315,6 +324,16 @@ def create_app() -> FastAPI:
         """Live work of the session, per item: family, id, label."""
         items = activity.census(store(), session_id, dispatcher())
         return {"sessionId": session_id, "activity": [i.to_wire() for i in items]}
+
+    @app.get("/sessions/{session_id}/conversation", dependencies=auth, tags=["sessions"])
+    def get_conversation(
+        session_id: str,
+        limit: Annotated[int, Query(ge=1, le=sessions.MAX_CONVERSATION)] = 200,
+    ) -> dict[str, Any]:
+        """The last ``limit`` updates of the conversation (ACP ``session/update`` payloads,
+        oldest first); archived sessions keep theirs."""
+        updates = sessions.conversation(store(), session_id, limit)
+        return {"sessionId": session_id, "updates": updates}
 
     @app.post("/sessions/{session_id}/prompt", status_code=202, dependencies=auth, tags=["turns"])
     def prompt(session_id: str, body: PromptBody) -> dict[str, Any]:

@@ -7,7 +7,9 @@ misses nothing still retained: each SSE event's ``id:`` is its stream id, and a 
 parameter) resumes right after it. Without one, the stream starts at the newest event (only
 later ones are sent). If the resume id is older than the oldest event kept (the stream holds
 about 10,000), an ``event: gap`` is sent first: some events were trimmed, so re-read state
-(``GET /sessions``). ``?sessionId=`` keeps only that session's events.
+(``GET /sessions``). ``?sessionId=`` keeps only that session's events. Browsers'
+``EventSource`` cannot send an ``Authorization`` header, so this route alone also takes the
+token as ``?token=`` (checked in ``api.rest._authorize``, in constant time).
 
 Each event is ``id: <stream id>``, ``event: <type>``, ``data: <JSON>`` (``{"type",
 "sessionId", ...}``). An idle stream gets a comment line (``: heartbeat``) every

@@ -416,6 +416,26 @@ def _load_many(store: Store, ids: list[str]) -> list[Session | None]:
     return [Session.from_hash(h) if h else None for h in pipe.execute()]
 
 
+MAX_CONVERSATION = 1000
+
+
+def conversation(store: Store, session_id: str, limit: int = 200) -> list[dict[str, Any]]:
+    """The last ``limit`` (1..``MAX_CONVERSATION``) ``session/update`` payloads of a session's
+    conversation, oldest first (what ACP ``session/load`` replays). Archived sessions keep
+    theirs. Raises ``SessionNotFound``, ``InvalidParams`` (bad limit), ``StoreUnavailable``."""
+    if not 1 <= limit <= MAX_CONVERSATION:
+        raise InvalidParams(f"limit must be between 1 and {MAX_CONVERSATION}.", {"param": "limit"})
+    get_session(store, session_id)
+    raw: list[str] = _history_tail(store, session_id, limit)
+    return [json.loads(item) for item in raw]
+
+
+@retried
+def _history_tail(store: Store, session_id: str, limit: int) -> list[str]:
+    found: list[str] = store.redis.lrange(store.keys.history(session_id), -limit, -1)
+    return found
+
+
 def delete_session(store: Store, session_id: str) -> bool:
     """Delete a session: it leaves every listing and its steps are refused. Idempotent
     (returns ``False`` when there was nothing to delete). A deletion is recorded in the audit

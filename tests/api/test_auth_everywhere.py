@@ -5,8 +5,9 @@ closed with 4401 before it is accepted.
 The routes are read from ``app.routes``, so a route added later is covered without editing
 this file. Public on purpose: ``/health`` and ``/ready`` (probes carry no token), and the
 documentation (``/openapi.json``, ``/docs``, ``/docs/oauth2-redirect``, ``/redoc``): the schema
-describes the API and holds no fleet data. Flower asks for its own credentials; that is tested
-in ``tests/ops/test_flower.py``.
+describes the API and holds no fleet data; and the fleet console page (``/console``, its assets
+under ``/console/static/``), which holds no data and calls the API with the token. Flower asks
+for its own credentials; that is tested in ``tests/ops/test_flower.py``.
 """
 
 from __future__ import annotations
@@ -25,7 +26,16 @@ from orchestrator.settings import get_settings
 
 TOKEN = "test-token-auth-everywhere"
 #: Routes answered without the token, on purpose (see the module docstring).
-PUBLIC = {"/health", "/ready", "/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc"}
+PUBLIC = {
+    "/health",
+    "/ready",
+    "/openapi.json",
+    "/docs",
+    "/docs/oauth2-redirect",
+    "/redoc",
+    "/console",
+    "/console/static",
+}
 #: Sample values for path parameters: well-formed ids of nothing.
 PATH_VALUES = {"session_id": "sess_000000000000000000000000", "turn_id": "turn_0"}
 #: A plausible body per route, so a route cannot answer 422 before checking the token.
@@ -127,6 +137,15 @@ def test_every_route_is_known(app: Any) -> None:
     }
     assert documented <= guarded, documented - guarded
     assert len(guarded) >= 15, guarded
+
+
+def test_the_console_page_and_assets_are_public(client: TestClient) -> None:
+    """The console holds no data: its page and assets answer without the token."""
+    page = client.get("/console")
+    assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
+    for asset in ("app.js", "app.css"):
+        assert client.get(f"/console/static/{asset}").status_code == 200, asset
+    assert client.get("/sessions").status_code == 401
 
 
 def test_every_guarded_route_refuses_without_the_token(app: Any, client: TestClient) -> None:

@@ -21,7 +21,7 @@ import api.rest
 from orchestrator import archive, reminders, sessions, titles, turns
 from orchestrator.settings import get_settings
 from orchestrator.store import Store
-from tests.helpers import RecordingDispatcher, rest_client
+from tests.helpers import RecordingDispatcher, rest_client, wait_for
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -592,3 +592,19 @@ def test_a_real_server_streams_and_resumes_across_reconnects(server: str, store:
             sse = Sse(resp)
             _connected(sse)
             assert [sse.event()["event"] for _ in range(2)] == ["unarchived", "title"]
+
+
+def test_the_conversation_is_served_oldest_first_and_kept_after_archive(
+    client: TestClient, fleet: Any
+) -> None:
+    sid = client.post("/sessions", json={"cwd": "/tmp/fleet-conv"}).json()["sessionId"]
+    tid = client.post(f"/sessions/{sid}/prompt", json={"prompt": "say first\nsay second"}).json()[
+        "turnId"
+    ]
+    wait_for(lambda: client.get(f"/turns/{tid}").json()["state"] == "completed", 20)
+    assert client.post(f"/sessions/{sid}/archive", json={}).status_code == 200
+    updates = client.get(f"/sessions/{sid}/conversation").json()["updates"]
+    texts = [u["content"]["text"] for u in updates if u["sessionUpdate"].endswith("_chunk")]
+    assert texts == ["say first\nsay second", "first", "second"]
+    assert client.get(f"/sessions/{sid}/conversation", params={"limit": 0}).status_code == 422
+    assert client.get("/sessions/sess_nope/conversation").status_code == 404
