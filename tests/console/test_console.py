@@ -389,3 +389,21 @@ def test_list_updates_live_when_another_client_archives(server: Server, page: An
     _row(page, sid).wait_for()
     server.ok("POST", f"/sessions/{sid}/unarchive")
     _row(page, sid).wait_for(state="detached", timeout=5_000)
+
+
+def test_delete_asks_for_confirmation_and_cancel_keeps_the_session(
+    server: Server, page: Any
+) -> None:
+    sid = server.session("Delete me")
+    page.goto(server.base + "/console")
+    _row(page, sid).wait_for()
+    # Cancel keeps it
+    _menu(page, sid).get_by_role("menuitem", name="Delete…").click()
+    page.locator("#confirm-delete").wait_for(state="visible")
+    page.locator("#delete-cancel").click()
+    assert server.call("GET", f"/sessions/{sid}")[0] == 200
+    # Confirming deletes it
+    _menu(page, sid).get_by_role("menuitem", name="Delete…").click()
+    page.locator("#delete-confirm").click()
+    _row(page, sid).wait_for(state="detached")
+    assert server.call("GET", f"/sessions/{sid}")[0] == 404
