@@ -71,3 +71,16 @@ def rest_client(allowed_5xx: tuple[str, ...] = (), **env: str) -> Iterator[TestC
         with client as c:
             yield c
     get_settings.cache_clear()
+
+
+def error_shape(resp: httpx.Response, status: int, code: str) -> dict[str, Any]:
+    """Assert the one error shape, ``{"error": {"code", "message", "data"}}``; return it."""
+    assert resp.status_code == status, resp.text
+    body = resp.json()
+    assert set(body) == {"error"}, body
+    error: dict[str, Any] = body["error"]
+    assert set(error) == {"code", "message", "data"}, error
+    assert error["code"] == code, error
+    assert isinstance(error["message"], str) and error["message"], error
+    assert isinstance(error["data"], dict), error
+    return error

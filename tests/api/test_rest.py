@@ -11,11 +11,11 @@ import uuid
 from collections.abc import Iterator
 from typing import Any
 
-import httpx
 import pytest
 from fastapi.testclient import TestClient
 
 from orchestrator.settings import get_settings
+from tests.helpers import error_shape as _error
 from tests.helpers import rest_client, wait_for
 
 ALLOWED_ARCHIVED = ("exclude", "include", "only")
@@ -39,19 +39,6 @@ def _new(client: TestClient, cwd: str | None = None, **extra: Any) -> dict[str, 
     assert resp.status_code == 201, resp.text
     info: dict[str, Any] = resp.json()
     return info
-
-
-def _error(resp: httpx.Response, status: int, code: str) -> dict[str, Any]:
-    """Assert the one error shape, ``{"error": {"code", "message", "data"}}``; return it."""
-    assert resp.status_code == status, resp.text
-    body = resp.json()
-    assert set(body) == {"error"}, body
-    error: dict[str, Any] = body["error"]
-    assert set(error) == {"code", "message", "data"}, error
-    assert error["code"] == code, error
-    assert isinstance(error["message"], str) and error["message"], error
-    assert isinstance(error["data"], dict), error
-    return error
 
 
 def _activity(client: TestClient, sid: str) -> list[dict[str, Any]]:

@@ -22,6 +22,7 @@ from orchestrator import archive, reminders, sessions, titles, turns
 from orchestrator.settings import get_settings
 from orchestrator.store import Store
 from tests.helpers import RecordingDispatcher, rest_client, wait_for
+from tests.helpers import error_shape as _error
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -41,19 +42,6 @@ def _new(client: TestClient, cwd: str | None = None, **extra: Any) -> str:
     assert resp.status_code == 201, resp.text
     sid: str = resp.json()["sessionId"]
     return sid
-
-
-def _error(resp: httpx.Response, status: int, code: str) -> dict[str, Any]:
-    """Assert the one error shape, ``{"error": {"code", "message", "data"}}``; return it."""
-    assert resp.status_code == status, resp.text
-    body = resp.json()
-    assert set(body) == {"error"}, body
-    error: dict[str, Any] = body["error"]
-    assert set(error) == {"code", "message", "data"}, error
-    assert error["code"] == code, error
-    assert isinstance(error["message"], str) and error["message"], error
-    assert isinstance(error["data"], dict), error
-    return error
 
 
 def _title(client: TestClient, sid: str, body: Any) -> httpx.Response:
