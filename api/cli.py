@@ -494,6 +494,35 @@ def reconcile(
 
 
 @app.command()
+def sweep(
+    stuck_seconds: float = typer.Option(
+        0,
+        help="Seconds without progress before a turn is examined (default "
+        "FLEET_TURN_STUCK_SECONDS).",
+    ),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+) -> None:
+    """Run the turn sweeper once (turn workers run it every FLEET_TURN_SWEEP_INTERVAL_SECONDS):
+    a running turn whose step is lost is resumed (or ended failed after
+    FLEET_TURN_MAX_RESUMES), a cancelling one whose step is gone ends cancelled."""
+    from api.context import dispatcher, store
+    from orchestrator.sweeper import sweep as run_sweep
+
+    try:
+        report = run_sweep(store(), dispatcher(), stuck_seconds=stuck_seconds or None)
+    except FleetError as exc:
+        _fail(exc)
+    if as_json:
+        print(json.dumps(report.to_wire()))
+        return
+    totals = ", ".join(f"{action} {n}" for action, n in report.totals.items())
+    console.print(f"sweep: {report.examined} examined, {totals}")
+    for action, tids in report.turns.items():
+        for tid in tids:
+            console.print(f"  {tid}: {action}")
+
+
+@app.command()
 def unarchive(session_id: str) -> None:
     """Unarchive a session (restores nothing that was stopped)."""
     from api.context import store

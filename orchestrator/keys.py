@@ -66,7 +66,9 @@ class Keys:
     # -- turns ------------------------------------------------------------------------------
     def turn(self, tid: str) -> str:
         """HASH: turnId, sessionId, state (see ``TurnState``), prompt, label, source, step
-        (index of the next step to run), stopReason, error, createdAt."""
+        (index of the next step to run), stopReason, error, createdAt; the sweeper's
+        bookkeeping (``orchestrator/sweeper.py``): resumes (times step ``resumeStep`` was
+        found lost and dispatched again) and resumeStep."""
         return f"{self.prefix}turn:{tid}"
 
     def live_turns(self, sid: str) -> str:
@@ -81,6 +83,13 @@ class Keys:
     def active_turn(self, sid: str) -> str:
         """STRING: id of the turn currently running for the session (one at a time)."""
         return f"{self.prefix}turn:active:{sid}"
+
+    @property
+    def turns_inflight(self) -> str:
+        """ZSET: ids of every turn ``running`` or ``cancelling``, scored by the epoch ms
+        (Redis ``TIME``) of its last progress (a step began, the turn advanced); removed when
+        the turn ends. The sweeper (``orchestrator/sweeper.py``) reads it to find lost steps."""
+        return f"{self.prefix}turns:inflight"
 
     def step_lease(self, tid: str) -> str:
         """STRING with TTL: present while a worker is executing a step of the turn."""

@@ -77,6 +77,13 @@ ARCHIVE_HAZARDS = Counter(
     "FLEET_RECONCILE_MAX_ATTEMPTS stop re-dispatches), once per family of the live items.",
     ("family",),
 )
+TURN_SWEEPS = Counter(
+    "fleet_turn_sweeps",
+    "Turns the sweeper repaired, by action: resumed (a lost step dispatched again), failed "
+    "(lost FLEET_TURN_MAX_RESUMES+1 times), settled (cancelling with its step gone, now "
+    "cancelled), removed (an index entry of a turn no longer running).",
+    ("action",),
+)
 ARCHIVE_QUIET = Histogram(
     "fleet_archive_quiet_seconds",
     "Seconds from an archive with stopActivity to the first census that found the session "
@@ -91,6 +98,7 @@ COUNTERS = (
     STOP_FAILURES,
     GATE_REFUSALS,
     ARCHIVE_HAZARDS,
+    TURN_SWEEPS,
 )
 HISTOGRAMS = (ARCHIVE_QUIET,)
 

@@ -75,6 +75,14 @@ class FleetSettings(BaseSettings):
     visibility_timeout_seconds: float = Field(default=60.0, gt=0)
     #: Seconds between two heartbeat comments on an idle ``GET /events`` stream.
     sse_heartbeat_seconds: float = Field(default=15.0, gt=0)
+    #: Seconds without progress (no step begun, no advance) after which the sweeper looks at a
+    #: running or cancelling turn: one whose step lease is gone is resumed (or settled).
+    turn_stuck_seconds: float = Field(default=30.0, gt=0)
+    #: Times the sweeper dispatches the same lost step again before it ends the turn
+    #: ``failed`` ("step lost N times").
+    turn_max_resumes: int = Field(default=3, ge=1)
+    #: Seconds between two sweeper passes in each turn worker.
+    turn_sweep_interval_seconds: float = Field(default=5.0, gt=0)
     #: Log format: ``json`` (one JSON object per line) or ``text`` (for a terminal); empty
     #: picks ``text`` when stderr is a terminal and ``json`` otherwise.
     log_format: Literal["", "json", "text"] = ""

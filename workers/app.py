@@ -28,6 +28,8 @@ TASK_MODULES = [
     "workers.tasks.maintenance",
     "workers.tasks.ops",
     "workers.heartbeat",
+    # Not tasks: the turn sweeper thread of turn workers (started on worker_ready).
+    "workers.sweeper",
     # Not tasks: connects Celery's setup_logging signal (loaded before logging is set up).
     "workers.logs",
 ]

@@ -127,6 +127,7 @@ def test_metrics_count_archives_refusals_stops_gate_refusals_and_quiet(
         "fleet_stop_dispatches": "counter",
         "fleet_stop_failures": "counter",
         "fleet_gate_refusals": "counter",
+        "fleet_turn_sweeps": "counter",
         "fleet_archive_quiet_seconds": "histogram",
         "fleet_sessions": "gauge",
     }

@@ -1,0 +1,84 @@
+-- ARGV: prefix, tid, stuckMs, maxResumes, failedStopReason, cancelledStopReason
+-- The sweeper's decision for one member of turns:inflight, read and written in one step on
+-- Redis's clock (TIME), so sweepers on several workers never act twice on the same loss: a
+-- resume re-scores the member, and the next sweeper finds it fresh.
+--   * a member whose turn is not running or cancelling (ended, queued, missing) is removed;
+--   * a member with progress within stuckMs, or whose step holds its lease, is left alone;
+--   * a running turn whose step is lost (no lease) is resumed: the caller dispatches its
+--     current step again (a duplicate copy is dropped by turn_begin_step). Losses of the same
+--     step are counted on the turn (resumes, resumeStep); past maxResumes it ends 'failed';
+--   * a cancelling turn whose step is gone (lease lapsed) ends 'cancelled'.
+-- Returns {'gone'} | {'removed', state} | {'fresh'} | {'leased'}
+--   | {'resume', sid, step, losses}
+--   | {'failed', sid, promotedTid|'', losses, error, wroteHistory '0'|'1'}
+--   | {'cancelled', sid, promotedTid|''}
+local tid, stuck_ms, max_resumes = ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
+local failed_reason, cancelled_reason = ARGV[5], ARGV[6]
+local inflight = P .. 'turns:inflight'
+local tk = P .. 'turn:' .. tid
+
+-- ISO 8601 UTC with milliseconds of epoch ms (days to civil date: H. Hinnant's algorithm).
+local function iso_of(ms)
+  local secs = math.floor(ms / 1000)
+  local days = math.floor(secs / 86400)
+  local rem = secs - days * 86400
+  local z = days + 719468
+  local era = math.floor(z / 146097)
+  local doe = z - era * 146097
+  local yoe = math.floor((doe - math.floor(doe / 1460) + math.floor(doe / 36524)
+    - math.floor(doe / 146096)) / 365)
+  local doy = doe - (365 * yoe + math.floor(yoe / 4) - math.floor(yoe / 100))
+  local mp = math.floor((5 * doy + 2) / 153)
+  local d = doy - math.floor((153 * mp + 2) / 5) + 1
+  local m = (mp < 10) and (mp + 3) or (mp - 9)
+  local y = yoe + era * 400
+  if m <= 2 then y = y + 1 end
+  return string.format('%04d-%02d-%02dT%02d:%02d:%02d.%03dZ', y, m, d,
+    math.floor(rem / 3600), math.floor((rem % 3600) / 60), rem % 60, ms % 1000)
+end
+
+local score = redis.call('ZSCORE', inflight, tid)
+if not score then return {'gone'} end
+local h = redis.call('HMGET', tk, 'state', 'step', 'sessionId', 'resumes', 'resumeStep')
+local state = h[1]
+if state ~= 'running' and state ~= 'cancelling' then
+  redis.call('ZREM', inflight, tid)
+  return {'removed', state or 'missing'}
+end
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+if now - tonumber(score) < stuck_ms then return {'fresh'} end
+if redis.call('EXISTS', P .. 'turn:lease:' .. tid) == 1 then return {'leased'} end
+local sid, step = h[3], h[2] or '0'
+
+if state == 'cancelling' then
+  -- The step that was to settle the stop is gone (its worker died, or its redelivered copy
+  -- was refused): settle it here, as the step would have.
+  local nxt = finish_turn(tid, 'cancelled', cancelled_reason, '', now, iso_of(now))
+  redis.call('ZREM', inflight, tid)
+  return {'cancelled', sid, nxt}
+end
+
+-- Losses are counted per step: a turn that moved on since the last loss starts again at 0.
+local losses = 1
+if h[5] == step then losses = (tonumber(h[4]) or 0) + 1 end
+if losses > max_resumes then
+  local err = 'step ' .. step .. ' lost ' .. losses .. ' times (its worker died or its '
+    .. 'message was lost; resumed ' .. max_resumes .. ' times)'
+  local wrote = '0'
+  -- The error is the turn's last message, as for a model failure; never in an archived
+  -- lineage's conversation, which stays as its archive left it.
+  if not archived_in_lineage(sid) then
+    redis.call('RPUSH', P .. 'history:' .. sid, cjson.encode({
+      sessionUpdate = 'agent_message_chunk', turnId = tid,
+      content = {type = 'text', text = 'error: ' .. err}}))
+    wrote = '1'
+  end
+  redis.call('HSET', tk, 'resumes', losses, 'resumeStep', step)
+  local nxt = finish_turn(tid, 'failed', failed_reason, err, now, iso_of(now))
+  redis.call('ZREM', inflight, tid)
+  return {'failed', sid, nxt, losses, err, wrote}
+end
+redis.call('HSET', tk, 'resumes', losses, 'resumeStep', step)
+redis.call('ZADD', inflight, now, tid)
+return {'resume', sid, step, losses}
