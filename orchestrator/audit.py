@@ -85,6 +85,12 @@ def record(
     return ids[0] if ids else None
 
 
+def detail_json(detail: dict[str, Any]) -> str:
+    """An entry's ``detail`` field as stored (compact JSON, sorted keys); scripts that write
+    entries themselves (``bulk_archive.lua``) are given it."""
+    return json.dumps(detail, separators=(",", ":"), sort_keys=True)
+
+
 def record_many(
     store: Store,
     entries: list[tuple[str, str, str, dict[str, Any]]],
@@ -109,7 +115,7 @@ def record_many(
                 "outcome": outcome,
                 "actor": who,
                 "sessionId": session_id,
-                "detail": json.dumps(detail, separators=(",", ":"), sort_keys=True),
+                "detail": detail_json(detail),
             }
             # Exact trimming (no "~"): the cap is a promise to the operator, and removing one
             # entry per append is cheap at these sizes.

@@ -31,6 +31,7 @@ run was under way is not archived again.
 
 from __future__ import annotations
 
+import json
 import logging
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -72,6 +73,10 @@ _FROM_SCRIPT = {
     "not_found": "not_found",
     "skipped": "skipped",
 }
+
+#: Outcomes ``bulk_archive.lua`` records (audit entry and count) in the script that writes
+#: them, so they commit with the batch; the others (refusals) are recorded afterwards.
+_RECORDED_IN_SCRIPT = frozenset({"archived", "already_archived", "skipped"})
 
 #: ``progress(done_batches, total_batches)``; called once before the first batch.
 Progress = Callable[[int, int], None]
@@ -301,10 +306,34 @@ class _Run:
             new_id("arc"),
             "" if self.idle_before is None else self.idle_before,
             "1" if self.with_unarchive else "0",
+            self.in_script_record(),
             *ids,
         ]
         rows: list[Any] = self.store.run("bulk_archive", argv, durable=not self.dry)
         return rows
+
+    def in_script_record(self) -> str:
+        """What ``bulk_archive.lua`` records with the batch it writes (JSON): the audit entry
+        and the ``fleet_archives`` count of each session it archives or finds archived."""
+        settings = get_settings()
+        k = self.store.keys
+        return json.dumps(
+            {
+                "outcomes": {
+                    script: wire
+                    for script, wire in _FROM_SCRIPT.items()
+                    if wire in self.recorded and wire in _RECORDED_IN_SCRIPT
+                },
+                "metric": k.metric(metrics.ARCHIVES.name),
+                "auditAll": k.audit_all,
+                "auditSession": k.audit(""),
+                "maxSession": settings.audit_max_per_session,
+                "maxGlobal": settings.audit_max_global,
+                "action": self.action,
+                "actor": audit.current_actor(),
+                "detail": audit.detail_json({"stopActivity": self.stop, "items": 0}),
+            }
+        )
 
     def batch(self, ids: list[str]) -> list[BulkItem]:
         """Archive one batch; returns its items in the order of ``ids``."""
@@ -368,7 +397,9 @@ class _Run:
         return items
 
     def record(self, items: list[BulkItem]) -> None:
-        """Count the batch's outcomes and add them to the audit trail (best effort)."""
+        """Count the batch's refusals and add them to the audit trail (best effort; what the
+        script wrote, ``_RECORDED_IN_SCRIPT``, it recorded itself)."""
+        items = [item for item in items if item.outcome not in _RECORDED_IN_SCRIPT]
         counts = Counter(item.outcome for item in items if item.outcome != "not_found")
         for outcome, n in counts.items():
             if outcome in self.recorded:

@@ -1,5 +1,5 @@
 -- ARGV: prefix, stopActivity '0'|'1', dryRun '0'|'1', nowIso, txnBase, idleBeforeMs|'',
---       withUnarchive '0'|'1', sid...
+--       withUnarchive '0'|'1', record (JSON, see the end of the script), sid...
 -- One batch of a bulk archive: for each session, in order, exactly what archive.lua does (the
 -- live-work check, unless stopActivity, and the archive write of the session and its whole
 -- subtree, atomically), so a batch behaves like that many single archives run back to back.
@@ -18,7 +18,7 @@
 --   would   dry run only: the ids the transition would have archived
 local stop, dry, now, base = ARGV[2], ARGV[3], ARGV[4], ARGV[5]
 local idle_before, with_unarchive = tonumber(ARGV[6]), ARGV[7] == '1'
-local FIRST = 8
+local FIRST = 9
 local virtual = {}
 
 local function idle_enough(k)
@@ -79,5 +79,27 @@ for i = FIRST, #ARGV do
       out[#out + 1] = {sid, 'archived', n, busy, would}
     end
   end
+end
+-- The batch's audit entries and archive counts commit with it: a crash after this script
+-- leaves no archive unaudited or uncounted, and a retry finds them 'already'. ARGV[8] is
+-- {outcomes = {scriptOutcome = recordedOutcome}, metric = key, auditAll = key,
+--  auditSession = per-session key prefix, maxSession, maxGlobal, action, actor, detail}
+-- (the same entry fields and exact MAXLEN trimming as orchestrator/audit.py); refusals are
+-- recorded by the caller, which learns the live items from the census.
+if dry ~= '1' then
+  local rec = cjson.decode(ARGV[8])
+  local counts = {}
+  for _, row in ipairs(out) do
+    local recorded = rec.outcomes[row[2]]
+    if recorded then
+      counts[recorded] = (counts[recorded] or 0) + 1
+      local fields = {'at', now, 'action', rec.action, 'outcome', recorded, 'actor', rec.actor,
+        'sessionId', row[1], 'detail', rec.detail}
+      redis.call('XADD', rec.auditSession .. row[1], 'MAXLEN', rec.maxSession, '*',
+        unpack(fields))
+      redis.call('XADD', rec.auditAll, 'MAXLEN', rec.maxGlobal, '*', unpack(fields))
+    end
+  end
+  for outcome, n in pairs(counts) do redis.call('HINCRBY', rec.metric, outcome, n) end
 end
 return out
