@@ -1,0 +1,149 @@
+"""Issue fault 4 with real worker processes: a turn whose step is lost with its worker still
+reaches a final state, through the sweeper running in the surviving turn worker.
+
+The module runs turn workers of its own (run prefix + ``sweeper:``) with a visibility timeout
+of 10 minutes, so the killed worker's unacknowledged step never comes back within a test: only
+the sweeper can move the turn (``FLEET_TURN_STUCK_SECONDS=2``, a pass every 0.5 s). Each test
+runs its step on the live turn worker, starts a second one, then SIGKILLs the first by PID.
+
+The running-turn index entry a step would write when it begins is written by the test (with
+Redis's clock), so the tests do not depend on who maintains that index."""
+
+from __future__ import annotations
+
+import json
+import signal
+from collections.abc import Iterator
+
+import pytest
+from celery import Celery
+
+from api.local import LocalFleet, WorkerProcess
+from orchestrator.archive import archive
+from orchestrator.families import Family
+from orchestrator.sessions import create_session, get_session
+from orchestrator.settings import FleetSettings
+from orchestrator.store import Store
+from orchestrator.turns import start_turn
+from tests.helpers import wait_for
+from tests.workers.support import requests_of, wait_request, wait_turn_state
+from workers.app import configure
+from workers.dispatch import CeleryDispatcher
+
+pytestmark = pytest.mark.timeout(180)
+
+
+class Private:
+    """The module's turn workers, store and dispatcher."""
+
+    def __init__(self, fleet: LocalFleet, store: Store, dispatcher: CeleryDispatcher) -> None:
+        self.fleet = fleet
+        self.store = store
+        self.dispatcher = dispatcher
+        self.hosts = 0
+
+    def live(self) -> WorkerProcess:
+        [alive] = [w for w in self.fleet.workers if w.process.poll() is None]
+        return alive
+
+    def take_over(self) -> None:
+        """Start a second turn worker, wait for it, then SIGKILL the first and reap it."""
+        old = self.live()
+        self.hosts += 1
+        self.fleet.start_worker(Family.TURN, f"sweeper-{self.hosts}")
+        self.fleet.wait_ready(90)
+        old.process.send_signal(signal.SIGKILL)
+        old.process.wait(10)
+        self.fleet.workers.remove(old)
+
+
+@pytest.fixture(scope="module")
+def private(
+    redis_url: str, key_prefix: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Private]:
+    prefix = f"{key_prefix}sweeper:"
+    store = Store(redis_url, prefix)
+    app = Celery("agent_fleet_sweeper")
+    configure(app, FleetSettings(redis_url=redis_url, key_prefix=prefix))
+    fleet = LocalFleet(
+        redis_url,
+        prefix,
+        tmp_path_factory.mktemp("sweeper-fleet"),
+        hostname="sweeper-0",
+        concurrency=4,
+        extra_env={
+            "FLEET_VISIBILITY_TIMEOUT_SECONDS": "600",
+            "FLEET_TURN_STUCK_SECONDS": "2",
+            "FLEET_TURN_SWEEP_INTERVAL_SECONDS": "0.5",
+        },
+    )
+    fleet.start([Family.TURN])
+    try:
+        fleet.wait_ready(90)
+        yield Private(fleet, store, CeleryDispatcher(app))
+    finally:
+        fleet.stop()
+        for key in store.redis.scan_iter(match=f"{prefix}*", count=1000):
+            store.redis.delete(key)
+        store.close()
+        app.close()
+
+
+def began(store: Store, tid: str) -> None:
+    """Index the turn as progressing now, as its step did when it began."""
+    sec, usec = store.redis.time()
+    store.redis.zadd(store.keys.turns_inflight, {tid: int(sec) * 1000 + int(usec) // 1000})
+
+
+def turn_events(store: Store, tid: str) -> list[dict[str, object]]:
+    rows = store.redis.xrange(store.keys.event_stream, "-", "+")
+    events = [json.loads(fields["event"]) for _, fields in rows]
+    return [e for e in events if e.get("type") == "turn" and e.get("turnId") == tid]
+
+
+def test_a_turn_whose_worker_is_killed_mid_step_is_resumed_on_another_worker(
+    private: Private,
+) -> None:
+    store, dispatcher = private.store, private.dispatcher
+    # Given a turn in the middle of a 30 s model request
+    sid = create_session(store, "/tmp/faults-sweeper").session_id
+    tid = start_turn(store, dispatcher, sid, "think 30")
+    wait_request(store, sid, tid, 0)
+    began(store, tid)
+
+    # When its worker is SIGKILLed (another turn worker is up; the step's message is not
+    # redelivered for 10 minutes)
+    private.take_over()
+
+    # Then the sweeper finds the step lost once its lease lapsed, and dispatches it again
+    wait_for(lambda: requests_of(store, sid, tid) == [0, 0], 30, message="the step resumed")
+    assert store.redis.hget(store.keys.turn(tid), "resumes") == "1"
+    # And the turn runs to its end
+    wait_turn_state(store, tid, "completed", timeout=60)
+    assert turn_events(store, tid)[-1]["state"] == "completed"
+
+
+def test_a_killed_step_then_archive_with_stop_ends_the_turn_cancelled_not_cancelling_forever(
+    private: Private,
+) -> None:
+    store, dispatcher = private.store, private.dispatcher
+    # Given a turn in the middle of a 30 s model request
+    sid = create_session(store, "/tmp/faults-sweeper").session_id
+    tid = start_turn(store, dispatcher, sid, "think 30\nsay never")
+    wait_request(store, sid, tid, 0)
+    began(store, tid)
+
+    # When its worker is SIGKILLed and the session archived with stopActivity: the other
+    # worker takes the stop while the dead step's lease still holds, so the turn is cancelling
+    private.take_over()
+    result = archive(store, dispatcher, sid, stop_activity=True)
+    assert result.outcome == "archived" and result.stop_report.sent == {"turn": 1}
+    wait_turn_state(store, tid, "cancelling")
+
+    # Then once the lease lapsed the sweeper settles it cancelled, with its turn event (which
+    # answers a pending ACP session/prompt), and the archive is recorded quiet
+    wait_turn_state(store, tid, "cancelled", timeout=30)
+    assert turn_events(store, tid)[-1]["stopReason"] == "cancelled"
+    wait_for(lambda: get_session(store, sid).quiet_at is not None, 10, message="quiet")
+    # And no step ran after the archive
+    assert requests_of(store, sid, tid) == [0]
