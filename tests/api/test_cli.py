@@ -238,3 +238,11 @@ def test_prompt_runs_a_turn(fleet: Any, store: Any) -> None:
     assert turn.state.value == "completed"
     assert turn.prompt == "say one\nsay two", "'\\n' separates scripted instructions"
     assert _flat(_ok("archive", sid)) == f"{sid}: archived"
+
+
+def test_sweep_runs_one_pass_of_the_turn_sweeper_and_prints_what_it_did() -> None:
+    # A day without progress: no turn of this run is that old, so the pass only reports
+    report = json.loads(_ok("sweep", "--json", "--stuck-seconds", "86400"))
+    assert report["examined"] == 0
+    assert report["totals"] == {"resumed": 0, "failed": 0, "settled": 0, "removed": 0}
+    assert "sweep: 0 examined" in _flat(_ok("sweep", "--stuck-seconds", "86400"))
