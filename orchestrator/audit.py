@@ -12,7 +12,9 @@ host>``, ``acp:stdio``, ``acp:ws:<client host>``, ``cli``, ``worker``) with ``ac
 nobody did.
 
 Recording is best effort: a failure is logged and never fails the change it records (the
-change is already made by then, and the stores it lives in are the source of truth).
+change is already made by then, and the stores it lives in are the source of truth). A bulk
+archive's entries are the exception: ``bulk_archive.lua`` appends them (same fields, same
+exact trimming, ``detail_json``) in the script that archives, so they commit with the batch.
 """
 
 from __future__ import annotations
