@@ -73,12 +73,39 @@ def late_model_requests(calls: list[Call], ev: Evidence) -> Check:
                             f"archive of {holder} was acknowledged"
                         )
                     break
+    committed = _after_commit(ev, unarchives)
     return Check(
         "model requests after an acknowledged archive",
         found,
-        f"{total} model requests, {sum(len(v) for v in acks.values())} acknowledged archives",
+        f"{total} model requests, {sum(len(v) for v in acks.values())} acknowledged archives; "
+        f"not counted: {committed} began after the archive's audit entry was written",
         examples,
     )
+
+
+def _after_commit(ev: Evidence, unarchives: dict[str, list[tuple[float, float]]]) -> int:
+    """Model requests that began after an archive of their lineage had committed (its audit
+    entry's time: written after the commit, before the 200), with no unarchive that may have
+    come between. Shown, not counted: a step admitted just before the commit may record its
+    request just after it."""
+    commits: dict[str, list[float]] = defaultdict(list)
+    for e in ev.audit:
+        if e.get("action") in ("archive", "bulk_archive") and e.get("outcome") == "archived":
+            at = epoch_ms(e.get("at"))
+            if at is not None:
+                commits[e.get("sessionId", "")].append(at)
+    late = 0
+    for sid, rows in ev.requests.items():
+        line = [sid, *ev.lineages.get(sid, [])]
+        marks = [t for h in line for t in commits.get(h, [])]
+        lifts = [u for h in line for u in unarchives.get(h, [])]
+        for _, _, at in rows:
+            if any(
+                at > mark and not any(done > mark and sent < at for sent, done in lifts)
+                for mark in marks
+            ):
+                late += 1
+    return late
 
 
 def reminders(ev: Evidence, now_ms: float) -> Check:

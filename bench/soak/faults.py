@@ -8,6 +8,8 @@
 ``squeeze``        ``CONFIG SET maxmemory`` below (or just above) the memory in use, policy
                    ``noeviction``, for 0.5-3 s, then ``maxmemory 0``
 ``api_kill``       SIGKILL of the HTTP API, restarted on the same port after 0.2-1.5 s
+``freeze_archive`` SIGSTOP of the turn worker, archives with ``stopActivity`` of busy sessions
+                   (``Faults.during_freeze``, the client's), SIGCONT 50 ms after the last 200
 =================  ===========================================================================
 """
 
@@ -19,6 +21,7 @@ import signal
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import redis
@@ -33,6 +36,7 @@ KINDS = {
     "worker_stop": 3,
     "squeeze": 2,
     "api_kill": 1,
+    "freeze_archive": 2,
 }
 
 
@@ -50,8 +54,15 @@ class FaultLog:
 class Faults:
     """Injects faults into ``procs`` on a seeded schedule until told to stop."""
 
-    def __init__(self, procs: Processes, seed: int, gap: tuple[float, float] = (0.5, 2.5)):
+    def __init__(
+        self,
+        procs: Processes,
+        seed: int,
+        gap: tuple[float, float] = (0.5, 2.5),
+        during_freeze: Callable[[random.Random], None] | None = None,
+    ):
         self.procs = procs
+        self.during_freeze = during_freeze
         self.rng = random.Random(seed)
         self.gap = gap
         self.log = FaultLog()
@@ -103,6 +114,15 @@ class Faults:
             return target
         if kind == "squeeze":
             return self._squeeze()
+        if kind == "freeze_archive":
+            if self.during_freeze is None or not self.procs.signal("turn@soak", signal.SIGSTOP):
+                return ""
+            try:
+                self.during_freeze(rng)
+                time.sleep(0.05)
+            finally:
+                self.procs.signal("turn@soak", signal.SIGCONT)
+            return "turn@soak"
         if kind == "api_kill":
             self.procs.signal("api", signal.SIGKILL)
             self._hold(0.2, 1.5)

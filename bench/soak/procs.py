@@ -9,6 +9,7 @@ is recorded as an unexpected exit (and restarted, so the soak goes on).
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -307,7 +308,12 @@ def unrecoverable_lines(path: Path, limit: int = 3) -> list[str]:
         text = path.read_text(errors="replace")
     except OSError:
         return []
-    found = [line.strip()[:300] for line in text.splitlines() if "Unrecoverable error" in line]
+    found = []
+    for line in text.splitlines():
+        if "Unrecoverable error" in line:
+            with contextlib.suppress(ValueError, AttributeError):
+                line = str(json.loads(line).get("message", line))
+            found.append(line.strip()[:200])
     return found[-limit:]
 
 

@@ -153,7 +153,7 @@ def run(cfg: Config) -> Result:
         traffic = Traffic(procs.base_url, token, cfg.seed, cfg.sessions, cfg.concurrency)
         with httpx.Client(base_url=procs.base_url, timeout=10) as client:
             traffic.setup(client)
-        faults = Faults(procs, cfg.seed)
+        faults = Faults(procs, cfg.seed, during_freeze=traffic.archive_busy)
         until = time.monotonic() + cfg.seconds
         injector = threading.Thread(target=faults.run, args=(until,), name="soak-faults")
         injector.start()

@@ -28,10 +28,16 @@ OPS = {
     "prompt": 10,
     "archive_stop": 3,
     "archive": 2,
-    "unarchive": 6,
+    "unarchive": 4,
     "bulk": 1,
     "create": 1,
+    # prompt, then archive with stopActivity 0-0.5 s later: an archive racing live steps
+    "race": 3,
+    # archive with stopActivity, unarchive, prompt again: late stops meet new work
+    "cycle": 1,
 }
+#: How often an operation picks a session it believes to be in the state it wants.
+AIM = 0.8
 CWD = "/soak"
 
 
@@ -125,6 +131,8 @@ class Traffic:
         self.log = ClientLog()
         self.scripts = Scripts()
         self.sessions: list[str] = []
+        #: sessions the client believes archived (from the answers it got)
+        self.archived: set[str] = set()
         self._lock = threading.Lock()
 
     # ------------------------------------------------------------------ calls
@@ -154,7 +162,31 @@ class Traffic:
                 code = str((payload.get("error") or {}).get("code", ""))
             call = Call(op, sids, sent, done, r.status_code, code, payload)
         self.log.add(call)
+        self._believe(call)
         return call
+
+    def _believe(self, call: Call) -> None:
+        """Track which sessions are archived, from the answers (a guide for aiming
+        operations, never evidence)."""
+        body = call.body if isinstance(call.body, dict) else {}
+        with self._lock:
+            if call.code in ("session_archived", "ancestor_archived"):
+                self.archived.update(call.sids[:1])
+            elif call.status == 200 and "results" in body:
+                for item in body["results"]:
+                    if item.get("outcome") in ("archived", "already_archived"):
+                        self.archived.add(item["sessionId"])
+            elif call.status == 200 and body.get("outcome") in ("archived", "already_archived"):
+                self.archived.add(call.sids[0])
+            elif call.status == 200 and body.get("archived") is False:
+                self.archived.discard(call.sids[0])
+
+    def pick(self, rng: random.Random, archived: bool) -> str:
+        """A session, usually (``AIM``) one believed ``archived`` or not as asked."""
+        with self._lock:
+            pool = list(self.sessions)
+            aimed = [s for s in pool if (s in self.archived) == archived]
+        return rng.choice(aimed if aimed and rng.random() < AIM else pool)
 
     def create(self, client: httpx.Client, parent: str | None = None) -> str | None:
         body: dict[str, Any] = {"cwd": CWD}
@@ -200,24 +232,42 @@ class Traffic:
             parent = rng.choice(pool) if pool and rng.random() < 0.3 else None
             self.create(client, parent)
         elif op == "prompt":
-            sid = rng.choice(pool)
-            self.call(
-                client,
-                op,
-                [sid],
-                "POST",
-                f"/sessions/{sid}/prompt",
-                {"prompt": self.scripts.any(rng)},
-            )
+            self.prompt(client, rng, self.pick(rng, archived=False))
         elif op in ("archive", "archive_stop"):
-            self.archive(client, op, [rng.choice(pool)], op == "archive_stop")
+            self.archive(client, op, [self.pick(rng, archived=False)], op == "archive_stop")
         elif op == "unarchive":
-            sid = rng.choice(pool)
-            self.call(client, op, [sid], "POST", f"/sessions/{sid}/unarchive")
+            self.unarchive(client, self.pick(rng, archived=True))
+        elif op == "race":
+            sid = self.pick(rng, archived=False)
+            self.prompt(client, rng, sid)
+            time.sleep(rng.uniform(0, 0.5))
+            self.archive(client, "archive_stop", [sid], True)
+        elif op == "cycle":
+            sid = self.pick(rng, archived=False)
+            self.archive(client, "archive_stop", [sid], True)
+            self.unarchive(client, sid)
+            self.prompt(client, rng, sid)
         else:
-            sids = rng.sample(pool, min(len(pool), rng.randint(2, 8)))
+            sids = list({self.pick(rng, archived=False) for _ in range(rng.randint(2, 8))})
             stop = rng.random() < 0.6
             self.archive(client, "bulk_stop" if stop else "bulk", sids, stop)
+
+    def archive_busy(self, rng: random.Random) -> None:
+        """Archive with ``stopActivity`` up to three sessions that were prompted lately and
+        are believed active (the fault schedule calls it while the turn worker is frozen)."""
+        with self._lock:
+            recent = [c.sids[0] for c in self.log.calls[-200:] if c.op == "prompt"]
+            busy = [s for s in dict.fromkeys(reversed(recent)) if s not in self.archived]
+        with httpx.Client(base_url=self.base_url, timeout=10) as client:
+            for sid in busy[: rng.randint(1, 3)]:
+                self.archive(client, "archive_stop", [sid], True)
+
+    def prompt(self, client: httpx.Client, rng: random.Random, sid: str) -> None:
+        body = {"prompt": self.scripts.any(rng)}
+        self.call(client, "prompt", [sid], "POST", f"/sessions/{sid}/prompt", body)
+
+    def unarchive(self, client: httpx.Client, sid: str) -> None:
+        self.call(client, "unarchive", [sid], "POST", f"/sessions/{sid}/unarchive")
 
     def run(self, until: float) -> None:
         """Drive traffic from ``concurrency`` threads until the monotonic time ``until``."""
