@@ -55,7 +55,8 @@ def late_model_requests(calls: list[Call], ev: Evidence) -> Check:
         if c.op == "unarchive":
             done = c.done * 1000 if c.answered else float("inf")
             unarchives[c.sids[0]].append((c.sent * 1000, done))
-    found, examples, total = 0, [], 0
+    found, total = 0, 0
+    examples: list[str] = []
     for sid, rows in ev.requests.items():
         line = [sid, *ev.lineages.get(sid, [])]
         held = [(h, sent, ack) for h in line for sent, ack in acks.get(h, [])]

@@ -86,7 +86,8 @@ def gather(url: str, prefix: str, logs: dict[str, Path], api: str, token: str) -
     import json
 
     k = Keys(prefix)
-    client = redis.Redis.from_url(url, decode_responses=True, socket_timeout=30)
+    # Any: redis-py types replies as unions over bytes/str; decode_responses makes them str.
+    client: Any = redis.Redis.from_url(url, decode_responses=True, socket_timeout=30)
     ev = Evidence()
     try:
         keys = [key for key in _scan(client, f"{prefix}turn:turn_*")]
@@ -117,7 +118,7 @@ def gather(url: str, prefix: str, logs: dict[str, Path], api: str, token: str) -
                     ev.stored_reminders.update(_STORED.findall(row))
         last = "-"
         while True:
-            page = client.xrange(k.audit_all, min=last, max="+", count=5000)
+            page: list[Any] = client.xrange(k.audit_all, min=last, max="+", count=5000)
             if last != "-":
                 page = page[1:]
             if not page:

@@ -204,10 +204,11 @@ class Traffic:
         """Archive (bulk when several ids); an attempt with no answer or a 5xx is retried
         once, as an idempotent client would."""
         for _ in range(2):
+            body: dict[str, Any] = {"stopActivity": stop}
             if len(sids) == 1:
-                path, body = f"/sessions/{sids[0]}/archive", {"stopActivity": stop}
+                path = f"/sessions/{sids[0]}/archive"
             else:
-                path, body = "/sessions/archive", {"sessionIds": sids, "stopActivity": stop}
+                path, body["sessionIds"] = "/sessions/archive", sids
             call = self.call(client, op, sids, "POST", path, body)
             if call.status is not None and call.status < 500:
                 return
