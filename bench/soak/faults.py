@@ -1,0 +1,187 @@
+"""The fault schedule: seeded random faults, one at a time, each undone before the next.
+
+=================  ===========================================================================
+``redis_kill``     SIGKILL of Redis, restarted on the same port after 0.3-2 s
+``redis_stop``     SIGSTOP of Redis for 0.3-2.5 s, then SIGCONT
+``worker_kill``    SIGKILL of one worker (any family, either job host), restarted after 0.3-2 s
+``worker_stop``    SIGSTOP of one worker for 0.3-3 s, then SIGCONT
+``squeeze``        ``CONFIG SET maxmemory`` below (or just above) the memory in use, policy
+                   ``noeviction``, for 0.5-3 s, then ``maxmemory 0``
+``api_kill``       SIGKILL of the HTTP API, restarted on the same port after 0.2-1.5 s
+``freeze_archive`` SIGSTOP of the turn worker, archives with ``stopActivity`` of busy sessions
+                   (``Faults.during_freeze``, the client's), SIGCONT 50 ms after the last 200
+=================  ===========================================================================
+"""
+
+from __future__ import annotations
+
+import contextlib
+import random
+import signal
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import redis
+
+from bench.soak.procs import Processes
+
+#: Fault kinds and their weights.
+KINDS = {
+    "redis_kill": 2,
+    "redis_stop": 2,
+    "worker_kill": 3,
+    "worker_stop": 3,
+    "squeeze": 2,
+    "api_kill": 1,
+    "freeze_archive": 2,
+}
+
+
+@dataclass
+class FaultLog:
+    """What was done: ``(kind, target, started, ended)`` with wall-clock seconds."""
+
+    events: list[tuple[str, str, float, float]] = field(default_factory=list)
+    skipped: int = 0
+
+    def counts(self) -> dict[str, int]:
+        return dict(Counter(kind for kind, *_ in self.events))
+
+
+class Faults:
+    """Injects faults into ``procs`` on a seeded schedule until told to stop."""
+
+    def __init__(
+        self,
+        procs: Processes,
+        seed: int,
+        gap: tuple[float, float] = (0.5, 2.5),
+        during_freeze: Callable[[random.Random], None] | None = None,
+    ):
+        self.procs = procs
+        self.during_freeze = during_freeze
+        self.rng = random.Random(seed)
+        self.gap = gap
+        self.log = FaultLog()
+        self._stop = threading.Event()
+
+    def _admin(self) -> redis.Redis:
+        return redis.Redis(
+            host="127.0.0.1",
+            port=self.procs.redis.port,
+            socket_timeout=2,
+            socket_connect_timeout=1,
+        )
+
+    def _hold(self, low: float, high: float) -> None:
+        self._stop.wait(self.rng.uniform(low, high))
+
+    def _restart(self, name: str) -> None:
+        for _ in range(20):
+            try:
+                self.procs.restart(name)
+                return
+            except RuntimeError:
+                time.sleep(0.5)  # e.g. the old Redis still holds its port for a moment
+
+    def one(self, kind: str) -> str:
+        """Apply one fault of ``kind`` and undo it; returns its target (``""``: skipped)."""
+        rng = self.rng
+        if kind == "redis_kill":
+            self.procs.signal("redis", signal.SIGKILL)
+            self._hold(0.3, 2.0)
+            self._restart("redis")
+            return "redis"
+        if kind == "redis_stop":
+            if not self.procs.signal("redis", signal.SIGSTOP):
+                return ""
+            self._hold(0.3, 2.5)
+            self.procs.signal("redis", signal.SIGCONT)
+            return "redis"
+        if kind in ("worker_kill", "worker_stop"):
+            target = rng.choice(sorted(self.procs.worker_names()))
+            if kind == "worker_kill":
+                self.procs.signal(target, signal.SIGKILL)
+                self._hold(0.3, 2.0)
+                self._restart(target)
+            else:
+                self.procs.signal(target, signal.SIGSTOP)
+                self._hold(0.3, 3.0)
+                self.procs.signal(target, signal.SIGCONT)
+            return target
+        if kind == "squeeze":
+            return self._squeeze()
+        if kind == "freeze_archive":
+            if self.during_freeze is None or not self.procs.signal("turn@soak", signal.SIGSTOP):
+                return ""
+            try:
+                self.during_freeze(rng)
+                time.sleep(0.05)
+            finally:
+                self.procs.signal("turn@soak", signal.SIGCONT)
+            return "turn@soak"
+        if kind == "api_kill":
+            self.procs.signal("api", signal.SIGKILL)
+            self._hold(0.2, 1.5)
+            self._restart("api")
+            return "api"
+        raise ValueError(kind)
+
+    def _squeeze(self) -> str:
+        admin = self._admin()
+        try:
+            used = int(admin.info("memory")["used_memory"])
+            tight = self.rng.random() < 0.5
+            limit = used + 64 * 1024 if tight else max(1024 * 1024, used // 2)
+            admin.config_set("maxmemory-policy", "noeviction")
+            admin.config_set("maxmemory", limit)
+        except redis.RedisError:
+            return ""
+        finally:
+            admin.close()
+        self._hold(0.5, 3.0)
+        self.release_memory()
+        return "redis(tight)" if tight else "redis(below use)"
+
+    def release_memory(self, timeout: float = 20.0) -> None:
+        """``maxmemory 0`` (retried while Redis is away; a restarted one has it already)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            admin = self._admin()
+            try:
+                admin.config_set("maxmemory", 0)
+                return
+            except redis.RedisError:
+                time.sleep(0.2)
+            finally:
+                admin.close()
+
+    def run(self, until: float) -> None:
+        """Inject faults until the monotonic time ``until`` (or ``stop``)."""
+        while not self._stop.is_set() and time.monotonic() < until:
+            self._hold(*self.gap)
+            if self._stop.is_set() or time.monotonic() >= until:
+                break
+            kind = self.rng.choices(list(KINDS), list(KINDS.values()))[0]
+            started = time.time()
+            target = self.one(kind)
+            if target:
+                self.log.events.append((kind, target, started, time.time()))
+            else:
+                self.log.skipped += 1
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def release_all(self) -> None:
+        """Undo every fault: SIGCONT to every process, every dead process restarted,
+        ``maxmemory 0``."""
+        for name in list(self.procs.pids()):
+            self.procs.signal(name, signal.SIGCONT)
+        for name in ["redis", "api", "beat", *self.procs.worker_names()]:
+            with contextlib.suppress(RuntimeError):
+                self._restart(name)
+        self.release_memory()

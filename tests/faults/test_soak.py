@@ -1,0 +1,42 @@
+"""The short fault soak (``bench/soak``), as CI runs it: 40 s of traffic over the HTTP API
+while Redis, every worker and the API are killed, stopped and squeezed, then at most 30 s to
+settle, with a fixed seed. About 80 s of wall clock on two cores."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.slow, pytest.mark.integration]
+
+SEED = 10
+FAULT_SECONDS = 40
+SETTLE_SECONDS = 30
+
+
+# pending the fixes of issue 10: remove this mark once they are merged.
+@pytest.mark.xfail(reason="pending the fixes of issue 10", strict=False)
+def test_a_short_fault_soak_finds_no_violation(tmp_path: Path) -> None:
+    # Given a private Redis, a worker per family, the API and beat, started by the soak
+    # When 40 s of seeded traffic meets seeded faults, every fault is released, and the
+    #   fleet gets at most 30 s to settle
+    cmd = [
+        sys.executable, "-m", "bench.soak",
+        "--minutes", str(FAULT_SECONDS / 60),
+        "--settle", str(SETTLE_SECONDS),
+        "--seed", str(SEED),
+        "--sessions", "16",
+        "--state-dir", str(tmp_path / "soak"),
+        "--json",
+    ]  # fmt: skip
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
+    # Then every check counts zero violations (the table is in the failure message)
+    assert done.stdout, done.stderr[-3000:]
+    result = json.loads(done.stdout)
+    assert len(result["checks"]) == 7, done.stderr[-3000:]
+    assert result["violations"] == 0, done.stderr[-4000:]
+    assert done.returncode == 0, done.stderr[-3000:]
