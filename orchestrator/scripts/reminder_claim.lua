@@ -1,8 +1,10 @@
 -- ARGV: prefix, limit, refireMs
 -- Claims up to `limit` reminders atomically, on the server's clock (TIME): first those whose
 -- fire was not confirmed by their deadline (reminders:firing), then due ones (reminders:due).
--- Each becomes 'firing' with a new deadline (now + refireMs) and stays live (the census and
--- stops still see it) until turn_create.lua turns it into its one turn, or a stop deletes it.
+-- Each becomes 'firing' with a new deadline and stays live (the census and stops still see it)
+-- until turn_create.lua turns it into its one turn, or a stop deletes it. The deadline is
+-- now + refireMs, doubled at each re-claim up to 8x: a backlog of fires slower than the
+-- deadline is not flooded with copies (a copy is harmless, but it is work).
 -- Two pollers never claim the same one at once. Returns a flat list: rid, sid, prompt, ...
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -17,8 +19,8 @@ local function take(set, n)
     local h = redis.call('HMGET', rk, 'sessionId', 'prompt', 'state')
     if h[1] and (h[3] == 'armed' or h[3] == 'firing') then
       redis.call('HSET', rk, 'state', 'firing')
-      redis.call('HINCRBY', rk, 'claims', 1)
-      redis.call('ZADD', firing, now + refire, rid)
+      local claims = redis.call('HINCRBY', rk, 'claims', 1)
+      redis.call('ZADD', firing, now + refire * math.min(2 ^ (claims - 1), 8), rid)
       out[#out + 1] = rid; out[#out + 1] = h[1]; out[#out + 1] = h[2]
     end
   end

@@ -42,10 +42,12 @@ from tests.workers.support import (
 from workers.app import configure
 from workers.dispatch import CeleryDispatcher
 
-pytestmark = pytest.mark.timeout(240)
-
 SESSIONS = int(os.environ.get("FLEET_FAULT_REMINDER_SESSIONS", "40"))
 EACH = int(os.environ.get("FLEET_FAULT_REMINDERS_EACH", "5"))
+#: Seconds the reminders get to become turns once the worker is back (2 cores, shared).
+SETTLE = 60 + SESSIONS * EACH / 20
+
+pytestmark = pytest.mark.timeout(180 + 2 * SETTLE)
 
 
 class Private:
@@ -200,7 +202,7 @@ def test_every_due_reminder_becomes_exactly_one_turn_when_the_reminder_worker_is
         return {(sid, p): c for sid in sids for p, c in reminder_turns(store, sid).items()}
 
     with contextlib.suppress(pytest.fail.Exception):  # the assertion below says which
-        wait_for(lambda: made().keys() == expected.keys(), 60, interval=0.5, message="turns")
+        wait_for(lambda: made().keys() == expected.keys(), SETTLE, 0.5, message="turns")
     found = made()
     missing = sorted(k for k in expected if k not in found)
     twice = sorted(k for k, c in found.items() if c > 1)
