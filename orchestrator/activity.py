@@ -8,7 +8,7 @@ armed reminder still counts, and a job whose worker died stops counting once its
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
@@ -29,13 +29,16 @@ _LABEL_TEXT = 60
 class ActivityItem:
     """One live item: ``family``, ``id`` (turn/job/reminder id, or the descendant session id
     for ``subagent``), a human ``label``, the ``session_id`` that owns it, and for jobs the
-    ``host`` running the process."""
+    ``host`` running the process. A ``subagent`` item also carries, in ``parts``, the
+    descendant's own live items the census found (never on the wire: a stop names exactly
+    these, so a late one leaves alone what the descendant started since)."""
 
     family: Family
     id: str
     label: str
     session_id: str
     host: str | None = None
+    parts: tuple[ActivityItem, ...] = field(default=(), compare=False, repr=False)
 
     def to_wire(self) -> dict[str, Any]:
         """``{"family", "id", "label", "sessionId", "host"?}``."""
@@ -271,7 +274,13 @@ def census_many(
                 counts[item.family.value] = counts.get(item.family.value, 0) + 1
             summary = ", ".join(f"{n} {fam}{'s' if n > 1 else ''}" for fam, n in counts.items())
             items.append(
-                ActivityItem(Family.SUBAGENT, child, f"subagent {child} ({summary})", child)
+                ActivityItem(
+                    Family.SUBAGENT,
+                    child,
+                    f"subagent {child} ({summary})",
+                    child,
+                    parts=tuple(mine),
+                )
             )
         out[root] = items
     return out

@@ -43,7 +43,8 @@ class Task:
     REMINDER_FIRE = "reminder.fire"
     REMINDER_STOP = "reminder.stop"
     #: Bulk stops: one message for many sessions. Arguments: ``{sessionId: [ids]}`` (turns,
-    #: jobs, descendant sessions); reminders: ``[sessionId, ...]``.
+    #: jobs, reminders); subagents: ``{sessionId: {descendantId: plan}}``
+    #: (``stops.subagent_plan``). Every stop names exactly the items it stops.
     TURN_STOP_MANY = "turn.stop_many"
     JOB_STOP_MANY = "job.stop_many"
     SUBAGENT_STOP_MANY = "subagent.stop_many"

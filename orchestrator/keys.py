@@ -112,16 +112,27 @@ class Keys:
 
     # -- reminders --------------------------------------------------------------------------
     def reminder(self, rid: str) -> str:
-        """HASH: reminderId, sessionId, prompt, label, dueAt (ISO 8601), createdAt."""
+        """HASH: reminderId, sessionId, prompt, label, dueAt (ISO 8601), createdAt, state
+        (``armed``; ``firing`` once claimed; then ``fired``, ``deleted``, ``refused`` or
+        ``dropped``), claims (how many times the poller claimed it) and, once fired, turnId
+        (the one turn it became)."""
         return f"{self.prefix}reminder:{rid}"
 
     @property
     def reminders_due(self) -> str:
-        """ZSET: armed reminder ids scored by due time (epoch ms); the poller claims from it."""
+        """ZSET: armed reminder ids scored by due time (epoch ms, the Redis server's clock);
+        the poller claims from it."""
         return f"{self.prefix}reminders:due"
 
+    @property
+    def reminders_firing(self) -> str:
+        """ZSET: claimed (``firing``) reminder ids scored by the epoch ms (server clock) after
+        which the poller claims them again, because their turn was not created in time."""
+        return f"{self.prefix}reminders:firing"
+
     def live_reminders(self, sid: str) -> str:
-        """SET: ids of the session's armed (stored, not yet fired) reminders."""
+        """SET: ids of the session's live reminders: armed, or firing (claimed, their turn not
+        created yet)."""
         return f"{self.prefix}reminders:live:{sid}"
 
     # -- workers ----------------------------------------------------------------------------

@@ -38,6 +38,9 @@ class FleetSettings(BaseSettings):
     job_lease_seconds: float = 5.0
     #: Seconds between two polls of the reminder poller.
     reminder_poll_seconds: float = 0.2
+    #: Seconds a claimed reminder waits for its turn to be created before the poller claims
+    #: it again and re-sends its fire (at-least-once delivery; the turn is created once).
+    reminder_refire_seconds: float = Field(default=30.0, gt=0)
     #: Threads per family worker.
     worker_concurrency: int = 8
     #: Seconds a step refused because the store was unreachable waits before it is retried.

@@ -48,6 +48,21 @@ def job_stop_batches(items: list[ActivityItem]) -> dict[str, list[ActivityItem]]
     return dict(by_queue)
 
 
+def subagent_plan(item: ActivityItem) -> dict[str, list[Any]]:
+    """What a ``subagent`` stop does to one descendant: exactly the live items its census
+    found, ``{"turns": [turnId, ...], "jobs": [[jobId, host or null], ...], "reminders":
+    [reminderId, ...]}``, so a stop that arrives late touches nothing started since."""
+    plan: dict[str, list[Any]] = {"turns": [], "jobs": [], "reminders": []}
+    for part in item.parts:
+        if part.family is Family.TURN:
+            plan["turns"].append(part.id)
+        elif part.family is Family.JOB:
+            plan["jobs"].append([part.id, part.host])
+        elif part.family is Family.REMINDER:
+            plan["reminders"].append(part.id)
+    return plan
+
+
 def stop_messages(session_id: str, items: list[ActivityItem]) -> list[StopMessage]:
     """The stop requests for ``items``: one per family, and one per owning host for jobs."""
     by_family: dict[Family, list[ActivityItem]] = defaultdict(list)
@@ -78,7 +93,7 @@ def stop_messages(session_id: str, items: list[ActivityItem]) -> list[StopMessag
                 Family.SUBAGENT,
                 len(subagents),
                 Task.SUBAGENT_STOP,
-                [session_id, [a.id for a in subagents]],
+                [session_id, {a.id: subagent_plan(a) for a in subagents}],
                 control_queue(Family.SUBAGENT),
             )
         )
@@ -89,7 +104,7 @@ def stop_messages(session_id: str, items: list[ActivityItem]) -> list[StopMessag
                 Family.REMINDER,
                 len(reminders),
                 Task.REMINDER_STOP,
-                [session_id],
+                [session_id, [r.id for r in reminders]],
                 control_queue(Family.REMINDER),
             )
         )
@@ -139,14 +154,14 @@ def stop_messages_many(items_by_session: dict[str, list[ActivityItem]]) -> list[
     """The stop requests of a bulk batch: ONE message per family carrying every session of
     the batch (jobs: one per owning host's queue), instead of one per session.
 
-    ``turn.stop_many``/``job.stop_many``/``subagent.stop_many`` take ``{sessionId: [ids]}``
-    (turn ids, job ids, descendant session ids); ``reminder.stop_many`` takes
-    ``[sessionId, ...]``. Each item is keyed by the session it was found for (the archived
-    one; a subagent item names the descendant to stop)."""
+    ``turn.stop_many``/``job.stop_many``/``reminder.stop_many`` take ``{sessionId: [ids]}``
+    (turn, job, reminder ids); ``subagent.stop_many`` takes ``{sessionId: {descendantId:
+    plan}}`` (``subagent_plan``). Each item is keyed by the session it was found for (the
+    archived one; a subagent item names the descendant and the items of it to stop)."""
     turns: dict[str, list[str]] = defaultdict(list)
     jobs: dict[str, dict[str, list[str]]] = defaultdict(lambda: defaultdict(list))
-    subagents: dict[str, list[str]] = defaultdict(list)
-    reminders: dict[str, int] = defaultdict(int)
+    subagents: dict[str, dict[str, dict[str, list[Any]]]] = defaultdict(dict)
+    reminders: dict[str, list[str]] = defaultdict(list)
     for sid, items in items_by_session.items():
         for item in items:
             if item.family is Family.TURN:
@@ -154,9 +169,9 @@ def stop_messages_many(items_by_session: dict[str, list[ActivityItem]]) -> list[
             elif item.family is Family.JOB:
                 jobs[control_queue(Family.JOB, item.host)][sid].append(item.id)
             elif item.family is Family.SUBAGENT:
-                subagents[sid].append(item.id)
+                subagents[sid][item.id] = subagent_plan(item)
             else:
-                reminders[sid] += 1
+                reminders[sid].append(item.id)
     out: list[StopMessage] = []
     if turns:
         count = sum(len(v) for v in turns.values())
@@ -183,9 +198,9 @@ def stop_messages_many(items_by_session: dict[str, list[ActivityItem]]) -> list[
         out.append(
             StopMessage(
                 Family.REMINDER,
-                sum(reminders.values()),
+                sum(len(v) for v in reminders.values()),
                 Task.REMINDER_STOP_MANY,
-                [list(reminders)],
+                [dict(reminders)],
                 control_queue(Family.REMINDER),
             )
         )

@@ -147,7 +147,13 @@ def record_update(store: Store, session_id: str, update: dict[str, object]) -> N
 
 
 def start_turn(
-    store: Store, dispatcher: Dispatcher, session_id: str, prompt: str, *, source: str = "prompt"
+    store: Store,
+    dispatcher: Dispatcher,
+    session_id: str,
+    prompt: str,
+    *,
+    source: str = "prompt",
+    reminder_id: str = "",
 ) -> str:
     """Store a turn for ``prompt`` and dispatch its first step if the session is idle.
 
@@ -155,6 +161,13 @@ def start_turn(
     turn) or ``subagent_result`` (a child finished). A user prompt on an archived lineage is
     refused up front; the others are stored and their first step meets the gate, so a late
     wake-up runs nothing. Returns the turn id.
+
+    With ``reminder_id`` (a reminder's fire) the turn is created at most once per reminder,
+    in the script that spends it (``reminders`` module): a repeat fire returns the turn the
+    first one created (and sends its first step again if it may not have been sent: the
+    step itself drops duplicates), a fire of a reminder a stop deleted returns ``""`` and
+    creates nothing, and one under an archived lineage raises ``SessionArchived`` with
+    nothing stored (the reminder is marked ``refused``).
     Raises ``InvalidParams`` (prompt not a string or too long), ``SessionNotFound``,
     ``SessionArchived``, ``StoreUnavailable``.
     """
@@ -167,10 +180,12 @@ def start_turn(
     tid = new_id("turn")
     ms = now_ms()
     label = shorten(prompt)
+    refuse = "1" if source == "prompt" else "0"
     result = store.run(
-        "turn_create",
-        [sid, tid, prompt, label, source, ms, iso(ms), "1" if source == "prompt" else "0"],
+        "turn_create", [sid, tid, prompt, label, source, ms, iso(ms), refuse, reminder_id]
     )
+    if result[0] in ("duplicate", "stopped"):
+        return _repeated_fire(store, dispatcher, sid, reminder_id, result)
     if result[0] == "not_found":
         raise SessionNotFound(sid)
     if result[0] == "archived":
@@ -186,6 +201,26 @@ def start_turn(
     )
     log.info("turn %s %s (%s)", tid, result[0], source, extra={"session_id": sid, "turn_id": tid})
     if result[0] == "run":
+        send_step(dispatcher, sid, tid, 0)
+    return tid
+
+
+def _repeated_fire(
+    store: Store, dispatcher: Dispatcher, sid: str, reminder_id: str, result: list[str]
+) -> str:
+    """A reminder fire that created nothing: ``{'stopped'}`` (a stop deleted the reminder)
+    returns ``""``; ``{'duplicate', turnId}`` returns that turn, whose first step is sent
+    again while it may be lost (running, at step 0: ``turn_begin_step`` drops a copy of a
+    step that is in flight or already ran)."""
+    tid = str(result[1]) if result[0] == "duplicate" else ""
+    log.info(
+        "reminder %s fired before (turn %s) or stopped",
+        reminder_id,
+        tid or "none",
+        extra={"session_id": sid, "family": "reminder"},
+    )
+    turn = get_turn(store, tid) if tid else None
+    if turn is not None and turn.state is TurnState.RUNNING and turn.step == 0:
         send_step(dispatcher, sid, tid, 0)
     return tid
 

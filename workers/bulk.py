@@ -22,7 +22,8 @@ STOP_THREADS = 16
 
 def _one(stop_one: Callable[..., dict[str, Any]], family: str, sid: str, ids: Any) -> Any:
     try:
-        result = stop_one(sid) if ids is None else stop_one(sid, list(ids))
+        # ``ids`` goes as sent: a list of ids, or a subagent stop's plans by descendant.
+        result = stop_one(sid) if ids is None else stop_one(sid, ids)
         return {k: v for k, v in result.items() if k != "sessionId"}
     except Exception as exc:  # contained: the batch's other sessions are still stopped
         log.warning(

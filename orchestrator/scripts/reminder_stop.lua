@@ -1,11 +1,19 @@
--- ARGV: prefix, sid. Deletes every armed reminder of the session in one step.
--- Returns the number deleted.
+-- ARGV: prefix, sid, rid, ... Deletes exactly the named reminders of the session that are still
+-- armed or firing (claimed, their turn not created yet: turn_create.lua then creates none), in
+-- one step. A reminder already fired, deleted, or created after the stop was decided is left
+-- alone. Returns the number deleted.
 local sid = ARGV[2]
-local live = P .. 'reminders:live:' .. sid
-local ids = redis.call('SMEMBERS', live)
-for _, rid in ipairs(ids) do
-  redis.call('ZREM', P .. 'reminders:due', rid)
-  redis.call('HSET', P .. 'reminder:' .. rid, 'state', 'deleted')
+local deleted = 0
+for i = 3, #ARGV do
+  local rid = ARGV[i]
+  local rk = P .. 'reminder:' .. rid
+  local h = redis.call('HMGET', rk, 'sessionId', 'state')
+  if h[1] == sid and (h[2] == 'armed' or h[2] == 'firing') then
+    redis.call('ZREM', P .. 'reminders:due', rid)
+    redis.call('ZREM', P .. 'reminders:firing', rid)
+    redis.call('SREM', P .. 'reminders:live:' .. sid, rid)
+    redis.call('HSET', rk, 'state', 'deleted')
+    deleted = deleted + 1
+  end
 end
-redis.call('DEL', live)
-return #ids
+return deleted

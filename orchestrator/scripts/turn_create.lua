@@ -1,9 +1,31 @@
--- ARGV: prefix, sid, tid, prompt, label, source, nowMs, nowIso, refuseIfArchived '0'|'1'
+-- ARGV: prefix, sid, tid, prompt, label, source, nowMs, nowIso, refuseIfArchived '0'|'1',
+--   reminderId|''
 -- Stores a turn; it runs at once if the session has no running turn, else it queues.
--- Returns {'run'} | {'queued'} | {'not_found'} | {'archived', holder}
+-- Returns {'run'} | {'queued'} | {'not_found'} | {'archived', holder}; for a reminder also
+-- {'duplicate', turnId} | {'stopped'}
 local sid, tid, prompt, label, source = ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6]
 local ms, now, refuse = tonumber(ARGV[7]), ARGV[8], ARGV[9]
 local k = skey(sid)
+-- [reminder] ARGV[10]: the id of the reminder this turn fires, or ''. One turn per reminder:
+-- a repeat fire gets {'duplicate', turnId}; a stopped one {'stopped'}; under an archived
+-- lineage it is 'refused' ({'archived', holder}), on a deleted session 'dropped'; all store
+-- nothing. Otherwise it is spent here ('fired', turnId) and the turn below is created.
+local rid = ARGV[10] or ''
+if rid ~= '' then
+  local rk = P .. 'reminder:' .. rid
+  local r = redis.call('HMGET', rk, 'state', 'turnId', 'sessionId')
+  if r[2] then return {'duplicate', r[2]} end
+  if r[1] ~= 'armed' and r[1] ~= 'firing' then return {'stopped'} end
+  local gone = redis.call('HGET', k, 'deleted') ~= '0'
+  local holder = (not gone) and archived_in_lineage(sid)
+  redis.call('ZREM', P .. 'reminders:due', rid)
+  redis.call('ZREM', P .. 'reminders:firing', rid)
+  redis.call('SREM', P .. 'reminders:live:' .. r[3], rid)
+  if gone then redis.call('HSET', rk, 'state', 'dropped'); return {'not_found'} end
+  if holder then redis.call('HSET', rk, 'state', 'refused'); return {'archived', holder} end
+  redis.call('HSET', rk, 'state', 'fired', 'turnId', tid)
+end
+-- [/reminder]
 if redis.call('EXISTS', k) == 0 or redis.call('HGET', k, 'deleted') ~= '0' then
   return {'not_found'}
 end

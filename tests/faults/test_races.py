@@ -114,11 +114,11 @@ class ExecutingDispatcher:
                 if outcome.startswith("error"):
                     self.log.add("errors", f"subagent.stop {child}: {outcome}")
         elif task == Task.REMINDER_STOP:
-            reminders.stop_reminders(st, args[0])
+            reminders.stop_reminders(st, args[0], list(args[1]))
         elif task == Task.REMINDER_FIRE:
             # A refused firing is dropped, as the reminder worker does.
             with contextlib.suppress(FleetError):
-                turns.start_turn(st, self, args[0], args[2], source="reminder")
+                turns.start_turn(st, self, args[0], args[2], source="reminder", reminder_id=args[1])
         elif task == Task.JOB_STOP:
             pass  # no job is ever started here
         else:

@@ -54,12 +54,7 @@ def deliver(store: Store, recorder: RecordingDispatcher, messages: list[Any]) ->
                 Task.SUBAGENT_STOP_MANY: Task.SUBAGENT_STOP,
                 Task.REMINDER_STOP_MANY: Task.REMINDER_STOP,
             }[task]
-            if task == Task.REMINDER_STOP_MANY:
-                deliver(store, recorder, [(single, [sid], queue) for sid in args[0]])
-            else:
-                deliver(
-                    store, recorder, [(single, [sid, ids], queue) for sid, ids in args[0].items()]
-                )
+            deliver(store, recorder, [(single, [sid, ids], queue) for sid, ids in args[0].items()])
             continue
         if task == Task.TURN_STOP:
             turns.cancel_turns(store, recorder, args[0], list(args[1]))
@@ -67,9 +62,9 @@ def deliver(store: Store, recorder: RecordingDispatcher, messages: list[Any]) ->
             host = queue.removeprefix("job.ctl.") if queue != "job.ctl" else "no-such-host"
             jobs.stop_unclaimed(store, recorder, args[0], list(args[1]), local_host=host)
         elif task == Task.SUBAGENT_STOP:
-            subagents.stop_subagents(store, recorder, args[0], list(args[1]))
+            subagents.stop_subagents(store, recorder, args[0], args[1])
         elif task == Task.REMINDER_STOP:
-            reminders.stop_reminders(store, args[0])
+            reminders.stop_reminders(store, args[0], list(args[1]))
         else:  # pragma: no cover - a test passed something that is not a stop
             raise AssertionError(f"not a stop message: {task}")
 

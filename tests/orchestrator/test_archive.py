@@ -238,8 +238,12 @@ def test_stop_activity_archives_and_sends_one_stop_per_family(
         [
             ("turn.stop", [busy.sid, [busy.turn]], "turn.ctl"),
             ("job.stop", [busy.sid, [busy.job]], "job.ctl"),
-            ("subagent.stop", [busy.sid, [busy.child]], "subagent.ctl"),
-            ("reminder.stop", [busy.sid], "reminder.ctl"),
+            (
+                "subagent.stop",
+                [busy.sid, {busy.child: {"turns": [busy.child_turn], "jobs": [], "reminders": []}}],
+                "subagent.ctl",
+            ),
+            ("reminder.stop", [busy.sid, [busy.reminder]], "reminder.ctl"),
         ]
     )
     assert len(recorder.sent) == mark + 4, "nothing but the stops is sent"

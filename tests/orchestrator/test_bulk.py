@@ -301,9 +301,11 @@ def test_one_stop_message_per_family_per_batch(
     first = [m for m in sent if m[0] == Task.TURN_STOP_MANY][0]
     assert first[1] == [{b.sid: [b.turn] for b in busy[:3]}]
     reminder_msgs = [m[1][0] for m in sent if m[0] == Task.REMINDER_STOP_MANY]
-    assert reminder_msgs == [[b.sid for b in busy[:3]], [b.sid for b in busy[3:]]]
+    assert reminder_msgs == [{b.sid: [b.reminder] for b in part} for part in (busy[:3], busy[3:])]
     subagent_msgs = [m[1][0] for m in sent if m[0] == Task.SUBAGENT_STOP_MANY]
-    assert subagent_msgs[1] == {b.sid: [b.child] for b in busy[3:]}
+    assert subagent_msgs[1] == {
+        b.sid: {b.child: {"turns": [b.child_turn], "jobs": [], "reminders": []}} for b in busy[3:]
+    }
     assert result.stop_report.sent == {"turn": 6, "job": 6, "subagent": 6, "reminder": 6}
     # And once delivered, nothing is left running
     deliver(store, recorder, [m for m in sent if m[0] in STOP_MANY_TASKS])
@@ -333,7 +335,7 @@ def test_already_archived_sessions_with_leftover_work_are_asked_to_stop_again(
     result = bulk.bulk_archive(store, recorder, session_ids=[sid], stop_activity=True)
     # Then it is already archived, and the reminder is asked to stop again
     assert outcomes(result) == {sid: "already_archived"}
-    assert recorder.sent == [(Task.REMINDER_STOP_MANY, [[sid]], "reminder.ctl")]
+    assert recorder.sent == [(Task.REMINDER_STOP_MANY, [{sid: [rid]}], "reminder.ctl")]
     deliver(store, recorder, recorder.sent)
     assert store.redis.hget(store.keys.reminder(rid), "state") == "deleted"
 

@@ -1,4 +1,5 @@
-"""Reminders: stored rows, claimed exactly once, deleted in one step."""
+"""Reminders: stored rows, claimed atomically, turned into exactly one turn each, deleted
+by name in one step."""
 
 from __future__ import annotations
 
@@ -7,10 +8,11 @@ from collections.abc import Iterator
 
 import pytest
 
-from orchestrator import reminders, sessions
+from orchestrator import archive, reminders, sessions, turns
 from orchestrator.activity import census
+from orchestrator.errors import SessionArchived
 from orchestrator.store import Store
-from tests.helpers import RecordingDispatcher
+from tests.helpers import RecordingDispatcher, wait_for
 
 ISOLATED = "no-poller:"
 
@@ -24,10 +26,15 @@ def store(redis_url: str, key_prefix: str) -> Iterator[Store]:
     isolated.close()
 
 
-def claim_all(store: Store, limit: int = 100) -> list[reminders.DueReminder]:
+def claim_all(store: Store, limit: int = 100, refire: float = 30.0) -> list[reminders.DueReminder]:
+    """Claim until nothing is due (each claimed one is re-claimable ``refire`` s later)."""
     out: list[reminders.DueReminder] = []
-    while batch := reminders.claim_due(store, limit):
+    seen: set[str] = set()
+    while batch := [
+        r for r in reminders.claim_due(store, limit, refire) if r.reminder_id not in seen
+    ]:
         out.extend(batch)
+        seen.update(r.reminder_id for r in batch)
     return out
 
 
@@ -52,16 +59,20 @@ def test_a_reminder_is_not_claimed_before_it_is_due(store: Store, cwd: str) -> N
     assert store.redis.hget(store.keys.reminder(rid), "state") == "armed"
 
 
-def test_a_claimed_reminder_is_fired_and_no_longer_live(store: Store, cwd: str) -> None:
+def test_a_claimed_reminder_is_firing_and_still_live_until_its_turn_exists(
+    store: Store, cwd: str
+) -> None:
     # Given a due reminder
     sid = sessions.create_session(store, cwd).session_id
     rid = reminders.create_reminder(store, sid, 0, "say hi")
     # When it is claimed
     mine = [r for r in claim_all(store) if r.session_id == sid]
-    # Then it comes with its session and prompt, is marked fired and stops counting as live
+    # Then it comes with its session and prompt, is firing with a re-claim deadline, and still
+    # counts as live work (a stop must still see it); it is not claimed again before then
     assert mine == [reminders.DueReminder(rid, sid, "say hi")]
-    assert store.redis.hget(store.keys.reminder(rid), "state") == "fired"
-    assert census(store, sid) == []
+    assert store.redis.hget(store.keys.reminder(rid), "state") == "firing"
+    assert store.redis.zscore(store.keys.reminders_firing, rid) is not None
+    assert [(i.family.value, i.id) for i in census(store, sid)] == [("reminder", rid)]
     assert rid not in {r.reminder_id for r in claim_all(store)}
 
 
@@ -94,26 +105,30 @@ def test_two_concurrent_claimers_claim_each_due_reminder_exactly_once(
     assert len(ours) == len(set(ours))
 
 
-def test_stop_reminders_deletes_all_of_a_session_in_one_step_and_they_never_fire(
+def test_stop_reminders_deletes_exactly_the_named_ones_in_one_step_and_they_never_fire(
     store: Store, cwd: str
 ) -> None:
-    # Given three reminders of a session, already due, and one of another session
+    # Given three reminders of a session, already due (one of them claimed: firing), a fourth
+    # the stop does not name (made after its census), and one of another session
     sid = sessions.create_session(store, cwd).session_id
     other = sessions.create_session(store, cwd).session_id
     rids = {reminders.create_reminder(store, sid, 0, f"say {i}") for i in range(3)}
+    claim_all(store)
+    newer = reminders.create_reminder(store, sid, 60, "say newer")
     kept = reminders.create_reminder(store, other, 60, "say other")
-    # When the session's reminders are stopped
-    assert reminders.stop_reminders(store, sid) == 3
+    # When the three are stopped (with the other session's one named under this session)
+    assert reminders.stop_reminders(store, sid, [*rids, kept]) == 3
     # Then they are deleted and unscheduled, and no claim ever returns them
-    assert store.redis.scard(store.keys.live_reminders(sid)) == 0
+    assert store.redis.smembers(store.keys.live_reminders(sid)) == {newer}
     for rid in rids:
         assert store.redis.hget(store.keys.reminder(rid), "state") == "deleted"
         assert store.redis.zscore(store.keys.reminders_due, rid) is None
-    assert rids.isdisjoint(r.reminder_id for r in claim_all(store))
-    assert census(store, sid) == []
-    # And the other session's reminder is untouched; a second stop deletes nothing
+        assert store.redis.zscore(store.keys.reminders_firing, rid) is None
+    assert rids.isdisjoint(r.reminder_id for r in claim_all(store, refire=0))
+    # And the unnamed ones are untouched; a second stop deletes nothing
+    assert store.redis.hget(store.keys.reminder(newer), "state") == "armed"
     assert store.redis.hget(store.keys.reminder(kept), "state") == "armed"
-    assert reminders.stop_reminders(store, sid) == 0
+    assert reminders.stop_reminders(store, sid, list(rids)) == 0
 
 
 def test_poll_once_sends_one_fire_task_per_due_reminder(
@@ -136,3 +151,121 @@ def test_poll_once_sends_one_fire_task_per_due_reminder(
     )
     # and, claimed once, they are never fired again
     assert rids.isdisjoint(r.reminder_id for r in claim_all(store))
+
+
+# ------------------------------------------------------------- exactly one turn per reminder
+
+
+def fire(store: Store, recorder: RecordingDispatcher, rem: reminders.DueReminder) -> str:
+    """What ``reminder.fire`` does with a claimed reminder."""
+    return turns.start_turn(
+        store, recorder, rem.session_id, rem.prompt, source="reminder", reminder_id=rem.reminder_id
+    )
+
+
+def claimed(store: Store, rid: str, refire: float = 30.0) -> reminders.DueReminder:
+    [rem] = [r for r in claim_all(store, refire=refire) if r.reminder_id == rid]
+    return rem
+
+
+def test_a_fired_reminder_becomes_one_turn_and_a_repeat_fire_creates_nothing(
+    store: Store, recorder: RecordingDispatcher, cwd: str
+) -> None:
+    # Given a claimed reminder
+    sid = sessions.create_session(store, cwd).session_id
+    rid = reminders.create_reminder(store, sid, 0, "say hi")
+    rem = claimed(store, rid)
+    # When it is fired twice (a redelivered message, or a re-claim after its deadline)
+    first = fire(store, recorder, rem)
+    again = fire(store, recorder, rem)
+    # Then both name the one turn, which is the reminder's and the session's only one
+    assert first and again == first
+    h = store.redis.hgetall(store.keys.reminder(rid))
+    assert (h["state"], h["turnId"]) == ("fired", first)
+    turn = turns.get_turn(store, first)
+    assert turn is not None and turn.source == "reminder"
+    assert store.redis.zrange(store.keys.live_turns(sid), 0, -1) == [first]
+    # And it is spent: no longer live, scheduled or firing
+    assert [(i.family.value, i.id) for i in census(store, sid)] == [("turn", first)]
+    assert store.redis.zscore(store.keys.reminders_firing, rid) is None
+    # And the repeat re-sent the first step (the step drops the copy it does not need)
+    steps = [m for m in recorder.sent if m[0] == "turn.step" and m[1][1] == first]
+    assert steps == [("turn.step", [sid, first, 0], "turn")] * 2
+
+
+def test_a_fire_after_a_stop_deleted_the_reminder_creates_nothing(
+    store: Store, recorder: RecordingDispatcher, cwd: str
+) -> None:
+    # Given a claimed (firing) reminder that a stop then deletes
+    sid = sessions.create_session(store, cwd).session_id
+    rid = reminders.create_reminder(store, sid, 0, "say hi")
+    rem = claimed(store, rid)
+    assert reminders.stop_reminders(store, sid, [rid]) == 1
+    # When its fire arrives
+    assert fire(store, recorder, rem) == ""
+    # Then no turn exists and nothing was sent; the reminder stays deleted
+    assert store.redis.zcard(store.keys.live_turns(sid)) == 0
+    assert store.redis.llen(store.keys.history(sid)) == 0
+    assert recorder.sent == []
+    assert store.redis.hget(store.keys.reminder(rid), "state") == "deleted"
+
+
+def test_a_fire_under_an_archived_lineage_is_refused_and_stores_nothing(
+    store: Store, recorder: RecordingDispatcher, cwd: str
+) -> None:
+    # Given a child session whose reminder was claimed, and whose parent is then archived
+    # (its stop never arrived)
+    parent = sessions.create_session(store, cwd).session_id
+    child = sessions.create_session(store, cwd, parent_id=parent).session_id
+    rid = reminders.create_reminder(store, child, 0, "say hi")
+    rem = claimed(store, rid)
+    archive.archive(store, recorder, parent, stop_activity=True)
+    recorder.sent.clear()
+    before = store.redis.hget(store.keys.session(child), "updatedAt")
+    # When its fire arrives
+    with pytest.raises(SessionArchived):
+        fire(store, recorder, rem)
+    # Then nothing is stored or sent: the reminder is refused and no longer live
+    assert store.redis.zcard(store.keys.live_turns(child)) == 0
+    assert store.redis.llen(store.keys.history(child)) == 0
+    assert store.redis.hget(store.keys.session(child), "updatedAt") == before
+    assert recorder.sent == []
+    assert store.redis.hget(store.keys.reminder(rid), "state") == "refused"
+    assert census(store, parent) == []
+    # And a repeat of it creates nothing either
+    assert fire(store, recorder, rem) == ""
+
+
+def test_a_claimed_reminder_whose_turn_never_came_is_claimed_again_after_its_deadline(
+    store: Store, recorder: RecordingDispatcher, cwd: str
+) -> None:
+    # Given a reminder claimed with a short deadline, whose fire was lost
+    sid = sessions.create_session(store, cwd).session_id
+    rid = reminders.create_reminder(store, sid, 0, "say hi")
+    claimed(store, rid, refire=0.2)
+    # When the poller claims again once the deadline has passed
+    again = wait_for(
+        lambda: [r for r in reminders.claim_due(store, 100, 0.2) if r.reminder_id == rid],
+        10,
+        message="the re-claim",
+    )
+    # Then it is the same reminder, claimed a second time and still live
+    assert again == [reminders.DueReminder(rid, sid, "say hi")]
+    assert store.redis.hget(store.keys.reminder(rid), "claims") == "2"
+    assert [i.id for i in census(store, sid)] == [rid]
+    # And once a fire makes its turn, it is never claimed again
+    tid = fire(store, recorder, again[0])
+    assert store.redis.hget(store.keys.reminder(rid), "turnId") == tid
+    assert store.redis.zscore(store.keys.reminders_firing, rid) is None
+    assert store.redis.zscore(store.keys.reminders_due, rid) is None
+
+
+def test_a_fired_reminder_is_not_claimed_again_even_past_its_deadline(
+    store: Store, recorder: RecordingDispatcher, cwd: str
+) -> None:
+    # Given a reminder fired into its turn, claimed with a deadline already past
+    sid = sessions.create_session(store, cwd).session_id
+    rid = reminders.create_reminder(store, sid, 0, "say hi")
+    fire(store, recorder, claimed(store, rid, refire=0))
+    # When the poller claims, then its claim still lists nothing of it
+    assert rid not in {r.reminder_id for r in claim_all(store, refire=0)}

@@ -1,5 +1,5 @@
 """Reminders on the real reminder worker: a due reminder starts a turn, unless its session was
-archived first (the stop deletes it; if the stop never arrives, the gate blocks its turn)."""
+archived first (the stop deletes it; if the stop never arrives, it is refused when due)."""
 
 from __future__ import annotations
 
@@ -94,7 +94,7 @@ class FailingDispatcher:
         self.inner.send(task, args, queue)
 
 
-def test_a_reminder_whose_stop_never_arrived_fires_into_the_gate_and_runs_nothing(
+def test_a_reminder_whose_stop_never_arrived_is_refused_when_it_falls_due_and_runs_nothing(
     fleet: Any, store: Any, dispatcher: Any, sessions: Any
 ) -> None:
     # Given a session with a reminder due in 1 s
@@ -108,11 +108,14 @@ def test_a_reminder_whose_stop_never_arrived_fires_into_the_gate_and_runs_nothin
     assert result.outcome == "archived"
     assert [family for family, _ in result.stop_report.failed] == ["reminder"]
     assert reminder_state(store, rid) == "armed"
+    updated = store.redis.hget(store.keys.session(sid), "updatedAt")
+    length = store.redis.llen(store.keys.history(sid))
 
-    # And when the reminder comes due its turn is refused by the gate: blocked, no model request
-    wait_for(lambda: len(turns_of(store, sid)) == 2, 15, message="the reminder's turn")
-    fired = turns_of(store, sid)[1]
-    wait_turn_state(store, fired, "blocked")
-    assert reminder_state(store, rid) == "fired"
-    assert requests_of(store, sid, fired) == []
-    wait_log(worker(fleet, "turn"), f"step 0 of turn {fired} refused by the gate (archived {sid})")
+    # And when the reminder comes due it is refused: no turn, no model request, and the
+    # conversation and updatedAt stay as the archive left them
+    wait_for(lambda: reminder_state(store, rid) == "refused", 15, message="the refusal")
+    assert turns_of(store, sid) == [tid]
+    assert requests_of(store, sid, tid) == [0] and len(model_requests(store, sid)) == 1
+    assert store.redis.hget(store.keys.session(sid), "updatedAt") == updated
+    assert store.redis.llen(store.keys.history(sid)) == length
+    wait_log(worker(fleet, "reminder"), f"reminder {rid} not fired")

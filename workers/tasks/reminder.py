@@ -7,10 +7,11 @@ import os
 import threading
 from typing import Any
 
+from celery import Task
 from celery.signals import worker_ready, worker_shutdown
 
 from orchestrator import activity, reminders, turns
-from orchestrator.errors import FleetError
+from orchestrator.errors import FleetError, StoreUnavailable
 from orchestrator.settings import get_settings
 from workers.app import app
 from workers.bulk import each_session
@@ -43,34 +44,54 @@ def _stop_poller(**_: Any) -> None:
     get_runtime().stopping.set()
 
 
-@app.task(name="reminder.fire", acks_late=True)
-def fire(session_id: str, reminder_id: str, prompt: str) -> dict[str, Any]:
-    """Start the turn of a due reminder; its first step meets the gate like any other."""
+@app.task(name="reminder.fire", bind=True, max_retries=None, acks_late=True)
+def fire(self: Task, session_id: str, reminder_id: str, prompt: str) -> dict[str, Any]:
+    """Turn a claimed reminder into its one turn (created at most once per reminder, however
+    often this is delivered); its first step meets the gate like any other. A fire that could
+    not reach the store (or failed before its turn was sent) is retried; one that created
+    nothing is acknowledged only when it is a repeat, or the reminder was stopped or refused
+    (archived lineage, deleted session). If even the retry is lost, the poller claims the
+    reminder again after its deadline."""
     rt = get_runtime()
+    out: dict[str, Any] = {"sessionId": session_id, "reminderId": reminder_id}
+    extra = {"session_id": session_id, "family": "reminder"}
     try:
-        tid = turns.start_turn(rt.store, rt.dispatcher, session_id, prompt, source="reminder")
-    except FleetError as exc:
-        log.info(
-            "reminder %s not fired: %s",
-            reminder_id,
-            exc.message,
-            extra={"session_id": session_id, "family": "reminder"},
+        tid = turns.start_turn(
+            rt.store, rt.dispatcher, session_id, prompt, source="reminder", reminder_id=reminder_id
         )
-        return {"sessionId": session_id, "reminderId": reminder_id, "outcome": exc.code}
-    return {"sessionId": session_id, "reminderId": reminder_id, "turnId": tid}
+    except StoreUnavailable as exc:
+        raise self.retry(exc=exc, countdown=get_settings().gate_retry_seconds) from exc
+    except FleetError as exc:
+        log.info("reminder %s not fired: %s", reminder_id, exc.message, extra=extra)
+        return {**out, "outcome": exc.code}
+    except Exception as exc:  # the broker or a raw store call failed: nothing is acked
+        log.warning(
+            "reminder %s fire failed: %s: %s", reminder_id, type(exc).__name__, exc, extra=extra
+        )
+        raise self.retry(exc=exc, countdown=get_settings().gate_retry_seconds) from exc
+    return {**out, "turnId": tid} if tid else {**out, "outcome": "stopped"}
 
 
 @app.task(name="reminder.stop", acks_late=True)
-def stop(session_id: str) -> dict[str, Any]:
-    """Delete every armed reminder of the session."""
+def stop(session_id: str, reminder_ids: list[str] | None = None) -> dict[str, Any]:
+    """Delete exactly the named reminders of the session (those still armed or firing). A
+    message of the old form names none and deletes nothing: the reconciler stops again what
+    an archive left live."""
     rt = get_runtime()
-    deleted = reminders.stop_reminders(rt.store, session_id)
+    if reminder_ids is None:
+        log.warning(
+            "reminder stop ignored: it names no reminders (old message form)",
+            extra={"session_id": session_id, "family": "reminder"},
+        )
+        return {"sessionId": session_id, "deleted": 0}
+    deleted = reminders.stop_reminders(rt.store, session_id, list(reminder_ids))
     activity.note_quiet(rt.store, session_id)
     return {"sessionId": session_id, "deleted": deleted}
 
 
 @app.task(name="reminder.stop_many", acks_late=True)
-def stop_many(session_ids: list[str]) -> dict[str, Any]:
-    """Bulk form of ``reminder.stop`` (one message per bulk-archive batch): delete every
-    armed reminder of each session; one that fails is logged and the others still run."""
-    return {"sessions": each_session({sid: None for sid in session_ids}, stop, "reminder")}
+def stop_many(stops: dict[str, list[str]]) -> dict[str, Any]:
+    """Bulk form of ``reminder.stop`` (one message per bulk-archive batch): ``{sessionId:
+    [reminderIds]}``. Each session is handled on its own; one that fails is logged and the
+    others are still stopped."""
+    return {"sessions": each_session(stops, stop, "reminder")}

@@ -12,17 +12,19 @@ from workers.runtime import get_runtime
 
 
 @app.task(name="subagent.stop", acks_late=True)
-def stop(session_id: str, descendant_ids: list[str]) -> dict[str, Any]:
-    """Stop the named running descendants of a session (any depth)."""
+def stop(session_id: str, plans: dict[str, Any]) -> dict[str, Any]:
+    """Stop, in the named descendants of a session (any depth), exactly the items their
+    census found: ``{descendantId: {"turns", "jobs", "reminders"}}``
+    (``orchestrator.stops.subagent_plan``)."""
     rt = get_runtime()
-    outcomes = stop_subagents(rt.store, rt.dispatcher, session_id, list(descendant_ids))
+    outcomes = stop_subagents(rt.store, rt.dispatcher, session_id, plans)
     note_quiet(rt.store, session_id)
     return {"sessionId": session_id, "subagents": outcomes}
 
 
 @app.task(name="subagent.stop_many", acks_late=True)
-def stop_many(stops: dict[str, list[str]]) -> dict[str, Any]:
+def stop_many(stops: dict[str, dict[str, Any]]) -> dict[str, Any]:
     """Bulk form of ``subagent.stop`` (one message per bulk-archive batch): ``{sessionId:
-    [descendantIds]}``. Each session is handled on its own; one that fails is logged and the
+    {descendantId: plan}}``. Each session is handled on its own; one that fails is logged and the
     others are still stopped."""
     return {"sessions": each_session(stops, stop, "subagent", threads=STOP_THREADS)}

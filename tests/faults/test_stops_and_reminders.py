@@ -1,0 +1,225 @@
+"""Late stops and reminder crashes (issue faults 2 and 3) on a fleet of this module's own: real
+turn, subagent and reminder worker processes on a fresh key prefix (run prefix +
+``faults23:``), so stopping and killing them never disturbs the shared ``fleet``.
+
+The workers redeliver an unacknowledged message after 3 s (``FLEET_VISIBILITY_TIMEOUT_
+SECONDS``) and re-claim a reminder whose turn was not created 3 s after its claim
+(``FLEET_REMINDER_REFIRE_SECONDS``), so what a killed worker left comes back within the test.
+
+The crash test's scale is a parameter: ``FLEET_FAULT_REMINDER_SESSIONS`` sessions x
+``FLEET_FAULT_REMINDERS_EACH`` reminders (40 x 5 here; the issue's case is 200 x 10).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import time
+from collections import Counter
+from collections.abc import Iterator
+
+import pytest
+from celery import Celery
+
+from api.local import LocalFleet, WorkerProcess
+from orchestrator import reminders
+from orchestrator.activity import census, own_items
+from orchestrator.archive import archive, unarchive
+from orchestrator.families import Family
+from orchestrator.sessions import create_session
+from orchestrator.settings import FleetSettings
+from orchestrator.store import Store
+from orchestrator.turns import get_turn, start_turn
+from tests.helpers import wait_for
+from tests.workers.support import (
+    history,
+    reminder_state,
+    turns_of,
+    wait_request,
+    wait_turn_state,
+)
+from workers.app import configure
+from workers.dispatch import CeleryDispatcher
+
+SESSIONS = int(os.environ.get("FLEET_FAULT_REMINDER_SESSIONS", "40"))
+EACH = int(os.environ.get("FLEET_FAULT_REMINDERS_EACH", "5"))
+#: Seconds the reminders get to become turns once the worker is back (2 cores, shared).
+SETTLE = 60 + SESSIONS * EACH / 20
+
+pytestmark = pytest.mark.timeout(180 + 2 * SETTLE)
+
+
+class Private:
+    """The module's fleet, store and dispatcher."""
+
+    def __init__(self, fleet: LocalFleet, store: Store, dispatcher: CeleryDispatcher) -> None:
+        self.fleet = fleet
+        self.store = store
+        self.dispatcher = dispatcher
+
+    def worker(self, family: Family) -> WorkerProcess:
+        [found] = [w for w in self.fleet.workers if w.family is family]
+        return found
+
+    def signal(self, family: Family, sig: signal.Signals) -> None:
+        """Send ``sig`` to the family's worker process, by its PID."""
+        os.kill(self.worker(family).process.pid, sig)
+
+    def restart(self, family: Family) -> WorkerProcess:
+        """Start a replacement for the dead worker and wait for its heartbeat."""
+        old = self.worker(family)
+        key = self.store.keys.worker_heartbeat(family.value, f"{family.value}@{old.host}")
+        self.store.redis.delete(key)  # the dead worker's heartbeat must not count as ready
+        self.fleet.restart_dead()
+        self.fleet.wait_ready(60)
+        return self.worker(family)
+
+
+@pytest.fixture(scope="module")
+def private(
+    redis_url: str, key_prefix: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Private]:
+    prefix = f"{key_prefix}faults23:"
+    store = Store(redis_url, prefix)
+    app = Celery("agent_fleet_faults23")
+    configure(app, FleetSettings(redis_url=redis_url, key_prefix=prefix))
+    fleet = LocalFleet(
+        redis_url,
+        prefix,
+        tmp_path_factory.mktemp("faults23-fleet"),
+        hostname="faults23",
+        concurrency=4,
+        extra_env={
+            "FLEET_VISIBILITY_TIMEOUT_SECONDS": "3",
+            "FLEET_REMINDER_REFIRE_SECONDS": "3",
+        },
+    )
+    fleet.start([Family.TURN, Family.SUBAGENT, Family.REMINDER])
+    try:
+        fleet.wait_ready(90)
+        yield Private(fleet, store, CeleryDispatcher(app))
+    finally:
+        for w in fleet.workers:  # a failed test may have left one stopped
+            if w.process.poll() is None:
+                os.kill(w.process.pid, signal.SIGCONT)
+        fleet.stop()
+        for key in store.redis.scan_iter(match=f"{prefix}*", count=1000):
+            store.redis.delete(key)
+        store.close()
+        app.close()
+
+
+def live_reminders(store: Store, sid: str) -> list[str]:
+    return [i.id for i in own_items(store, sid) if i.family is Family.REMINDER]
+
+
+def test_a_late_stop_touches_nothing_created_after_its_archive(private: Private) -> None:
+    store, dispatcher = private.store, private.dispatcher
+    # Given a parent that spawned a thinking child and stored a reminder
+    parent = create_session(store, "/tmp/faults23").session_id
+    tid = start_turn(store, dispatcher, parent, "spawn think 100\nremind 600 say old")
+    wait_turn_state(store, tid, "completed")
+    [child] = store.redis.smembers(store.keys.children(parent))
+    [child_t1] = turns_of(store, child)
+    wait_request(store, child, child_t1, 0)
+    [old] = live_reminders(store, parent)
+    try:
+        # And the reminder and subagent workers are stopped (SIGSTOP), so stops wait for them
+        private.signal(Family.REMINDER, signal.SIGSTOP)
+        private.signal(Family.SUBAGENT, signal.SIGSTOP)
+        # When the parent is archived with stopActivity, then unarchived
+        result = archive(store, dispatcher, parent, stop_activity=True)
+        assert result.stop_report.sent == {"reminder": 1, "subagent": 1}
+        assert unarchive(store, parent) == 2
+        # And the parent stores a NEW reminder and the child is prompted again (queued
+        # behind its first turn, whose stop has not arrived)
+        tid2 = start_turn(store, dispatcher, parent, "remind 600 say NEW")
+        wait_turn_state(store, tid2, "completed")
+        [new] = [r for r in live_reminders(store, parent) if r != old]
+        child_t2 = start_turn(store, dispatcher, child, "think 100")
+        assert get_turn(store, child_t2).state.value == "queued"  # type: ignore[union-attr]
+    finally:
+        # And the workers resume (SIGCONT), so the late stops arrive
+        private.signal(Family.REMINDER, signal.SIGCONT)
+        private.signal(Family.SUBAGENT, signal.SIGCONT)
+
+    # Then the stops act on what the archive's census saw: the old reminder is deleted and
+    # the child's first turn cancelled
+    wait_for(lambda: reminder_state(store, old) == "deleted", 15, message="old reminder deleted")
+    wait_turn_state(store, child_t1, "cancelled")
+    # And nothing created after the archive is touched: the NEW reminder is still armed and
+    # the child's new turn runs its model request
+    assert reminder_state(store, new) == "armed"
+    wait_request(store, child, child_t2, 0)
+    assert get_turn(store, child_t2).state.value == "running"  # type: ignore[union-attr]
+    archive(store, dispatcher, parent, stop_activity=True)
+    wait_turn_state(store, child_t2, "cancelled")
+
+
+def reminder_turns(store: Store, sid: str) -> Counter[str]:
+    """How many turns the session has per prompt, for the turns reminders made."""
+    prompts: Counter[str] = Counter()
+    for update in history(store, sid):
+        if update["sessionUpdate"] != "user_message_chunk":
+            continue
+        turn = get_turn(store, update["turnId"])
+        if turn is not None and turn.source == "reminder":
+            prompts[turn.prompt] += 1
+    return prompts
+
+
+def test_every_due_reminder_becomes_exactly_one_turn_when_the_reminder_worker_is_killed(
+    private: Private,
+) -> None:
+    store = private.store
+    # Given SESSIONS x EACH reminders, each with its own prompt, all due at the same instant
+    # a few seconds from now
+    sids = [create_session(store, "/tmp/faults23").session_id for _ in range(SESSIONS)]
+    due_at = time.time() + 3
+    expected: dict[tuple[str, str], str] = {}
+    for n, sid in enumerate(sids):
+        for i in range(EACH):
+            prompt = f"say r{n}-{i}"
+            expected[(sid, prompt)] = reminders.create_reminder(
+                store, sid, due_at - time.time(), prompt
+            )
+    total = SESSIONS * EACH
+    due_key = store.keys.reminders_due
+    assert store.redis.zcard(due_key) == total
+
+    # When the reminder worker is killed (SIGKILL, by PID) just after they fall due: as soon
+    # as its poller has claimed the first of them
+    wait_for(lambda: store.redis.zcard(due_key) < total, 30, interval=0.001, message="a claim")
+    private.signal(Family.REMINDER, signal.SIGKILL)
+    private.worker(Family.REMINDER).process.wait(10)
+    left_due = store.redis.zcard(due_key)
+    # And restarted
+    private.restart(Family.REMINDER)
+
+    # Then every reminder becomes a turn, once: none missing, none twice
+    def made() -> dict[tuple[str, str], int]:
+        return {(sid, p): c for sid in sids for p, c in reminder_turns(store, sid).items()}
+
+    with contextlib.suppress(pytest.fail.Exception):  # the assertion below says which
+        wait_for(lambda: made().keys() == expected.keys(), SETTLE, 0.5, message="turns")
+    found = made()
+    missing = sorted(k for k in expected if k not in found)
+    twice = sorted(k for k, c in found.items() if c > 1)
+    assert (len(missing), len(twice)) == (0, 0), (
+        f"{total} reminders ({left_due} still unclaimed at the kill): "
+        f"{len(missing)} never became a turn {missing[:5]}, {len(twice)} twice {twice[:5]}"
+    )
+    # And each is spent with the id of its one turn; none is left live or firing
+    for (sid, prompt), rid in expected.items():
+        h = store.redis.hgetall(store.keys.reminder(rid))
+        turn = get_turn(store, h.get("turnId", ""))
+        assert h["state"] == "fired" and turn is not None, (rid, h)
+        assert (turn.session_id, turn.prompt, turn.source) == (sid, prompt, "reminder")
+    for sid in sids:
+        assert not [i for i in census(store, sid) if i.family is Family.REMINDER]
+    assert store.redis.zcard(store.keys.reminders_firing) == 0
+    claims = Counter(
+        store.redis.hget(store.keys.reminder(rid), "claims") for rid in expected.values()
+    )
+    print(f"{total} reminders, {left_due} unclaimed at the kill, claims per reminder: {claims}")
