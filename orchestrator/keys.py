@@ -66,13 +66,21 @@ class Keys:
     # -- turns ------------------------------------------------------------------------------
     def turn(self, tid: str) -> str:
         """HASH: turnId, sessionId, state (see ``TurnState``), prompt, label, source, step
-        (index of the next step to run), stopReason, error, createdAt."""
+        (index of the next step to run), stopReason, error, createdAt, endedAt, said ('1' once
+        its prompt is in the conversation: recorded when its first step is admitted)."""
         return f"{self.prefix}turn:{tid}"
 
     def live_turns(self, sid: str) -> str:
         """ZSET: ids of the session's live turns (queued, running, cancelling) scored by
         arrival order (``turn_seq``); the lowest queued one runs next."""
         return f"{self.prefix}turns:live:{sid}"
+
+    @property
+    def turns_inflight(self) -> str:
+        """ZSET: ids of every turn that is ``running`` or ``cancelling``, scored by the epoch ms
+        (Redis ``TIME``) of its last progress (started, step admitted, step advanced); a sweeper
+        finds turns whose step was lost there."""
+        return f"{self.prefix}turns:inflight"
 
     def turn_seq(self, sid: str) -> str:
         """STRING (counter): arrival order of the session's turns; scores ``live_turns``."""

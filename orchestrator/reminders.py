@@ -13,6 +13,7 @@ import logging
 from dataclasses import dataclass
 
 from orchestrator.activity import shorten
+from orchestrator.errors import TurnStopped
 from orchestrator.families import Dispatcher, Family, Task, work_queue
 from orchestrator.store import Store, iso, new_id, now_ms
 
@@ -28,14 +29,22 @@ class DueReminder:
     prompt: str
 
 
-def create_reminder(store: Store, session_id: str, seconds: float, prompt: str) -> str:
-    """Store a reminder due in ``seconds``. Returns its id."""
+def create_reminder(
+    store: Store, session_id: str, seconds: float, prompt: str, *, guard_turn: str = ""
+) -> str:
+    """Store a reminder due in ``seconds``. Returns its id.
+
+    With ``guard_turn`` (the turn whose step asks for it) nothing is stored once that turn no
+    longer runs: raises ``TurnStopped``. Raises ``StoreUnavailable``."""
     rid = new_id("rem")
     now = now_ms()
     due = now + int(seconds * 1000)
-    store.run(
-        "reminder_create", [rid, session_id, prompt, shorten(prompt), due, iso(due), iso(now)]
+    stored = store.run(
+        "reminder_create",
+        [rid, session_id, prompt, shorten(prompt), due, iso(due), iso(now), guard_turn],
     )
+    if stored == "stopped":
+        raise TurnStopped(guard_turn)
     log.info("reminder %s armed for %s", rid, iso(due), extra={"session_id": session_id})
     return rid
 

@@ -2,7 +2,7 @@
 firings and subagent spawns, interleaved from several threads while the work itself runs.
 
 The work really runs, in process: ``ExecutingDispatcher`` executes every task it is sent on a
-thread pool, as the family workers would (turn steps through ``turns.run_step`` with the
+thread pool, as the family workers would (turn steps through ``steps.run_step`` with the
 scripted model and ``tools.run_tool``; stops through the orchestrator's stop functions;
 reminder firings through ``turns.start_turn(source="reminder")``), and a poller thread claims
 due reminders. Client threads run a seeded random schedule of operations against the same
@@ -32,7 +32,17 @@ from typing import Any
 
 import pytest
 
-from orchestrator import activity, archive, gate, reminders, sessions, subagents, tools, turns
+from orchestrator import (
+    activity,
+    archive,
+    gate,
+    reminders,
+    sessions,
+    steps,
+    subagents,
+    tools,
+    turns,
+)
 from orchestrator.errors import AncestorArchived, FleetError, SessionActive, SessionArchived
 from orchestrator.families import Family, Task, work_queue
 from orchestrator.model import ModelAction, ScriptedModel, StepRequest
@@ -103,7 +113,7 @@ class ExecutingDispatcher:
     def _execute(self, task: str, args: list[Any]) -> None:
         st = self.store
         if task == Task.TURN_STEP:
-            outcome = turns.run_step(st, self, self.model, tools.run_tool, *args)
+            outcome = steps.run_step(st, self, self.model, tools.run_tool, *args)
             if outcome == "refused":
                 with self.log.lock:
                     self.log.refused_steps += 1
