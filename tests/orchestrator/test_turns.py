@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import threading
 import time
 
 import pytest
@@ -12,7 +13,7 @@ from orchestrator.errors import InvalidParams, SessionArchived, SessionNotFound
 from orchestrator.model import ScriptedModel
 from orchestrator.store import Store
 from orchestrator.turns import TurnState
-from tests.helpers import RecordingDispatcher
+from tests.helpers import RecordingDispatcher, wait_for
 from tests.orchestrator.support import chain, model_requests
 
 
@@ -464,3 +465,39 @@ def test_a_finished_subagent_turn_wakes_its_parent(
     assert t is not None
     assert (t.source, t.prompt) == ("subagent_result", f"say subagent {c} finished")
     assert steps_sent(recorder)[-1] == [root.session_id, wake, 0]
+
+
+# --------------------------------------------------------------------------- worker shutdown
+
+
+def test_a_worker_shutting_down_hands_its_step_on_and_the_turn_stays_at_that_step(
+    store: Store, recorder: RecordingDispatcher, sid: str
+) -> None:
+    # Given a turn in a 30 s model request on a worker
+    stopping = threading.Event()
+    tid = turns.start_turn(store, recorder, sid, "think 30\nsay after")
+    mark = len(recorder.sent)
+    outcome: list[str] = []
+
+    def run() -> None:
+        model = ScriptedModel()
+        outcome.append(
+            steps.run_step(store, recorder, model, tools.run_tool, sid, tid, 0, stopping=stopping)
+        )
+
+    runner = threading.Thread(target=run)
+    runner.start()
+    wait_for(lambda: model_requests(store, sid), 5, message="the model request")
+    # When the worker starts shutting down
+    stopping.set()
+    runner.join(5)
+    # Then the request is aborted, the lease dropped and the same step sent again
+    assert outcome == ["handed_off"]
+    assert steps_sent(recorder, mark) == [[sid, tid, 0]]
+    assert not store.redis.exists(store.keys.step_lease(tid))
+    t = turns.get_turn(store, tid)
+    assert t is not None and (t.state, t.step) == (TurnState.RUNNING, 0)
+    # And another worker can begin it there; the prompt was said once
+    assert store.run("turn_begin_step", [tid, 0, 5000])[0] == "ok"
+    said = [u for u in history(store, sid) if u["sessionUpdate"] == "user_message_chunk"]
+    assert len(said) == 1
