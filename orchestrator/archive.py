@@ -3,9 +3,11 @@
 - Without ``stop_activity`` a session with live work is refused with ``SessionActive``
   carrying every live item. The check and the write are one Lua script, so no work can start
   unseen between them.
-- With ``stop_activity`` the archive is written durably first (the gate reads it), then stop
-  requests fan out to the families without waiting; a failed dispatch is logged and never
-  undoes the archive.
+- With ``stop_activity`` the archive is written durably first (the gate reads it) and stops
+  the lineage's turns in the same script (queued and between-steps turns end ``cancelled``,
+  a step in flight is marked ``cancelling``: nothing it does lands after the archive), then
+  stop requests fan out to the families without waiting; a failed dispatch is logged and
+  never undoes the archive.
 - Archiving a session archives its whole subagent subtree in one transition. Unarchive
   restores exactly what that transition archived; a descendant archived on its own earlier
   stays archived. Unarchiving a session whose ancestor is still archived is refused with
@@ -26,6 +28,7 @@ from orchestrator.families import Dispatcher
 from orchestrator.sessions import check_session_id
 from orchestrator.stops import StopReport, dispatch_stops
 from orchestrator.store import Store, iso, new_id, now_ms
+from orchestrator.turns import stopped_by_archive
 
 log = logging.getLogger(__name__)
 
@@ -141,8 +144,12 @@ def _archive(store: Store, dispatcher: Dispatcher, sid: str, stop_activity: bool
     if stop_activity:
         # Read after the write: anything that started before it is seen here, and anything
         # that starts after it is refused by the gate. An empty census records the session
-        # quiet right away.
-        done.stopped = census(store, sid, dispatcher)
+        # quiet right away. The turns the script stopped lead the list (a turn.stop for them
+        # is a harmless poke).
+        flipped = stopped_by_archive(store, sid, list(result[2]))
+        seen = {(item.family, item.id) for item in flipped}
+        found = census(store, sid, dispatcher)
+        done.stopped = flipped + [i for i in found if (i.family, i.id) not in seen]
         done.stop_report = dispatch_stops(dispatcher, sid, done.stopped, store=store)
     else:
         # The script found no live work when it wrote, so the subtree is quiet already; it is

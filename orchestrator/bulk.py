@@ -58,6 +58,7 @@ from orchestrator.sessions import (
 from orchestrator.settings import get_settings
 from orchestrator.stops import StopReport, dispatch_stops_many
 from orchestrator.store import Store, iso, new_id, now_ms, retried
+from orchestrator.turns import stopped_by_archive
 
 log = logging.getLogger(__name__)
 
@@ -353,11 +354,14 @@ class _Run:
                 pending.append(sid)
         archived: list[str] = []
         busy: list[str] = []
+        flipped: dict[str, list[ActivityItem]] = {}
         for attempt in range(_REFUSAL_RECHECKS):
             if not pending:
                 break
             active: list[str] = []
-            for sid, outcome, _count, is_busy, would in self.script(pending):
+            for sid, outcome, _count, is_busy, would, turns in self.script(pending):
+                if turns:  # stopped by the script itself; their turn events are published here
+                    flipped[sid] = stopped_by_archive(self.store, sid, list(turns))
                 if outcome == "active":
                     active.append(sid)
                     continue
@@ -390,6 +394,11 @@ class _Run:
             # Read after the write, as a single archive does: anything that started before it
             # is seen here; anything after it is refused by the gate.
             stops = census_many(self.store, busy, self.dispatcher)
+            for sid, stopped in flipped.items():
+                seen = {(i.family, i.id) for i in stopped}
+                stops[sid] = stopped + [
+                    i for i in stops.get(sid, []) if (i.family, i.id) not in seen
+                ]
             dispatch_stops_many(
                 self.dispatcher,
                 {sid: items for sid, items in stops.items() if items},

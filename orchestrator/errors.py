@@ -11,6 +11,9 @@
     │   ├── InvalidTitle       a title that is empty after normalization
     │   └── TooManySessions    a bulk request selects more sessions than allowed
     └── StoreUnavailable       Redis cannot be reached or answered with an error
+
+    TurnStopped                internal to the step runtime, never reaches an interface: a
+                               step's write was refused because its turn stopped running
 """
 
 from __future__ import annotations
@@ -106,3 +109,13 @@ class StoreUnavailable(FleetError):
 
     def __init__(self, detail: str) -> None:
         super().__init__(f"The session store is unavailable: {detail}. Try again shortly.")
+
+
+class TurnStopped(Exception):
+    """Raised inside a turn's step when a write it asked for (a job, a reminder, a subagent) was
+    refused because the turn no longer runs (stopped or archived); nothing was written. Not a
+    ``FleetError``: the step runtime handles it and it never reaches an interface."""
+
+    def __init__(self, turn_id: str) -> None:
+        super().__init__(f"turn {turn_id} no longer runs")
+        self.turn_id = turn_id

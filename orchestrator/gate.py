@@ -11,6 +11,11 @@ ancestor is itself in the archived set.* Archiving marks the whole subtree
 (``create_session.lua``); unarchiving a session whose ancestor is archived is refused
 (``unarchive.lua``). Writes are rare and reads are per step, so the cost sits on the write side.
 
+The rule itself is written once, in Lua (``gate_refusal`` in ``scripts/_lib.lua``): the step
+runner applies it inside the script that begins the step (``turn_begin_step.lua``), so no step
+is admitted once an archive commits, and ``admit`` asks the same rule through a one-line
+script.
+
 If Redis cannot be read the gate fails closed: ``StoreUnavailable`` propagates and the caller
 retries the step later instead of running it.
 """
@@ -18,7 +23,7 @@ retries the step later instead of running it.
 from __future__ import annotations
 
 from orchestrator.sessions import SESSION_ID_RE
-from orchestrator.store import Store, translated
+from orchestrator.store import Store
 
 
 class StepRefused(Exception):
@@ -41,14 +46,12 @@ def admit(store: Store, session_id: str) -> None:
     """
     if not isinstance(session_id, str) or not SESSION_ID_RE.fullmatch(session_id):
         raise StepRefused(str(session_id), "missing")
-    with translated():
-        pipe = store.redis.pipeline(transaction=False)
-        pipe.sismember(store.keys.archived, session_id)
-        pipe.hget(store.keys.session(session_id), "deleted")
-        archived, deleted = pipe.execute()
-    if deleted is None:
-        raise StepRefused(session_id, "missing")
-    if deleted != "0":
-        raise StepRefused(session_id, "deleted")
-    if archived:
-        raise StepRefused(session_id, "archived", session_id)
+    verdict = store.run("gate_admit", [session_id])
+    if verdict != "ok":
+        raise refusal(session_id, str(verdict))
+
+
+def refusal(session_id: str, reason: str) -> StepRefused:
+    """The typed veto for a refusal ``reason`` the gate's rule gave (``archived``, ``deleted``,
+    ``missing``); an archived session holds its own refusal (see the module docstring)."""
+    return StepRefused(session_id, reason, session_id if reason == "archived" else None)

@@ -22,6 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
 
+from orchestrator.errors import TurnStopped
 from orchestrator.families import Dispatcher, Family, Task, control_queue, work_queue
 from orchestrator.processes import die_with_parent
 from orchestrator.store import Store, iso, new_id, now_ms
@@ -45,11 +46,25 @@ class JobState(StrEnum):
 
 
 def create_job(
-    store: Store, dispatcher: Dispatcher, session_id: str, seconds: float, label: str
+    store: Store,
+    dispatcher: Dispatcher,
+    session_id: str,
+    seconds: float,
+    label: str,
+    *,
+    guard_turn: str = "",
 ) -> str:
-    """Store a starting job and send it to the job queue. Returns the job id."""
+    """Store a starting job and send it to the job queue. Returns the job id.
+
+    With ``guard_turn`` (the turn whose step asks for the job) nothing is stored once that turn
+    no longer runs: raises ``TurnStopped``. Raises ``StoreUnavailable``."""
     jid = new_id("job")
-    store.run("job_create", [jid, session_id, label, seconds, iso(now_ms()), START_TIMEOUT_MS])
+    stored = store.run(
+        "job_create",
+        [jid, session_id, label, seconds, iso(now_ms()), START_TIMEOUT_MS, guard_turn],
+    )
+    if stored == "stopped":
+        raise TurnStopped(guard_turn)
     dispatcher.send(Task.JOB_RUN, [session_id, jid], work_queue(Family.JOB))
     return jid
 

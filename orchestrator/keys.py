@@ -66,9 +66,10 @@ class Keys:
     # -- turns ------------------------------------------------------------------------------
     def turn(self, tid: str) -> str:
         """HASH: turnId, sessionId, state (see ``TurnState``), prompt, label, source, step
-        (index of the next step to run), stopReason, error, createdAt; the sweeper's
-        bookkeeping (``orchestrator/sweeper.py``): resumes (times step ``resumeStep`` was
-        found lost and dispatched again) and resumeStep."""
+        (index of the next step to run), stopReason, error, createdAt, endedAt, said ('1' once
+        its prompt is in the conversation: recorded when its first step is admitted); the
+        sweeper's bookkeeping (``orchestrator/sweeper.py``): resumes (times step ``resumeStep``
+        was found lost and dispatched again) and resumeStep."""
         return f"{self.prefix}turn:{tid}"
 
     def live_turns(self, sid: str) -> str:

@@ -71,6 +71,12 @@ GATE_REFUSALS = Counter(
     "Model steps the gate refused, by reason (archived, deleted, missing).",
     ("reason",),
 )
+WAKEUPS_REFUSED = Counter(
+    "fleet_wakeups_refused",
+    "Wake-ups (a reminder firing, a subagent's first turn or its report to its parent) refused "
+    "because their lineage was archived: nothing was stored, by source.",
+    ("source",),
+)
 ARCHIVE_HAZARDS = Counter(
     "fleet_archive_hazards",
     "Archives flagged with an archive hazard by the reconciler (live work still there after "
@@ -97,6 +103,7 @@ COUNTERS = (
     STOP_DISPATCHES,
     STOP_FAILURES,
     GATE_REFUSALS,
+    WAKEUPS_REFUSED,
     ARCHIVE_HAZARDS,
     TURN_SWEEPS,
 )

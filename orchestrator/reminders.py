@@ -28,6 +28,7 @@ import re
 from dataclasses import dataclass
 
 from orchestrator.activity import shorten
+from orchestrator.errors import TurnStopped
 from orchestrator.families import Dispatcher, Family, Task, send_all, work_queue
 from orchestrator.settings import get_settings
 from orchestrator.store import Store, iso, new_id, now_ms
@@ -47,15 +48,22 @@ class DueReminder:
     prompt: str
 
 
-def create_reminder(store: Store, session_id: str, seconds: float, prompt: str) -> str:
-    """Store a reminder due in ``seconds`` (on the Redis server's clock). Returns its id."""
+def create_reminder(
+    store: Store, session_id: str, seconds: float, prompt: str, *, guard_turn: str = ""
+) -> str:
+    """Store a reminder due in ``seconds`` (on the Redis server's clock). Returns its id.
+
+    With ``guard_turn`` (the turn whose step asks for it) nothing is stored once that turn no
+    longer runs: raises ``TurnStopped``. Raises ``StoreUnavailable``."""
     rid = new_id("rem")
     now = now_ms()
     delay = max(0, int(seconds * 1000))
-    store.run(
+    stored = store.run(
         "reminder_create",
-        [rid, session_id, prompt, shorten(prompt), delay, iso(now + delay), iso(now)],
+        [rid, session_id, prompt, shorten(prompt), delay, iso(now + delay), iso(now), guard_turn],
     )
+    if stored == "stopped":
+        raise TurnStopped(guard_turn)
     log.info("reminder %s armed for %s", rid, iso(now + delay), extra={"session_id": session_id})
     return rid
 

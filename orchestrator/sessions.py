@@ -18,7 +18,7 @@ from enum import StrEnum
 from typing import Any
 
 from orchestrator import audit
-from orchestrator.errors import InvalidParams, SessionNotFound
+from orchestrator.errors import InvalidParams, SessionNotFound, TurnStopped
 from orchestrator.store import Store, iso, new_id, now_ms, retried
 
 #: Session ids (ours are ``sess_<hex>``; clients may only pass ids in this alphabet, so an id
@@ -197,13 +197,16 @@ def check_utf8(text: str, param: str) -> str:
     return text
 
 
-def create_session(store: Store, cwd: str, parent_id: str | None = None) -> Session:
+def create_session(
+    store: Store, cwd: str, parent_id: str | None = None, *, guard_turn: str = ""
+) -> Session:
     """Create a session in ``cwd`` (absolute), optionally as a subagent of ``parent_id``.
 
     A child created under an archived lineage is born archived, in its ancestor's archive
-    transition (so it is hidden and gated with it, and restored with it).
+    transition (so it is hidden and gated with it, and restored with it). With ``guard_turn``
+    (the turn whose step spawns the subagent) nothing is created once that turn no longer runs.
     Raises ``InvalidParams`` (bad cwd), ``SessionNotFound`` (unknown or deleted parent),
-    ``StoreUnavailable``.
+    ``TurnStopped`` (the guarding turn stopped), ``StoreUnavailable``.
     """
     check_cwd(cwd)
     if parent_id is not None:
@@ -211,8 +214,12 @@ def create_session(store: Store, cwd: str, parent_id: str | None = None) -> Sess
     sid = new_id("sess")
     ms = now_ms()
     result = store.run(
-        "create_session", [sid, cwd, cwd_hash(cwd), parent_id or "", ms, iso(ms)], durable=True
+        "create_session",
+        [sid, cwd, cwd_hash(cwd), parent_id or "", ms, iso(ms), guard_turn],
+        durable=True,
     )
+    if result[0] == "stopped":
+        raise TurnStopped(guard_turn)
     if result[0] == "parent_not_found":
         raise SessionNotFound(parent_id or "")
     return get_session(store, sid)

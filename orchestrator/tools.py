@@ -2,7 +2,12 @@
 
 Each call is reported as ACP ``tool_call`` then ``tool_call_update`` (``completed``,
 ``failed``, or ``cancelled`` when the turn was stopped while the tool ran: an in-flight tool
-call settles as a cancelled tool result, never vanishes).
+call settles as a cancelled tool result, never vanishes, except in an archived session, where
+nothing lands after the archive).
+
+Every launch is conditional on the turn still running: the ``tool_call`` update is recorded
+only while it runs (and the exec child is started only after that), and jobs, reminders and
+subagents are stored by scripts that refuse once the turn stopped (``TurnStopped``).
 """
 
 from __future__ import annotations
@@ -12,14 +17,16 @@ import signal
 import subprocess
 import threading
 
+from orchestrator.errors import SessionArchived, TurnStopped
 from orchestrator.families import Dispatcher
 from orchestrator.jobs import create_job
 from orchestrator.model import ModelAction
 from orchestrator.processes import die_with_parent
 from orchestrator.reminders import create_reminder
 from orchestrator.sessions import create_session, get_session
+from orchestrator.steps import CANCEL_POLL
 from orchestrator.store import Store, new_id
-from orchestrator.turns import CANCEL_POLL, record_update, start_turn
+from orchestrator.turns import record_update, start_turn
 
 log = logging.getLogger(__name__)
 
@@ -57,8 +64,10 @@ def run_tool(
     turn_id: str,
     action: ModelAction,
     cancel: threading.Event,
-) -> str:
-    """Execute one tool call for a turn step. Returns the tool result's text."""
+) -> str | None:
+    """Execute one tool call for a turn step. Returns the tool result's text, or ``None`` when
+    the call was aborted: the turn no longer runs (nothing was launched) or ``cancel`` was set
+    while an exec child ran (the child is killed). Raises ``StoreUnavailable``."""
     call_id = new_id("call")
     title = {
         "exec": f"exec {action.seconds:g}s",
@@ -66,37 +75,24 @@ def run_tool(
         "spawn": "subagent",
         "remind": f"reminder in {action.seconds:g}s",
     }[action.tool or ""]
-    record_update(
-        store,
-        session_id,
-        {
-            "sessionUpdate": "tool_call",
-            "turnId": turn_id,
-            "toolCallId": call_id,
-            "title": title,
-            "kind": "execute",
-            "status": "in_progress",
-        },
-    )
-    status = "completed"
-    if action.tool == "exec":
-        outcome = _exec(action.seconds, cancel)
-        status = outcome if outcome in ("completed", "cancelled") else "failed"
-        text = f"exec {action.seconds:g}s: {outcome}"
-    elif action.tool == "run":
-        jid = create_job(
-            store, dispatcher, session_id, action.seconds, f"sleep {action.seconds:g}s"
-        )
-        text = f"started job {jid}"
-    elif action.tool == "spawn":
-        parent = get_session(store, session_id)
-        child = create_session(store, parent.cwd, parent_id=session_id)
-        start_turn(store, dispatcher, child.session_id, action.text, source="subagent")
-        text = f"started subagent {child.session_id}"
-    else:
-        rid = create_reminder(store, session_id, action.seconds, action.text)
-        text = f"stored reminder {rid}"
-    record_update(
+    extra = {"session_id": session_id, "turn_id": turn_id}
+    update: dict[str, object] = {
+        "sessionUpdate": "tool_call",
+        "turnId": turn_id,
+        "toolCallId": call_id,
+        "title": title,
+        "kind": "execute",
+        "status": "in_progress",
+    }
+    if not record_update(store, session_id, update):
+        log.info("tool %s not launched: the turn no longer runs", action.tool, extra=extra)
+        return None
+    try:
+        status, text = _launch(store, dispatcher, session_id, turn_id, action, cancel)
+    except (TurnStopped, SessionArchived):  # archived: the archive stopped this turn too
+        log.info("tool %s not launched: the turn no longer runs", action.tool, extra=extra)
+        return None
+    settled = record_update(
         store,
         session_id,
         {
@@ -106,6 +102,42 @@ def run_tool(
             "status": status,
             "content": [{"type": "content", "content": {"type": "text", "text": text}}],
         },
+        settle=status == "cancelled",
     )
-    log.info("tool %s: %s", action.tool, text, extra={"session_id": session_id, "turn_id": turn_id})
-    return text
+    log.info("tool %s: %s%s", action.tool, text, "" if settled else " (dropped)", extra=extra)
+    return None if status == "cancelled" else text
+
+
+def _launch(
+    store: Store,
+    dispatcher: Dispatcher,
+    session_id: str,
+    turn_id: str,
+    action: ModelAction,
+    cancel: threading.Event,
+) -> tuple[str, str]:
+    """Run the tool; returns (status, text). Raises ``TurnStopped`` when a launch was refused
+    because the turn no longer runs."""
+    if action.tool == "exec":
+        outcome = _exec(action.seconds, cancel)
+        status = outcome if outcome in ("completed", "cancelled") else "failed"
+        return status, f"exec {action.seconds:g}s: {outcome}"
+    if action.tool == "run":
+        jid = create_job(
+            store,
+            dispatcher,
+            session_id,
+            action.seconds,
+            f"sleep {action.seconds:g}s",
+            guard_turn=turn_id,
+        )
+        return "completed", f"started job {jid}"
+    if action.tool == "spawn":
+        parent = get_session(store, session_id)
+        child = create_session(store, parent.cwd, parent_id=session_id, guard_turn=turn_id)
+        start_turn(
+            store, dispatcher, child.session_id, action.text, source="subagent", guard_turn=turn_id
+        )
+        return "completed", f"started subagent {child.session_id}"
+    rid = create_reminder(store, session_id, action.seconds, action.text, guard_turn=turn_id)
+    return "completed", f"stored reminder {rid}"

@@ -8,40 +8,40 @@ Lifecycle (``TurnState``; ``TRANSITIONS`` is the table every write follows)::
        └──────────────────────────────► cancelled | blocked
 
 One turn runs at a time per session; later prompts queue behind it. Every step asks the gate
-before its model request; a refused step ends the turn ``blocked`` with no model request.
-A stop names the turns it stops, so a late stop never touches the next turn. A step in flight
-holds a short lease (``Keys.step_lease``) that it refreshes while it works; a stop of a turn
-with a step in flight marks it ``cancelling`` and the step settles it as ``cancelled``.
+in the script that begins it (``turn_begin_step.lua``), so no step is admitted once an archive
+commits; a refused step ends the turn ``blocked`` with no model request. A stop names the turns
+it stops, so a late stop never touches the next turn; an archive stops its lineage's turns in
+its own script. A step in flight holds a short lease (``Keys.step_lease``) that it refreshes
+while it works; a stop of a turn with a step in flight marks it ``cancelling`` and the step,
+which polls the turn's state (``orchestrator/steps.py``), settles it as ``cancelled``. Every write a
+step makes (its conversation updates, its tool launches) is conditional on its turn still
+``running``, so nothing a stopped step does lands after the stop. A turn's prompt enters the
+conversation when its first step is admitted: a prompt that never ran never reads as said.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import threading
-from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
 
-from orchestrator import events, metrics
-from orchestrator.activity import shorten
-from orchestrator.errors import InvalidParams, SessionArchived, SessionNotFound
-from orchestrator.families import Dispatcher, send_step
-from orchestrator.gate import StepRefused, admit
-from orchestrator.model import Model, ModelAction, ModelError, StepRequest, prompt_lines
+from orchestrator import audit, events, metrics
+from orchestrator.activity import ActivityItem, shorten
+from orchestrator.errors import (
+    InvalidParams,
+    SessionArchived,
+    SessionNotFound,
+    TurnStopped,
+)
+from orchestrator.families import Dispatcher, Family, send_step
 from orchestrator.sessions import SESSION_ID_RE, check_session_id, check_utf8
 from orchestrator.store import Store, iso, new_id, now_ms, retried
-from orchestrator.titles import generated_title, set_title
 
 log = logging.getLogger(__name__)
 
 #: Largest prompt accepted, in characters.
 MAX_PROMPT = 100_000
-#: A step's lease lasts this long unless refreshed (ms); refreshed every ``_REFRESH`` s.
-STEP_LEASE_MS = 5_000
-_REFRESH = 1.0
-#: How often a step in flight looks for a stop (seconds).
-CANCEL_POLL = 0.05
 
 
 class TurnState(StrEnum):
@@ -140,10 +140,21 @@ def get_turn(store: Store, turn_id: str) -> Turn | None:
     )
 
 
-def record_update(store: Store, session_id: str, update: dict[str, object]) -> None:
-    """Append an ACP ``session/update`` payload to the conversation and publish it."""
-    store.redis.rpush(store.keys.history(session_id), json.dumps(update))
+def record_update(
+    store: Store, session_id: str, update: dict[str, object], *, settle: bool = False
+) -> bool:
+    """Append an ACP ``session/update`` payload of a turn (its ``turnId``) to the session's
+    conversation and publish it, only while that turn runs (``turn_record.lua``). With
+    ``settle`` (an in-flight tool call settling as cancelled) a ``cancelling`` turn may still
+    write, never into an archived session. Returns whether it was appended.
+    Raises ``StoreUnavailable``."""
+    appended = store.run(
+        "turn_record", [str(update.get("turnId", "")), json.dumps(update), "1" if settle else "0"]
+    )
+    if not appended:
+        return False
     events.publish(store, "update", session_id, update=update)
+    return True
 
 
 def start_turn(
@@ -153,14 +164,20 @@ def start_turn(
     prompt: str,
     *,
     source: str = "prompt",
+    guard_turn: str = "",
     reminder_id: str = "",
 ) -> str:
     """Store a turn for ``prompt`` and dispatch its first step if the session is idle.
 
     ``source`` is ``prompt`` (a user), ``reminder``, ``subagent`` (a spawned child's first
-    turn) or ``subagent_result`` (a child finished). A user prompt on an archived lineage is
-    refused up front; the others are stored and their first step meets the gate, so a late
-    wake-up runs nothing. Returns the turn id.
+    turn) or ``subagent_result`` (a child finished). Whatever the source, a turn on an archived
+    lineage is refused atomically (``turn_create.lua``): nothing is stored and the
+    conversation and ``updatedAt`` stay as the archive left them; a refused wake-up (any
+    source but ``prompt``) is audited (``wakeup``/``refused``) and counted
+    (``fleet_wakeups_refused``). With ``guard_turn`` (a step spawning a subagent) nothing is
+    stored once that turn no longer runs. The prompt enters the conversation when the first
+    step is admitted. A first step that cannot be sent is logged (the turn is stored
+    ``running``; a sweeper re-dispatches it). Returns the turn id.
 
     With ``reminder_id`` (a reminder's fire) the turn is created at most once per reminder,
     in the script that spends it (``reminders`` module): a repeat fire returns the turn the
@@ -169,7 +186,7 @@ def start_turn(
     creates nothing, and one under an archived lineage raises ``SessionArchived`` with
     nothing stored (the reminder is marked ``refused``).
     Raises ``InvalidParams`` (prompt not a string or too long), ``SessionNotFound``,
-    ``SessionArchived``, ``StoreUnavailable``.
+    ``SessionArchived``, ``TurnStopped``, ``StoreUnavailable``.
     """
     sid = check_session_id(session_id)
     if not isinstance(prompt, str):
@@ -179,29 +196,28 @@ def start_turn(
     check_utf8(prompt, "prompt")
     tid = new_id("turn")
     ms = now_ms()
-    label = shorten(prompt)
-    refuse = "1" if source == "prompt" else "0"
     result = store.run(
-        "turn_create", [sid, tid, prompt, label, source, ms, iso(ms), refuse, reminder_id]
+        "turn_create",
+        [sid, tid, prompt, shorten(prompt), source, ms, iso(ms), guard_turn, reminder_id],
     )
-    if result[0] in ("duplicate", "stopped"):
+    if reminder_id and result[0] in ("duplicate", "stopped"):
         return _repeated_fire(store, dispatcher, sid, reminder_id, result)
     if result[0] == "not_found":
         raise SessionNotFound(sid)
+    if result[0] == "stopped":
+        raise TurnStopped(guard_turn)
     if result[0] == "archived":
+        if source != "prompt":
+            metrics.incr(store, metrics.WAKEUPS_REFUSED, source)
+            audit.record(store, sid, "wakeup", "refused", source=source, archivedBy=result[1])
         raise SessionArchived(sid)
-    record_update(
-        store,
-        sid,
-        {
-            "sessionUpdate": "user_message_chunk",
-            "turnId": tid,
-            "content": {"type": "text", "text": prompt},
-        },
-    )
-    log.info("turn %s %s (%s)", tid, result[0], source, extra={"session_id": sid, "turn_id": tid})
+    extra = {"session_id": sid, "turn_id": tid}
+    log.info("turn %s %s (%s)", tid, result[0], source, extra=extra)
     if result[0] == "run":
-        send_step(dispatcher, sid, tid, 0)
+        try:
+            send_step(dispatcher, sid, tid, 0)
+        except Exception as exc:  # the turn is stored whole; the sweeper re-sends lost steps
+            log.warning("first step of turn %s not sent: %s", tid, exc, extra=extra)
     return tid
 
 
@@ -225,6 +241,20 @@ def _repeated_fire(
     return tid
 
 
+def announce_end(store: Store, session_id: str, turn_id: str, state: TurnState, error: str) -> None:
+    """Publish and log that a turn ended in ``state``."""
+    events.publish(
+        store, "turn", session_id, turnId=turn_id, state=state.value, stopReason=STOP_REASON[state]
+    )
+    log.info(
+        "turn %s ended %s%s",
+        turn_id,
+        state.value,
+        f": {error}" if error else "",
+        extra={"session_id": session_id, "turn_id": turn_id},
+    )
+
+
 def finish(
     store: Store, dispatcher: Dispatcher, turn_id: str, state: TurnState, error: str = ""
 ) -> bool:
@@ -239,21 +269,7 @@ def finish(
         return False
     turn = get_turn(store, turn_id)
     if turn is not None:
-        events.publish(
-            store,
-            "turn",
-            turn.session_id,
-            turnId=turn_id,
-            state=state.value,
-            stopReason=STOP_REASON[state],
-        )
-        log.info(
-            "turn %s ended %s%s",
-            turn_id,
-            state.value,
-            f": {error}" if error else "",
-            extra={"session_id": turn.session_id, "turn_id": turn_id},
-        )
+        announce_end(store, turn.session_id, turn_id, state, error)
         if result[1]:
             send_step(dispatcher, turn.session_id, result[1], 0)
     return True
@@ -297,172 +313,37 @@ def cancel_session_turns(store: Store, dispatcher: Dispatcher, session_id: str) 
     """Stop every live turn of a session, running and queued (queued input is discarded).
     Raises ``SessionNotFound`` for a malformed id (it never reaches a key name)."""
     sid = check_session_id(session_id)
-    tids: list[str] = store.redis.zrange(store.keys.live_turns(sid), 0, -1)
-    return cancel_turns(store, dispatcher, sid, tids)
+    return cancel_turns(store, dispatcher, sid, _live_turn_ids(store, sid))
 
 
-class _StepWatch:
-    """Keeps a step's lease alive and sets ``cancel`` once the turn stops running."""
-
-    def __init__(self, store: Store, turn_id: str) -> None:
-        self.store = store
-        self.turn_id = turn_id
-        self.cancel = threading.Event()
-        self._done = threading.Event()
-        self._thread = threading.Thread(target=self._run, name=f"watch-{turn_id}", daemon=True)
-
-    def __enter__(self) -> _StepWatch:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._done.set()
-        self._thread.join(timeout=2)
-
-    def _run(self) -> None:
-        k = self.store.keys
-        since_refresh = 0.0
-        while not self._done.wait(CANCEL_POLL):
-            try:
-                state = self.store.redis.hget(k.turn(self.turn_id), "state")
-                since_refresh += CANCEL_POLL
-                if since_refresh >= _REFRESH:
-                    self.store.redis.pexpire(k.step_lease(self.turn_id), STEP_LEASE_MS)
-                    since_refresh = 0.0
-            except Exception as exc:  # a blip must not kill the watch; the lease outlives it
-                log.debug("step watch of %s: %s", self.turn_id, exc)
-                continue
-            if state != TurnState.RUNNING.value:
-                self.cancel.set()
-                return
+@retried
+def _live_turn_ids(store: Store, session_id: str) -> list[str]:
+    found: list[str] = store.redis.zrange(store.keys.live_turns(session_id), 0, -1)
+    return found
 
 
-#: Runs a tool call: (store, dispatcher, session id, turn id, action, cancel) -> result text.
-ToolRunner = Callable[[Store, Dispatcher, str, str, ModelAction, threading.Event], str]
-
-
-def run_step(
-    store: Store,
-    dispatcher: Dispatcher,
-    model: Model,
-    tools: ToolRunner,
-    session_id: str,
-    turn_id: str,
-    index: int,
-) -> str:
-    """Run step ``index`` of a turn: gate, model request, tool call, then dispatch the next
-    step or end the turn. Safe to run twice for the same step (a redelivery): a step that
-    already ran is dropped as ``stale``.
-
-    Returns the outcome: ``ran``, ``completed``, ``refused``, ``cancelled``, ``failed``,
-    ``stale`` or the turn's state when it was no longer running. Raises ``StoreUnavailable``
-    when Redis cannot be read (the caller retries the step later; nothing ran).
+def stopped_by_archive(store: Store, session_id: str, flat: list[str]) -> list[ActivityItem]:
+    """What an archive of ``session_id`` stopped in its own script (``stop_turns_for_archive``
+    in ``_lib.lua``: a flat list tid, sid, fromState, toState, label), as the census would have
+    named it: a turn item per turn of the session itself (labelled with the state it was
+    stopped in) and one ``subagent`` item per descendant whose turns it stopped. A turn event
+    is published for each turn that ended there (a ``cancelling`` one is settled by its step).
     """
-    extra = {"session_id": session_id, "turn_id": turn_id}
-    # The gate first: if Redis cannot answer, StoreUnavailable propagates before anything
-    # (even the step's lease) is written, and the retried step starts clean.
-    try:
-        admit(store, session_id)
-    except StepRefused as refused:
-        finish(store, dispatcher, turn_id, TurnState.BLOCKED, f"gate: {refused.reason}")
-        metrics.incr(store, metrics.GATE_REFUSALS, refused.reason)
-        log.info(
-            "step %d of turn %s refused by the gate (%s %s)",
-            index,
-            turn_id,
-            refused.reason,
-            refused.holder or "",
-            extra=extra,
-        )
-        return "refused"
-    began = store.run("turn_begin_step", [turn_id, index, STEP_LEASE_MS])
-    if began != "ok":
-        if began == TurnState.CANCELLING.value:
-            finish(store, dispatcher, turn_id, TurnState.CANCELLED)
-        log.info("step %d of turn %s dropped: %s", index, turn_id, began, extra=extra)
-        return str(began)
-
-    turn = get_turn(store, turn_id)
-    if turn is None:
-        return "missing"
-    if index == 0 and turn.source == "prompt":
-        _generate_title(store, session_id, turn.prompt)
-    lines = prompt_lines(turn.prompt)
-    total = max(1, len(lines))
-    with _StepWatch(store, turn_id) as watch:
-        store.redis.rpush(
-            store.keys.model_requests(session_id),
-            json.dumps({"turnId": turn_id, "step": index, "at": iso(now_ms())}),
-        )
-        try:
-            action = model.step(StepRequest(session_id, turn_id, index, lines), watch.cancel)
-            if watch.cancel.is_set():
-                result = None
-            elif action.kind == "tool":
-                result = tools(store, dispatcher, session_id, turn_id, action, watch.cancel)
-            else:
-                record_update(
-                    store,
-                    session_id,
-                    {
-                        "sessionUpdate": "agent_message_chunk",
-                        "turnId": turn_id,
-                        "content": {"type": "text", "text": action.text},
-                    },
-                )
-                result = action.text
-        except ModelError as exc:
-            record_update(
-                store,
-                session_id,
-                {
-                    "sessionUpdate": "agent_message_chunk",
-                    "turnId": turn_id,
-                    "content": {"type": "text", "text": f"error: {exc}"},
-                },
-            )
-            finish(store, dispatcher, turn_id, TurnState.FAILED, str(exc))
-            return "failed"
-        cancelled = watch.cancel.is_set()
-    if cancelled:
-        finish(store, dispatcher, turn_id, TurnState.CANCELLED)
-        return "cancelled"
-    if index + 1 < total:
-        advanced = store.run("turn_advance", [turn_id, index + 1])
-        if advanced == "ok":
-            send_step(dispatcher, session_id, turn_id, index + 1)
-            return "ran"
-        finish(store, dispatcher, turn_id, TurnState.CANCELLED)
-        return "cancelled"
-    if not finish(store, dispatcher, turn_id, TurnState.COMPLETED):
-        finish(store, dispatcher, turn_id, TurnState.CANCELLED)
-        return "cancelled"
-    _after_completion(store, dispatcher, turn, result)
-    return "completed"
-
-
-def _generate_title(store: Store, session_id: str, prompt: str) -> None:
-    """An untitled session gets a title from its first prompt. The write is discarded if a
-    client set a title meanwhile (checked atomically by ``titles.set_title``)."""
-    if store.redis.hget(store.keys.session(session_id), "title"):
-        return
-    title = generated_title(prompt)
-    if title:
-        set_title(store, session_id, title, source="generated")
-
-
-def _after_completion(store: Store, dispatcher: Dispatcher, turn: Turn, result: str | None) -> None:
-    """A subagent's finished turn wakes its parent with a short report (a turn of its own,
-    which meets the gate like any other)."""
-    if turn.source != "subagent":
-        return
-    parent: str | None = store.redis.hget(store.keys.session(turn.session_id), "parentId")
-    if not parent:
-        return
-    report = f"say subagent {turn.session_id} finished"
-    try:
-        start_turn(store, dispatcher, parent, report, source="subagent_result")
-    except (SessionNotFound, SessionArchived) as exc:
-        log.info(
-            "parent %s not woken: %s", parent, exc.message, extra={"session_id": turn.session_id}
-        )
+    items: list[ActivityItem] = []
+    descendants: dict[str, int] = {}
+    ended: list[tuple[str, str, dict[str, object]]] = []
+    for i in range(0, len(flat), 5):
+        tid, sid, before, after, label = flat[i : i + 5]
+        if sid == session_id:
+            items.append(ActivityItem(Family.TURN, tid, f'turn "{label}" ({before})', sid))
+        else:
+            descendants[sid] = descendants.get(sid, 0) + 1
+        if after == TurnState.CANCELLED.value:
+            reason = STOP_REASON[TurnState.CANCELLED]
+            ended.append(("turn", sid, {"turnId": tid, "state": after, "stopReason": reason}))
+        log.info("turn %s %s by the archive", tid, after, extra={"session_id": sid, "turn_id": tid})
+    for sid, n in descendants.items():
+        label = f"subagent {sid} ({n} turn{'s' if n > 1 else ''} stopped by the archive)"
+        items.append(ActivityItem(Family.SUBAGENT, sid, label, sid))
+    events.publish_many(store, ended)
+    return items

@@ -4,6 +4,44 @@ local P = ARGV[1]
 
 local function skey(sid) return P .. 'session:' .. sid end
 
+-- The server's clock in epoch milliseconds (scripts replicate their effects, so TIME is safe).
+local function server_ms()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+
+-- Epoch milliseconds as ISO 8601 UTC (days-to-civil, proleptic Gregorian calendar).
+local function iso_ms(ms)
+  local days = math.floor(ms / 86400000)
+  local rem = ms - days * 86400000
+  local z = days + 719468
+  local era = math.floor(z / 146097)
+  local doe = z - era * 146097
+  local yoe = math.floor((doe - math.floor(doe / 1460) + math.floor(doe / 36524)
+    - math.floor(doe / 146096)) / 365)
+  local y = yoe + era * 400
+  local doy = doe - (365 * yoe + math.floor(yoe / 4) - math.floor(yoe / 100))
+  local mp = math.floor((5 * doy + 2) / 153)
+  local d = doy - math.floor((153 * mp + 2) / 5) + 1
+  local m = mp < 10 and mp + 3 or mp - 9
+  if m <= 2 then y = y + 1 end
+  return string.format('%04d-%02d-%02dT%02d:%02d:%02d.%03dZ', y, m, d,
+    math.floor(rem / 3600000), math.floor(rem / 60000) % 60, math.floor(rem / 1000) % 60,
+    rem % 1000)
+end
+
+-- The step gate's rule (orchestrator/gate.py), the one place it is written: why no model step
+-- of sid may run, or false. The archived set is materialized down the lineage, so the
+-- session's own membership covers its ancestors. Returns false | 'missing' | 'deleted' |
+-- 'archived'.
+local function gate_refusal(sid)
+  local deleted = redis.call('HGET', skey(sid), 'deleted')
+  if not deleted then return 'missing' end
+  if deleted ~= '0' then return 'deleted' end
+  if redis.call('SISMEMBER', P .. 'archived', sid) == 1 then return 'archived' end
+  return false
+end
+
 local function idx(state, cwd_hash)
   if cwd_hash then return P .. 'idx:cwd:' .. cwd_hash .. ':' .. state end
   return P .. 'idx:' .. state
@@ -19,17 +57,24 @@ local function move_index(sid, from, to)
   redis.call('ZADD', idx(to, h[1]), score, sid)
 end
 
--- Record activity on a session: updatedAt moves and the indexes are re-scored.
+-- Whether a step of turn tid may still write (every write a step makes is conditional on its
+-- turn running, so a stopped or archived turn's step lands nothing). '' guards nothing.
+local function turn_runs(tid)
+  if not tid or tid == '' then return true end
+  return redis.call('HGET', P .. 'turn:' .. tid, 'state') == 'running'
+end
+
+-- Record activity on a session: updatedAt moves and the indexes are re-scored. An archived
+-- session keeps the updatedAt its archive left (nothing that happens after it is activity).
 local function touch(sid, ms, iso_time)
   local k = skey(sid)
   local h = redis.call('HMGET', k, 'cwdHash', 'archived', 'deleted')
-  if h[3] ~= '0' then return end
+  if h[3] ~= '0' or h[2] == '1' then return end
   redis.call('HSET', k, 'updatedAt', iso_time, 'updatedMs', ms)
-  local state = (h[2] == '1') and 'archived' or 'active'
   redis.call('ZADD', idx('all'), ms, sid)
-  redis.call('ZADD', idx(state), ms, sid)
+  redis.call('ZADD', idx('active'), ms, sid)
   redis.call('ZADD', idx('all', h[1]), ms, sid)
-  redis.call('ZADD', idx(state, h[1]), ms, sid)
+  redis.call('ZADD', idx('active', h[1]), ms, sid)
 end
 
 -- The session and every descendant that is not deleted, breadth first.
@@ -72,23 +117,52 @@ local function has_live(sid)
 end
 
 -- Move a turn to a terminal state; if it was the session's running turn, promote the oldest
--- queued turn. Returns the id of the promoted turn or ''.
-local function finish_turn(tid, state, reason, err, ms, iso_time)
+-- queued turn (unless no_promote: an archive starts nothing). Returns the promoted id or ''.
+local function finish_turn(tid, state, reason, err, ms, iso_time, no_promote)
   local tk = P .. 'turn:' .. tid
   local sid = redis.call('HGET', tk, 'sessionId')
   redis.call('HSET', tk, 'state', state, 'stopReason', reason, 'error', err, 'endedAt', iso_time)
   redis.call('DEL', P .. 'turn:lease:' .. tid)
   redis.call('ZREM', P .. 'turns:live:' .. sid, tid)
+  redis.call('ZREM', P .. 'turns:inflight', tid)
   local active_key = P .. 'turn:active:' .. sid
   if redis.call('GET', active_key) ~= tid then return '' end
   redis.call('DEL', active_key)
   touch(sid, ms, iso_time)
+  if no_promote then return '' end
   for _, nxt in ipairs(redis.call('ZRANGE', P .. 'turns:live:' .. sid, 0, -1)) do
     if redis.call('HGET', P .. 'turn:' .. nxt, 'state') == 'queued' then
       redis.call('HSET', P .. 'turn:' .. nxt, 'state', 'running')
       redis.call('SET', active_key, nxt)
+      redis.call('ZADD', P .. 'turns:inflight', server_ms(), nxt)
       return nxt
     end
   end
   return ''
+end
+
+-- An archive stops the live turns of sid in its own script, so nothing a step of them does
+-- can land after the archive commits (every step write is conditional on 'running'):
+-- queued -> cancelled (nothing is promoted), running with a step in flight -> cancelling (the
+-- step settles it), running between steps -> cancelled. Call it after the archive write.
+-- Appends tid, sid, previous state, new state, label for each turn to out.
+local function stop_turns_for_archive(sid, out)
+  local ms = server_ms()
+  local now = iso_ms(ms)
+  for _, t in ipairs(redis.call('ZRANGE', P .. 'turns:live:' .. sid, 0, -1)) do
+    local h = redis.call('HMGET', P .. 'turn:' .. t, 'state', 'label')
+    local to = nil
+    if h[1] == 'running' and redis.call('EXISTS', P .. 'turn:lease:' .. t) == 1 then
+      to = 'cancelling'
+      redis.call('HSET', P .. 'turn:' .. t, 'state', to)
+    elseif h[1] == 'queued' or h[1] == 'running' then
+      to = 'cancelled'
+      -- stopReason as turns.STOP_REASON[cancelled]
+      finish_turn(t, to, 'cancelled', 'archived', ms, now, true)
+    end
+    if to then
+      out[#out + 1] = t; out[#out + 1] = sid; out[#out + 1] = h[1]; out[#out + 1] = to
+      out[#out + 1] = h[2] or ''
+    end
+  end
 end

@@ -1,7 +1,10 @@
 -- ARGV: prefix, sid, stopActivity '0'|'1', nowIso, txn
 -- Checks for live work (unless stopActivity) and writes the archive for the session and its
 -- whole subtree in one step, so no work can start unseen between the check and the write.
--- Returns {'not_found'} | {'already'} | {'active'} | {'archived', n}
+-- With stopActivity the live turns of every session it archives are stopped in this same
+-- script (stop_turns_for_archive in _lib.lua).
+-- Returns {'not_found'} | {'already'} | {'active'} | {'archived', n, turns}: turns is a flat
+-- list tid, sid, fromState, toState, label of the turns it stopped.
 local sid, stop, now, txn = ARGV[2], ARGV[3], ARGV[4], ARGV[5]
 local k = skey(sid)
 if redis.call('EXISTS', k) == 0 or redis.call('HGET', k, 'deleted') ~= '0' then
@@ -14,13 +17,14 @@ if stop ~= '1' then
     if has_live(s) then return {'active'} end
   end
 end
-local n = 0
+local n, turns = 0, {}
 for _, s in ipairs(nodes) do
   if redis.call('HGET', skey(s), 'archived') ~= '1' then
     redis.call('HSET', skey(s), 'archived', '1', 'archivedAt', now, 'archiveTxn', txn)
     redis.call('SADD', P .. 'archived', s)
     move_index(s, 'active', 'archived')
+    if stop == '1' then stop_turns_for_archive(s, turns) end
     n = n + 1
   end
 end
-return {'archived', n}
+return {'archived', n, turns}

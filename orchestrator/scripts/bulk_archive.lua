@@ -10,12 +10,15 @@
 -- With idleBeforeMs (a filter on last activity), a session whose idle clock is no longer
 -- older than it is skipped: the clock is updatedMs, or max(updatedMs, unarchivedMs) with
 -- withUnarchive (the auto-archive policy), read in the same step as the write.
--- Returns one row per session: {sid, outcome, n, busy, would}
+-- With stopActivity the live turns of every session it archives are stopped in this same
+-- script (stop_turns_for_archive in _lib.lua).
+-- Returns one row per session: {sid, outcome, n, busy, would, turns}
 --   outcome 'not_found' | 'already' | 'skipped' | 'active' | 'archived'
 --   n       sessions this transition archived (or would archive) in the subtree
 --   busy    1 when the subtree has live work (computed for 'active', for 'archived', and
 --           with stopActivity for 'already'), so callers read the census only then
 --   would   dry run only: the ids the transition would have archived
+--   turns   flat list tid, sid, fromState, toState, label of the turns it stopped
 local stop, dry, now, base = ARGV[2], ARGV[3], ARGV[4], ARGV[5]
 local idle_before, with_unarchive = tonumber(ARGV[6]), ARGV[7] == '1'
 local FIRST = 9
@@ -45,21 +48,21 @@ for i = FIRST, #ARGV do
   local sid = ARGV[i]
   local k = skey(sid)
   if redis.call('EXISTS', k) == 0 or redis.call('HGET', k, 'deleted') ~= '0' then
-    out[#out + 1] = {sid, 'not_found', 0, 0, {}}
+    out[#out + 1] = {sid, 'not_found', 0, 0, {}, {}}
   elseif is_archived(sid) then
     local busy = 0
     if stop == '1' then busy = any_live(subtree(sid)) end
-    out[#out + 1] = {sid, 'already', 0, busy, {}}
+    out[#out + 1] = {sid, 'already', 0, busy, {}, {}}
   elseif not idle_enough(k) then
-    out[#out + 1] = {sid, 'skipped', 0, 0, {}}
+    out[#out + 1] = {sid, 'skipped', 0, 0, {}, {}}
   else
     local nodes = subtree(sid)
     local busy = any_live(nodes)
     if busy == 1 and stop ~= '1' then
-      out[#out + 1] = {sid, 'active', 0, 1, {}}
+      out[#out + 1] = {sid, 'active', 0, 1, {}, {}}
     else
       local txn = base .. '.' .. (i - FIRST + 1)
-      local n, would = 0, {}
+      local n, would, turns = 0, {}, {}
       for _, s in ipairs(nodes) do
         if not is_archived(s) then
           if dry == '1' then
@@ -72,11 +75,12 @@ for i = FIRST, #ARGV do
             if busy == 0 then redis.call('HSET', skey(s), 'quietAt', now, 'quietTxn', txn) end
             redis.call('SADD', P .. 'archived', s)
             move_index(s, 'active', 'archived')
+            if stop == '1' then stop_turns_for_archive(s, turns) end
           end
           n = n + 1
         end
       end
-      out[#out + 1] = {sid, 'archived', n, busy, would}
+      out[#out + 1] = {sid, 'archived', n, busy, would, turns}
     end
   end
 end

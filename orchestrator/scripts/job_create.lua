@@ -1,5 +1,8 @@
--- ARGV: prefix, jid, sid, label, seconds, nowIso, startTimeoutMs
+-- ARGV: prefix, jid, sid, label, seconds, nowIso, startTimeoutMs, guardTid|''
+-- Stores a starting job, unless the turn whose step asks for it (guardTid) no longer runs.
+-- Returns 'ok' | 'stopped'
 local jid, sid = ARGV[2], ARGV[3]
+if not turn_runs(ARGV[8]) then return 'stopped' end
 redis.call('HSET', P .. 'job:' .. jid, 'jobId', jid, 'sessionId', sid, 'label', ARGV[4],
   'seconds', ARGV[5], 'state', 'starting', 'host', '', 'pid', '', 'createdAt', ARGV[6],
   'startedAt', '', 'endedAt', '', 'exitCode', '')

@@ -6,8 +6,7 @@
 -- now + refireMs, doubled at each re-claim up to 8x: a backlog of fires slower than the
 -- deadline is not flooded with copies (a copy is harmless, but it is work).
 -- Two pollers never claim the same one at once. Returns a flat list: rid, sid, prompt, ...
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local now = server_ms()
 local limit, refire = tonumber(ARGV[2]), tonumber(ARGV[3])
 local firing = P .. 'reminders:firing'
 local out = {}

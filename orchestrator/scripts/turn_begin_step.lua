@@ -1,14 +1,39 @@
 -- ARGV: prefix, tid, stepIndex, leaseMs
--- Claims a step for execution. Returns 'ok', 'stale' (a duplicate of a step already run),
--- 'inflight' (a duplicate of a step running now),
--- or the turn's state when it is no longer running.
+-- Asks the step gate and claims the step in one script, so no step is admitted once an
+-- archive commits. Refused (gate_refusal): the turn ends here, 'blocked' (a 'cancelling' one
+-- settles 'cancelled'). Admitted: the lease is set, the model request is recorded
+-- (Keys.model_requests, at the server's time) and the turn's progress scored
+-- (Keys.turns_inflight); step 0 records the prompt (user_message_chunk) once, so a prompt
+-- that never ran never reads as said.
+-- Returns {'ok', promptUpdateJson|''} | {'refused', reason, endedState, promotedTid|''} |
+--   {'stale'} (a duplicate of a step already run) | {'inflight'} (a duplicate of a step
+--   running now) | {state} (the turn is no longer running) | {'missing'}
 local tid, index, lease_ms = ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
 local tk = P .. 'turn:' .. tid
-local h = redis.call('HMGET', tk, 'state', 'step')
-if not h[1] then return 'missing' end
-if h[1] ~= 'running' then return h[1] end
-if tonumber(h[2]) ~= index then return 'stale' end
+local h = redis.call('HMGET', tk, 'state', 'step', 'sessionId', 'prompt', 'said')
+if not h[1] then return {'missing'} end
+if h[1] ~= 'running' and h[1] ~= 'queued' and h[1] ~= 'cancelling' then return {h[1]} end
+local ms = server_ms()
+local refusal = gate_refusal(h[3])
+if refusal then
+  local ended = (h[1] == 'cancelling') and 'cancelled' or 'blocked'
+  -- stopReason as turns.STOP_REASON (blocked and cancelled both read 'cancelled')
+  local promoted = finish_turn(tid, ended, 'cancelled', 'gate: ' .. refusal, ms, iso_ms(ms))
+  return {'refused', refusal, ended, promoted}
+end
+if h[1] ~= 'running' then return {h[1]} end
+if tonumber(h[2]) ~= index then return {'stale'} end
 -- A redelivered copy of a step another worker is still running is dropped.
-if redis.call('EXISTS', P .. 'turn:lease:' .. tid) == 1 then return 'inflight' end
+if redis.call('EXISTS', P .. 'turn:lease:' .. tid) == 1 then return {'inflight'} end
 redis.call('SET', P .. 'turn:lease:' .. tid, index, 'PX', lease_ms)
-return 'ok'
+redis.call('RPUSH', P .. 'modelreq:' .. h[3],
+  cjson.encode({turnId = tid, step = index, at = iso_ms(ms)}))
+redis.call('ZADD', P .. 'turns:inflight', ms, tid)
+local said = ''
+if index == 0 and h[5] ~= '1' then
+  said = cjson.encode({sessionUpdate = 'user_message_chunk', turnId = tid,
+    content = {type = 'text', text = h[4] or ''}})
+  redis.call('RPUSH', P .. 'history:' .. h[3], said)
+  redis.call('HSET', tk, 'said', '1')
+end
+return {'ok', said}

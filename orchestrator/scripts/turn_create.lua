@@ -1,10 +1,12 @@
--- ARGV: prefix, sid, tid, prompt, label, source, nowMs, nowIso, refuseIfArchived '0'|'1',
---   reminderId|''
+-- ARGV: prefix, sid, tid, prompt, label, source, nowMs, nowIso, guardTid|'', reminderId|''
 -- Stores a turn; it runs at once if the session has no running turn, else it queues.
--- Returns {'run'} | {'queued'} | {'not_found'} | {'archived', holder}; for a reminder also
--- {'duplicate', turnId} | {'stopped'}
+-- Refused on an archived lineage whatever its source (a late wake-up stores nothing, and
+-- leaves the conversation and updatedAt as the archive left them), and, with guardTid (a
+-- subagent's first turn started by a step), when the guarding turn no longer runs.
+-- Returns {'run'} | {'queued'} | {'not_found'} | {'archived', holder} | {'stopped'}; for a
+-- reminder also {'duplicate', turnId}
 local sid, tid, prompt, label, source = ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6]
-local ms, now, refuse = tonumber(ARGV[7]), ARGV[8], ARGV[9]
+local ms, now = tonumber(ARGV[7]), ARGV[8]
 local k = skey(sid)
 -- [reminder] ARGV[10]: the id of the reminder this turn fires, or ''. One turn per reminder:
 -- a repeat fire gets {'duplicate', turnId}; a stopped one {'stopped'}; under an archived
@@ -29,10 +31,9 @@ end
 if redis.call('EXISTS', k) == 0 or redis.call('HGET', k, 'deleted') ~= '0' then
   return {'not_found'}
 end
-if refuse == '1' then
-  local holder = archived_in_lineage(sid)
-  if holder then return {'archived', holder} end
-end
+local holder = archived_in_lineage(sid)
+if holder then return {'archived', holder} end
+if not turn_runs(ARGV[9]) then return {'stopped'} end
 local active_key = P .. 'turn:active:' .. sid
 local state = 'queued'
 if redis.call('EXISTS', active_key) == 0 then state = 'running' end
@@ -42,10 +43,10 @@ redis.call('HSET', P .. 'turn:' .. tid, 'turnId', tid, 'sessionId', sid, 'state'
 -- Ordered by a per-session sequence, not the clock: prompts sent within one millisecond
 -- still run in the order they arrived.
 redis.call('ZADD', P .. 'turns:live:' .. sid, redis.call('INCR', P .. 'turn:seq:' .. sid), tid)
--- A wake-up of an archived lineage is stored (its step meets the gate) but is not activity.
-if not archived_in_lineage(sid) then touch(sid, ms, now) end
+touch(sid, ms, now)
 if state == 'running' then
   redis.call('SET', active_key, tid)
+  redis.call('ZADD', P .. 'turns:inflight', server_ms(), tid)
   return {'run'}
 end
 return {'queued'}

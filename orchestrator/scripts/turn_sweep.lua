@@ -17,26 +17,6 @@ local failed_reason, cancelled_reason = ARGV[5], ARGV[6]
 local inflight = P .. 'turns:inflight'
 local tk = P .. 'turn:' .. tid
 
--- ISO 8601 UTC with milliseconds of epoch ms (days to civil date: H. Hinnant's algorithm).
-local function iso_of(ms)
-  local secs = math.floor(ms / 1000)
-  local days = math.floor(secs / 86400)
-  local rem = secs - days * 86400
-  local z = days + 719468
-  local era = math.floor(z / 146097)
-  local doe = z - era * 146097
-  local yoe = math.floor((doe - math.floor(doe / 1460) + math.floor(doe / 36524)
-    - math.floor(doe / 146096)) / 365)
-  local doy = doe - (365 * yoe + math.floor(yoe / 4) - math.floor(yoe / 100))
-  local mp = math.floor((5 * doy + 2) / 153)
-  local d = doy - math.floor((153 * mp + 2) / 5) + 1
-  local m = (mp < 10) and (mp + 3) or (mp - 9)
-  local y = yoe + era * 400
-  if m <= 2 then y = y + 1 end
-  return string.format('%04d-%02d-%02dT%02d:%02d:%02d.%03dZ', y, m, d,
-    math.floor(rem / 3600), math.floor((rem % 3600) / 60), rem % 60, ms % 1000)
-end
-
 local score = redis.call('ZSCORE', inflight, tid)
 if not score then return {'gone'} end
 local h = redis.call('HMGET', tk, 'state', 'step', 'sessionId', 'resumes', 'resumeStep')
@@ -45,8 +25,7 @@ if state ~= 'running' and state ~= 'cancelling' then
   redis.call('ZREM', inflight, tid)
   return {'removed', state or 'missing'}
 end
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local now = server_ms()
 if now - tonumber(score) < stuck_ms then return {'fresh'} end
 if redis.call('EXISTS', P .. 'turn:lease:' .. tid) == 1 then return {'leased'} end
 local sid, step = h[3], h[2] or '0'
@@ -54,7 +33,7 @@ local sid, step = h[3], h[2] or '0'
 if state == 'cancelling' then
   -- The step that was to settle the stop is gone (its worker died, or its redelivered copy
   -- was refused): settle it here, as the step would have.
-  local nxt = finish_turn(tid, 'cancelled', cancelled_reason, '', now, iso_of(now))
+  local nxt = finish_turn(tid, 'cancelled', cancelled_reason, '', now, iso_ms(now))
   redis.call('ZREM', inflight, tid)
   return {'cancelled', sid, nxt}
 end
@@ -75,7 +54,7 @@ if losses > max_resumes then
     wrote = '1'
   end
   redis.call('HSET', tk, 'resumes', losses, 'resumeStep', step)
-  local nxt = finish_turn(tid, 'failed', failed_reason, err, now, iso_of(now))
+  local nxt = finish_turn(tid, 'failed', failed_reason, err, now, iso_ms(now))
   redis.call('ZREM', inflight, tid)
   return {'failed', sid, nxt, losses, err, wrote}
 end

@@ -29,7 +29,7 @@ from api.acp import LIST_PAGE
 from orchestrator import archive as archive_ops
 from orchestrator import sessions as session_ops
 from orchestrator import titles, turns
-from tests.helpers import wait_for
+from tests.helpers import RecordingDispatcher, wait_for
 
 #: The capabilities acp.md requires (values are objects; loadSession is the one boolean).
 SESSION_CAPABILITIES = ("list", "delete", "close", "resume", "archive", "title", "setTitle")
@@ -642,15 +642,18 @@ def test_archive_hides_from_default_list_and_keeps_id_and_conversation(
     agent: StdioAgent, agent2: StdioAgent, store: Any, cwd: str
 ) -> None:
     sid = new_session(agent, cwd)
+    # A turn's answer (its step is never sent: no worker runs it), then the turn ends
+    tid = turns.start_turn(store, RecordingDispatcher(), sid, "say kept across archive")
     turns.record_update(
         store,
         sid,
         {
             "sessionUpdate": "agent_message_chunk",
-            "turnId": "turn_kept",
+            "turnId": tid,
             "content": {"type": "text", "text": "kept across archive"},
         },
     )
+    turns.finish(store, RecordingDispatcher(), tid, turns.TurnState.COMPLETED)
     assert agent.call("session/archive", {"sessionId": sid}) == {}
     assert sid not in listed(agent, cwd)
     assert listed(agent, cwd, "only")[sid]["archived"] is True
@@ -990,13 +993,9 @@ def test_archive_of_an_active_session_cancels_its_work_and_notifies_before_the_p
         sid, lambda u: u == {"sessionUpdate": "session_info_update", "archived": True}
     )
     assert info_at < at, "archived:true must reach the client before its prompt resolves"
-    # The exec tool call settled; in ACP v1 terms it failed (the fleet's status is in _meta).
-    settled = [u for _, u in agent.updates(sid, "tool_call_update")]
-    assert settled and settled[-1]["status"] in ("pending", "in_progress", "completed", "failed")
-    assert settled[-1]["status"] == "failed", settled[-1]
-    assert settled[-1].get("_meta", {}).get("agentFleet", {}).get("status", "cancelled") == (
-        "cancelled"
-    )
+    # Nothing the stopped step did lands after the archive: not even the settlement of its
+    # exec tool call (a user cancel settles it; an archived conversation gains nothing).
+    assert [u for _, u in agent.updates(sid, "tool_call_update")] == []
     assert agent2.call("_agentFleet/activity", {"sessionId": sid}) == {"activity": []}
     # Unarchive brings back nothing that was stopped.
     assert agent2.call("session/unarchive", {"sessionId": sid}) == {}
@@ -1123,6 +1122,8 @@ def test_session_load_while_updates_stream_misses_and_repeats_nothing(
     """session/load of a session whose turn is streaming: the replay plus the live updates
     that follow it are the conversation exactly, none lost in between and none sent twice."""
     sid = session_ops.create_session(store, cwd).session_id
+    # The updates of a running turn (its step is never sent: no worker runs it)
+    tid = turns.start_turn(store, RecordingDispatcher(), sid, "say chunks")
     stop = threading.Event()
 
     def stream() -> None:
@@ -1134,7 +1135,7 @@ def test_session_load_while_updates_stream_misses_and_repeats_nothing(
                 sid,
                 {
                     "sessionUpdate": "agent_message_chunk",
-                    "turnId": "turn_stream",
+                    "turnId": tid,
                     "content": {"type": "text", "text": f"chunk {n}"},
                 },
             )

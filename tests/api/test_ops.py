@@ -21,6 +21,7 @@ import api.ops
 import api.rest
 from api.cli import app as cli_app
 from orchestrator import audit, turns
+from orchestrator.errors import SessionArchived
 from orchestrator.settings import get_settings
 from orchestrator.store import Store
 from tests.api.test_acp_stdio import new_session, stdio_agent
@@ -68,7 +69,7 @@ def value(samples: Samples, name: str, **labels: str) -> float:
 # --------------------------------------------------------------------------- /metrics
 
 
-def test_metrics_count_archives_refusals_stops_gate_refusals_and_quiet(
+def test_metrics_count_archives_refusals_stops_refused_wakeups_and_quiet(
     client: TestClient, fleet: Any, store: Store, dispatcher: Any
 ) -> None:
     # Given a session whose turn is in a long model step
@@ -88,13 +89,13 @@ def test_metrics_count_archives_refusals_stops_gate_refusals_and_quiet(
     assert client.post(f"/sessions/{sid}/archive").status_code == 409
     resp = client.post(f"/sessions/{sid}/archive", json={"stopActivity": True})
     assert resp.json()["outcome"] == "archived"
-    # And once its turn has stopped (nobody reads its activity), a late wake-up meets the gate
+    # And once its turn has stopped (nobody reads its activity), a late wake-up is refused
     wait_for(
         lambda: "quietAt" in client.get(f"/sessions/{sid}").json()["_meta"]["agentFleet"],
         message="the archived session to be recorded quiet",
     )
-    late = turns.start_turn(store, dispatcher, sid, "say late", source="reminder")
-    wait_for(lambda: client.get(f"/turns/{late}").json()["state"] == "blocked", message="gate")
+    with pytest.raises(SessionArchived):
+        turns.start_turn(store, dispatcher, sid, "say late", source="reminder")
 
     # Then the scrape shows each of them under its name and labels
     def gained(name: str, **labels: str) -> float:
@@ -103,18 +104,18 @@ def test_metrics_count_archives_refusals_stops_gate_refusals_and_quiet(
     after, types = wait_for(
         lambda: (
             (s := scrape(client))
-            and value(s[0], "fleet_gate_refusals_total", reason="archived")
-            > value(before, "fleet_gate_refusals_total", reason="archived")
+            and value(s[0], "fleet_wakeups_refused_total", source="reminder")
+            > value(before, "fleet_wakeups_refused_total", source="reminder")
             and s
         ),
-        message="the gate refusal to be counted",
+        message="the refused wake-up to be counted",
     )
     assert gained("fleet_archives_total", outcome="refused") == 1
     assert gained("fleet_archives_total", outcome="archived") == 1
     assert gained("fleet_archive_refusals_total", family="turn") == 1
     assert gained("fleet_stop_dispatches_total", family="turn") == 1
     assert gained("fleet_stop_failures_total", family="turn") == 0
-    assert gained("fleet_gate_refusals_total", reason="archived") == 1
+    assert gained("fleet_wakeups_refused_total", source="reminder") == 1
     assert gained("fleet_archive_quiet_seconds_count") == 1
     assert gained("fleet_archive_quiet_seconds_bucket", le="+Inf") == 1
     assert value(after, "fleet_sessions", state="archived") >= 1
@@ -128,6 +129,7 @@ def test_metrics_count_archives_refusals_stops_gate_refusals_and_quiet(
         "fleet_stop_failures": "counter",
         "fleet_gate_refusals": "counter",
         "fleet_turn_sweeps": "counter",
+        "fleet_wakeups_refused": "counter",
         "fleet_archive_quiet_seconds": "histogram",
         "fleet_sessions": "gauge",
     }

@@ -2,7 +2,7 @@
 firings and subagent spawns, interleaved from several threads while the work itself runs.
 
 The work really runs, in process: ``ExecutingDispatcher`` executes every task it is sent on a
-thread pool, as the family workers would (turn steps through ``turns.run_step`` with the
+thread pool, as the family workers would (turn steps through ``steps.run_step`` with the
 scripted model and ``tools.run_tool``; stops through the orchestrator's stop functions;
 reminder firings through ``turns.start_turn(source="reminder")``), and a poller thread claims
 due reminders. Client threads run a seeded random schedule of operations against the same
@@ -11,8 +11,9 @@ lineage. ``FLEET_RACE_SEED=N`` replays one schedule (thread timing still varies)
 The invariant checked is the gate's: once an archive of a session or of an ancestor has
 committed, no step of that session is admitted until an unarchive of its lineage may have
 committed. A step whose gate check preceded the archive write may still make its model request
-just after it (the spec allows it), so admissions are what is timed: ``turns.admit`` is
-wrapped to record when each admission began and ended, and every model request must come from
+just after it (the spec allows it), so admissions are what is timed: the script that asks the
+gate and begins the step (``steps._begin_step``) is wrapped to record when each admission
+began and ended, and every model request must come from
 a step the gate admitted. At the end of each schedule the archive state is whole and every
 archived session's census is empty once the stops have been delivered.
 """
@@ -32,7 +33,16 @@ from typing import Any
 
 import pytest
 
-from orchestrator import activity, archive, gate, reminders, sessions, subagents, tools, turns
+from orchestrator import (
+    activity,
+    archive,
+    reminders,
+    sessions,
+    steps,
+    subagents,
+    tools,
+    turns,
+)
 from orchestrator.errors import AncestorArchived, FleetError, SessionActive, SessionArchived
 from orchestrator.families import Family, Task, work_queue
 from orchestrator.model import ModelAction, ScriptedModel, StepRequest
@@ -103,8 +113,9 @@ class ExecutingDispatcher:
     def _execute(self, task: str, args: list[Any]) -> None:
         st = self.store
         if task == Task.TURN_STEP:
-            outcome = turns.run_step(st, self, self.model, tools.run_tool, *args)
-            if outcome == "refused":
+            outcome = steps.run_step(st, self, self.model, tools.run_tool, *args)
+            # Refused by the gate, or dropped because an archive had stopped its turn.
+            if outcome in ("refused", "cancelled", "cancelling"):
                 with self.log.lock:
                     self.log.refused_steps += 1
         elif task == Task.TURN_STOP:
@@ -312,16 +323,18 @@ def test_no_step_is_admitted_after_an_archive_commits_in_any_interleaving(
 ) -> None:
     log = Log()
     admitted = threading.local()
-    real_admit = gate.admit
+    real_begin = steps._begin_step
 
-    def timed_admit(store: Store, session_id: str) -> None:
+    def timed_begin(store: Store, dispatcher: Any, session_id: str, tid: str, index: int) -> str:
         admitted.sid = None
         start = time.monotonic()
-        real_admit(store, session_id)  # a refusal propagates unrecorded
-        log.add("admits", (session_id, start, time.monotonic()))
-        admitted.sid = session_id
+        began = real_begin(store, dispatcher, session_id, tid, index)  # a refusal propagates
+        if began == "ok":
+            log.add("admits", (session_id, start, time.monotonic()))
+            admitted.sid = session_id
+        return began
 
-    monkeypatch.setattr(turns, "admit", timed_admit)
+    monkeypatch.setattr(steps, "_begin_step", timed_begin)
     dispatcher = ExecutingDispatcher(race_store, RecordingModel(log, admitted), log)
     stop_poller = threading.Event()
 
@@ -349,7 +362,7 @@ def test_no_step_is_admitted_after_an_archive_commits_in_any_interleaving(
     print(
         f"\n{len(seeds)} schedules in {time.monotonic() - started:.1f}s: {totals}; "
         f"{len(log.archives)} archives answered, {len(log.unarchives)} unarchives, "
-        f"{len(log.admits)} admissions, {log.refused_steps} steps refused by the gate, "
+        f"{len(log.admits)} admissions, {log.refused_steps} steps refused or stopped, "
         f"{len(log.requests)} model requests"
     )
-    assert log.refused_steps > 0  # the schedules did reach the gate with archived lineages
+    assert log.refused_steps > 0  # the schedules did reach steps of archived lineages

@@ -25,7 +25,7 @@ import api.lifecycle
 import api.rest
 from api.acp import AcpConnection, EventHub
 from api.embedded import EmbeddedRedis
-from orchestrator import archive, gate, sessions, titles, tools, turns
+from orchestrator import archive, gate, sessions, steps, titles, tools, turns
 from orchestrator.errors import FleetError, StoreUnavailable
 from orchestrator.model import ModelAction, ScriptedModel, StepRequest
 from orchestrator.settings import get_settings
@@ -173,7 +173,7 @@ def test_redis_down_answers_store_unavailable_fails_closed_and_recovers(
     # ... the gate fails closed: a step is not run, no model request is made...
     model = CountingModel()
     took["turn step"], raised = timed(
-        lambda: turns.run_step(store, rec, model, tools.run_tool, prompted, tid, 0)
+        lambda: steps.run_step(store, rec, model, tools.run_tool, prompted, tid, 0)
     )
     assert isinstance(raised, StoreUnavailable)
     assert model.requests == 0
@@ -240,7 +240,7 @@ def test_redis_down_answers_store_unavailable_fails_closed_and_recovers(
     assert {s["sessionId"] for s in listed} == {active, archived, prompted}
     assert client.get("/sessions", params={"cwd": where}).status_code == 200
     # ... and the step that could not read the gate runs when retried
-    assert turns.run_step(store, rec, model, tools.run_tool, prompted, tid, 0) == "completed"
+    assert steps.run_step(store, rec, model, tools.run_tool, prompted, tid, 0) == "completed"
     assert model.requests == 1
     assert_consistent(store)
     acp.close()

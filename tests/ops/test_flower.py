@@ -24,7 +24,7 @@ import pytest
 
 from orchestrator.archive import archive
 from orchestrator.turns import start_turn
-from tests.helpers import wait_for
+from tests.helpers import RecordingDispatcher, wait_for
 from tests.workers.support import (
     ALL_FAMILIES,
     item_of,
@@ -147,13 +147,19 @@ def test_flower_shows_the_stops_of_an_archive_and_the_refused_late_step(
     wait_request(store, child, turns_of(store, child)[0], 0)
     rid = item_of(store, sid, "reminder").id
 
-    # When it is archived with stopActivity, and once drained a late wake-up (a reminder's
-    # turn) sends a step the gate must refuse
+    # When it is archived with stopActivity; and another session is archived while a step of
+    # its turn was in flight on a worker that vanished (the lease lapsed), and a copy of that
+    # step arrives late, for the gate to refuse
     result = archive(store, dispatcher, sid, stop_activity=True)
     assert result.stop_report.sent == {"turn": 1, "job": 1, "subagent": 1, "reminder": 1}
     wait_drained(store, sid)
-    late = start_turn(store, dispatcher, sid, "say late", source="reminder")
-    wait_turn_state(store, late, "blocked")
+    other = sessions.new()
+    late = start_turn(store, RecordingDispatcher(), other, "say late")  # its step never sent
+    assert store.run("turn_begin_step", [late, 0, 5000])[0] == "ok"
+    archive(store, dispatcher, other, stop_activity=True)
+    store.redis.delete(store.keys.step_lease(late))
+    dispatcher.send("turn.step", [other, late, 0], "turn")
+    wait_turn_state(store, late, "cancelled")
 
     # Then Flower lists one task per stop, by name, with the session id first, done by the
     # worker of its family (the job stop by the host owning the job); and the late step as
@@ -171,7 +177,7 @@ def test_flower_shows_the_stops_of_an_archive_and_the_refused_late_step(
         states = {t["state"] for t in tasks.values()}
         if not names >= STOP_TASKS or states - {"SUCCESS", "REFUSED"}:
             return None
-        if not any(t["state"] == "REFUSED" for t in tasks.values()):
+        if not any(t["state"] == "REFUSED" for t in flower_tasks(flower, other).values()):
             return None
         return tasks
 
@@ -186,18 +192,18 @@ def test_flower_shows_the_stops_of_an_archive_and_the_refused_late_step(
     assert sub_sid == sid and list(plans) == [child]
     assert task_args(stops["turn.stop"]) == [sid, [tid]]
     assert task_args(stops["reminder.stop"]) == [sid, [rid]]
-    [refused] = [t for t in tasks.values() if t["state"] == "REFUSED"]
+    [refused] = [t for t in flower_tasks(flower, other).values() if t["state"] == "REFUSED"]
     assert refused["name"] == "turn.step"
-    assert task_args(refused) == [sid, late, 0]
+    assert task_args(refused) == [other, late, 0]
     assert refused["worker"] == "turn@test"
     assert refused["failed"] is None and refused["succeeded"] is None
-    assert requests_of(store, sid, late) == []
+    assert requests_of(store, other, late) == [0]  # only the step that began before
     assert not [t for t in tasks.values() if t["state"] in {"STARTED", "FAILURE"}]
     # An operator can search for the session id, and filter on the state and the dotted name
     everything = flower.get("/api/tasks").json()
     found = flower.get(f"/api/tasks?search={sid}").json()
     assert set(found) == set(tasks) != set(everything)  # the subagent's steps are not found
-    assert set(flower_tasks(flower, sid, state="REFUSED")) == {refused["uuid"]}
+    assert set(flower_tasks(flower, other, state="REFUSED")) == {refused["uuid"]}
     assert {t["name"] for t in flower_tasks(flower, sid, taskname="job.stop").values()} == {
         "job.stop"
     }

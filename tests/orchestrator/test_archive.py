@@ -10,7 +10,13 @@ import pytest
 
 from orchestrator import archive, gate, jobs, reminders, sessions, turns
 from orchestrator.activity import census
-from orchestrator.errors import AncestorArchived, InvalidParams, SessionActive, SessionNotFound
+from orchestrator.errors import (
+    AncestorArchived,
+    InvalidParams,
+    SessionActive,
+    SessionArchived,
+    SessionNotFound,
+)
 from orchestrator.families import Family
 from orchestrator.gate import StepRefused
 from orchestrator.sessions import Session
@@ -539,9 +545,10 @@ def test_unarchive_leaves_undelivered_stops_and_turn_states_alone(
 def test_an_unarchived_session_keeps_its_id_cwd_and_conversation(
     store: Store, recorder: RecordingDispatcher, cwd: str
 ) -> None:
-    # Given a session with a conversation
+    # Given a session with a conversation (a turn whose first step began)
     s = sessions.create_session(store, cwd)
     tid = turns.start_turn(store, recorder, s.session_id, "say hi")
+    assert store.run("turn_begin_step", [tid, 0, 5000])[0] == "ok"
     turns.finish(store, recorder, tid, turns.TurnState.COMPLETED)
     history = store.redis.lrange(store.keys.history(s.session_id), 0, -1)
     assert [json.loads(h)["sessionUpdate"] for h in history] == ["user_message_chunk"]
@@ -632,7 +639,10 @@ def test_a_wake_up_of_an_archived_session_does_not_count_as_activity(
     s = sessions.create_session(store, cwd)
     archive.archive(store, recorder, s.session_id)
     before = read(store, s).updated_at
-    # When a late reminder stores a turn for it
-    turns.start_turn(store, recorder, s.session_id, "say late", source="reminder")
-    # Then updatedAt does not move (the turn's step will meet the gate)
+    # When a late reminder tries to store a turn for it
+    with pytest.raises(SessionArchived):
+        turns.start_turn(store, recorder, s.session_id, "say late", source="reminder")
+    # Then nothing is stored and updatedAt does not move
     assert read(store, s).updated_at == before
+    assert store.redis.zcard(store.keys.live_turns(s.session_id)) == 0
+    assert store.redis.llen(store.keys.history(s.session_id)) == 0

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from orchestrator import archive, gate, sessions, tools, turns
+from orchestrator import archive, gate, sessions, steps, tools, turns
 from orchestrator.errors import AncestorArchived, SessionNotFound, StoreUnavailable
 from orchestrator.gate import StepRefused
 from orchestrator.model import ScriptedModel
@@ -153,7 +153,7 @@ def test_a_step_against_an_unreachable_store_raises_and_runs_nothing(
     model = ScriptedModel()
     # When its step runs while Redis is unreachable
     with pytest.raises(StoreUnavailable):
-        turns.run_step(dead_store, recorder, model, tools.run_tool, s.session_id, tid, 0)
+        steps.run_step(dead_store, recorder, model, tools.run_tool, s.session_id, tid, 0)
     # Then nothing ran and nothing was sent; the turn is still running, ready for the retry
     assert recorder.sent[mark:] == []
     assert store.redis.llen(store.keys.model_requests(s.session_id)) == 0

@@ -8,7 +8,7 @@ import logging
 
 import pytest
 
-from orchestrator import activity, archive, metrics, reminders, sessions, tools, turns
+from orchestrator import activity, archive, jobs, metrics, reminders, sessions, steps, tools, turns
 from orchestrator.errors import SessionActive
 from orchestrator.metrics import Snapshot
 from orchestrator.model import ScriptedModel
@@ -86,13 +86,16 @@ def test_a_stop_failure_is_one_warning_line_with_the_traceback_only_at_debug(
 def test_gate_refusals_are_counted_by_reason(
     store: Store, recorder: RecordingDispatcher, cwd: str
 ) -> None:
-    # Given a turn whose session is archived (with stopActivity) before its step runs
+    # Given a turn whose step was in flight when its session was archived with stopActivity,
+    # and whose worker died (the lease lapsed)
     sid = sessions.create_session(store, cwd).session_id
     tid = turns.start_turn(store, recorder, sid, "say hi")
+    assert store.run("turn_begin_step", [tid, 0, 5000])[0] == "ok"
     archive.archive(store, recorder, sid, stop_activity=True)
+    store.redis.delete(store.keys.step_lease(tid))
     before = metrics.snapshot(store)
-    # When the late step arrives
-    outcome = turns.run_step(store, recorder, ScriptedModel(), tools.run_tool, sid, tid, 0)
+    # When the step is delivered again
+    outcome = steps.run_step(store, recorder, ScriptedModel(), tools.run_tool, sid, tid, 0)
     # Then the gate refused it and the refusal is counted
     assert outcome == "refused"
     assert counted(before, metrics.snapshot(store), metrics.GATE_REFUSALS) == {"archived": 1}
@@ -139,14 +142,14 @@ def test_counting_never_raises_when_redis_is_away(store: Store) -> None:
 def test_an_archive_with_stop_is_recorded_quiet_once_its_work_has_stopped(
     store: Store, recorder: RecordingDispatcher, cwd: str
 ) -> None:
-    # Given a session with a queued turn, archived with stopActivity
+    # Given a session with a job no worker has taken yet, archived with stopActivity
     sid = sessions.create_session(store, cwd).session_id
-    turns.start_turn(store, recorder, sid, "think 5")
+    jobs.create_job(store, recorder, sid, 5, "sleep 5s")
     before = quiet_count(metrics.snapshot(store))
     mark = len(recorder.sent)
     archive.archive(store, recorder, sid, stop_activity=True)
     assert sessions.get_session(store, sid).quiet_at is None
-    # When the turn stop is delivered and the stop handler checks for quiet
+    # When the job stop is delivered and the stop handler checks for quiet
     deliver(store, recorder, stops(recorder, mark))
     activity.note_quiet(store, sid)
     # Then the session is recorded quiet, in its SessionInfo and in the histogram

@@ -3,16 +3,17 @@
 from __future__ import annotations
 
 import json
+import threading
 import time
 
 import pytest
 
-from orchestrator import archive, sessions, tools, turns
+from orchestrator import archive, audit, metrics, sessions, steps, tools, turns
 from orchestrator.errors import InvalidParams, SessionArchived, SessionNotFound
 from orchestrator.model import ScriptedModel
 from orchestrator.store import Store
 from orchestrator.turns import TurnState
-from tests.helpers import RecordingDispatcher
+from tests.helpers import RecordingDispatcher, wait_for
 from tests.orchestrator.support import chain, model_requests
 
 
@@ -27,7 +28,7 @@ def steps_sent(recorder: RecordingDispatcher, since: int = 0) -> list[list[objec
 
 
 def step(store: Store, recorder: RecordingDispatcher, sid: str, tid: str, index: int) -> str:
-    return turns.run_step(store, recorder, ScriptedModel(), tools.run_tool, sid, tid, index)
+    return steps.run_step(store, recorder, ScriptedModel(), tools.run_tool, sid, tid, index)
 
 
 def history(store: Store, sid: str) -> list[dict[str, object]]:
@@ -50,11 +51,18 @@ def test_a_prompt_on_an_idle_session_runs_and_sends_its_first_step(
     assert state(store, tid) == TurnState.RUNNING
     assert recorder.sent == [("turn.step", [sid, tid, 0], "turn")]
     assert store.redis.get(store.keys.active_turn(sid)) == tid
-    assert history(store, sid)[-1] == {
-        "sessionUpdate": "user_message_chunk",
-        "turnId": tid,
-        "content": {"type": "text", "text": "think 5"},
-    }
+    # The prompt enters the conversation when its first step is admitted, and only once
+    assert history(store, sid) == []
+    assert store.run("turn_begin_step", [tid, 0, 5000])[0] == "ok"
+    store.redis.delete(store.keys.step_lease(tid))
+    assert store.run("turn_begin_step", [tid, 0, 5000])[0] == "ok"
+    assert history(store, sid) == [
+        {
+            "sessionUpdate": "user_message_chunk",
+            "turnId": tid,
+            "content": {"type": "text", "text": "think 5"},
+        }
+    ]
 
 
 def test_a_second_prompt_queues_behind_the_first(
@@ -195,7 +203,7 @@ def test_cancelling_a_turn_with_a_step_in_flight_leaves_it_to_the_step(
 ) -> None:
     # Given a turn whose step is in flight (its lease is held)
     tid = turns.start_turn(store, recorder, sid, "think 5")
-    assert store.run("turn_begin_step", [tid, 0, 5000]) == "ok"
+    assert store.run("turn_begin_step", [tid, 0, 5000])[0] == "ok"
     # When it is cancelled
     assert turns.cancel_turns(store, recorder, sid, [tid]) == {tid: "cancelling"}
     # Then it is cancelling, and a redelivered copy of its step settles it as cancelled
@@ -203,7 +211,7 @@ def test_cancelling_a_turn_with_a_step_in_flight_leaves_it_to_the_step(
     store.redis.delete(store.keys.step_lease(tid))
     assert step(store, recorder, sid, tid, 0) == "cancelling"
     assert state(store, tid) == TurnState.CANCELLED
-    assert model_requests(store, sid) == []
+    assert len(model_requests(store, sid)) == 1  # the step that began; the copy made none
 
 
 def test_cancel_session_turns_stops_running_and_queued_turns(
@@ -265,24 +273,28 @@ def test_a_user_prompt_on_an_archived_session_raises_session_archived(
     assert recorder.sent == []
 
 
-def test_a_reminder_turn_on_an_archived_session_is_stored_and_its_step_refused(
+def test_a_wake_up_of_an_archived_session_stores_nothing_and_is_audited_and_counted(
     store: Store, recorder: RecordingDispatcher, sid: str
 ) -> None:
     # Given an archived session
     archive.archive(store, recorder, sid)
-    # When a reminder fires a turn for it
-    tid = turns.start_turn(store, recorder, sid, "say hi", source="reminder")
-    # Then the turn is stored and its first step sent, to meet the gate
-    t = turns.get_turn(store, tid)
-    assert t is not None and t.source == "reminder"
-    assert steps_sent(recorder) == [[sid, tid, 0]]
-    # When that step runs
-    assert step(store, recorder, sid, tid, 0) == "refused"
-    # Then the turn ends blocked, with no model request
-    t = turns.get_turn(store, tid)
-    assert t is not None
-    assert (t.state, t.stop_reason, t.error) == (TurnState.BLOCKED, "cancelled", "gate: archived")
-    assert model_requests(store, sid) == []
+    before = metrics.snapshot(store)
+    updated = sessions.get_session(store, sid).updated_at
+    for source in ("reminder", "subagent_result"):
+        # When a wake-up tries to start a turn for it
+        with pytest.raises(SessionArchived):
+            turns.start_turn(store, recorder, sid, "say hi", source=source)
+    # Then nothing is stored or sent, and the conversation and updatedAt are as archived
+    assert store.redis.zcard(store.keys.live_turns(sid)) == 0
+    assert history(store, sid) == [] and steps_sent(recorder) == []
+    assert sessions.get_session(store, sid).updated_at == updated
+    # And each refusal is counted and audited
+    old = before.counters[metrics.WAKEUPS_REFUSED.name]
+    new = metrics.snapshot(store).counters[metrics.WAKEUPS_REFUSED.name]
+    gained = {k[0]: n - old.get(k, 0) for k, n in new.items() if n != old.get(k, 0)}
+    assert gained == {"reminder": 1, "subagent_result": 1}
+    entries = audit.read(store, sid)
+    assert [(e["action"], e["outcome"]) for e in entries[:2]] == [("wakeup", "refused")] * 2
 
 
 # --------------------------------------------------------------------------- steps
@@ -311,17 +323,32 @@ def test_a_say_step_completes_the_turn_with_one_model_request(
     assert not store.redis.exists(store.keys.step_lease(tid))
 
 
-def test_a_step_of_an_archived_session_is_refused_and_makes_no_model_request(
+def test_an_archive_with_stop_ends_a_turn_between_steps_and_its_late_step_does_nothing(
     store: Store, recorder: RecordingDispatcher, sid: str
 ) -> None:
     # Given a running turn, and the session then archived with stopActivity
     tid = turns.start_turn(store, recorder, sid, "say hi")
     archive.archive(store, recorder, sid, stop_activity=True)
-    # When the turn's step runs before the stop arrives
+    # Then the archive itself ended the turn
+    assert state(store, tid) == TurnState.CANCELLED
+    # And its step, arriving late, is dropped: the model was never asked
+    assert step(store, recorder, sid, tid, 0) == "cancelled"
+    assert model_requests(store, sid) == [] and history(store, sid) == []
+
+
+def test_a_step_of_a_deleted_session_is_refused_and_makes_no_model_request(
+    store: Store, recorder: RecordingDispatcher, sid: str
+) -> None:
+    # Given a running turn, and the session then deleted
+    tid = turns.start_turn(store, recorder, sid, "say hi")
+    sessions.delete_session(store, sid)
+    # When the turn's step runs
     outcome = step(store, recorder, sid, tid, 0)
     # Then it is refused, the turn ends blocked, and the model was never asked
     assert outcome == "refused"
-    assert state(store, tid) == TurnState.BLOCKED
+    t = turns.get_turn(store, tid)
+    assert t is not None
+    assert (t.state, t.stop_reason, t.error) == (TurnState.BLOCKED, "cancelled", "gate: deleted")
     assert model_requests(store, sid) == []
 
 
@@ -330,11 +357,14 @@ def test_a_step_of_a_subagent_under_an_archived_parent_is_refused(
 ) -> None:
     root, child = chain(store, 1, cwd)
     tid = turns.start_turn(store, recorder, child.session_id, "say hi", source="subagent")
+    assert store.run("turn_begin_step", [tid, 0, 5000])[0] == "ok"
     archive.archive(store, recorder, root.session_id, stop_activity=True)
+    assert state(store, tid) == TurnState.CANCELLING
+    store.redis.delete(store.keys.step_lease(tid))  # its worker died mid-step
 
     assert step(store, recorder, child.session_id, tid, 0) == "refused"
-    assert state(store, tid) == TurnState.BLOCKED
-    assert model_requests(store, child.session_id) == []
+    assert state(store, tid) == TurnState.CANCELLED
+    assert len(model_requests(store, child.session_id)) == 1  # only the step that began
 
 
 def test_a_duplicate_of_a_step_already_run_is_stale(
@@ -360,10 +390,10 @@ def test_a_copy_of_a_step_that_is_in_flight_is_dropped(
     store: Store, recorder: RecordingDispatcher, sid: str
 ) -> None:
     tid = turns.start_turn(store, recorder, sid, "say hi")
-    assert store.run("turn_begin_step", [tid, 0, 5000]) == "ok"
+    assert store.run("turn_begin_step", [tid, 0, 5000])[0] == "ok"
 
     assert step(store, recorder, sid, tid, 0) == "inflight"
-    assert model_requests(store, sid) == []
+    assert len(model_requests(store, sid)) == 1  # only the step that began
     assert state(store, tid) == TurnState.RUNNING
 
 
@@ -433,3 +463,39 @@ def test_a_finished_subagent_turn_wakes_its_parent(
     assert t is not None
     assert (t.source, t.prompt) == ("subagent_result", f"say subagent {c} finished")
     assert steps_sent(recorder)[-1] == [root.session_id, wake, 0]
+
+
+# --------------------------------------------------------------------------- worker shutdown
+
+
+def test_a_worker_shutting_down_hands_its_step_on_and_the_turn_stays_at_that_step(
+    store: Store, recorder: RecordingDispatcher, sid: str
+) -> None:
+    # Given a turn in a 30 s model request on a worker
+    stopping = threading.Event()
+    tid = turns.start_turn(store, recorder, sid, "think 30\nsay after")
+    mark = len(recorder.sent)
+    outcome: list[str] = []
+
+    def run() -> None:
+        model = ScriptedModel()
+        outcome.append(
+            steps.run_step(store, recorder, model, tools.run_tool, sid, tid, 0, stopping=stopping)
+        )
+
+    runner = threading.Thread(target=run)
+    runner.start()
+    wait_for(lambda: model_requests(store, sid), 5, message="the model request")
+    # When the worker starts shutting down
+    stopping.set()
+    runner.join(5)
+    # Then the request is aborted, the lease dropped and the same step sent again
+    assert outcome == ["handed_off"]
+    assert steps_sent(recorder, mark) == [[sid, tid, 0]]
+    assert not store.redis.exists(store.keys.step_lease(tid))
+    t = turns.get_turn(store, tid)
+    assert t is not None and (t.state, t.step) == (TurnState.RUNNING, 0)
+    # And another worker can begin it there; the prompt was said once
+    assert store.run("turn_begin_step", [tid, 0, 5000])[0] == "ok"
+    said = [u for u in history(store, sid) if u["sessionUpdate"] == "user_message_chunk"]
+    assert len(said) == 1

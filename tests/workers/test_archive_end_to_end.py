@@ -13,7 +13,6 @@ from typing import Any
 import pytest
 
 from orchestrator import reminders
-from orchestrator.activity import census
 from orchestrator.archive import archive
 from orchestrator.errors import SessionActive
 from orchestrator.sessions import get_session
@@ -28,7 +27,6 @@ from tests.workers.support import (
     paused_consumer,
     reminder_due_ms,
     reminder_state,
-    turn_state,
     turns_of,
     wait_drained,
     wait_families,
@@ -102,12 +100,8 @@ def test_a_session_busy_in_all_four_families_is_refused_then_stopped_and_every_f
 
     # When it is archived with stop_activity
     result = archive(store, dispatcher, sid, stop_activity=True)
-    # Read at once: the stops are requests, not waited for. Right after the return the parent's
-    # turn is still mid-"think 60" (or "cancelling"): only the worker running that step can
-    # settle it, after the turn.stop message crossed the broker and its step watch (50 ms
-    # poll) noticed; so at least one item is still live here. The deterministic version of
-    # this claim (a stop held back in its queue) is the next test.
-    live_right_after = census(store, sid)
+    # The stops are requests, not waited for (the next test holds one back in its queue); the
+    # turns were stopped by the archive's own script and their steps notice within 50 ms.
     requests_at_archive = len(model_requests(store, sid)) + len(
         model_requests(store, busy["child"])
     )
@@ -120,7 +114,6 @@ def test_a_session_busy_in_all_four_families_is_refused_then_stopped_and_every_f
     assert result.stop_report.sent == {"turn": 1, "job": 1, "subagent": 1, "reminder": 1}
     assert result.stop_report.failed == []
     assert {i.family.value for i in result.stopped} == set(ALL_FAMILIES)
-    assert live_right_after, "archive returned only after every stop had finished"
 
     # And every family drains
     wait_drained(store, sid)
@@ -159,18 +152,14 @@ def test_archive_returns_while_a_stop_still_waits_in_its_queue_and_the_others_do
         # Then archive returned although the subagent stop cannot have run yet
         assert result.outcome == "archived"
         assert result.stop_report.sent["subagent"] == 1
-        assert "subagent" in {i.family.value for i in census(store, sid)}
 
-        # And the other families drain without waiting for it
-        wait_families(store, sid, {"subagent"})
+        # And the families drain without waiting for it: the archive stopped the subagent's
+        # turn in its own script, which its step saw through the store
         wait_turn_state(store, busy["tid"], "cancelled")
+        wait_turn_state(store, busy["child_tid"], "cancelled")
         wait_gone(busy["pid"])
         assert reminder_state(store, busy["rid"]) == "deleted"
-        assert turn_state(store, busy["child_tid"]) == "running"
-
-    # When the subagent worker consumes again, its stop runs and the subtree drains
-    wait_drained(store, sid)
-    wait_turn_state(store, busy["child_tid"], "cancelled")
+        wait_drained(store, sid)
 
 
 class CorruptingDispatcher:
@@ -234,8 +223,8 @@ def test_a_stop_handler_that_raises_is_logged_and_the_other_families_still_stop(
     wait_for(lambda: reminder_state(store, rid) == "deleted", 15, message="reminder deleted")
     wait_turn_state(store, child_tid, "cancelled")
 
-    # And the turn nobody stopped ends at its next step, which the gate refuses: it runs no
-    # further model request
-    wait_turn_state(store, tid, "blocked")
+    # And the turn whose stop handler broke is stopped all the same: the archive stopped it in
+    # its own script and its step saw that through the store; it runs no further request
+    wait_turn_state(store, tid, "cancelled")
     wait_drained(store, sid)
     assert 4 not in [r["step"] for r in model_requests(store, sid) if r["turnId"] == tid]

@@ -10,11 +10,13 @@ import pytest
 
 from orchestrator.activity import census
 from orchestrator.archive import archive, unarchive
+from orchestrator.errors import SessionArchived
 from orchestrator.sessions import create_session, get_session
 from orchestrator.store import iso, new_id, now_ms
 from orchestrator.turns import start_turn
-from tests.helpers import wait_for
+from tests.helpers import RecordingDispatcher, wait_for
 from tests.workers.support import (
+    history,
     item_of,
     job_record,
     job_workers,
@@ -38,24 +40,28 @@ pytestmark = pytest.mark.timeout(60)
 def test_a_step_for_an_archived_session_is_refused_without_a_model_request(
     fleet: Any, store: Any, dispatcher: Any, sessions: Any
 ) -> None:
-    # Given an idle session that is archived
+    # Given a turn whose step was in flight when its session was archived with stopActivity
+    # (the archive marked it cancelling), and whose worker vanished (its lease lapsed)
     sid = sessions.new()
-    archive(store, dispatcher, sid)
+    tid = start_turn(store, RecordingDispatcher(), sid, "say hi")  # its step is never sent
+    assert store.run("turn_begin_step", [tid, 0, 5000])[0] == "ok"
+    archive(store, dispatcher, sid, stop_activity=True)
+    store.redis.delete(store.keys.step_lease(tid))
+    requests = model_requests(store, sid)
 
-    # When a late wake-up starts a turn in it (its first step goes to the turn workers)
-    tid = start_turn(store, dispatcher, sid, "say hi", source="reminder")
-
-    # Then the step is refused: the turn ends blocked and no model request is made
-    wait_turn_state(store, tid, "blocked")
-    turn_log = worker(fleet, "turn")
-    wait_log(turn_log, f"step 0 of turn {tid} refused by the gate (archived {sid})")
-    assert model_requests(store, sid) == []
-
-    # And another copy of the step is refused the same way
+    # When a copy of its step reaches the turn workers
     dispatcher.send("turn.step", [sid, tid, 0], "turn")
-    wait_log(turn_log, f"step 0 of turn {tid} refused by the gate", count=2)
-    assert turn_state(store, tid) == "blocked"
-    assert model_requests(store, sid) == []
+
+    # Then the gate refuses it: the turn settles cancelled and no model request is made
+    wait_log(worker(fleet, "turn"), f"step 0 of turn {tid} refused by the gate (archived {sid})")
+    wait_turn_state(store, tid, "cancelled")
+    assert model_requests(store, sid) == requests
+
+    # And a late wake-up of the archived session stores nothing at all
+    with pytest.raises(SessionArchived):
+        start_turn(store, dispatcher, sid, "say hi", source="reminder")
+    assert turn_state(store, tid) == "cancelled"
+    assert store.redis.zcard(store.keys.live_turns(sid)) == 0
 
 
 def test_a_redelivered_step_of_a_completed_turn_is_dropped_without_a_second_request(
@@ -101,18 +107,18 @@ def test_a_descendant_created_just_after_its_parents_archive_is_gated(
     parent = sessions.new()
     archive(store, dispatcher, parent)
 
-    # When a subagent (and its own subagent) is created under it just afterwards, and its
-    # first turn is started as a spawn would
+    # When a subagent (and its own subagent) is created under it just afterwards
     child = create_session(store, "/tmp", parent_id=parent).session_id
     grandchild = create_session(store, "/tmp", parent_id=child).session_id
-    child_tid = start_turn(store, dispatcher, child, "say hi", source="subagent")
-    grand_tid = start_turn(store, dispatcher, grandchild, "say hi", source="subagent")
 
-    # Then both are born archived and their turns end blocked without a model request
+    # Then both are born archived, and their first turns, started as a spawn would, are
+    # refused: nothing is stored and no model request is made
     assert get_session(store, child).archived and get_session(store, grandchild).archived
-    wait_turn_state(store, child_tid, "blocked")
-    wait_turn_state(store, grand_tid, "blocked")
-    assert model_requests(store, child) == [] and model_requests(store, grandchild) == []
+    for sid in (child, grandchild):
+        with pytest.raises(SessionArchived):
+            start_turn(store, dispatcher, sid, "say hi", source="subagent")
+        assert store.redis.zcard(store.keys.live_turns(sid)) == 0
+        assert model_requests(store, sid) == [] and history(store, sid) == []
 
 
 def test_a_job_start_that_outlived_the_archive_starts_no_process(

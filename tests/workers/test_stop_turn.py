@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from orchestrator.archive import archive
-from orchestrator.turns import start_turn
+from orchestrator.turns import cancel_session_turns, start_turn
 from tests.helpers import wait_for
 from tests.workers.support import (
     history,
@@ -43,13 +43,10 @@ def test_an_archive_stops_a_turn_in_exec_kills_its_child_and_discards_the_queued
     wait_turn_state(store, tid, "cancelled")
     wait_for(lambda: not sleep_processes(turn_pid, "31.7"), 15, message="the child to end")
 
-    # And the tool call settles as a cancelled tool result (it does not vanish)
+    # And nothing lands in the archived conversation after the archive: the tool call's
+    # cancelled settlement is dropped with the rest of the step's output
     updates = [u for u in history(store, sid) if u.get("turnId") == tid]
-    [call] = [u for u in updates if u["sessionUpdate"] == "tool_call"]
-    [settled] = [u for u in updates if u["sessionUpdate"] == "tool_call_update"]
-    assert settled["toolCallId"] == call["toolCallId"]
-    assert settled["status"] == "cancelled"
-    assert "cancelled" in settled["content"][0]["content"]["text"]
+    assert [u["sessionUpdate"] for u in updates] == ["user_message_chunk", "tool_call"]
 
     # And the queued turns are discarded: cancelled, never run
     for q in queued:
@@ -57,6 +54,37 @@ def test_an_archive_stops_a_turn_in_exec_kills_its_child_and_discards_the_queued
         assert requests_of(store, sid, q) == []
     assert requests_of(store, sid, tid) == [0]
     assert not [u for u in history(store, sid) if u["sessionUpdate"] == "agent_message_chunk"]
+    # And the discarded prompts never read as said
+    assert not [u for u in history(store, sid) if u.get("turnId") in queued]
+
+
+def test_a_user_cancel_settles_the_tool_call_and_a_discarded_prompt_is_never_said(
+    fleet: Any, store: Any, dispatcher: Any, sessions: Any
+) -> None:
+    # Given a turn running a 32.9 s child process, and a prompt queued behind it
+    sid = sessions.new()
+    turn_pid = worker(fleet, "turn").process.pid
+    tid = start_turn(store, dispatcher, sid, "exec 32.9")
+    queued = start_turn(store, dispatcher, sid, "say never said")
+    wait_for(lambda: sleep_processes(turn_pid, "32.9"), 15, message="the exec child process")
+
+    # When the user cancels the session's turns
+    assert cancel_session_turns(store, dispatcher, sid) == {tid: "cancelling", queued: "cancelled"}
+
+    # Then the running turn ends cancelled and its child process is gone
+    wait_turn_state(store, tid, "cancelled")
+    wait_for(lambda: not sleep_processes(turn_pid, "32.9"), 15, message="the child to end")
+
+    # And the tool call settles as a cancelled tool result (it does not vanish)
+    updates = [u for u in history(store, sid) if u.get("turnId") == tid]
+    [call] = [u for u in updates if u["sessionUpdate"] == "tool_call"]
+    [settled] = [u for u in updates if u["sessionUpdate"] == "tool_call_update"]
+    assert settled["toolCallId"] == call["toolCallId"]
+    assert settled["status"] == "cancelled"
+
+    # And the discarded prompt never appears in the conversation
+    assert [u for u in history(store, sid) if u.get("turnId") == queued] == []
+    assert requests_of(store, sid, queued) == []
 
 
 def test_a_late_stop_naming_a_finished_turn_leaves_the_next_running_turn_alone(

@@ -7,7 +7,7 @@ from typing import Any
 from celery import Task
 from celery.exceptions import Ignore
 
-from orchestrator import activity, tools, turns
+from orchestrator import activity, steps, tools, turns
 from orchestrator.errors import StoreUnavailable
 from orchestrator.settings import get_settings
 from workers.app import app
@@ -22,8 +22,15 @@ def step(self: Task, session_id: str, turn_id: str, index: int) -> dict[str, Any
     step that could not read the gate is retried later (fail closed)."""
     rt = get_runtime()
     try:
-        outcome = turns.run_step(
-            rt.store, rt.dispatcher, rt.model, tools.run_tool, session_id, turn_id, int(index)
+        outcome = steps.run_step(
+            rt.store,
+            rt.dispatcher,
+            rt.model,
+            tools.run_tool,
+            session_id,
+            turn_id,
+            int(index),
+            stopping=rt.stopping,
         )
     except StoreUnavailable as exc:
         raise self.retry(exc=exc, countdown=get_settings().gate_retry_seconds) from exc

@@ -1,0 +1,276 @@
+"""The step runtime: one model step of a turn, as a ``turn.step`` task runs it.
+
+A step asks the gate and begins in one script (``turn_begin_step.lua``: no step is admitted
+once an archive commits; a refused step ends its turn ``blocked`` with no model request), then
+makes its model request and the tool call it asks for under a ``_StepWatch``, which keeps the
+step's lease alive and polls the turn's state every ``CANCEL_POLL`` s: a stop (a user cancel,
+an archive) is seen through the store within that time, whatever message its worker consumes,
+the model request is aborted and its output dropped. Every write of the step is conditional
+on its turn still running (``turns.record_update``, the guarded tool launches). A worker that
+starts shutting down hands its step on: the request is aborted, the lease dropped and the same
+step sent again, so another worker runs it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import threading
+from collections.abc import Callable
+
+from orchestrator import events, metrics
+from orchestrator.errors import SessionArchived, SessionNotFound, StoreUnavailable
+from orchestrator.families import Dispatcher, send_step
+from orchestrator.gate import StepRefused, refusal
+from orchestrator.model import Model, ModelAction, ModelError, StepRequest, prompt_lines
+from orchestrator.store import Store, retried
+from orchestrator.titles import generated_title, set_title
+from orchestrator.turns import (
+    Turn,
+    TurnState,
+    announce_end,
+    finish,
+    get_turn,
+    record_update,
+    start_turn,
+)
+
+log = logging.getLogger(__name__)
+
+#: A step's lease lasts this long unless refreshed (ms); refreshed every ``_REFRESH`` s.
+STEP_LEASE_MS = 5_000
+_REFRESH = 1.0
+#: How often a step in flight looks for a stop (seconds).
+CANCEL_POLL = 0.05
+
+
+class _StepWatch:
+    """Keeps a step's lease alive and sets ``cancel`` once the turn stops running
+    (``stopped``) or the worker starts to shut down (``handed_off``), polling the store every
+    ``CANCEL_POLL`` s: a stop is seen through the store, whatever message its worker consumes.
+    """
+
+    def __init__(self, store: Store, turn_id: str, stopping: threading.Event | None) -> None:
+        self.store = store
+        self.turn_id = turn_id
+        self.stopping = stopping
+        self.cancel = threading.Event()
+        self.stopped = False
+        self.handed_off = False
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"watch-{turn_id}", daemon=True)
+
+    def __enter__(self) -> _StepWatch:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._done.set()
+        self._thread.join(timeout=2)
+
+    def _run(self) -> None:
+        since_refresh = 0.0
+        while not self._done.wait(CANCEL_POLL):
+            if self.stopping is not None and self.stopping.is_set():
+                self.handed_off = True
+                self.cancel.set()
+                return
+            since_refresh += CANCEL_POLL
+            refresh = since_refresh >= _REFRESH
+            try:
+                state = self.store.run(
+                    "turn_watch", [self.turn_id, STEP_LEASE_MS if refresh else ""]
+                )
+            except StoreUnavailable as exc:  # a blip must not kill the watch; the lease outlives it
+                log.debug("step watch of %s: %s", self.turn_id, exc)
+                continue
+            if refresh:
+                since_refresh = 0.0
+            if state != TurnState.RUNNING.value:
+                self.stopped = True
+                self.cancel.set()
+                return
+
+
+#: Runs a tool call: (store, dispatcher, session id, turn id, action, cancel) -> the result
+#: text, or ``None`` when the call was aborted (``cancel`` set, or the turn no longer runs).
+ToolRunner = Callable[[Store, Dispatcher, str, str, ModelAction, threading.Event], str | None]
+
+
+def run_step(
+    store: Store,
+    dispatcher: Dispatcher,
+    model: Model,
+    tools: ToolRunner,
+    session_id: str,
+    turn_id: str,
+    index: int,
+    *,
+    stopping: threading.Event | None = None,
+) -> str:
+    """Run step ``index`` of a turn: gate and step start (one script), model request, tool
+    call, then dispatch the next step or end the turn. Safe to run twice for the same step (a
+    redelivery): a step that already ran is dropped as ``stale``. ``stopping`` is the worker's
+    shutdown event: once it is set mid-step the model request is aborted, the lease dropped
+    and the same step sent again for another worker (the turn stays running at ``index``).
+
+    Returns the outcome: ``ran``, ``completed``, ``refused``, ``cancelled``, ``failed``,
+    ``stale``, ``handed_off`` or the turn's state when it was no longer running. Raises
+    ``StoreUnavailable`` when Redis cannot be read before the step began (the caller retries
+    the step later; nothing ran).
+    """
+    extra = {"session_id": session_id, "turn_id": turn_id}
+    try:
+        began = _begin_step(store, dispatcher, session_id, turn_id, index)
+    except StepRefused as refused:
+        metrics.incr(store, metrics.GATE_REFUSALS, refused.reason)
+        log.info(
+            "step %d of turn %s refused by the gate (%s %s)",
+            index,
+            turn_id,
+            refused.reason,
+            refused.holder or "",
+            extra=extra,
+        )
+        return "refused"
+    if began != "ok":
+        if began == TurnState.CANCELLING.value:
+            finish(store, dispatcher, turn_id, TurnState.CANCELLED)
+        log.info("step %d of turn %s dropped: %s", index, turn_id, began, extra=extra)
+        return began
+    try:
+        turn = get_turn(store, turn_id)
+        if turn is None:
+            return "missing"
+        if index == 0 and turn.source == "prompt":
+            _generate_title(store, session_id, turn.prompt)
+        with _StepWatch(store, turn_id, stopping) as watch:
+            try:
+                result = _act(store, dispatcher, model, tools, turn, index, watch.cancel)
+            except ModelError as exc:
+                _say(store, session_id, turn_id, f"error: {exc}")
+                finish(store, dispatcher, turn_id, TurnState.FAILED, str(exc))
+                return "failed"
+        return _after_step(store, dispatcher, turn, index, result, watch)
+    except StoreUnavailable:
+        # Release the step (best effort) so the retried task can begin it again.
+        with contextlib.suppress(StoreUnavailable):
+            store.run("turn_advance", [turn_id, index])
+        raise
+
+
+def _begin_step(
+    store: Store, dispatcher: Dispatcher, session_id: str, turn_id: str, index: int
+) -> str:
+    """Ask the gate and begin the step in one script (``turn_begin_step.lua``). Returns ``ok``
+    or why the step is dropped; raises ``StepRefused`` once the refused turn has ended."""
+    result = store.run("turn_begin_step", [turn_id, index, STEP_LEASE_MS])
+    if result[0] == "refused":
+        _, reason, ended, promoted = result
+        announce_end(store, session_id, turn_id, TurnState(ended), f"gate: {reason}")
+        if promoted:
+            send_step(dispatcher, session_id, promoted, 0)
+        raise refusal(session_id, str(reason))
+    if result[0] == "ok" and result[1]:
+        events.publish(store, "update", session_id, update=json.loads(result[1]))
+    return str(result[0])
+
+
+def _say(store: Store, session_id: str, turn_id: str, text: str) -> bool:
+    update: dict[str, object] = {
+        "sessionUpdate": "agent_message_chunk",
+        "turnId": turn_id,
+        "content": {"type": "text", "text": text},
+    }
+    return record_update(store, session_id, update)
+
+
+def _act(
+    store: Store,
+    dispatcher: Dispatcher,
+    model: Model,
+    tools: ToolRunner,
+    turn: Turn,
+    index: int,
+    cancel: threading.Event,
+) -> str | None:
+    """The model request and what it asks for. Returns the step's result text, or ``None``
+    when it was aborted (``cancel``) or its turn no longer runs (its output is dropped)."""
+    sid, tid = turn.session_id, turn.turn_id
+    action = model.step(StepRequest(sid, tid, index, prompt_lines(turn.prompt)), cancel)
+    if cancel.is_set():
+        return None
+    if action.kind == "tool":
+        return tools(store, dispatcher, sid, tid, action, cancel)
+    return action.text if _say(store, sid, tid, action.text) else None
+
+
+def _after_step(
+    store: Store,
+    dispatcher: Dispatcher,
+    turn: Turn,
+    index: int,
+    result: str | None,
+    watch: _StepWatch,
+) -> str:
+    """Dispatch the next step, hand this one on, or end the turn."""
+    sid, tid = turn.session_id, turn.turn_id
+    if result is None and watch.handed_off and not watch.stopped:
+        # The worker is shutting down: the same step, re-offered, runs on another worker.
+        if store.run("turn_advance", [tid, index]) == "ok":
+            send_step(dispatcher, sid, tid, index)
+            log.info("step %d of turn %s handed on: worker stopping", index, tid)
+            return "handed_off"
+        finish(store, dispatcher, tid, TurnState.CANCELLED)
+        return "cancelled"
+    if result is None or watch.stopped:
+        finish(store, dispatcher, tid, TurnState.CANCELLED)
+        return "cancelled"
+    if index + 1 < max(1, len(prompt_lines(turn.prompt))):
+        if store.run("turn_advance", [tid, index + 1]) == "ok":
+            send_step(dispatcher, sid, tid, index + 1)
+            return "ran"
+        finish(store, dispatcher, tid, TurnState.CANCELLED)
+        return "cancelled"
+    if not finish(store, dispatcher, tid, TurnState.COMPLETED):
+        finish(store, dispatcher, tid, TurnState.CANCELLED)
+        return "cancelled"
+    _after_completion(store, dispatcher, turn, result)
+    return "completed"
+
+
+def _generate_title(store: Store, session_id: str, prompt: str) -> None:
+    """An untitled session gets a title from its first prompt. The write is discarded if a
+    client set a title meanwhile (checked atomically by ``titles.set_title``)."""
+    try:
+        if _session_field(store, session_id, "title"):
+            return
+        title = generated_title(prompt)
+        if title:
+            set_title(store, session_id, title, source="generated")
+    except StoreUnavailable as exc:  # a title is a nicety; the step goes on
+        log.warning("no title generated: %s", exc, extra={"session_id": session_id})
+
+
+def _after_completion(store: Store, dispatcher: Dispatcher, turn: Turn, result: str | None) -> None:
+    """A subagent's finished turn wakes its parent with a short report (a turn of its own,
+    which meets the gate like any other)."""
+    if turn.source != "subagent":
+        return
+    parent = _session_field(store, turn.session_id, "parentId")
+    if not parent:
+        return
+    report = f"say subagent {turn.session_id} finished"
+    try:
+        start_turn(store, dispatcher, parent, report, source="subagent_result")
+    except (SessionNotFound, SessionArchived) as exc:
+        log.info(
+            "parent %s not woken: %s", parent, exc.message, extra={"session_id": turn.session_id}
+        )
+
+
+@retried
+def _session_field(store: Store, session_id: str, name: str) -> str | None:
+    value: str | None = store.redis.hget(store.keys.session(session_id), name)
+    return value

@@ -1,0 +1,239 @@
+"""No step after an acknowledged archive (issue 10, faults 1, 6 and 7), on a turn worker of this
+module's own (run prefix + ``faults-steps:``), so stopping it with SIGSTOP or SIGTERM never
+disturbs the shared ``fleet``. There is no subagent worker: a subagent's turn is stopped by the
+archive's own script or not at all.
+
+The claims are read from the store: a model request is recorded by the script that admits its
+step, and the conversation is the history list, so "nothing after the archive" is "the lists
+do not grow after the archive call returned" (every write after it is refused)."""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+from collections.abc import Iterator
+
+import pytest
+from celery import Celery
+
+from api.local import LocalFleet, WorkerProcess
+from orchestrator import gate
+from orchestrator.archive import archive
+from orchestrator.families import Family
+from orchestrator.sessions import create_session, get_session
+from orchestrator.settings import FleetSettings
+from orchestrator.store import Store
+from orchestrator.turns import TurnState, get_turn, start_turn
+from tests.helpers import RecordingDispatcher, wait_for
+from tests.workers.support import (
+    history,
+    sleep_processes,
+    turns_of,
+    wait_drained,
+    wait_request,
+    wait_turn_state,
+)
+from workers.app import configure
+from workers.dispatch import CeleryDispatcher
+
+pytestmark = pytest.mark.timeout(240)
+
+FINAL = {s.value for s in TurnState} - {"queued", "running", "cancelling"}
+
+
+class Private:
+    """The module's fleet (one turn worker), store and dispatcher."""
+
+    def __init__(self, fleet: LocalFleet, store: Store, dispatcher: CeleryDispatcher) -> None:
+        self.fleet = fleet
+        self.store = store
+        self.dispatcher = dispatcher
+
+    def turn_worker(self) -> WorkerProcess:
+        [found] = [w for w in self.fleet.workers if w.family is Family.TURN]
+        return found
+
+    def signal(self, sig: signal.Signals) -> None:
+        """Send ``sig`` to the turn worker's process (by PID)."""
+        self.turn_worker().process.send_signal(sig)
+
+    def ensure_running(self) -> None:
+        """Restart the turn worker if it exited, and wait for its heartbeat."""
+        w = self.turn_worker()
+        if w.process.poll() is None:
+            return
+        self.store.redis.delete(self.store.keys.worker_heartbeat("turn", f"turn@{w.host}"))
+        self.fleet.restart_dead()
+        self.fleet.wait_ready(60)
+
+
+@pytest.fixture(scope="module")
+def private(
+    redis_url: str, key_prefix: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Private]:
+    prefix = f"{key_prefix}faults-steps:"
+    store = Store(redis_url, prefix)
+    app = Celery("agent_fleet_faults_steps")
+    configure(app, FleetSettings(redis_url=redis_url, key_prefix=prefix))
+    fleet = LocalFleet(
+        redis_url,
+        prefix,
+        tmp_path_factory.mktemp("faults-steps"),
+        hostname="faults-steps",
+        concurrency=4,
+        extra_env={"FLEET_VISIBILITY_TIMEOUT_SECONDS": "3"},
+    )
+    fleet.start([Family.TURN])
+    try:
+        fleet.wait_ready(90)
+        yield Private(fleet, store, CeleryDispatcher(app))
+    finally:
+        # A stopped worker would ignore SIGTERM: let it run before the fleet stops it.
+        for w in fleet.workers:
+            if w.process.poll() is None:
+                w.process.send_signal(signal.SIGCONT)
+        fleet.stop()
+        for key in store.redis.scan_iter(match=f"{prefix}*", count=1000):
+            store.redis.delete(key)
+        store.close()
+        app.close()
+
+
+def lengths(store: Store, sid: str) -> tuple[int, int]:
+    """(model requests, conversation updates) recorded for the session."""
+    k = store.keys
+    return int(store.redis.llen(k.model_requests(sid))), int(store.redis.llen(k.history(sid)))
+
+
+def wait_final(store: Store, tid: str, timeout: float = 30.0) -> str:
+    """Wait until the turn is in a terminal state; return it."""
+    found: str = wait_for(
+        lambda: (t := get_turn(store, tid)) is not None and t.state.value in FINAL and t.state,
+        timeout,
+        message=f"turn {tid} to end",
+    )
+    return str(found)
+
+
+def test_a_worker_stopped_mid_turn_lands_nothing_after_an_archive_with_stop(
+    private: Private,
+) -> None:
+    store, dispatcher = private.store, private.dispatcher
+    private.ensure_running()
+    prompt = "\n".join(["say hello"] * 300)
+    grown: list[str] = []
+    for n in range(12):
+        # Given a session streaming a 300-step turn
+        sid = create_session(store, "/tmp/faults-steps").session_id
+        tid = start_turn(store, dispatcher, sid, prompt)
+        wait_request(store, sid, tid, 3 + n % 5)
+        # When its turn worker is stopped (SIGSTOP), the session archived with stopActivity,
+        # and the worker continued 50 ms later
+        private.signal(signal.SIGSTOP)
+        try:
+            result = archive(store, dispatcher, sid, stop_activity=True)
+            at_archive = lengths(store, sid)
+            time.sleep(0.05)  # the scenario's pause, not a wait for a condition
+        finally:
+            private.signal(signal.SIGCONT)
+        assert result.outcome == "archived"
+        # Then the turn ends, and nothing was admitted or said after the archive returned
+        wait_final(store, tid)
+        wait_drained(store, sid)
+        if lengths(store, sid) != at_archive:
+            grown.append(f"{sid}: {at_archive} -> {lengths(store, sid)}")
+    assert grown == []
+
+
+def test_a_step_begun_after_the_archive_committed_is_refused_in_the_same_script(
+    store: Store,
+) -> None:
+    # Given a running turn whose step passed the gate (what used to be a separate round trip)
+    recorder = RecordingDispatcher()
+    sid = create_session(store, "/tmp/faults-steps").session_id
+    tid = start_turn(store, recorder, sid, "say hi\nsay again")
+    gate.admit(store, sid)
+    # When the archive commits before the step begins
+    archive(store, recorder, sid, stop_activity=True)
+    began = store.run("turn_begin_step", [tid, 0, 5000])
+    # Then the step is not admitted: no lease, no model request, nothing in the conversation
+    assert began != "ok" and began[0] != "ok"
+    assert not store.redis.exists(store.keys.step_lease(tid))
+    assert lengths(store, sid) == (0, 0)
+    turn = get_turn(store, tid)
+    assert turn is not None and turn.state.value in FINAL
+
+
+def test_a_step_in_flight_when_its_lineage_is_archived_lands_nothing_after_it(
+    store: Store,
+) -> None:
+    # Given a subagent whose step has begun (the archive finds it in flight)
+    recorder = RecordingDispatcher()
+    parent = create_session(store, "/tmp/faults-steps").session_id
+    child = create_session(store, "/tmp/faults-steps", parent_id=parent).session_id
+    tid = start_turn(store, recorder, child, "say hi", source="subagent")
+    assert store.run("turn_begin_step", [tid, 0, 5000])[0] == "ok"
+    before = lengths(store, child)
+    # When the parent is archived with stopActivity
+    archive(store, recorder, parent, stop_activity=True)
+    # Then the step's writes are refused: its answer and a tool launch alike
+    update = json.dumps({"sessionUpdate": "tool_call_update", "turnId": tid, "status": "x"})
+    assert store.run("turn_record", [tid, update, "0"]) == 0
+    assert store.run("turn_record", [tid, update, "1"]) == 0  # not even a settlement
+    assert store.run("job_create", ["job_late", child, "x", 1, "now", 1000, tid]) == "stopped"
+    assert lengths(store, child) == before
+
+
+def test_a_stop_reaches_a_step_whose_worker_is_shutting_down(private: Private) -> None:
+    store, dispatcher = private.store, private.dispatcher
+    private.ensure_running()
+    w = private.turn_worker()
+    # Given a turn running a 12.3 s child process
+    sid = create_session(store, "/tmp/faults-steps").session_id
+    tid = start_turn(store, dispatcher, sid, "exec 12.3")
+    [child] = wait_for(
+        lambda: sleep_processes(w.process.pid, "12.3"), 15, message="the exec child process"
+    )
+    # When the turn worker is asked to shut down (SIGTERM, Celery's warm shutdown), and the
+    # session is archived with stopActivity a second later
+    private.signal(signal.SIGTERM)
+    time.sleep(1.0)  # the scenario's delay, not a wait for a condition
+    archive(store, dispatcher, sid, stop_activity=True)
+    # Then the child process dies within about a second, not 11 s later
+    wait_for(lambda: not child.is_running(), 2.0, message="the exec child to die")
+    # And the tool call does not end completed
+    wait_final(store, tid, 15)
+    statuses = [
+        u.get("status") for u in history(store, sid) if u["sessionUpdate"] == "tool_call_update"
+    ]
+    assert "completed" not in statuses
+    # (the worker finishes its warm shutdown; a fresh one replaces it)
+    w.process.wait(30)
+    private.ensure_running()
+
+
+def test_a_subagent_finishing_after_its_parents_archive_adds_nothing_to_the_parent(
+    private: Private,
+) -> None:
+    store, dispatcher = private.store, private.dispatcher
+    private.ensure_running()
+    # Given a parent that spawned a subagent now in a 3 s model request (no subagent worker
+    # runs: only the archive itself can stop the child's turn)
+    parent = create_session(store, "/tmp/faults-steps").session_id
+    tid = start_turn(store, dispatcher, parent, "spawn think 3")
+    wait_turn_state(store, tid, "completed")
+    [child] = store.redis.smembers(store.keys.children(parent))
+    child_tid = wait_for(lambda: turns_of(store, child), 15, message="the child's turn")[0]
+    wait_request(store, child, child_tid, 0)
+    # When the parent is archived with stopActivity
+    archive(store, dispatcher, parent, stop_activity=True)
+    archived = get_session(store, parent)
+    at_archive = lengths(store, parent)
+    # Then the child's turn ends without waking its parent: the parent's conversation and
+    # updatedAt stay as the archive left them
+    wait_final(store, child_tid, 15)
+    wait_drained(store, parent)
+    assert lengths(store, parent) == at_archive
+    assert get_session(store, parent).updated_at == archived.updated_at
+    assert store.redis.zcard(store.keys.live_turns(parent)) == 0
