@@ -40,8 +40,6 @@ class FleetSettings(BaseSettings):
     reminder_poll_seconds: float = 0.2
     #: Threads per family worker.
     worker_concurrency: int = 8
-    #: Seconds a step refused because the store was unreachable waits before it is retried.
-    gate_retry_seconds: float = 1.0
     #: Host and port the HTTP API binds to.
     api_host: str = "127.0.0.1"
     api_port: int = 8765
