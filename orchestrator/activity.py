@@ -12,8 +12,6 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-import redis
-
 from orchestrator import metrics
 from orchestrator.errors import FleetError, StoreUnavailable
 from orchestrator.families import Dispatcher, Family, send_step
@@ -204,15 +202,22 @@ def note_quiet(store: Store, session_id: str) -> None:
     until one still has live work. So an archive is recorded quiet when its last work ends,
     even if nobody reads its activity. Best effort: never raises (logged at debug)."""
     try:
-        chain = [session_id, *store.redis.lrange(store.keys.lineage(session_id), 0, -1)]
+        chain = [session_id, *_lineage(store, session_id)]
         for sid in chain:
             session = get_session(store, sid)
             if not session.archived:
                 return  # nor are its ancestors: an archive covers the whole subtree
             if session.quiet_at is None and census(store, sid):
                 return
-    except (FleetError, redis.RedisError) as exc:
+    except FleetError as exc:
         log.debug("quiet check of %s skipped: %s", session_id, exc)
+
+
+@retried
+def _lineage(store: Store, session_id: str) -> list[str]:
+    """The session's ancestors, nearest first."""
+    found: list[str] = store.redis.lrange(store.keys.lineage(session_id), 0, -1)
+    return found
 
 
 @retried

@@ -98,9 +98,7 @@ class QoS(kombu_redis.QoS):
         except _CONNECTION_ERRORS:
             info = message.delivery_info
             HELD.add(message._raw, info["exchange"], info["routing_key"])
-            log.warning(
-                "message %s held: its unacknowledged record was refused", delivery_tag
-            )
+            log.warning("message %s held: its unacknowledged record was refused", delivery_tag)
             raise
 
 

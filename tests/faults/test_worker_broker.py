@@ -143,8 +143,9 @@ def test_a_full_redis_makes_workers_wait_not_exit_and_no_message_is_lost(rig: Ri
     # either it holds the message (fixed) or it ends (the fault)
     turn = rig.worker(Family.TURN)
     wait_for(
-        lambda: turn.process.poll() is not None
-        or "held" in turn.log_path.read_text(errors="replace"),
+        lambda: (
+            turn.process.poll() is not None or "held" in turn.log_path.read_text(errors="replace")
+        ),
         timeout=20,
         message="the turn worker to meet the full Redis",
     )
