@@ -28,11 +28,12 @@ from typing import Any
 
 import redis.asyncio as aioredis
 
-from api.errors import lookup
+from api.errors import TRANSLATED, lookup, translate
 from orchestrator import activity, archive, audit, sessions, titles, turns
-from orchestrator.errors import FleetError, InvalidParams, SessionArchived, SessionNotFound
+from orchestrator.errors import InvalidParams, SessionArchived, SessionNotFound
 from orchestrator.families import Dispatcher
 from orchestrator.store import Store
+from orchestrator.store import translated as translated_store
 
 log = logging.getLogger(__name__)
 
@@ -336,10 +337,11 @@ class AcpConnection:
         except RpcError as exc:
             if is_request:
                 await self._error(msg_id, exc.code, exc.message, exc.data)
-        except FleetError as exc:
+        except TRANSLATED as exc:
             if is_request:
-                _status, code = lookup(exc)
-                await self._error(msg_id, code, exc.message, exc.data or None)
+                error = translate(exc)
+                _status, code = lookup(error)
+                await self._error(msg_id, code, error.message, error.data or None)
         except UnicodeError:
             # A string with a lone surrogate (a "\ud800" escape) reached the store: the
             # client's mistake, not ours.
@@ -473,7 +475,13 @@ class AcpConnection:
             log.debug("update for %s not sent: %s", sid, exc)
 
     async def _call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        return await asyncio.to_thread(fn, *args, **kwargs)
+        """``fn(*args, **kwargs)`` on a thread; a Redis failure raises ``StoreUnavailable``."""
+
+        def run() -> Any:
+            with translated_store():
+                return fn(*args, **kwargs)
+
+        return await asyncio.to_thread(run)
 
     # -- methods -----------------------------------------------------------------------------
     async def initialize(self, params: dict[str, Any]) -> dict[str, Any]:

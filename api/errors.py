@@ -5,6 +5,9 @@ from __future__ import annotations
 
 from typing import Any
 
+import redis
+from kombu.exceptions import OperationalError
+
 from orchestrator.errors import (
     AncestorArchived,
     FleetError,
@@ -25,6 +28,24 @@ ERROR_TABLE: dict[type[FleetError], tuple[int, int]] = {
     InvalidParams: (422, -32602),
     StoreUnavailable: (503, -32010),
 }
+
+
+#: Foreign errors that may still reach an interface (a raw Redis call the store's translation
+#: does not wrap; a publish to the broker, which is the same Redis) -> the domain error they
+#: mean. The last line of defence: every store failure answers 503 / -32010, never a 500.
+FOREIGN_ERRORS: tuple[type[Exception], ...] = (redis.RedisError, OperationalError)
+#: Every error ``translate`` accepts.
+TRANSLATED: tuple[type[Exception], ...] = (FleetError, *FOREIGN_ERRORS)
+
+
+def translate(exc: Exception) -> FleetError:
+    """``exc`` as a ``FleetError``: itself, or ``StoreUnavailable`` for ``FOREIGN_ERRORS``.
+    Raises ``TypeError`` for anything else."""
+    if isinstance(exc, FleetError):
+        return exc
+    if isinstance(exc, FOREIGN_ERRORS):
+        return StoreUnavailable(type(exc).__name__ + (f" ({exc})" if str(exc) else ""))
+    raise TypeError(f"{type(exc).__name__} is not a store error")
 
 
 def lookup(exc: FleetError) -> tuple[int, int]:

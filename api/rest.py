@@ -17,7 +17,7 @@ from starlette.requests import HTTPConnection
 from api import console, lifecycle, ops, sse
 from api.acp import AcpConnection, encode_message, shared_hub
 from api.context import dispatcher, redis_url, store
-from api.errors import error_body, lookup
+from api.errors import FOREIGN_ERRORS, error_body, lookup, translate
 from orchestrator import activity, archive, audit, sessions, turns
 from orchestrator.errors import FleetError, InvalidParams
 from orchestrator.settings import get_settings
@@ -231,9 +231,13 @@ def create_app() -> FastAPI:
     )
 
     @app.exception_handler(FleetError)
-    async def _fleet_error(_: Request, exc: FleetError) -> JSONResponse:
-        status, _code = lookup(exc)
-        return JSONResponse(error_body(exc.code, exc.message, exc.data), status_code=status)
+    async def _fleet_error(_: Request, exc: Exception) -> JSONResponse:
+        error = translate(exc)
+        status, _code = lookup(error)
+        return JSONResponse(error_body(error.code, error.message, error.data), status_code=status)
+
+    for foreign in FOREIGN_ERRORS:  # a raw Redis or broker failure: 503, never a 500
+        app.add_exception_handler(foreign, _fleet_error)
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:

@@ -7,12 +7,11 @@ armed reminder still counts, and a job whose worker died stops counting once its
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
-
-import redis
 
 from orchestrator import metrics
 from orchestrator.errors import FleetError, StoreUnavailable
@@ -207,15 +206,22 @@ def note_quiet(store: Store, session_id: str) -> None:
     until one still has live work. So an archive is recorded quiet when its last work ends,
     even if nobody reads its activity. Best effort: never raises (logged at debug)."""
     try:
-        chain = [session_id, *store.redis.lrange(store.keys.lineage(session_id), 0, -1)]
+        chain = [session_id, *_lineage(store, session_id)]
         for sid in chain:
             session = get_session(store, sid)
             if not session.archived:
                 return  # nor are its ancestors: an archive covers the whole subtree
             if session.quiet_at is None and census(store, sid):
                 return
-    except (FleetError, redis.RedisError) as exc:
+    except FleetError as exc:
         log.debug("quiet check of %s skipped: %s", session_id, exc)
+
+
+@retried
+def _lineage(store: Store, session_id: str) -> list[str]:
+    """The session's ancestors, nearest first."""
+    found: list[str] = store.redis.lrange(store.keys.lineage(session_id), 0, -1)
+    return found
 
 
 @retried
@@ -283,6 +289,26 @@ def census_many(
                 )
             )
         out[root] = items
+    return out
+
+
+def merge_items(first: list[ActivityItem], then: list[ActivityItem]) -> list[ActivityItem]:
+    """``first`` followed by the items of ``then`` it lacks, compared by (family, id). A
+    ``subagent`` item in both keeps ``first``'s label and carries the parts of both, so
+    nothing either list names goes unstopped."""
+    out = list(first)
+    where = {(item.family, item.id): i for i, item in enumerate(out)}
+    for item in then:
+        at = where.get((item.family, item.id))
+        if at is None:
+            where[(item.family, item.id)] = len(out)
+            out.append(item)
+            continue
+        known = out[at]
+        have = {(p.family, p.id) for p in known.parts}
+        extra = tuple(p for p in item.parts if (p.family, p.id) not in have)
+        if extra:
+            out[at] = dataclasses.replace(known, parts=known.parts + extra)
     return out
 
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from orchestrator import audit, events, metrics
-from orchestrator.activity import ActivityItem, census, mark_quiet
+from orchestrator.activity import ActivityItem, census, mark_quiet, merge_items
 from orchestrator.errors import AncestorArchived, SessionActive, SessionNotFound
 from orchestrator.families import Dispatcher
 from orchestrator.sessions import check_session_id
@@ -147,9 +147,7 @@ def _archive(store: Store, dispatcher: Dispatcher, sid: str, stop_activity: bool
         # quiet right away. The turns the script stopped lead the list (a turn.stop for them
         # is a harmless poke).
         flipped = stopped_by_archive(store, sid, list(result[2]))
-        seen = {(item.family, item.id) for item in flipped}
-        found = census(store, sid, dispatcher)
-        done.stopped = flipped + [i for i in found if (i.family, i.id) not in seen]
+        done.stopped = merge_items(flipped, census(store, sid, dispatcher))
         done.stop_report = dispatch_stops(dispatcher, sid, done.stopped, store=store)
     else:
         # The script found no live work when it wrote, so the subtree is quiet already; it is

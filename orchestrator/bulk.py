@@ -45,7 +45,7 @@ from datetime import datetime
 from typing import Any
 
 from orchestrator import audit, events, metrics
-from orchestrator.activity import ActivityItem, census_many
+from orchestrator.activity import ActivityItem, census_many, merge_items
 from orchestrator.errors import InvalidParams, TooManySessions
 from orchestrator.families import Dispatcher
 from orchestrator.sessions import (
@@ -395,10 +395,7 @@ class _Run:
             # is seen here; anything after it is refused by the gate.
             stops = census_many(self.store, busy, self.dispatcher)
             for sid, stopped in flipped.items():
-                seen = {(i.family, i.id) for i in stopped}
-                stops[sid] = stopped + [
-                    i for i in stops.get(sid, []) if (i.family, i.id) not in seen
-                ]
+                stops[sid] = merge_items(stopped, stops.get(sid, []))
             dispatch_stops_many(
                 self.dispatcher,
                 {sid: items for sid, items in stops.items() if items},

@@ -25,7 +25,7 @@ from enum import StrEnum
 from orchestrator.errors import TurnStopped
 from orchestrator.families import Dispatcher, Family, Task, control_queue, work_queue
 from orchestrator.processes import die_with_parent
-from orchestrator.store import Store, iso, new_id, now_ms
+from orchestrator.store import Store, iso, new_id, now_ms, retried
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +43,25 @@ class JobState(StrEnum):
     REFUSED = "refused"  #: never started: its lineage was archived when a worker took it
     LOST = "lost"  #: its worker vanished; the lease lapsed
     FAILED = "failed"  #: the process could not be started
+
+
+# The job records' plain reads and idempotent writes (same value, same TTL) go through the
+# store's translation and bounded retry, so a Redis failure is StoreUnavailable, never a raw
+# redis-py error; a task that meets it is retried (workers/retry.py).
+@retried
+def _job_fields(store: Store, job_id: str, *fields: str) -> list[str | None]:
+    found: list[str | None] = store.redis.hmget(store.keys.job(job_id), *fields)
+    return found
+
+
+@retried
+def _record_pid(store: Store, job_id: str, pid: int) -> None:
+    store.redis.hset(store.keys.job(job_id), "pid", pid)
+
+
+@retried
+def _extend_lease(store: Store, job_id: str, lease_ms: int) -> None:
+    store.redis.pexpire(store.keys.job_lease(job_id), lease_ms)
 
 
 def create_job(
@@ -116,7 +135,7 @@ class JobSupervisor:
             self._pending.add(job_id)
         try:
             claimed = self.store.run("job_claim", [job_id, self.host, self.lease_ms, iso(now_ms())])
-            seconds = float(self.store.redis.hget(self.store.keys.job(job_id), "seconds") or 0)
+            seconds = float(_job_fields(self.store, job_id, "seconds")[0] or 0)
         except BaseException:
             with self._lock:
                 self._pending.discard(job_id)
@@ -166,7 +185,7 @@ class JobSupervisor:
                 if run is not None and run.session_id == session_id:
                     victims.append(run)
                 else:
-                    state = self.store.redis.hget(self.store.keys.job(jid), "state")
+                    [state] = _job_fields(self.store, jid, "state")
                     outcomes[jid] = f"not here ({state})"
         for run in victims:
             try:
@@ -251,7 +270,7 @@ class JobSupervisor:
             with self._lock:
                 self._running[job_id] = _Running(job_id, session_id, proc)
                 self._pending.discard(job_id)
-            self.store.redis.hset(self.store.keys.job(job_id), "pid", proc.pid)
+            _record_pid(self.store, job_id, proc.pid)
             log.info(
                 "job %s running as pid %d for %gs",
                 job_id,
@@ -267,7 +286,7 @@ class JobSupervisor:
         for run in runs:
             code = run.process.poll()
             if code is None:
-                self.store.redis.pexpire(self.store.keys.job_lease(run.job_id), self.lease_ms)
+                _extend_lease(self.store, run.job_id, self.lease_ms)
                 continue
             with self._lock:
                 if self._running.pop(run.job_id, None) is None:
@@ -317,7 +336,7 @@ def stop_unclaimed(
         if result != JobState.RUNNING.value:
             outcomes[jid] = str(result)
             continue
-        host, pid = store.redis.hmget(store.keys.job(jid), "host", "pid")
+        host, pid = _job_fields(store, jid, "host", "pid")
         if host and host != local_host:
             dispatcher.send(Task.JOB_STOP, [session_id, [jid]], control_queue(Family.JOB, host))
             outcomes[jid] = f"forwarded to {host}"

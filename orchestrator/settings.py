@@ -43,8 +43,6 @@ class FleetSettings(BaseSettings):
     reminder_refire_seconds: float = Field(default=30.0, gt=0)
     #: Threads per family worker.
     worker_concurrency: int = 8
-    #: Seconds a step refused because the store was unreachable waits before it is retried.
-    gate_retry_seconds: float = 1.0
     #: Host and port the HTTP API binds to.
     api_host: str = "127.0.0.1"
     api_port: int = 8765

@@ -330,20 +330,22 @@ def stopped_by_archive(store: Store, session_id: str, flat: list[str]) -> list[A
     is published for each turn that ended there (a ``cancelling`` one is settled by its step).
     """
     items: list[ActivityItem] = []
-    descendants: dict[str, int] = {}
+    descendants: dict[str, list[ActivityItem]] = {}
     ended: list[tuple[str, str, dict[str, object]]] = []
     for i in range(0, len(flat), 5):
         tid, sid, before, after, label = flat[i : i + 5]
+        item = ActivityItem(Family.TURN, tid, f'turn "{label}" ({before})', sid)
         if sid == session_id:
-            items.append(ActivityItem(Family.TURN, tid, f'turn "{label}" ({before})', sid))
+            items.append(item)
         else:
-            descendants[sid] = descendants.get(sid, 0) + 1
+            descendants.setdefault(sid, []).append(item)
         if after == TurnState.CANCELLED.value:
             reason = STOP_REASON[TurnState.CANCELLED]
             ended.append(("turn", sid, {"turnId": tid, "state": after, "stopReason": reason}))
         log.info("turn %s %s by the archive", tid, after, extra={"session_id": sid, "turn_id": tid})
-    for sid, n in descendants.items():
+    for sid, turns in descendants.items():
+        n = len(turns)
         label = f"subagent {sid} ({n} turn{'s' if n > 1 else ''} stopped by the archive)"
-        items.append(ActivityItem(Family.SUBAGENT, sid, label, sid))
+        items.append(ActivityItem(Family.SUBAGENT, sid, label, sid, parts=tuple(turns)))
     events.publish_many(store, ended)
     return items

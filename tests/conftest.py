@@ -51,7 +51,6 @@ os.environ["FLEET_KEY_PREFIX"] = _PREFIX
 os.environ.setdefault("FLEET_JOB_LEASE_SECONDS", "2")
 os.environ.setdefault("FLEET_JOB_KILL_GRACE_SECONDS", "1")
 os.environ.setdefault("FLEET_REMINDER_POLL_SECONDS", "0.1")
-os.environ.setdefault("FLEET_GATE_RETRY_SECONDS", "0.2")
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:

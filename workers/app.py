@@ -67,7 +67,13 @@ def configure(app: Celery, settings: FleetSettings) -> None:
     url = settings.redis_url or os.environ.get("FLEET_REDIS_URL") or "redis://127.0.0.1:6379/0"
     app.conf.update(
         broker_url=url,
+        # kombu's Redis transport, made to reconnect on a restarting, failed-over or full
+        # server instead of ending the worker (workers/broker.py says why).
+        broker_transport="workers.broker:Transport",
         broker_connection_retry_on_startup=True,
+        # A worker never gives up on the broker: it reconnects with back-off for as long as
+        # Redis is away (the default ends the worker after 100 failed attempts).
+        broker_connection_max_retries=None,
         broker_transport_options={
             # Broker keys live under the fleet's prefix, beside its state.
             "global_keyprefix": f"{settings.key_prefix}celery:",
@@ -86,6 +92,15 @@ def configure(app: Celery, settings: FleetSettings) -> None:
         task_create_missing_queues=True,
         task_ignore_result=True,
         task_acks_late=True,
+        # Retrying a task republishes it: wait out a Redis restart (about 20 s) before
+        # giving up. A retry whose publish still fails ends as Reject(requeue=False); what
+        # repairs that work is listed in workers/retry.py.
+        task_publish_retry_policy={
+            "max_retries": 20,
+            "interval_start": 0.2,
+            "interval_step": 0.5,
+            "interval_max": 2.0,
+        },
         task_reject_on_worker_lost=True,
         worker_prefetch_multiplier=1,
         worker_send_task_events=True,
@@ -97,5 +112,6 @@ def configure(app: Celery, settings: FleetSettings) -> None:
     )
 
 
-app = Celery("agent_fleet", include=TASK_MODULES)
+# Every task retries on store and broker failures (workers/retry.py).
+app = Celery("agent_fleet", include=TASK_MODULES, task_cls="workers.retry:FleetTask")
 configure(app, get_settings())

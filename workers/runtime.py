@@ -28,6 +28,8 @@ class Runtime:
     model: Model
     host: str
     supervisor: JobSupervisor | None = None
+    #: Set when the worker begins to shut down (``workers.heartbeat``): in-flight steps hand
+    #: their turn back, the reminder poller and the heartbeat stop.
     stopping: threading.Event = field(default_factory=threading.Event)
 
 
@@ -49,6 +51,12 @@ def get_runtime() -> Runtime:
                 host=os.environ.get("FLEET_HOSTNAME") or settings.hostname,
             )
         return _runtime
+
+
+def current_runtime() -> Runtime | None:
+    """The process's runtime if it was created, read without the lock (safe in a signal
+    handler that may have interrupted ``get_runtime``)."""
+    return _runtime
 
 
 def supervisor() -> JobSupervisor:

@@ -18,8 +18,6 @@ FAULT_SECONDS = 40
 SETTLE_SECONDS = 30
 
 
-# pending the fixes of issue 10: remove this mark once they are merged.
-@pytest.mark.xfail(reason="pending the fixes of issue 10", strict=False)
 def test_a_short_fault_soak_finds_no_violation(tmp_path: Path) -> None:
     # Given a private Redis, a worker per family, the API and beat, started by the soak
     # When 40 s of seeded traffic meets seeded faults, every fault is released, and the

@@ -16,7 +16,7 @@ from datetime import datetime
 
 import pytest
 
-from orchestrator import archive, sessions, sweeper, tools, turns
+from orchestrator import archive, sessions, steps, sweeper, tools, turns
 from orchestrator.model import ScriptedModel
 from orchestrator.store import Store
 from orchestrator.turns import TurnState
@@ -111,9 +111,9 @@ def test_a_resumed_step_runs_once_and_its_late_duplicate_is_dropped(
 ) -> None:
     run(store, recorder)
     model = ScriptedModel()
-    first = turns.run_step(store, recorder, model, tools.run_tool, sid, lost, 0)
+    first = steps.run_step(store, recorder, model, tools.run_tool, sid, lost, 0)
     # The original message, redelivered late, is a duplicate of a step already run
-    late = turns.run_step(store, recorder, model, tools.run_tool, sid, lost, 0)
+    late = steps.run_step(store, recorder, model, tools.run_tool, sid, lost, 0)
     assert (first, late) == ("completed", "completed")
     assert state(store, lost).state == TurnState.COMPLETED
     assert len(store.redis.lrange(store.keys.model_requests(sid), 0, -1)) == 1
@@ -216,31 +216,18 @@ def test_index_entries_of_turns_not_running_are_removed(
     assert recorder.sent == []
 
 
-def test_a_lost_step_of_an_archived_session_is_resumed_into_the_gate_and_ends_blocked(
+def test_a_lost_step_of_a_session_archived_with_stop_leaves_the_sweeper_nothing_to_resume(
     store: Store, recorder: RecordingDispatcher, sid: str, lost: str
 ) -> None:
-    # Given the session archived with stopActivity while its step was lost, and the stop
-    # message lost as well (a recording dispatcher): the turn stays running
+    # Given a turn whose step was lost, archived with stopActivity and its stop message lost
+    # too (a recording dispatcher): the archive's own script ended the turn
     archive.archive(store, RecordingDispatcher(), sid, stop_activity=True)
     before = store.redis.lrange(store.keys.history(sid), 0, -1)
-    # When the sweeper resumes it and the step runs
-    run(store, recorder)
-    [[_, tid, index]] = steps_sent(recorder)
-    outcome = turns.run_step(
-        store, recorder, ScriptedModel(), tools.run_tool, sid, str(tid), int(str(index))
-    )
-    # Then the gate refuses it: the turn is final, the conversation untouched
-    assert outcome == "refused" and state(store, lost).state == TurnState.BLOCKED
-    assert store.redis.lrange(store.keys.history(sid), 0, -1) == before
-
-
-def test_a_turn_of_an_archived_session_failed_by_the_sweeper_leaves_its_conversation_alone(
-    store: Store, recorder: RecordingDispatcher, sid: str, lost: str
-) -> None:
-    archive.archive(store, RecordingDispatcher(), sid, stop_activity=True)
-    before = store.redis.lrange(store.keys.history(sid), 0, -1)
-    for _ in range(3):
-        mark(store, lost)
-        run(store, recorder)
-    assert state(store, lost).state == TurnState.FAILED
+    assert state(store, lost).state == TurnState.CANCELLED
+    # When the sweeper passes over an entry left for it
+    mark(store, lost)
+    report = run(store, recorder)
+    # Then it resumes nothing, drops the entry, and the conversation stays as archived
+    assert report.turns.get("resumed") is None and steps_sent(recorder) == []
+    assert store.redis.zscore(store.keys.turns_inflight, lost) is None
     assert store.redis.lrange(store.keys.history(sid), 0, -1) == before

@@ -10,6 +10,7 @@ from typing import Any
 
 from orchestrator.errors import FleetError
 from orchestrator.gate import StepRefused, admit
+from orchestrator.store import translated
 from workers.app import app
 from workers.runtime import get_runtime
 
@@ -24,5 +25,6 @@ def ping(session_id: str | None, counter: str, gated: bool = False) -> dict[str,
             admit(rt.store, session_id)
         except (StepRefused, FleetError) as exc:
             return {"sessionId": session_id, "outcome": type(exc).__name__}
-    rt.store.redis.incr(rt.store.keys.ops_counter(counter))
+    with translated():
+        rt.store.redis.incr(rt.store.keys.ops_counter(counter))
     return {"sessionId": session_id, "outcome": "pong"}

@@ -7,7 +7,6 @@ import os
 import threading
 from typing import Any
 
-from celery import Task
 from celery.signals import worker_ready, worker_shutdown
 
 from orchestrator import activity, reminders, turns
@@ -44,31 +43,30 @@ def _stop_poller(**_: Any) -> None:
     get_runtime().stopping.set()
 
 
-@app.task(name="reminder.fire", bind=True, max_retries=None, acks_late=True)
-def fire(self: Task, session_id: str, reminder_id: str, prompt: str) -> dict[str, Any]:
+@app.task(name="reminder.fire", acks_late=True)
+def fire(session_id: str, reminder_id: str, prompt: str) -> dict[str, Any]:
     """Turn a claimed reminder into its one turn (created at most once per reminder, however
     often this is delivered); its first step meets the gate like any other. A fire that could
-    not reach the store (or failed before its turn was sent) is retried; one that created
-    nothing is acknowledged only when it is a repeat, or the reminder was stopped or refused
-    (archived lineage, deleted session). If even the retry is lost, the poller claims the
-    reminder again after its deadline."""
+    not reach the store or the broker is retried (``workers.retry.FleetTask``); one that
+    created nothing is acknowledged only when it is a repeat, or the reminder was stopped or
+    refused (archived lineage, deleted session). If even the retry is lost, the poller claims
+    the reminder again after its deadline."""
     rt = get_runtime()
     out: dict[str, Any] = {"sessionId": session_id, "reminderId": reminder_id}
-    extra = {"session_id": session_id, "family": "reminder"}
     try:
         tid = turns.start_turn(
             rt.store, rt.dispatcher, session_id, prompt, source="reminder", reminder_id=reminder_id
         )
-    except StoreUnavailable as exc:
-        raise self.retry(exc=exc, countdown=get_settings().gate_retry_seconds) from exc
+    except StoreUnavailable:
+        raise  # retried by the task's base class
     except FleetError as exc:
-        log.info("reminder %s not fired: %s", reminder_id, exc.message, extra=extra)
-        return {**out, "outcome": exc.code}
-    except Exception as exc:  # the broker or a raw store call failed: nothing is acked
-        log.warning(
-            "reminder %s fire failed: %s: %s", reminder_id, type(exc).__name__, exc, extra=extra
+        log.info(
+            "reminder %s not fired: %s",
+            reminder_id,
+            exc.message,
+            extra={"session_id": session_id, "family": "reminder"},
         )
-        raise self.retry(exc=exc, countdown=get_settings().gate_retry_seconds) from exc
+        return {**out, "outcome": exc.code}
     return {**out, "turnId": tid} if tid else {**out, "outcome": "stopped"}
 
 

@@ -8,32 +8,28 @@ from celery import Task
 from celery.exceptions import Ignore
 
 from orchestrator import activity, steps, tools, turns
-from orchestrator.errors import StoreUnavailable
-from orchestrator.settings import get_settings
 from workers.app import app
 from workers.bulk import each_session
 from workers.runtime import get_runtime
 
 
-@app.task(name="turn.step", bind=True, max_retries=None, acks_late=True)
+@app.task(name="turn.step", bind=True, acks_late=True)
 def step(self: Task, session_id: str, turn_id: str, index: int) -> dict[str, Any]:
     """Run step ``index`` of a turn. A step the gate refuses ends the turn ``blocked`` and the
     task ends in the custom state ``REFUSED`` (a ``task-refused`` event, then ``Ignore``); a
-    step that could not read the gate is retried later (fail closed)."""
+    step that could not read the gate or write its result is retried later with back-off
+    (fail closed; ``workers.retry.FleetTask``)."""
     rt = get_runtime()
-    try:
-        outcome = steps.run_step(
-            rt.store,
-            rt.dispatcher,
-            rt.model,
-            tools.run_tool,
-            session_id,
-            turn_id,
-            int(index),
-            stopping=rt.stopping,
-        )
-    except StoreUnavailable as exc:
-        raise self.retry(exc=exc, countdown=get_settings().gate_retry_seconds) from exc
+    outcome = steps.run_step(
+        rt.store,
+        rt.dispatcher,
+        rt.model,
+        tools.run_tool,
+        session_id,
+        turn_id,
+        int(index),
+        stopping=rt.stopping,
+    )
     if outcome in ("refused", "cancelled"):
         # The turn just ended because of an archive or a stop: record the archive quiet if
         # this was its last live work.

@@ -1,0 +1,127 @@
+"""The Redis broker transport of the fleet: kombu's, made to ride out Redis restarts, failovers
+and a full server instead of ending the worker.
+
+``workers.app`` selects it with ``broker_transport = "workers.broker:Transport"`` (the URL stays
+``redis://``). Three differences from ``kombu.transport.redis.Transport``, each for a failure
+seen with real processes (issue 10, fault 5):
+
+* **More replies count as a lost connection.** Celery's consumer restarts (reconnects with
+  back-off) only on the transport's ``connection_errors``; anything else is "Unrecoverable"
+  and ends the worker. kombu lists ``BusyLoadingError`` (a restarted server loading its
+  append-only file) but not ``OutOfMemoryError`` (``maxmemory`` with ``noeviction`` refuses the
+  unacked-record write that follows every ``BRPOP``), ``ReadOnlyError`` (a failover left us on
+  a replica) or ``MasterDownError``: all three pass once the server recovers, so they are
+  connection errors here.
+* **A message popped but not recorded is handed back.** ``BRPOP`` is allowed on a full server
+  but the write that records the message as unacknowledged is not, so the message would exist
+  only in this process. It is held here and pushed back to the head of its queue before the
+  reconnected consumer consumes again (while that fails, the consumer keeps reconnecting
+  instead of popping more). A worker killed while it holds one loses it, as with kombu alone;
+  the stuck-turn sweeper, reminder re-claims and the archive reconciler repair that.
+* **A closed transport is a connection error, not an AttributeError.** On a lost connection
+  Celery's consumer calls ``Connection.collect()``, which closes the default channel and then
+  the transport (``transport.client = None``); when that channel's close failed half-way
+  (Redis was down), the later ``connection.close()`` closes it again, and restoring its
+  unacknowledged messages builds a new client pool from ``transport.client.hostname``:
+  ``AttributeError: 'NoneType' object has no attribute 'hostname'``, which ``ignore_errors``
+  does not ignore, so the worker exited (celery/kombu#582 is the same path). Raising
+  ``redis.ConnectionError`` there lets the close be ignored; the messages stay in the unacked
+  hash and come back after the visibility timeout, as for any lost worker.
+
+Nothing here patches kombu: these are subclasses wired in by configuration.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any
+
+from kombu.transport import redis as kombu_redis
+from redis import exceptions as redis_errors
+
+log = logging.getLogger(__name__)
+
+#: Server replies that mean "not now" rather than "wrong": retried by reconnecting.
+TRANSIENT_REPLIES: tuple[type[Exception], ...] = (
+    redis_errors.BusyLoadingError,
+    redis_errors.OutOfMemoryError,
+    redis_errors.ReadOnlyError,
+    redis_errors.MasterDownError,
+)
+
+_CONNECTION_ERRORS: tuple[type[BaseException], ...] = (
+    *kombu_redis.Transport.connection_errors,
+    *TRANSIENT_REPLIES,
+)
+
+
+class _Held:
+    """Messages popped from a queue whose unacknowledged record could not be written:
+    ``(payload, exchange, routing key)``, oldest first, shared by the process's channels."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._items: list[tuple[dict[str, Any], str, str]] = []
+
+    def add(self, payload: dict[str, Any], exchange: str, routing_key: str) -> None:
+        with self._lock:
+            self._items.append((payload, exchange, routing_key))
+
+    def give_back(self, channel: Channel) -> None:
+        """Push every held message back to the consuming end of its queue. Raises the
+        connection error that stopped it; what was not pushed stays held."""
+        with self._lock:
+            if not self._items:
+                return
+            with channel.conn_or_acquire() as client:
+                while self._items:
+                    payload, exchange, routing_key = self._items[0]
+                    channel._do_restore_message(payload, exchange, routing_key, client)
+                    self._items.pop(0)
+                    log.warning("gave a message back to %s after a refused ack record", routing_key)
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._items)
+
+
+HELD = _Held()
+
+
+class QoS(kombu_redis.QoS):
+    """kombu's QoS; a message whose unacked record is refused is held for re-queueing."""
+
+    def append(self, message: Any, delivery_tag: str) -> None:
+        try:
+            super().append(message, delivery_tag)
+        except _CONNECTION_ERRORS:
+            info = message.delivery_info
+            HELD.add(message._raw, info["exchange"], info["routing_key"])
+            log.warning("message %s held: its unacknowledged record was refused", delivery_tag)
+            raise
+
+
+class Channel(kombu_redis.Channel):
+    """kombu's Redis channel with the fixes described in the module docstring."""
+
+    QoS = QoS
+
+    def _connparams(self, asynchronous: bool = False) -> Any:
+        transport = self.connection
+        if transport is None or transport.client is None:
+            raise redis_errors.ConnectionError("the broker connection is closed")
+        return super()._connparams(asynchronous=asynchronous)
+
+    def basic_consume(self, queue: str, *args: Any, **kwargs: Any) -> Any:
+        # Held messages go back first; until they can, consuming more would only hold more.
+        HELD.give_back(self)
+        return super().basic_consume(queue, *args, **kwargs)
+
+
+class Transport(kombu_redis.Transport):
+    """kombu's Redis transport with ``Channel`` above and ``TRANSIENT_REPLIES`` counted as
+    connection errors."""
+
+    Channel = Channel
+    connection_errors = _CONNECTION_ERRORS
