@@ -69,9 +69,10 @@ def archive(
     """Archive a session (and its subtree).
 
     Every outcome, a refusal included, is counted (``fleet_archives``) and recorded in the
-    audit trail. Raises ``SessionNotFound`` (unknown, malformed or deleted id),
-    ``SessionActive`` (live work and no ``stop_activity``), ``StoreUnavailable`` (nothing
-    written).
+    audit trail; an archive's entry and count are written by its script, so they commit with
+    it, and what its stop fan-out sent follows as a ``stop`` entry. Raises
+    ``SessionNotFound`` (unknown, malformed or deleted id), ``SessionActive`` (live work and no
+    ``stop_activity``), ``StoreUnavailable`` (nothing written).
     """
     sid = check_session_id(session_id)
     try:
@@ -93,25 +94,32 @@ def archive(
             items=len(refused.items),
         )
         raise
-    metrics.incr(store, metrics.ARCHIVES, result.outcome)
-    audit.record(
-        store,
-        sid,
-        "archive",
-        result.outcome,
-        stopActivity=stop_activity,
-        archivedCount=result.archived_count,
-        stopped=len(result.stopped),
-        stopFailures=[family for family, _ in result.stop_report.failed],
-    )
+    # The archive's own entry and count were written by its script (they commit with it);
+    # what the stop fan-out did is recorded beside it (best effort, like the fan-out).
+    if result.stopped or result.stop_report.failed:
+        failures = [family for family, _ in result.stop_report.failed]
+        audit.record(
+            store,
+            sid,
+            "stop",
+            "partial" if failures else "sent",
+            stopped=len(result.stopped),
+            families=sorted({item.family.value for item in result.stopped}),
+            stopFailures=failures,
+        )
     return result
 
 
 def _archive(store: Store, dispatcher: Dispatcher, sid: str, stop_activity: bool) -> ArchiveResult:
     txn = new_id("arc")
+    recorder = audit.script_recorder(
+        store, "archive", {}, metric=store.keys.metric(metrics.ARCHIVES.name)
+    )
     for _ in range(_REFUSAL_RECHECKS):
         result = store.run(
-            "archive", [sid, "1" if stop_activity else "0", iso(now_ms()), txn], durable=True
+            "archive",
+            [sid, "1" if stop_activity else "0", iso(now_ms()), txn, recorder],
+            durable=True,
         )
         outcome = result[0]
         if outcome == "not_found":

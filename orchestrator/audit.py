@@ -12,9 +12,10 @@ host>``, ``acp:stdio``, ``acp:ws:<client host>``, ``cli``, ``worker``) with ``ac
 nobody did.
 
 Recording is best effort: a failure is logged and never fails the change it records (the
-change is already made by then, and the stores it lives in are the source of truth). A bulk
-archive's entries are the exception: ``bulk_archive.lua`` appends them (same fields, same
-exact trimming, ``detail_json``) in the script that archives, so they commit with the batch.
+change is already made by then, and the stores it lives in are the source of truth). Archives
+are the exception: ``archive.lua`` and ``bulk_archive.lua`` append their entries (same fields,
+same exact trimming; ``script_recorder``) in the script that archives, so an archive is never
+committed unaudited or uncounted.
 """
 
 from __future__ import annotations
@@ -91,6 +92,27 @@ def detail_json(detail: dict[str, Any]) -> str:
     """An entry's ``detail`` field as stored (compact JSON, sorted keys); scripts that write
     entries themselves (``bulk_archive.lua``) are given it."""
     return json.dumps(detail, separators=(",", ":"), sort_keys=True)
+
+
+def script_recorder(store: Store, action: str, detail: dict[str, Any], **extra: Any) -> str:
+    """The JSON a Lua script that audits its own change is given (``record_in_script`` in
+    ``_lib.lua``): ``{auditAll, auditSession (per-session key prefix), maxSession, maxGlobal,
+    action, actor, detail (stored form), **extra}``. The entry then commits with the change,
+    with the fields and trimming of ``record``."""
+    settings = get_settings()
+    k = store.keys
+    return json.dumps(
+        {
+            "auditAll": k.audit_all,
+            "auditSession": k.audit(""),
+            "maxSession": settings.audit_max_per_session,
+            "maxGlobal": settings.audit_max_global,
+            "action": action,
+            "actor": current_actor(),
+            "detail": detail_json(detail),
+            **extra,
+        }
+    )
 
 
 def record_many(

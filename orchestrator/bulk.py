@@ -36,7 +36,6 @@ run was under way is not archived again.
 
 from __future__ import annotations
 
-import json
 import logging
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -321,24 +320,16 @@ class _Run:
     def in_script_record(self) -> str:
         """What ``bulk_archive.lua`` records with the batch it writes (JSON): the audit entry
         and the ``fleet_archives`` count of each session it archives or finds archived."""
-        settings = get_settings()
-        k = self.store.keys
-        return json.dumps(
-            {
-                "outcomes": {
-                    script: wire
-                    for script, wire in _FROM_SCRIPT.items()
-                    if wire in self.recorded and wire in _RECORDED_IN_SCRIPT
-                },
-                "metric": k.metric(metrics.ARCHIVES.name),
-                "auditAll": k.audit_all,
-                "auditSession": k.audit(""),
-                "maxSession": settings.audit_max_per_session,
-                "maxGlobal": settings.audit_max_global,
-                "action": self.action,
-                "actor": audit.current_actor(),
-                "detail": audit.detail_json({"stopActivity": self.stop, "items": 0}),
-            }
+        return audit.script_recorder(
+            self.store,
+            self.action,
+            {"stopActivity": self.stop, "items": 0},
+            outcomes={
+                script: wire
+                for script, wire in _FROM_SCRIPT.items()
+                if wire in self.recorded and wire in _RECORDED_IN_SCRIPT
+            },
+            metric=self.store.keys.metric(metrics.ARCHIVES.name),
         )
 
     def batch(self, ids: list[str]) -> list[BulkItem]:

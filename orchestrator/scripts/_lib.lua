@@ -166,3 +166,13 @@ local function stop_turns_for_archive(sid, out)
     end
   end
 end
+
+-- Appends an audit entry in the script that makes the change, so the record commits with it
+-- (the fields and the exact MAXLEN trimming of orchestrator/audit.py). rec is the JSON the
+-- caller built with audit.script_recorder: streams, caps, action, actor, default detail.
+local function record_in_script(rec, sid, outcome, at, detail)
+  local fields = {'at', at, 'action', rec.action, 'outcome', outcome, 'actor', rec.actor,
+    'sessionId', sid, 'detail', detail or rec.detail}
+  redis.call('XADD', rec.auditSession .. sid, 'MAXLEN', rec.maxSession, '*', unpack(fields))
+  redis.call('XADD', rec.auditAll, 'MAXLEN', rec.maxGlobal, '*', unpack(fields))
+end

@@ -1,16 +1,25 @@
--- ARGV: prefix, sid, stopActivity '0'|'1', nowIso, txn
+-- ARGV: prefix, sid, stopActivity '0'|'1', nowIso, txn, recorder (audit.script_recorder's
+--   JSON with metric = the fleet_archives key)
 -- Checks for live work (unless stopActivity) and writes the archive for the session and its
 -- whole subtree in one step, so no work can start unseen between the check and the write.
 -- With stopActivity the live turns of every session it archives are stopped in this same
 -- script (stop_turns_for_archive in _lib.lua).
 -- Returns {'not_found'} | {'already'} | {'active'} | {'archived', n, turns}: turns is a flat
--- list tid, sid, fromState, toState, label of the turns it stopped.
+-- list tid, sid, fromState, toState, label of the turns it stopped. An archive and a repeat
+-- are audited and counted here, so the record commits with the change (a refusal is
+-- recorded by the caller, which reads the live items after this script).
 local sid, stop, now, txn = ARGV[2], ARGV[3], ARGV[4], ARGV[5]
+local rec = cjson.decode(ARGV[6])
+local stop_json = (stop == '1') and 'true' or 'false'
 local k = skey(sid)
 if redis.call('EXISTS', k) == 0 or redis.call('HGET', k, 'deleted') ~= '0' then
   return {'not_found'}
 end
-if redis.call('HGET', k, 'archived') == '1' then return {'already'} end
+if redis.call('HGET', k, 'archived') == '1' then
+  record_in_script(rec, sid, 'already_archived', now, '{"stopActivity":' .. stop_json .. '}')
+  redis.call('HINCRBY', rec.metric, 'already_archived', 1)
+  return {'already'}
+end
 local nodes = subtree(sid)
 if stop ~= '1' then
   for _, s in ipairs(nodes) do
@@ -27,4 +36,8 @@ for _, s in ipairs(nodes) do
     n = n + 1
   end
 end
+-- The detail in audit.detail_json's form (compact, keys sorted).
+record_in_script(rec, sid, 'archived', now, string.format(
+  '{"archivedCount":%d,"stopActivity":%s,"stoppedTurns":%d}', n, stop_json, #turns / 5))
+redis.call('HINCRBY', rec.metric, 'archived', 1)
 return {'archived', n, turns}

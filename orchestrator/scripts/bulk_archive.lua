@@ -86,10 +86,9 @@ for i = FIRST, #ARGV do
 end
 -- The batch's audit entries and archive counts commit with it: a crash after this script
 -- leaves no archive unaudited or uncounted, and a retry finds them 'already'. ARGV[8] is
--- {outcomes = {scriptOutcome = recordedOutcome}, metric = key, auditAll = key,
---  auditSession = per-session key prefix, maxSession, maxGlobal, action, actor, detail}
--- (the same entry fields and exact MAXLEN trimming as orchestrator/audit.py); refusals are
--- recorded by the caller, which learns the live items from the census.
+-- audit.script_recorder's JSON plus outcomes = {scriptOutcome = recordedOutcome} and
+-- metric = the fleet_archives key; refusals are recorded by the caller, which learns the
+-- live items from the census.
 if dry ~= '1' then
   local rec = cjson.decode(ARGV[8])
   local counts = {}
@@ -97,11 +96,7 @@ if dry ~= '1' then
     local recorded = rec.outcomes[row[2]]
     if recorded then
       counts[recorded] = (counts[recorded] or 0) + 1
-      local fields = {'at', now, 'action', rec.action, 'outcome', recorded, 'actor', rec.actor,
-        'sessionId', row[1], 'detail', rec.detail}
-      redis.call('XADD', rec.auditSession .. row[1], 'MAXLEN', rec.maxSession, '*',
-        unpack(fields))
-      redis.call('XADD', rec.auditAll, 'MAXLEN', rec.maxGlobal, '*', unpack(fields))
+      record_in_script(rec, row[1], recorded, now)
     end
   end
   for outcome, n in pairs(counts) do redis.call('HINCRBY', rec.metric, outcome, n) end

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from orchestrator import archive, audit, sessions, titles, turns
+from orchestrator import archive, audit, metrics, sessions, titles, turns
 from orchestrator.errors import AncestorArchived, InvalidParams, SessionActive
 from orchestrator.settings import get_settings
 from orchestrator.store import Store
@@ -49,12 +49,7 @@ def test_archive_and_unarchive_are_recorded_newest_first_with_actor_and_outcome(
         ("unarchive", "unarchived", "tester"),
         ("archive", "archived", "tester"),
     ]
-    assert entries[1]["detail"] == {
-        "stopActivity": False,
-        "archivedCount": 1,
-        "stopped": 0,
-        "stopFailures": [],
-    }
+    assert entries[1]["detail"] == {"stopActivity": False, "archivedCount": 1, "stoppedTurns": 0}
     assert entries[0]["detail"] == {"restoredCount": 1}
     assert all(e["sessionId"] == sid and e["at"].endswith("Z") for e in entries)
     # And the fleet-wide trail has them too, as its newest entries
@@ -83,6 +78,44 @@ def test_archiving_twice_records_already_archived(
     archive.archive(store, recorder, sid)
     archive.archive(store, recorder, sid)
     assert [e["outcome"] for e in trail(store, sid)] == ["already_archived", "archived"]
+
+
+class _Killed(BaseException):
+    """Stands for the process dying: nothing after the raise runs."""
+
+
+def test_an_archive_is_audited_and_counted_even_when_its_process_dies_right_after_the_write(
+    store: Store, cwd: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given a session with a queued turn, and a process that dies as soon as the archive's
+    # script has committed (before the census and the stop fan-out)
+    sid = sessions.create_session(store, cwd).session_id
+    turns.start_turn(store, RecordingDispatcher(), sid, "think 5")
+    counted = metrics.snapshot(store).counters.get(metrics.ARCHIVES.name, {})
+    before = counted.get(("archived",), 0)
+
+    def die(*_: object, **__: object) -> None:
+        raise _Killed
+
+    monkeypatch.setattr(archive, "census", die)
+    # When it is archived with stopActivity
+    with audit.acting_as("tester"), pytest.raises(_Killed):
+        archive.archive(store, RecordingDispatcher(), sid, stop_activity=True)
+    # Then the archive is recorded and counted all the same: they committed with it
+    [entry] = trail(store, sid)
+    assert summary([entry]) == [("archive", "archived", "tester")]
+    assert entry["detail"] == {"stopActivity": True, "archivedCount": 1, "stoppedTurns": 1}
+    counted = metrics.snapshot(store).counters[metrics.ARCHIVES.name]
+    assert counted[("archived",)] == before + 1
+
+
+def test_an_archive_with_stop_records_what_its_fan_out_sent(store: Store, cwd: str) -> None:
+    sid = sessions.create_session(store, cwd).session_id
+    turns.start_turn(store, RecordingDispatcher(), sid, "think 5")
+    archive.archive(store, RecordingDispatcher(), sid, stop_activity=True)
+    stop, archived = trail(store, sid)
+    assert (stop["action"], stop["outcome"], archived["outcome"]) == ("stop", "sent", "archived")
+    assert stop["detail"] == {"stopped": 1, "families": ["turn"], "stopFailures": []}
 
 
 def test_unarchive_refusals_and_no_ops_are_recorded(
