@@ -93,6 +93,9 @@ class _Running:
     job_id: str
     session_id: str
     process: subprocess.Popen[bytes]
+    #: Set (under the supervisor's lock) before a stop signals the process, so the reaper,
+    #: which may see it end first, leaves recording its end to the stop (``stopped``).
+    stopping: bool = False
 
 
 class JobSupervisor:
@@ -228,6 +231,8 @@ class JobSupervisor:
     def _terminate(self, run: _Running) -> str:
         proc = run.process
         extra = {"session_id": run.session_id, "family": "job"}
+        with self._lock:
+            run.stopping = True
         if proc.poll() is None:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGTERM)
@@ -289,7 +294,7 @@ class JobSupervisor:
                 _extend_lease(self.store, run.job_id, self.lease_ms)
                 continue
             with self._lock:
-                if self._running.pop(run.job_id, None) is None:
+                if run.stopping or self._running.pop(run.job_id, None) is None:
                     continue  # being stopped right now; _terminate records it
             self.store.run(
                 "job_end", [run.job_id, JobState.EXITED.value, str(code), iso(now_ms()), "running"]

@@ -65,6 +65,9 @@ class FleetSettings(BaseSettings):
     #: Seconds between two runs of the archive reconciler (``archive.reconcile``) in ``fleet
     #: beat``'s schedule.
     reconcile_interval_seconds: float = Field(default=10.0, gt=0)
+    #: Seconds between two passes of the reconciler that every reminder worker runs itself
+    #: (so archives converge with no scheduler deployed); 0 leaves it to ``fleet beat``.
+    reconcile_loop_seconds: float = Field(default=10.0, ge=0)
     #: Seconds after an archive before the reconciler looks at it (the fan-out's own stops
     #: get this long to drain the work).
     reconcile_grace_seconds: float = Field(default=5.0, ge=0)

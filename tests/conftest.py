@@ -51,6 +51,9 @@ os.environ["FLEET_KEY_PREFIX"] = _PREFIX
 os.environ.setdefault("FLEET_JOB_LEASE_SECONDS", "2")
 os.environ.setdefault("FLEET_JOB_KILL_GRACE_SECONDS", "1")
 os.environ.setdefault("FLEET_REMINDER_POLL_SECONDS", "0.1")
+# The shared workers run no reconciler of their own: tests that leave work outliving its
+# archive on purpose call the reconciler themselves (tests/faults/test_reconciler.py).
+os.environ.setdefault("FLEET_RECONCILE_LOOP_SECONDS", "0")
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:

@@ -28,7 +28,10 @@ TASK_MODULES = [
     "workers.tasks.maintenance",
     "workers.tasks.ops",
     "workers.heartbeat",
-    # Not tasks: the turn sweeper thread of turn workers (started on worker_ready).
+    # Not tasks: the background loops of each family's workers (started on worker_ready):
+    # the turn sweeper of turn workers (the poller and the reconciler register beside their
+    # tasks).
+    "workers.periodic",
     "workers.sweeper",
     # Not tasks: connects Celery's setup_logging signal (loaded before logging is set up).
     "workers.logs",

@@ -21,7 +21,7 @@ from orchestrator.archive import archive
 from orchestrator.reconcile import reconcile
 from orchestrator.sessions import create_session, get_session, list_sessions
 from orchestrator.stops import dispatch_stops
-from tests.helpers import wait_for
+from tests.helpers import FaultyDispatcher, wait_for
 from tests.workers.support import (
     job_record,
     paused_consumer,
@@ -34,34 +34,6 @@ from tests.workers.support import (
 pytestmark = pytest.mark.timeout(90)
 
 _BOOKKEEPING = ("reconcileTxn", "reconcileAttempts", "reconcileNextMs", "archiveHazard")
-
-
-class FaultyDispatcher:
-    """Forwards to a real dispatcher and records what it sent, except tasks in ``drop``
-    (a stop message lost on its way) and, while ``broken``, everything (the broker refuses)."""
-
-    def __init__(self, inner: Any, drop: frozenset[str] = frozenset()) -> None:
-        self.inner = inner
-        self.drop = drop
-        self.broken = False
-        self.sent: list[tuple[str, list[Any], str]] = []
-        self.dropped: list[tuple[str, list[Any], str]] = []
-
-    @property
-    def app(self) -> Any:
-        return self.inner.app
-
-    def send(self, task: str, args: list[Any], queue: str) -> None:
-        if self.broken:
-            raise ConnectionError("broker unavailable (injected)")
-        if task in self.drop:
-            self.dropped.append((task, args, queue))
-            return
-        self.inner.send(task, args, queue)
-        self.sent.append((task, args, queue))
-
-    def sent_for(self, sid: str) -> list[tuple[str, list[Any], str]]:
-        return [m for m in self.sent if m[1] and m[1][0] == sid]
 
 
 @pytest.fixture

@@ -1,6 +1,6 @@
-"""Late stops and reminder crashes (issue faults 2 and 3) on a fleet of this module's own: real
-turn, subagent and reminder worker processes on a fresh key prefix (run prefix +
-``faults23:``), so stopping and killing them never disturbs the shared ``fleet``.
+"""Late stops, lost stops and reminder crashes (issue faults 2 and 3) on a fleet of this
+module's own: real turn, subagent and reminder worker processes on a fresh key prefix (run
+prefix + ``faults23:``), so stopping and killing them never disturbs the shared ``fleet``.
 
 The workers redeliver an unacknowledged message after 3 s (``FLEET_VISIBILITY_TIMEOUT_
 SECONDS``) and re-claim a reminder whose turn was not created 3 s after its claim
@@ -31,7 +31,7 @@ from orchestrator.sessions import create_session
 from orchestrator.settings import FleetSettings
 from orchestrator.store import Store
 from orchestrator.turns import get_turn, start_turn
-from tests.helpers import wait_for
+from tests.helpers import FaultyDispatcher, wait_for
 from tests.workers.support import (
     history,
     reminder_state,
@@ -93,6 +93,9 @@ def private(
         extra_env={
             "FLEET_VISIBILITY_TIMEOUT_SECONDS": "3",
             "FLEET_REMINDER_REFIRE_SECONDS": "3",
+            # The reminder worker reconciles archives itself, every second, right away.
+            "FLEET_RECONCILE_LOOP_SECONDS": "1",
+            "FLEET_RECONCILE_GRACE_SECONDS": "0",
         },
     )
     fleet.start([Family.TURN, Family.SUBAGENT, Family.REMINDER])
@@ -223,3 +226,25 @@ def test_every_due_reminder_becomes_exactly_one_turn_when_the_reminder_worker_is
         store.redis.hget(store.keys.reminder(rid), "claims") for rid in expected.values()
     )
     print(f"{total} reminders, {left_due} unclaimed at the kill, claims per reminder: {claims}")
+
+
+def test_a_lost_reminder_stop_is_sent_again_by_the_reminder_workers_own_reconciler(
+    private: Private,
+) -> None:
+    store, dispatcher = private.store, private.dispatcher
+    # Given a session with an armed reminder, archived with stopActivity while the broker
+    # lost the reminder's stop (nothing was sent), and no scheduler (beat) deployed
+    sid = create_session(store, "/tmp/faults23-lost").session_id
+    tid = start_turn(store, dispatcher, sid, "remind 600 say later")
+    wait_turn_state(store, tid, "completed")
+    [rid] = live_reminders(store, sid)
+    result = archive(
+        store,
+        FaultyDispatcher(dispatcher, drop=frozenset({"reminder.stop"})),
+        sid,
+        stop_activity=True,
+    )
+    assert result.stop_report.sent == {"reminder": 1} and reminder_state(store, rid) == "armed"
+    # Then the reminder worker's own reconciler loop stops it again, and the archive drains
+    wait_for(lambda: reminder_state(store, rid) == "deleted", 30, message="reminder re-stopped")
+    wait_for(lambda: census(store, sid) == [], 15, message="archive drained")

@@ -26,7 +26,8 @@ from orchestrator.sessions import create_session, get_session
 from orchestrator.settings import FleetSettings
 from orchestrator.store import Store
 from orchestrator.turns import start_turn
-from tests.faults.test_reconciler import FaultyDispatcher, bookkeeping
+from tests.faults.test_reconciler import bookkeeping
+from tests.helpers import FaultyDispatcher
 from tests.workers.support import (
     job_record,
     model_requests,

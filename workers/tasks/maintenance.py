@@ -1,6 +1,7 @@
 """Scheduled fleet-wide tasks on the ``maintenance`` queue (which reminder workers consume);
 ``fleet beat`` schedules them: ``archive.auto`` (one run of the auto-archive policy) and
-``archive.reconcile`` (one pass of the archive reconciler)."""
+``archive.reconcile`` (one pass of the archive reconciler). Every reminder worker also runs
+the reconciler as a loop of its own (``workers.periodic``), so archives converge without beat."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ from orchestrator import bulk, reconcile
 from orchestrator.errors import InvalidParams
 from orchestrator.settings import get_settings
 from workers.app import app
-from workers.runtime import get_runtime
+from workers.periodic import every
+from workers.runtime import Runtime, get_runtime
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +42,18 @@ def reconcile_archives(interval_seconds: float | None = None) -> dict[str, Any]:
     a session flagged with a hazard is retried every 10 x ``interval_seconds`` (beat passes
     its interval; default ``FLEET_RECONCILE_INTERVAL_SECONDS``). Overlapping runs are
     harmless: a duplicate stop is a no-op, and the bookkeeping is written by one script."""
-    rt = get_runtime()
+    return _reconcile(get_runtime(), interval_seconds).to_wire()
+
+
+@every("reminder", "archive-reconciler", lambda: get_settings().reconcile_loop_seconds)
+def reconcile_loop(rt: Runtime) -> None:
+    """The reconciler as a loop of every reminder worker, so an archive whose stops were lost
+    converges with no scheduler deployed (``FLEET_RECONCILE_LOOP_SECONDS``; 0 leaves it to
+    ``fleet beat``)."""
+    _reconcile(rt, None)
+
+
+def _reconcile(rt: Runtime, interval_seconds: float | None) -> reconcile.Report:
     settings = get_settings()
     interval = interval_seconds or settings.reconcile_interval_seconds
     report = reconcile.reconcile(
@@ -58,4 +71,4 @@ def reconcile_archives(interval_seconds: float | None = None) -> dict[str, Any]:
             report.hazards,
             report.cleared,
         )
-    return report.to_wire()
+    return report

@@ -1,46 +1,26 @@
-"""``reminder.fire``, ``reminder.stop`` and the poller that claims due reminders."""
+"""``reminder.fire``, ``reminder.stop`` and the poller that claims due reminders (a loop of
+every reminder worker, ``workers.periodic``)."""
 
 from __future__ import annotations
 
 import logging
-import os
-import threading
 from typing import Any
-
-from celery.signals import worker_ready, worker_shutdown
 
 from orchestrator import activity, reminders, turns
 from orchestrator.errors import FleetError, StoreUnavailable
 from orchestrator.settings import get_settings
 from workers.app import app
 from workers.bulk import each_session
-from workers.runtime import get_runtime
+from workers.periodic import every
+from workers.runtime import Runtime, get_runtime
 
 log = logging.getLogger(__name__)
 
 
-def _poll_forever(stopping: threading.Event) -> None:
-    rt = get_runtime()
-    interval = get_settings().reminder_poll_seconds
-    while not stopping.wait(interval):
-        try:
-            reminders.poll_once(rt.store, rt.dispatcher)
-        except Exception as exc:  # Redis or broker down: try again on the next tick
-            log.warning("reminder poll failed: %s", exc)
-
-
-@worker_ready.connect
-def _start_poller(**_: Any) -> None:
-    if os.environ.get("FLEET_WORKER_FAMILY") == "reminder":
-        rt = get_runtime()
-        threading.Thread(
-            target=_poll_forever, args=(rt.stopping,), name="reminder-poller", daemon=True
-        ).start()
-
-
-@worker_shutdown.connect
-def _stop_poller(**_: Any) -> None:
-    get_runtime().stopping.set()
+@every("reminder", "reminder-poller", lambda: get_settings().reminder_poll_seconds)
+def poll_reminders(rt: Runtime) -> None:
+    """Claim due reminders (and those whose fire was not confirmed) and send their fires."""
+    reminders.poll_once(rt.store, rt.dispatcher)
 
 
 @app.task(name="reminder.fire", acks_late=True)

@@ -1,0 +1,77 @@
+"""Background loops of a family's workers: the reminder poller, the turn sweeper and the
+archive reconciler each run as a thread in every worker of their family, started once the
+worker is ready and ended when it starts shutting down (``Runtime.stopping``).
+
+Every loop body is safe to run on several workers at once (each decision it makes is one
+script), so the fleet converges by itself while at least one worker of the family is up, with
+no scheduler to deploy. A failing pass (Redis or the broker away) is logged and tried again on
+the next tick.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from celery.signals import worker_ready, worker_shutdown
+
+from workers.runtime import Runtime, get_runtime
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Loop:
+    """A loop: the ``family`` whose workers run it, its thread ``name``, the seconds between
+    two passes (``interval``: read when the thread starts; 0 or less turns the loop off) and
+    one pass (``run``)."""
+
+    family: str
+    name: str
+    interval: Callable[[], float]
+    run: Callable[[Runtime], None]
+
+
+_LOOPS: list[Loop] = []
+
+
+def every(
+    family: str, name: str, interval: Callable[[], float]
+) -> Callable[[Callable[[Runtime], None]], Callable[[Runtime], None]]:
+    """Register the decorated pass to run every ``interval()`` seconds in each worker of
+    ``family`` (``FLEET_WORKER_FAMILY``)."""
+
+    def register(run: Callable[[Runtime], None]) -> Callable[[Runtime], None]:
+        _LOOPS.append(Loop(family, name, interval, run))
+        return run
+
+    return register
+
+
+def _forever(loop: Loop, rt: Runtime, period: float) -> None:
+    while not rt.stopping.wait(period):
+        try:
+            loop.run(rt)
+        except Exception as exc:  # Redis or broker down: try again on the next tick
+            log.warning("%s failed: %s: %s", loop.name, type(exc).__name__, exc)
+
+
+@worker_ready.connect
+def _start(**_: Any) -> None:
+    family = os.environ.get("FLEET_WORKER_FAMILY")
+    rt = get_runtime()
+    for loop in _LOOPS:
+        period = loop.interval() if loop.family == family else 0
+        if period > 0:
+            threading.Thread(
+                target=_forever, args=(loop, rt, period), name=loop.name, daemon=True
+            ).start()
+
+
+@worker_shutdown.connect
+def _stop(**_: Any) -> None:
+    get_runtime().stopping.set()
