@@ -10,8 +10,8 @@ owning the step (``holds_step``/``step_owns`` in ``scripts/_lib.lua``):
 
 - the lease holds the copy's token: it owns the step;
 - the lease is gone (it lapsed) and no other copy began since (``stepToken`` is still its
-  token): it owns the step and re-takes the lease in the same script, so a copy that begins
-  later finds the lease and is dropped as ``inflight``;
+  token; an advance of the turn clears it): it owns the step and re-takes the lease in the
+  same script, so a copy that begins later finds the lease and is dropped as ``inflight``;
 - otherwise (the lease holds another token, or another copy began and moved on): it is
   superseded, for good. It writes nothing more, neither advances nor ends the turn, and its
   watch cancels it and drops its output (outcome ``superseded``).

@@ -68,8 +68,9 @@ end
 -- step that began with token still owns it. The lease (Keys.step_lease) holds the token of
 -- the copy that began last; that copy owns the step. A lease that lapsed (its worker froze)
 -- is re-taken here, atomically with the caller's write, only if no other copy began since
--- (the turn's stepToken is still token): a copy that begins later then finds the lease and
--- is dropped as 'inflight'. Once another copy began, the old one owns nothing, ever.
+-- (the turn's stepToken is still token; turn_advance clears it): a copy that begins later
+-- then finds the lease and is dropped as 'inflight'. Once another copy began, the old one
+-- owns nothing, ever.
 local function holds_step(tid, token)
   local lk = P .. 'turn:lease:' .. tid
   local lease = redis.call('GET', lk)

@@ -12,6 +12,8 @@ if (st == 'running' or st == 'cancelling') and not holds_step(tid, token) then
 end
 redis.call('DEL', P .. 'turn:lease:' .. tid)
 if st ~= 'running' then return st or 'missing' end
+-- The step is done with: no late poll of this copy may re-take a lease for the next one.
+redis.call('HDEL', tk, 'stepToken')
 redis.call('HSET', tk, 'step', ARGV[3])
 redis.call('ZADD', P .. 'turns:inflight', server_ms(), tid)
 return 'ok'

@@ -210,3 +210,16 @@ def test_the_python_seams_raise_for_a_superseded_copy(
     # And B's step, run as a worker runs it (its own fresh token), is dropped as in flight
     model = ScriptedModel()
     assert steps.run_step(store, recorder, model, tools.run_tool, sid, tid, 0) == "inflight"
+
+
+def test_a_copy_that_advanced_the_turn_cannot_retake_a_lease_for_the_next_step(
+    store: Store, tid: str
+) -> None:
+    # Given copy A ran step 0 and advanced the turn (its lease dropped)
+    assert begin(store, tid, A) == "ok"
+    assert store.run("turn_advance", [tid, 1, A]) == "ok"
+    # When a late poll of A's watch arrives, it re-takes nothing
+    assert store.run("turn_watch", [tid, steps.STEP_LEASE_MS, A]) == "superseded"
+    assert lease(store, tid) is None
+    # Then step 1 begins on the copy it was sent to
+    assert begin(store, tid, B, 1) == "ok"
