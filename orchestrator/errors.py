@@ -14,6 +14,8 @@
 
     TurnStopped                internal to the step runtime, never reaches an interface: a
                                step's write was refused because its turn stopped running
+    StepSuperseded             internal to the step runtime: another copy of the step began
+                               (orchestrator/fencing.py), so this copy writes nothing more
 """
 
 from __future__ import annotations
@@ -118,4 +120,15 @@ class TurnStopped(Exception):
 
     def __init__(self, turn_id: str) -> None:
         super().__init__(f"turn {turn_id} no longer runs")
+        self.turn_id = turn_id
+
+
+class StepSuperseded(Exception):
+    """Raised inside a step when a write it asked for (a conversation update, the turn's
+    advance or end) was refused because another copy of the same step began since this one
+    (its lease lapsed while its worker was frozen; ``orchestrator/fencing.py``); nothing was
+    written. Not a ``FleetError``: ``steps.run_step`` drops the copy (outcome ``superseded``)."""
+
+    def __init__(self, turn_id: str) -> None:
+        super().__init__(f"this copy of turn {turn_id}'s step was superseded")
         self.turn_id = turn_id

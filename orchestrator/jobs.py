@@ -24,6 +24,7 @@ from enum import StrEnum
 
 from orchestrator.errors import TurnStopped
 from orchestrator.families import Dispatcher, Family, Task, control_queue, work_queue
+from orchestrator.fencing import StepGuard
 from orchestrator.processes import die_with_parent
 from orchestrator.store import Store, iso, new_id, now_ms, retried
 
@@ -71,19 +72,20 @@ def create_job(
     seconds: float,
     label: str,
     *,
-    guard_turn: str = "",
+    guard: StepGuard | None = None,
 ) -> str:
     """Store a starting job and send it to the job queue. Returns the job id.
 
-    With ``guard_turn`` (the turn whose step asks for the job) nothing is stored once that turn
-    no longer runs: raises ``TurnStopped``. Raises ``StoreUnavailable``."""
+    With ``guard`` (the copy of the step that asks for the job) nothing is stored once its turn
+    no longer runs or that copy no longer owns the step (``orchestrator/fencing.py``): raises
+    ``TurnStopped``. Raises ``StoreUnavailable``."""
     jid = new_id("job")
     stored = store.run(
         "job_create",
-        [jid, session_id, label, seconds, iso(now_ms()), START_TIMEOUT_MS, guard_turn],
+        [jid, session_id, label, seconds, iso(now_ms()), START_TIMEOUT_MS, *StepGuard.argv(guard)],
     )
     if stored == "stopped":
-        raise TurnStopped(guard_turn)
+        raise TurnStopped(guard.turn_id if guard else "")
     dispatcher.send(Task.JOB_RUN, [session_id, jid], work_queue(Family.JOB))
     return jid
 

@@ -69,7 +69,9 @@ class Keys:
         (index of the next step to run), stopReason, error, createdAt, endedAt, said ('1' once
         its prompt is in the conversation: recorded when its first step is admitted); the
         sweeper's bookkeeping (``orchestrator/sweeper.py``): resumes (times step ``resumeStep``
-        was found lost and dispatched again) and resumeStep."""
+        was found lost and dispatched again) and resumeStep; the fencing of its current step
+        (``orchestrator/fencing.py``): stepToken (the token of the copy that began it last)
+        and stepLeaseMs (that copy's lease length, to re-take a lapsed lease)."""
         return f"{self.prefix}turn:{tid}"
 
     def live_turns(self, sid: str) -> str:
@@ -93,7 +95,9 @@ class Keys:
         return f"{self.prefix}turns:inflight"
 
     def step_lease(self, tid: str) -> str:
-        """STRING with TTL: present while a worker is executing a step of the turn."""
+        """STRING with TTL: present while a worker is executing a step of the turn; its value
+        is the fencing token of the copy of the step that owns it (``orchestrator/fencing.py``).
+        """
         return f"{self.prefix}turn:lease:{tid}"
 
     # -- jobs -------------------------------------------------------------------------------

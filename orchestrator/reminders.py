@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from orchestrator.activity import shorten
 from orchestrator.errors import TurnStopped
 from orchestrator.families import Dispatcher, Family, Task, send_all, work_queue
+from orchestrator.fencing import StepGuard
 from orchestrator.settings import get_settings
 from orchestrator.store import Store, iso, new_id, now_ms
 
@@ -49,21 +50,36 @@ class DueReminder:
 
 
 def create_reminder(
-    store: Store, session_id: str, seconds: float, prompt: str, *, guard_turn: str = ""
+    store: Store,
+    session_id: str,
+    seconds: float,
+    prompt: str,
+    *,
+    guard: StepGuard | None = None,
 ) -> str:
     """Store a reminder due in ``seconds`` (on the Redis server's clock). Returns its id.
 
-    With ``guard_turn`` (the turn whose step asks for it) nothing is stored once that turn no
-    longer runs: raises ``TurnStopped``. Raises ``StoreUnavailable``."""
+    With ``guard`` (the copy of the step that asks for it) nothing is stored once its turn no
+    longer runs or that copy no longer owns the step (``orchestrator/fencing.py``): raises
+    ``TurnStopped``. Raises ``StoreUnavailable``."""
     rid = new_id("rem")
     now = now_ms()
     delay = max(0, int(seconds * 1000))
     stored = store.run(
         "reminder_create",
-        [rid, session_id, prompt, shorten(prompt), delay, iso(now + delay), iso(now), guard_turn],
+        [
+            rid,
+            session_id,
+            prompt,
+            shorten(prompt),
+            delay,
+            iso(now + delay),
+            iso(now),
+            *StepGuard.argv(guard),
+        ],
     )
     if stored == "stopped":
-        raise TurnStopped(guard_turn)
+        raise TurnStopped(guard.turn_id if guard else "")
     log.info("reminder %s armed for %s", rid, iso(now + delay), extra={"session_id": session_id})
     return rid
 

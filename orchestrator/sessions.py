@@ -19,6 +19,7 @@ from typing import Any
 
 from orchestrator import audit
 from orchestrator.errors import InvalidParams, SessionNotFound, TurnStopped
+from orchestrator.fencing import StepGuard
 from orchestrator.store import Store, iso, new_id, now_ms, retried
 
 #: Session ids (ours are ``sess_<hex>``; clients may only pass ids in this alphabet, so an id
@@ -198,15 +199,17 @@ def check_utf8(text: str, param: str) -> str:
 
 
 def create_session(
-    store: Store, cwd: str, parent_id: str | None = None, *, guard_turn: str = ""
+    store: Store, cwd: str, parent_id: str | None = None, *, guard: StepGuard | None = None
 ) -> Session:
     """Create a session in ``cwd`` (absolute), optionally as a subagent of ``parent_id``.
 
     A child created under an archived lineage is born archived, in its ancestor's archive
-    transition (so it is hidden and gated with it, and restored with it). With ``guard_turn``
-    (the turn whose step spawns the subagent) nothing is created once that turn no longer runs.
+    transition (so it is hidden and gated with it, and restored with it). With ``guard`` (the
+    copy of the step that spawns the subagent) nothing is created once its turn no longer runs
+    or that copy no longer owns the step (``orchestrator/fencing.py``).
     Raises ``InvalidParams`` (bad cwd), ``SessionNotFound`` (unknown or deleted parent),
-    ``TurnStopped`` (the guarding turn stopped), ``StoreUnavailable``.
+    ``TurnStopped`` (the guarding turn stopped or its copy was superseded),
+    ``StoreUnavailable``.
     """
     check_cwd(cwd)
     if parent_id is not None:
@@ -215,11 +218,11 @@ def create_session(
     ms = now_ms()
     result = store.run(
         "create_session",
-        [sid, cwd, cwd_hash(cwd), parent_id or "", ms, iso(ms), guard_turn],
+        [sid, cwd, cwd_hash(cwd), parent_id or "", ms, iso(ms), *StepGuard.argv(guard)],
         durable=True,
     )
     if result[0] == "stopped":
-        raise TurnStopped(guard_turn)
+        raise TurnStopped(guard.turn_id if guard else "")
     if result[0] == "parent_not_found":
         raise SessionNotFound(parent_id or "")
     return get_session(store, sid)

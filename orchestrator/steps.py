@@ -6,9 +6,12 @@ makes its model request and the tool call it asks for under a ``_StepWatch``, wh
 step's lease alive and polls the turn's state every ``CANCEL_POLL`` s: a stop (a user cancel,
 an archive) is seen through the store within that time, whatever message its worker consumes,
 the model request is aborted and its output dropped. Every write of the step is conditional
-on its turn still running (``turns.record_update``, the guarded tool launches). A worker that
-starts shutting down hands its step on: the request is aborted, the lease dropped and the same
-step sent again, so another worker runs it.
+on its turn still running (``turns.record_update``, the guarded tool launches, the turn's
+advance and end) and on this copy still owning the step: each copy begins with a fresh fencing
+token (``orchestrator/fencing.py``), so a copy whose worker froze past its lease while another
+copy began writes nothing more; its watch sees it superseded, cancels it and drops its output
+(outcome ``superseded``). A worker that starts shutting down hands its step on: the request
+is aborted, the lease dropped and the same step sent again, so another worker runs it.
 """
 
 from __future__ import annotations
@@ -20,8 +23,9 @@ import threading
 from collections.abc import Callable
 
 from orchestrator import events, metrics
-from orchestrator.errors import SessionArchived, SessionNotFound, StoreUnavailable
+from orchestrator.errors import SessionArchived, SessionNotFound, StepSuperseded, StoreUnavailable
 from orchestrator.families import Dispatcher, send_step
+from orchestrator.fencing import StepGuard, new_token
 from orchestrator.gate import StepRefused, refusal
 from orchestrator.model import Model, ModelAction, ModelError, StepRequest, prompt_lines
 from orchestrator.store import Store, retried
@@ -46,20 +50,23 @@ CANCEL_POLL = 0.05
 
 
 class _StepWatch:
-    """Keeps a step's lease alive and sets ``cancel`` once the turn stops running
-    (``stopped``) or the worker starts to shut down (``handed_off``), polling the store every
-    ``CANCEL_POLL`` s: a stop is seen through the store, whatever message its worker consumes.
+    """Keeps this copy's lease alive and sets ``cancel`` once the turn stops running
+    (``stopped``), another copy of the step began (``superseded``) or the worker starts to shut
+    down (``handed_off``), polling the store every ``CANCEL_POLL`` s: a stop is seen through the
+    store, whatever message its worker consumes.
     """
 
-    def __init__(self, store: Store, turn_id: str, stopping: threading.Event | None) -> None:
+    def __init__(self, store: Store, guard: StepGuard, stopping: threading.Event | None) -> None:
         self.store = store
-        self.turn_id = turn_id
+        self.guard = guard
         self.stopping = stopping
         self.cancel = threading.Event()
         self.stopped = False
+        self.superseded = False
         self.handed_off = False
         self._done = threading.Event()
-        self._thread = threading.Thread(target=self._run, name=f"watch-{turn_id}", daemon=True)
+        name = f"watch-{guard.turn_id}"
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
 
     def __enter__(self) -> _StepWatch:
         self._thread.start()
@@ -78,24 +85,25 @@ class _StepWatch:
                 return
             since_refresh += CANCEL_POLL
             refresh = since_refresh >= _REFRESH
+            lease = STEP_LEASE_MS if refresh else ""
             try:
-                state = self.store.run(
-                    "turn_watch", [self.turn_id, STEP_LEASE_MS if refresh else ""]
-                )
+                state = self.store.run("turn_watch", [self.guard.turn_id, lease, self.guard.token])
             except StoreUnavailable as exc:  # a blip must not kill the watch; the lease outlives it
-                log.debug("step watch of %s: %s", self.turn_id, exc)
+                log.debug("step watch of %s: %s", self.guard.turn_id, exc)
                 continue
             if refresh:
                 since_refresh = 0.0
             if state != TurnState.RUNNING.value:
-                self.stopped = True
+                self.superseded = state == "superseded"
+                self.stopped = not self.superseded
                 self.cancel.set()
                 return
 
 
-#: Runs a tool call: (store, dispatcher, session id, turn id, action, cancel) -> the result
-#: text, or ``None`` when the call was aborted (``cancel`` set, or the turn no longer runs).
-ToolRunner = Callable[[Store, Dispatcher, str, str, ModelAction, threading.Event], str | None]
+#: Runs a tool call: (store, dispatcher, session id, the step copy's guard, action, cancel) ->
+#: the result text, or ``None`` when the call was aborted (``cancel`` set, or the turn no
+#: longer runs); raises ``StepSuperseded`` when another copy of the step began.
+ToolRunner = Callable[[Store, Dispatcher, str, StepGuard, ModelAction, threading.Event], str | None]
 
 
 def run_step(
@@ -111,18 +119,22 @@ def run_step(
 ) -> str:
     """Run step ``index`` of a turn: gate and step start (one script), model request, tool
     call, then dispatch the next step or end the turn. Safe to run twice for the same step (a
-    redelivery): a step that already ran is dropped as ``stale``. ``stopping`` is the worker's
-    shutdown event: once it is set mid-step the model request is aborted, the lease dropped
-    and the same step sent again for another worker (the turn stays running at ``index``).
+    redelivery): a step that already ran is dropped as ``stale``, one running now as
+    ``inflight``, and a copy that began before another one (its worker froze past its lease)
+    writes nothing more and is dropped as ``superseded`` (``orchestrator/fencing.py``).
+    ``stopping`` is the worker's shutdown event: once it is set mid-step the model request is
+    aborted, the lease dropped and the same step sent again for another worker (the turn stays
+    running at ``index``).
 
     Returns the outcome: ``ran``, ``completed``, ``refused``, ``cancelled``, ``failed``,
-    ``stale``, ``handed_off`` or the turn's state when it was no longer running. Raises
-    ``StoreUnavailable`` when Redis cannot be read before the step began (the caller retries
-    the step later; nothing ran).
+    ``stale``, ``inflight``, ``superseded``, ``handed_off`` or the turn's state when it was no
+    longer running. Raises ``StoreUnavailable`` when Redis cannot be read before the step
+    began (the caller retries the step later; nothing ran).
     """
     extra = {"session_id": session_id, "turn_id": turn_id}
+    guard = StepGuard(turn_id, new_token())
     try:
-        began = _begin_step(store, dispatcher, session_id, turn_id, index)
+        began = _begin_step(store, dispatcher, session_id, guard, index)
     except StepRefused as refused:
         metrics.incr(store, metrics.GATE_REFUSALS, refused.reason)
         log.info(
@@ -140,32 +152,59 @@ def run_step(
         log.info("step %d of turn %s dropped: %s", index, turn_id, began, extra=extra)
         return began
     try:
-        turn = get_turn(store, turn_id)
-        if turn is None:
-            return "missing"
-        if index == 0 and turn.source == "prompt":
-            _generate_title(store, session_id, turn.prompt)
-        with _StepWatch(store, turn_id, stopping) as watch:
-            try:
-                result = _act(store, dispatcher, model, tools, turn, index, watch.cancel)
-            except ModelError as exc:
-                _say(store, session_id, turn_id, f"error: {exc}")
-                finish(store, dispatcher, turn_id, TurnState.FAILED, str(exc))
-                return "failed"
-        return _after_step(store, dispatcher, turn, index, result, watch)
+        return _run_begun(store, dispatcher, model, tools, guard, index, stopping)
+    except StepSuperseded:
+        log.warning(
+            "step %d of turn %s superseded: another copy began (this worker stalled past its "
+            "lease); its output is dropped",
+            index,
+            turn_id,
+            extra=extra,
+        )
+        return "superseded"
     except StoreUnavailable:
         # Release the step (best effort) so the retried task can begin it again.
         with contextlib.suppress(StoreUnavailable):
-            store.run("turn_advance", [turn_id, index])
+            store.run("turn_advance", [turn_id, index, guard.token])
         raise
 
 
-def _begin_step(
-    store: Store, dispatcher: Dispatcher, session_id: str, turn_id: str, index: int
+def _run_begun(
+    store: Store,
+    dispatcher: Dispatcher,
+    model: Model,
+    tools: ToolRunner,
+    guard: StepGuard,
+    index: int,
+    stopping: threading.Event | None,
 ) -> str:
-    """Ask the gate and begin the step in one script (``turn_begin_step.lua``). Returns ``ok``
-    or why the step is dropped; raises ``StepRefused`` once the refused turn has ended."""
-    result = store.run("turn_begin_step", [turn_id, index, STEP_LEASE_MS])
+    """The step once begun: model request and tool call under a watch, then what follows.
+    Raises ``StepSuperseded``, ``StoreUnavailable``."""
+    turn = get_turn(store, guard.turn_id)
+    if turn is None:
+        return "missing"
+    if index == 0 and turn.source == "prompt":
+        _generate_title(store, turn.session_id, turn.prompt)
+    with _StepWatch(store, guard, stopping) as watch:
+        try:
+            result = _act(store, dispatcher, model, tools, turn, guard, index, watch.cancel)
+        except ModelError as exc:
+            _say(store, turn.session_id, guard, f"error: {exc}")
+            finish(store, dispatcher, guard.turn_id, TurnState.FAILED, str(exc), token=guard.token)
+            return "failed"
+    if watch.superseded:
+        raise StepSuperseded(guard.turn_id)
+    return _after_step(store, dispatcher, turn, guard, index, result, watch)
+
+
+def _begin_step(
+    store: Store, dispatcher: Dispatcher, session_id: str, guard: StepGuard, index: int
+) -> str:
+    """Ask the gate and begin this copy of the step in one script (``turn_begin_step.lua``),
+    its lease holding ``guard.token``. Returns ``ok`` or why the step is dropped; raises
+    ``StepRefused`` once the refused turn has ended."""
+    turn_id = guard.turn_id
+    result = store.run("turn_begin_step", [turn_id, index, STEP_LEASE_MS, guard.token])
     if result[0] == "refused":
         _, reason, ended, promoted = result
         announce_end(store, session_id, turn_id, TurnState(ended), f"gate: {reason}")
@@ -177,13 +216,13 @@ def _begin_step(
     return str(result[0])
 
 
-def _say(store: Store, session_id: str, turn_id: str, text: str) -> bool:
+def _say(store: Store, session_id: str, guard: StepGuard, text: str) -> bool:
     update: dict[str, object] = {
         "sessionUpdate": "agent_message_chunk",
-        "turnId": turn_id,
+        "turnId": guard.turn_id,
         "content": {"type": "text", "text": text},
     }
-    return record_update(store, session_id, update)
+    return record_update(store, session_id, update, token=guard.token)
 
 
 def _act(
@@ -192,6 +231,7 @@ def _act(
     model: Model,
     tools: ToolRunner,
     turn: Turn,
+    guard: StepGuard,
     index: int,
     cancel: threading.Event,
 ) -> str | None:
@@ -202,42 +242,53 @@ def _act(
     if cancel.is_set():
         return None
     if action.kind == "tool":
-        return tools(store, dispatcher, sid, tid, action, cancel)
-    return action.text if _say(store, sid, tid, action.text) else None
+        return tools(store, dispatcher, sid, guard, action, cancel)
+    return action.text if _say(store, sid, guard, action.text) else None
 
 
 def _after_step(
     store: Store,
     dispatcher: Dispatcher,
     turn: Turn,
+    guard: StepGuard,
     index: int,
     result: str | None,
     watch: _StepWatch,
 ) -> str:
-    """Dispatch the next step, hand this one on, or end the turn."""
-    sid, tid = turn.session_id, turn.turn_id
+    """Dispatch the next step, hand this one on, or end the turn (each only while this copy
+    owns the step: ``StepSuperseded`` otherwise)."""
+    sid, tid, token = turn.session_id, turn.turn_id, guard.token
     if result is None and watch.handed_off and not watch.stopped:
         # The worker is shutting down: the same step, re-offered, runs on another worker.
-        if store.run("turn_advance", [tid, index]) == "ok":
+        if _advance(store, guard, index) == "ok":
             send_step(dispatcher, sid, tid, index)
             log.info("step %d of turn %s handed on: worker stopping", index, tid)
             return "handed_off"
-        finish(store, dispatcher, tid, TurnState.CANCELLED)
+        finish(store, dispatcher, tid, TurnState.CANCELLED, token=token)
         return "cancelled"
     if result is None or watch.stopped:
-        finish(store, dispatcher, tid, TurnState.CANCELLED)
+        finish(store, dispatcher, tid, TurnState.CANCELLED, token=token)
         return "cancelled"
     if index + 1 < max(1, len(prompt_lines(turn.prompt))):
-        if store.run("turn_advance", [tid, index + 1]) == "ok":
+        if _advance(store, guard, index + 1) == "ok":
             send_step(dispatcher, sid, tid, index + 1)
             return "ran"
-        finish(store, dispatcher, tid, TurnState.CANCELLED)
+        finish(store, dispatcher, tid, TurnState.CANCELLED, token=token)
         return "cancelled"
-    if not finish(store, dispatcher, tid, TurnState.COMPLETED):
-        finish(store, dispatcher, tid, TurnState.CANCELLED)
+    if not finish(store, dispatcher, tid, TurnState.COMPLETED, token=token):
+        finish(store, dispatcher, tid, TurnState.CANCELLED, token=token)
         return "cancelled"
     _after_completion(store, dispatcher, turn, result)
     return "completed"
+
+
+def _advance(store: Store, guard: StepGuard, next_index: int) -> str:
+    """Move the turn to ``next_index`` and drop this copy's lease (``turn_advance.lua``).
+    Returns ``ok`` or the turn's state; raises ``StepSuperseded``."""
+    outcome = str(store.run("turn_advance", [guard.turn_id, next_index, guard.token]))
+    if outcome == "superseded":
+        raise StepSuperseded(guard.turn_id)
+    return outcome
 
 
 def _generate_title(store: Store, session_id: str, prompt: str) -> None:

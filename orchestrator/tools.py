@@ -5,9 +5,11 @@ Each call is reported as ACP ``tool_call`` then ``tool_call_update`` (``complete
 call settles as a cancelled tool result, never vanishes, except in an archived session, where
 nothing lands after the archive).
 
-Every launch is conditional on the turn still running: the ``tool_call`` update is recorded
-only while it runs (and the exec child is started only after that), and jobs, reminders and
-subagents are stored by scripts that refuse once the turn stopped (``TurnStopped``).
+Every launch is conditional on the turn still running and on the copy of the step that asks
+for it still owning the step (its ``StepGuard``, ``orchestrator/fencing.py``): the
+``tool_call`` update is recorded only then (and the exec child is started only after that),
+and jobs, reminders and subagents are stored by scripts that refuse otherwise
+(``TurnStopped``; a superseded copy's conversation write raises ``StepSuperseded``).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import threading
 
 from orchestrator.errors import SessionArchived, TurnStopped
 from orchestrator.families import Dispatcher
+from orchestrator.fencing import StepGuard
 from orchestrator.jobs import create_job
 from orchestrator.model import ModelAction
 from orchestrator.processes import die_with_parent
@@ -61,13 +64,15 @@ def run_tool(
     store: Store,
     dispatcher: Dispatcher,
     session_id: str,
-    turn_id: str,
+    guard: StepGuard,
     action: ModelAction,
     cancel: threading.Event,
 ) -> str | None:
-    """Execute one tool call for a turn step. Returns the tool result's text, or ``None`` when
-    the call was aborted: the turn no longer runs (nothing was launched) or ``cancel`` was set
-    while an exec child ran (the child is killed). Raises ``StoreUnavailable``."""
+    """Execute one tool call for a turn step (the copy of it ``guard`` names). Returns the tool
+    result's text, or ``None`` when the call was aborted: the turn no longer runs (nothing was
+    launched) or ``cancel`` was set while an exec child ran (the child is killed).
+    Raises ``StepSuperseded`` (another copy of the step began), ``StoreUnavailable``."""
+    turn_id, token = guard.turn_id, guard.token
     call_id = new_id("call")
     title = {
         "exec": f"exec {action.seconds:g}s",
@@ -84,11 +89,11 @@ def run_tool(
         "kind": "execute",
         "status": "in_progress",
     }
-    if not record_update(store, session_id, update):
+    if not record_update(store, session_id, update, token=token):
         log.info("tool %s not launched: the turn no longer runs", action.tool, extra=extra)
         return None
     try:
-        status, text = _launch(store, dispatcher, session_id, turn_id, action, cancel)
+        status, text = _launch(store, dispatcher, session_id, guard, action, cancel)
     except (TurnStopped, SessionArchived):  # archived: the archive stopped this turn too
         log.info("tool %s not launched: the turn no longer runs", action.tool, extra=extra)
         return None
@@ -103,6 +108,7 @@ def run_tool(
             "content": [{"type": "content", "content": {"type": "text", "text": text}}],
         },
         settle=status == "cancelled",
+        token=token,
     )
     log.info("tool %s: %s%s", action.tool, text, "" if settled else " (dropped)", extra=extra)
     return None if status == "cancelled" else text
@@ -112,7 +118,7 @@ def _launch(
     store: Store,
     dispatcher: Dispatcher,
     session_id: str,
-    turn_id: str,
+    guard: StepGuard,
     action: ModelAction,
     cancel: threading.Event,
 ) -> tuple[str, str]:
@@ -129,15 +135,13 @@ def _launch(
             session_id,
             action.seconds,
             f"sleep {action.seconds:g}s",
-            guard_turn=turn_id,
+            guard=guard,
         )
         return "completed", f"started job {jid}"
     if action.tool == "spawn":
         parent = get_session(store, session_id)
-        child = create_session(store, parent.cwd, parent_id=session_id, guard_turn=turn_id)
-        start_turn(
-            store, dispatcher, child.session_id, action.text, source="subagent", guard_turn=turn_id
-        )
+        child = create_session(store, parent.cwd, parent_id=session_id, guard=guard)
+        start_turn(store, dispatcher, child.session_id, action.text, source="subagent", guard=guard)
         return "completed", f"started subagent {child.session_id}"
-    rid = create_reminder(store, session_id, action.seconds, action.text, guard_turn=turn_id)
+    rid = create_reminder(store, session_id, action.seconds, action.text, guard=guard)
     return "completed", f"stored reminder {rid}"

@@ -14,9 +14,12 @@ it stops, so a late stop never touches the next turn; an archive stops its linea
 its own script. A step in flight holds a short lease (``Keys.step_lease``) that it refreshes
 while it works; a stop of a turn with a step in flight marks it ``cancelling`` and the step,
 which polls the turn's state (``orchestrator/steps.py``), settles it as ``cancelled``. Every write a
-step makes (its conversation updates, its tool launches) is conditional on its turn still
-``running``, so nothing a stopped step does lands after the stop. A turn's prompt enters the
-conversation when its first step is admitted: a prompt that never ran never reads as said.
+step makes (its conversation updates, its tool launches, the turn's advance and end) is
+conditional on its turn still ``running`` and on that copy of the step still owning it (a
+fencing token, ``orchestrator/fencing.py``), so nothing a stopped step does lands after the
+stop, and a copy superseded by another (its worker froze past its lease) lands nothing. A
+turn's prompt enters the conversation when its first step is admitted: a prompt that never
+ran never reads as said.
 """
 
 from __future__ import annotations
@@ -32,9 +35,11 @@ from orchestrator.errors import (
     InvalidParams,
     SessionArchived,
     SessionNotFound,
+    StepSuperseded,
     TurnStopped,
 )
 from orchestrator.families import Dispatcher, Family, send_step
+from orchestrator.fencing import StepGuard
 from orchestrator.sessions import SESSION_ID_RE, check_session_id, check_utf8
 from orchestrator.store import Store, iso, new_id, now_ms, retried
 
@@ -141,16 +146,23 @@ def get_turn(store: Store, turn_id: str) -> Turn | None:
 
 
 def record_update(
-    store: Store, session_id: str, update: dict[str, object], *, settle: bool = False
+    store: Store,
+    session_id: str,
+    update: dict[str, object],
+    *,
+    settle: bool = False,
+    token: str = "",
 ) -> bool:
     """Append an ACP ``session/update`` payload of a turn (its ``turnId``) to the session's
-    conversation and publish it, only while that turn runs (``turn_record.lua``). With
-    ``settle`` (an in-flight tool call settling as cancelled) a ``cancelling`` turn may still
-    write, never into an archived session. Returns whether it was appended.
-    Raises ``StoreUnavailable``."""
-    appended = store.run(
-        "turn_record", [str(update.get("turnId", "")), json.dumps(update), "1" if settle else "0"]
-    )
+    conversation and publish it, only while that turn runs (``turn_record.lua``) and, with
+    ``token`` (a step's write), while that copy of the step owns it (``orchestrator/fencing.py``).
+    With ``settle`` (an in-flight tool call settling as cancelled) a ``cancelling`` turn may
+    still write, never into an archived session. Returns whether it was appended.
+    Raises ``StepSuperseded`` (another copy of the step began), ``StoreUnavailable``."""
+    tid = str(update.get("turnId", ""))
+    appended = store.run("turn_record", [tid, json.dumps(update), "1" if settle else "0", token])
+    if appended == -1:
+        raise StepSuperseded(tid)
     if not appended:
         return False
     events.publish(store, "update", session_id, update=update)
@@ -164,7 +176,7 @@ def start_turn(
     prompt: str,
     *,
     source: str = "prompt",
-    guard_turn: str = "",
+    guard: StepGuard | None = None,
     reminder_id: str = "",
 ) -> str:
     """Store a turn for ``prompt`` and dispatch its first step if the session is idle.
@@ -174,10 +186,11 @@ def start_turn(
     lineage is refused atomically (``turn_create.lua``): nothing is stored and the
     conversation and ``updatedAt`` stay as the archive left them; a refused wake-up (any
     source but ``prompt``) is audited (``wakeup``/``refused``) and counted
-    (``fleet_wakeups_refused``). With ``guard_turn`` (a step spawning a subagent) nothing is
-    stored once that turn no longer runs. The prompt enters the conversation when the first
-    step is admitted. A first step that cannot be sent is logged (the turn is stored
-    ``running``; a sweeper re-dispatches it). Returns the turn id.
+    (``fleet_wakeups_refused``). With ``guard`` (the copy of a step spawning a subagent)
+    nothing is stored once its turn no longer runs or that copy no longer owns the step. The
+    prompt enters the conversation when the first step is admitted. A first step that cannot
+    be sent is logged (the turn is stored ``running``; a sweeper re-dispatches it). Returns
+    the turn id.
 
     With ``reminder_id`` (a reminder's fire) the turn is created at most once per reminder,
     in the script that spends it (``reminders`` module): a repeat fire returns the turn the
@@ -196,16 +209,28 @@ def start_turn(
     check_utf8(prompt, "prompt")
     tid = new_id("turn")
     ms = now_ms()
+    guard_tid, guard_token = StepGuard.argv(guard)
     result = store.run(
         "turn_create",
-        [sid, tid, prompt, shorten(prompt), source, ms, iso(ms), guard_turn, reminder_id],
+        [
+            sid,
+            tid,
+            prompt,
+            shorten(prompt),
+            source,
+            ms,
+            iso(ms),
+            guard_tid,
+            reminder_id,
+            guard_token,
+        ],
     )
     if reminder_id and result[0] in ("duplicate", "stopped"):
         return _repeated_fire(store, dispatcher, sid, reminder_id, result)
     if result[0] == "not_found":
         raise SessionNotFound(sid)
     if result[0] == "stopped":
-        raise TurnStopped(guard_turn)
+        raise TurnStopped(guard_tid)
     if result[0] == "archived":
         if source != "prompt":
             metrics.incr(store, metrics.WAKEUPS_REFUSED, source)
@@ -256,15 +281,25 @@ def announce_end(store: Store, session_id: str, turn_id: str, state: TurnState, 
 
 
 def finish(
-    store: Store, dispatcher: Dispatcher, turn_id: str, state: TurnState, error: str = ""
+    store: Store,
+    dispatcher: Dispatcher,
+    turn_id: str,
+    state: TurnState,
+    error: str = "",
+    *,
+    token: str = "",
 ) -> bool:
     """Move a turn to a terminal ``state`` if the table allows it from where it is; start the
-    session's next queued turn. Returns whether the turn moved."""
+    session's next queued turn. With ``token`` (a step ending its own turn) only the copy of
+    the step that owns it may (``orchestrator/fencing.py``). Returns whether the turn moved.
+    Raises ``StepSuperseded`` (another copy of the step began), ``StoreUnavailable``."""
     ms = now_ms()
     result = store.run(
         "turn_finish",
-        [turn_id, state.value, STOP_REASON[state], error, ms, iso(ms), sources_of(state)],
+        [turn_id, state.value, STOP_REASON[state], error, ms, iso(ms), sources_of(state), token],
     )
+    if result[0] == "superseded":
+        raise StepSuperseded(turn_id)
     if result[0] != "finished":
         return False
     turn = get_turn(store, turn_id)

@@ -64,6 +64,30 @@ local function turn_runs(tid)
   return redis.call('HGET', P .. 'turn:' .. tid, 'state') == 'running'
 end
 
+-- The fencing rule of a step (orchestrator/fencing.py): whether the copy of tid's current
+-- step that began with token still owns it. The lease (Keys.step_lease) holds the token of
+-- the copy that began last; that copy owns the step. A lease that lapsed (its worker froze)
+-- is re-taken here, atomically with the caller's write, only if no other copy began since
+-- (the turn's stepToken is still token; turn_advance clears it): a copy that begins later
+-- then finds the lease and is dropped as 'inflight'. Once another copy began, the old one
+-- owns nothing, ever.
+local function holds_step(tid, token)
+  local lk = P .. 'turn:lease:' .. tid
+  local lease = redis.call('GET', lk)
+  if lease then return lease == token end
+  local h = redis.call('HMGET', P .. 'turn:' .. tid, 'stepToken', 'stepLeaseMs')
+  if not h[1] or h[1] ~= token then return false end
+  redis.call('SET', lk, token, 'PX', tonumber(h[2]) or 5000)
+  return true
+end
+
+-- The guard of every write a step makes: its turn still runs and the copy still owns the
+-- step (holds_step). '' guards nothing (a write no step makes).
+local function step_owns(tid, token)
+  if not tid or tid == '' then return true end
+  return turn_runs(tid) and holds_step(tid, token or '')
+end
+
 -- Record activity on a session: updatedAt moves and the indexes are re-scored. An archived
 -- session keeps the updatedAt its archive left (nothing that happens after it is activity).
 local function touch(sid, ms, iso_time)

@@ -1,12 +1,12 @@
--- ARGV: prefix, sid, cwd, cwdHash, parentId|'', nowMs, nowIso, guardTid|''
+-- ARGV: prefix, sid, cwd, cwdHash, parentId|'', nowMs, nowIso, guardTid|'', guardToken|''
 -- With guardTid (a subagent spawned by a turn's step) nothing is created once that turn no
--- longer runs.
+-- longer runs or that copy of the step (guardToken) no longer owns it (step_owns).
 -- Returns {'created', archived '0'|'1'} | {'exists'} | {'parent_not_found'} | {'stopped'}
 local sid, cwd, cwd_hash, parent = ARGV[2], ARGV[3], ARGV[4], ARGV[5]
 local ms, now = tonumber(ARGV[6]), ARGV[7]
 local k = skey(sid)
 if redis.call('EXISTS', k) == 1 then return {'exists'} end
-if not turn_runs(ARGV[8]) then return {'stopped'} end
+if not step_owns(ARGV[8], ARGV[9]) then return {'stopped'} end
 local archived, txn, archived_at = '0', '', ''
 if parent ~= '' then
   local pk = skey(parent)

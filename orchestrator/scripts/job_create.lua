@@ -1,8 +1,9 @@
--- ARGV: prefix, jid, sid, label, seconds, nowIso, startTimeoutMs, guardTid|''
--- Stores a starting job, unless the turn whose step asks for it (guardTid) no longer runs.
+-- ARGV: prefix, jid, sid, label, seconds, nowIso, startTimeoutMs, guardTid|'', guardToken|''
+-- Stores a starting job, unless the turn whose step asks for it (guardTid) no longer runs or
+-- that copy of the step (guardToken) no longer owns it (step_owns).
 -- Returns 'ok' | 'stopped'
 local jid, sid = ARGV[2], ARGV[3]
-if not turn_runs(ARGV[8]) then return 'stopped' end
+if not step_owns(ARGV[8], ARGV[9]) then return 'stopped' end
 redis.call('HSET', P .. 'job:' .. jid, 'jobId', jid, 'sessionId', sid, 'label', ARGV[4],
   'seconds', ARGV[5], 'state', 'starting', 'host', '', 'pid', '', 'createdAt', ARGV[6],
   'startedAt', '', 'endedAt', '', 'exitCode', '')

@@ -1,14 +1,15 @@
--- ARGV: prefix, tid, stepIndex, leaseMs
+-- ARGV: prefix, tid, stepIndex, leaseMs, token
 -- Asks the step gate and claims the step in one script, so no step is admitted once an
 -- archive commits. Refused (gate_refusal): the turn ends here, 'blocked' (a 'cancelling' one
--- settles 'cancelled'). Admitted: the lease is set, the model request is recorded
--- (Keys.model_requests, at the server's time) and the turn's progress scored
--- (Keys.turns_inflight); step 0 records the prompt (user_message_chunk) once, so a prompt
--- that never ran never reads as said.
+-- settles 'cancelled'). Admitted: the lease is set to this copy's fencing token, also kept
+-- as the turn's stepToken (the copy that began last owns the step, see holds_step); the
+-- model request is recorded (Keys.model_requests, at the server's time) and the turn's
+-- progress scored (Keys.turns_inflight); step 0 records the prompt (user_message_chunk)
+-- once, so a prompt that never ran never reads as said.
 -- Returns {'ok', promptUpdateJson|''} | {'refused', reason, endedState, promotedTid|''} |
 --   {'stale'} (a duplicate of a step already run) | {'inflight'} (a duplicate of a step
 --   running now) | {state} (the turn is no longer running) | {'missing'}
-local tid, index, lease_ms = ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
+local tid, index, lease_ms, token = ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4]), ARGV[5]
 local tk = P .. 'turn:' .. tid
 local h = redis.call('HMGET', tk, 'state', 'step', 'sessionId', 'prompt', 'said')
 if not h[1] then return {'missing'} end
@@ -25,7 +26,9 @@ if h[1] ~= 'running' then return {h[1]} end
 if tonumber(h[2]) ~= index then return {'stale'} end
 -- A redelivered copy of a step another worker is still running is dropped.
 if redis.call('EXISTS', P .. 'turn:lease:' .. tid) == 1 then return {'inflight'} end
-redis.call('SET', P .. 'turn:lease:' .. tid, index, 'PX', lease_ms)
+-- A copy that began before and whose lease lapsed is superseded from here on.
+redis.call('SET', P .. 'turn:lease:' .. tid, token, 'PX', lease_ms)
+redis.call('HSET', tk, 'stepToken', token, 'stepLeaseMs', lease_ms)
 redis.call('RPUSH', P .. 'modelreq:' .. h[3],
   cjson.encode({turnId = tid, step = index, at = iso_ms(ms)}))
 redis.call('ZADD', P .. 'turns:inflight', ms, tid)

@@ -1,8 +1,10 @@
--- ARGV: prefix, sid, tid, prompt, label, source, nowMs, nowIso, guardTid|'', reminderId|''
+-- ARGV: prefix, sid, tid, prompt, label, source, nowMs, nowIso, guardTid|'', reminderId|'',
+--   guardToken|''
 -- Stores a turn; it runs at once if the session has no running turn, else it queues.
 -- Refused on an archived lineage whatever its source (a late wake-up stores nothing, and
 -- leaves the conversation and updatedAt as the archive left them), and, with guardTid (a
--- subagent's first turn started by a step), when the guarding turn no longer runs.
+-- subagent's first turn started by a step), when the guarding turn no longer runs or that copy
+-- of its step (guardToken) no longer owns it (step_owns).
 -- Returns {'run'} | {'queued'} | {'not_found'} | {'archived', holder} | {'stopped'}; for a
 -- reminder also {'duplicate', turnId}
 local sid, tid, prompt, label, source = ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6]
@@ -33,7 +35,7 @@ if redis.call('EXISTS', k) == 0 or redis.call('HGET', k, 'deleted') ~= '0' then
 end
 local holder = archived_in_lineage(sid)
 if holder then return {'archived', holder} end
-if not turn_runs(ARGV[9]) then return {'stopped'} end
+if not step_owns(ARGV[9], ARGV[11]) then return {'stopped'} end
 local active_key = P .. 'turn:active:' .. sid
 local state = 'queued'
 if redis.call('EXISTS', active_key) == 0 then state = 'running' end

@@ -156,7 +156,7 @@ def test_a_step_begun_after_the_archive_committed_is_refused_in_the_same_script(
     gate.admit(store, sid)
     # When the archive commits before the step begins
     archive(store, recorder, sid, stop_activity=True)
-    began = store.run("turn_begin_step", [tid, 0, 5000])
+    began = store.run("turn_begin_step", [tid, 0, 5000, "a-copy"])
     # Then the step is not admitted: no lease, no model request, nothing in the conversation
     assert began != "ok" and began[0] != "ok"
     assert not store.redis.exists(store.keys.step_lease(tid))
@@ -173,7 +173,7 @@ def test_a_step_in_flight_when_its_lineage_is_archived_lands_nothing_after_it(
     parent = create_session(store, "/tmp/faults-steps").session_id
     child = create_session(store, "/tmp/faults-steps", parent_id=parent).session_id
     tid = start_turn(store, recorder, child, "say hi", source="subagent")
-    assert store.run("turn_begin_step", [tid, 0, 5000])[0] == "ok"
+    assert store.run("turn_begin_step", [tid, 0, 5000, "a-copy"])[0] == "ok"
     before = lengths(store, child)
     # When the parent is archived with stopActivity
     archive(store, recorder, parent, stop_activity=True)

@@ -155,7 +155,7 @@ def test_flower_shows_the_stops_of_an_archive_and_the_refused_late_step(
     wait_drained(store, sid)
     other = sessions.new()
     late = start_turn(store, RecordingDispatcher(), other, "say late")  # its step never sent
-    assert store.run("turn_begin_step", [late, 0, 5000])[0] == "ok"
+    assert store.run("turn_begin_step", [late, 0, 5000, "a-copy"])[0] == "ok"
     archive(store, dispatcher, other, stop_activity=True)
     store.redis.delete(store.keys.step_lease(late))
     dispatcher.send("turn.step", [other, late, 0], "turn")

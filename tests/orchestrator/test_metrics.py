@@ -90,7 +90,7 @@ def test_gate_refusals_are_counted_by_reason(
     # and whose worker died (the lease lapsed)
     sid = sessions.create_session(store, cwd).session_id
     tid = turns.start_turn(store, recorder, sid, "say hi")
-    assert store.run("turn_begin_step", [tid, 0, 5000])[0] == "ok"
+    assert store.run("turn_begin_step", [tid, 0, 5000, "a-copy"])[0] == "ok"
     archive.archive(store, recorder, sid, stop_activity=True)
     store.redis.delete(store.keys.step_lease(tid))
     before = metrics.snapshot(store)

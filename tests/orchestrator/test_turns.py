@@ -53,9 +53,9 @@ def test_a_prompt_on_an_idle_session_runs_and_sends_its_first_step(
     assert store.redis.get(store.keys.active_turn(sid)) == tid
     # The prompt enters the conversation when its first step is admitted, and only once
     assert history(store, sid) == []
-    assert store.run("turn_begin_step", [tid, 0, 5000])[0] == "ok"
+    assert store.run("turn_begin_step", [tid, 0, 5000, "a-copy"])[0] == "ok"
     store.redis.delete(store.keys.step_lease(tid))
-    assert store.run("turn_begin_step", [tid, 0, 5000])[0] == "ok"
+    assert store.run("turn_begin_step", [tid, 0, 5000, "a-copy"])[0] == "ok"
     assert history(store, sid) == [
         {
             "sessionUpdate": "user_message_chunk",
@@ -203,7 +203,7 @@ def test_cancelling_a_turn_with_a_step_in_flight_leaves_it_to_the_step(
 ) -> None:
     # Given a turn whose step is in flight (its lease is held)
     tid = turns.start_turn(store, recorder, sid, "think 5")
-    assert store.run("turn_begin_step", [tid, 0, 5000])[0] == "ok"
+    assert store.run("turn_begin_step", [tid, 0, 5000, "a-copy"])[0] == "ok"
     # When it is cancelled
     assert turns.cancel_turns(store, recorder, sid, [tid]) == {tid: "cancelling"}
     # Then it is cancelling, and a redelivered copy of its step settles it as cancelled
@@ -357,7 +357,7 @@ def test_a_step_of_a_subagent_under_an_archived_parent_is_refused(
 ) -> None:
     root, child = chain(store, 1, cwd)
     tid = turns.start_turn(store, recorder, child.session_id, "say hi", source="subagent")
-    assert store.run("turn_begin_step", [tid, 0, 5000])[0] == "ok"
+    assert store.run("turn_begin_step", [tid, 0, 5000, "a-copy"])[0] == "ok"
     archive.archive(store, recorder, root.session_id, stop_activity=True)
     assert state(store, tid) == TurnState.CANCELLING
     store.redis.delete(store.keys.step_lease(tid))  # its worker died mid-step
@@ -390,7 +390,7 @@ def test_a_copy_of_a_step_that_is_in_flight_is_dropped(
     store: Store, recorder: RecordingDispatcher, sid: str
 ) -> None:
     tid = turns.start_turn(store, recorder, sid, "say hi")
-    assert store.run("turn_begin_step", [tid, 0, 5000])[0] == "ok"
+    assert store.run("turn_begin_step", [tid, 0, 5000, "a-copy"])[0] == "ok"
 
     assert step(store, recorder, sid, tid, 0) == "inflight"
     assert len(model_requests(store, sid)) == 1  # only the step that began
@@ -496,6 +496,6 @@ def test_a_worker_shutting_down_hands_its_step_on_and_the_turn_stays_at_that_ste
     t = turns.get_turn(store, tid)
     assert t is not None and (t.state, t.step) == (TurnState.RUNNING, 0)
     # And another worker can begin it there; the prompt was said once
-    assert store.run("turn_begin_step", [tid, 0, 5000])[0] == "ok"
+    assert store.run("turn_begin_step", [tid, 0, 5000, "a-copy"])[0] == "ok"
     said = [u for u in history(store, sid) if u["sessionUpdate"] == "user_message_chunk"]
     assert len(said) == 1

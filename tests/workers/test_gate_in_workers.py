@@ -44,7 +44,7 @@ def test_a_step_for_an_archived_session_is_refused_without_a_model_request(
     # (the archive marked it cancelling), and whose worker vanished (its lease lapsed)
     sid = sessions.new()
     tid = start_turn(store, RecordingDispatcher(), sid, "say hi")  # its step is never sent
-    assert store.run("turn_begin_step", [tid, 0, 5000])[0] == "ok"
+    assert store.run("turn_begin_step", [tid, 0, 5000, "a-copy"])[0] == "ok"
     archive(store, dispatcher, sid, stop_activity=True)
     store.redis.delete(store.keys.step_lease(tid))
     requests = model_requests(store, sid)
