@@ -15,16 +15,14 @@ import time
 from collections.abc import Iterator
 
 import pytest
-from celery import Celery
 
-from api.local import LocalFleet, WorkerProcess
 from orchestrator import gate
 from orchestrator.archive import archive
 from orchestrator.families import Family
 from orchestrator.sessions import create_session, get_session
-from orchestrator.settings import FleetSettings
 from orchestrator.store import Store
 from orchestrator.turns import TurnState, get_turn, start_turn
+from tests.faults.fleets import PrivateFleet, private_fleet
 from tests.helpers import RecordingDispatcher, wait_for
 from tests.workers.support import (
     history,
@@ -34,70 +32,21 @@ from tests.workers.support import (
     wait_request,
     wait_turn_state,
 )
-from workers.app import configure
-from workers.dispatch import CeleryDispatcher
 
 pytestmark = pytest.mark.timeout(240)
 
 FINAL = {s.value for s in TurnState} - {"queued", "running", "cancelling"}
 
 
-class Private:
-    """The module's fleet (one turn worker), store and dispatcher."""
-
-    def __init__(self, fleet: LocalFleet, store: Store, dispatcher: CeleryDispatcher) -> None:
-        self.fleet = fleet
-        self.store = store
-        self.dispatcher = dispatcher
-
-    def turn_worker(self) -> WorkerProcess:
-        [found] = [w for w in self.fleet.workers if w.family is Family.TURN]
-        return found
-
-    def signal(self, sig: signal.Signals) -> None:
-        """Send ``sig`` to the turn worker's process (by PID)."""
-        self.turn_worker().process.send_signal(sig)
-
-    def ensure_running(self) -> None:
-        """Restart the turn worker if it exited, and wait for its heartbeat."""
-        w = self.turn_worker()
-        if w.process.poll() is None:
-            return
-        self.store.redis.delete(self.store.keys.worker_heartbeat("turn", f"turn@{w.host}"))
-        self.fleet.restart_dead()
-        self.fleet.wait_ready(60)
-
-
 @pytest.fixture(scope="module")
 def private(
     redis_url: str, key_prefix: str, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[Private]:
-    prefix = f"{key_prefix}faults-steps:"
-    store = Store(redis_url, prefix)
-    app = Celery("agent_fleet_faults_steps")
-    configure(app, FleetSettings(redis_url=redis_url, key_prefix=prefix))
-    fleet = LocalFleet(
-        redis_url,
-        prefix,
-        tmp_path_factory.mktemp("faults-steps"),
-        hostname="faults-steps",
-        concurrency=4,
-        extra_env={"FLEET_VISIBILITY_TIMEOUT_SECONDS": "3"},
-    )
-    fleet.start([Family.TURN])
-    try:
-        fleet.wait_ready(90)
-        yield Private(fleet, store, CeleryDispatcher(app))
-    finally:
-        # A stopped worker would ignore SIGTERM: let it run before the fleet stops it.
-        for w in fleet.workers:
-            if w.process.poll() is None:
-                w.process.send_signal(signal.SIGCONT)
-        fleet.stop()
-        for key in store.redis.scan_iter(match=f"{prefix}*", count=1000):
-            store.redis.delete(key)
-        store.close()
-        app.close()
+) -> Iterator[PrivateFleet]:
+    env = {"FLEET_VISIBILITY_TIMEOUT_SECONDS": "3"}
+    with private_fleet(
+        redis_url, key_prefix, tmp_path_factory, "faults-steps", [Family.TURN], env
+    ) as fleet:
+        yield fleet
 
 
 def lengths(store: Store, sid: str) -> tuple[int, int]:
@@ -117,10 +66,10 @@ def wait_final(store: Store, tid: str, timeout: float = 30.0) -> str:
 
 
 def test_a_worker_stopped_mid_turn_lands_nothing_after_an_archive_with_stop(
-    private: Private,
+    private: PrivateFleet,
 ) -> None:
     store, dispatcher = private.store, private.dispatcher
-    private.ensure_running()
+    private.restart(Family.TURN)
     prompt = "\n".join(["say hello"] * 300)
     grown: list[str] = []
     for n in range(12):
@@ -130,13 +79,13 @@ def test_a_worker_stopped_mid_turn_lands_nothing_after_an_archive_with_stop(
         wait_request(store, sid, tid, 3 + n % 5)
         # When its turn worker is stopped (SIGSTOP), the session archived with stopActivity,
         # and the worker continued 50 ms later
-        private.signal(signal.SIGSTOP)
+        private.signal(Family.TURN, signal.SIGSTOP)
         try:
             result = archive(store, dispatcher, sid, stop_activity=True)
             at_archive = lengths(store, sid)
             time.sleep(0.05)  # the scenario's pause, not a wait for a condition
         finally:
-            private.signal(signal.SIGCONT)
+            private.signal(Family.TURN, signal.SIGCONT)
         assert result.outcome == "archived"
         # Then the turn ends, and nothing was admitted or said after the archive returned
         wait_final(store, tid)
@@ -185,10 +134,10 @@ def test_a_step_in_flight_when_its_lineage_is_archived_lands_nothing_after_it(
     assert lengths(store, child) == before
 
 
-def test_a_stop_reaches_a_step_whose_worker_is_shutting_down(private: Private) -> None:
+def test_a_stop_reaches_a_step_whose_worker_is_shutting_down(private: PrivateFleet) -> None:
     store, dispatcher = private.store, private.dispatcher
-    private.ensure_running()
-    w = private.turn_worker()
+    private.restart(Family.TURN)
+    w = private.worker(Family.TURN)
     # Given a turn running a 12.3 s child process
     sid = create_session(store, "/tmp/faults-steps").session_id
     tid = start_turn(store, dispatcher, sid, "exec 12.3")
@@ -197,7 +146,7 @@ def test_a_stop_reaches_a_step_whose_worker_is_shutting_down(private: Private) -
     )
     # When the turn worker is asked to shut down (SIGTERM, Celery's warm shutdown), and the
     # session is archived with stopActivity a second later
-    private.signal(signal.SIGTERM)
+    private.signal(Family.TURN, signal.SIGTERM)
     time.sleep(1.0)  # the scenario's delay, not a wait for a condition
     archive(store, dispatcher, sid, stop_activity=True)
     # Then the child process dies within about a second, not 11 s later
@@ -210,14 +159,14 @@ def test_a_stop_reaches_a_step_whose_worker_is_shutting_down(private: Private) -
     assert "completed" not in statuses
     # (the worker finishes its warm shutdown; a fresh one replaces it)
     w.process.wait(30)
-    private.ensure_running()
+    private.restart(Family.TURN)
 
 
 def test_a_subagent_finishing_after_its_parents_archive_adds_nothing_to_the_parent(
-    private: Private,
+    private: PrivateFleet,
 ) -> None:
     store, dispatcher = private.store, private.dispatcher
-    private.ensure_running()
+    private.restart(Family.TURN)
     # Given a parent that spawned a subagent now in a 3 s model request (no subagent worker
     # runs: only the archive itself can stop the child's turn)
     parent = create_session(store, "/tmp/faults-steps").session_id

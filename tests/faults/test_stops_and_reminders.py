@@ -20,17 +20,15 @@ from collections import Counter
 from collections.abc import Iterator
 
 import pytest
-from celery import Celery
 
-from api.local import LocalFleet, WorkerProcess
 from orchestrator import reminders
 from orchestrator.activity import census, own_items
 from orchestrator.archive import archive, unarchive
 from orchestrator.families import Family
 from orchestrator.sessions import create_session
-from orchestrator.settings import FleetSettings
 from orchestrator.store import Store
 from orchestrator.turns import get_turn, start_turn
+from tests.faults.fleets import PrivateFleet, private_fleet
 from tests.helpers import FaultyDispatcher, wait_for
 from tests.workers.support import (
     history,
@@ -39,8 +37,6 @@ from tests.workers.support import (
     wait_request,
     wait_turn_state,
 )
-from workers.app import configure
-from workers.dispatch import CeleryDispatcher
 
 SESSIONS = int(os.environ.get("FLEET_FAULT_REMINDER_SESSIONS", "40"))
 EACH = int(os.environ.get("FLEET_FAULT_REMINDERS_EACH", "5"))
@@ -50,74 +46,27 @@ SETTLE = 60 + SESSIONS * EACH / 20
 pytestmark = pytest.mark.timeout(180 + 2 * SETTLE)
 
 
-class Private:
-    """The module's fleet, store and dispatcher."""
-
-    def __init__(self, fleet: LocalFleet, store: Store, dispatcher: CeleryDispatcher) -> None:
-        self.fleet = fleet
-        self.store = store
-        self.dispatcher = dispatcher
-
-    def worker(self, family: Family) -> WorkerProcess:
-        [found] = [w for w in self.fleet.workers if w.family is family]
-        return found
-
-    def signal(self, family: Family, sig: signal.Signals) -> None:
-        """Send ``sig`` to the family's worker process, by its PID."""
-        os.kill(self.worker(family).process.pid, sig)
-
-    def restart(self, family: Family) -> WorkerProcess:
-        """Start a replacement for the dead worker and wait for its heartbeat."""
-        old = self.worker(family)
-        key = self.store.keys.worker_heartbeat(family.value, f"{family.value}@{old.host}")
-        self.store.redis.delete(key)  # the dead worker's heartbeat must not count as ready
-        self.fleet.restart_dead()
-        self.fleet.wait_ready(60)
-        return self.worker(family)
-
-
 @pytest.fixture(scope="module")
 def private(
     redis_url: str, key_prefix: str, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[Private]:
-    prefix = f"{key_prefix}faults23:"
-    store = Store(redis_url, prefix)
-    app = Celery("agent_fleet_faults23")
-    configure(app, FleetSettings(redis_url=redis_url, key_prefix=prefix))
-    fleet = LocalFleet(
-        redis_url,
-        prefix,
-        tmp_path_factory.mktemp("faults23-fleet"),
-        hostname="faults23",
-        concurrency=4,
-        extra_env={
-            "FLEET_VISIBILITY_TIMEOUT_SECONDS": "3",
-            "FLEET_REMINDER_REFIRE_SECONDS": "3",
-            # The reminder worker reconciles archives itself, every second, right away.
-            "FLEET_RECONCILE_LOOP_SECONDS": "1",
-            "FLEET_RECONCILE_GRACE_SECONDS": "0",
-        },
-    )
-    fleet.start([Family.TURN, Family.SUBAGENT, Family.REMINDER])
-    try:
-        fleet.wait_ready(90)
-        yield Private(fleet, store, CeleryDispatcher(app))
-    finally:
-        for w in fleet.workers:  # a failed test may have left one stopped
-            if w.process.poll() is None:
-                os.kill(w.process.pid, signal.SIGCONT)
-        fleet.stop()
-        for key in store.redis.scan_iter(match=f"{prefix}*", count=1000):
-            store.redis.delete(key)
-        store.close()
-        app.close()
+) -> Iterator[PrivateFleet]:
+    env = {
+        "FLEET_VISIBILITY_TIMEOUT_SECONDS": "3",
+        "FLEET_REMINDER_REFIRE_SECONDS": "3",
+        # The reminder worker reconciles archives itself, every second, right away.
+        "FLEET_RECONCILE_LOOP_SECONDS": "1",
+        "FLEET_RECONCILE_GRACE_SECONDS": "0",
+    }
+    families = [Family.TURN, Family.SUBAGENT, Family.REMINDER]
+    with private_fleet(redis_url, key_prefix, tmp_path_factory, "faults23", families, env) as fleet:
+        yield fleet
 
 
 def live_reminders(store: Store, sid: str) -> list[str]:
     return [i.id for i in own_items(store, sid) if i.family is Family.REMINDER]
 
 
-def test_a_late_stop_touches_nothing_created_after_its_archive(private: Private) -> None:
+def test_a_late_stop_touches_nothing_created_after_its_archive(private: PrivateFleet) -> None:
     store, dispatcher = private.store, private.dispatcher
     # Given a parent that spawned a thinking child and stored a reminder
     parent = create_session(store, "/tmp/faults23").session_id
@@ -173,7 +122,7 @@ def reminder_turns(store: Store, sid: str) -> Counter[str]:
 
 
 def test_every_due_reminder_becomes_exactly_one_turn_when_the_reminder_worker_is_killed(
-    private: Private,
+    private: PrivateFleet,
 ) -> None:
     store = private.store
     # Given SESSIONS x EACH reminders, each with its own prompt, all due at the same instant
@@ -229,7 +178,7 @@ def test_every_due_reminder_becomes_exactly_one_turn_when_the_reminder_worker_is
 
 
 def test_a_lost_reminder_stop_is_sent_again_by_the_reminder_workers_own_reconciler(
-    private: Private,
+    private: PrivateFleet,
 ) -> None:
     store, dispatcher = private.store, private.dispatcher
     # Given a session with an armed reminder, archived with stopActivity while the broker

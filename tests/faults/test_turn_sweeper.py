@@ -16,77 +16,42 @@ import signal
 from collections.abc import Iterator
 
 import pytest
-from celery import Celery
 
-from api.local import LocalFleet, WorkerProcess
 from orchestrator.archive import archive
 from orchestrator.families import Family
 from orchestrator.sessions import create_session, get_session
-from orchestrator.settings import FleetSettings
 from orchestrator.store import Store
 from orchestrator.turns import start_turn
+from tests.faults.fleets import PrivateFleet, private_fleet
 from tests.helpers import wait_for
 from tests.workers.support import requests_of, wait_request, wait_turn_state
-from workers.app import configure
-from workers.dispatch import CeleryDispatcher
 
 pytestmark = pytest.mark.timeout(180)
 
 
-class Private:
-    """The module's turn workers, store and dispatcher."""
-
-    def __init__(self, fleet: LocalFleet, store: Store, dispatcher: CeleryDispatcher) -> None:
-        self.fleet = fleet
-        self.store = store
-        self.dispatcher = dispatcher
-        self.hosts = 0
-
-    def live(self) -> WorkerProcess:
-        [alive] = [w for w in self.fleet.workers if w.process.poll() is None]
-        return alive
-
-    def take_over(self) -> None:
-        """Start a second turn worker, wait for it, then SIGKILL the first and reap it."""
-        old = self.live()
-        self.hosts += 1
-        self.fleet.start_worker(Family.TURN, f"sweeper-{self.hosts}")
-        self.fleet.wait_ready(90)
-        old.process.send_signal(signal.SIGKILL)
-        old.process.wait(10)
-        self.fleet.workers.remove(old)
+def take_over(private: PrivateFleet) -> None:
+    """Start a second turn worker, wait for it, then SIGKILL the first and reap it."""
+    old = private.worker(Family.TURN)
+    private.fleet.start_worker(Family.TURN, f"sweeper-{len(private.fleet.workers)}")
+    private.fleet.wait_ready(90)
+    old.process.send_signal(signal.SIGKILL)
+    old.process.wait(10)
+    private.fleet.workers.remove(old)
 
 
 @pytest.fixture(scope="module")
 def private(
     redis_url: str, key_prefix: str, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[Private]:
-    prefix = f"{key_prefix}sweeper:"
-    store = Store(redis_url, prefix)
-    app = Celery("agent_fleet_sweeper")
-    configure(app, FleetSettings(redis_url=redis_url, key_prefix=prefix))
-    fleet = LocalFleet(
-        redis_url,
-        prefix,
-        tmp_path_factory.mktemp("sweeper-fleet"),
-        hostname="sweeper-0",
-        concurrency=4,
-        extra_env={
-            "FLEET_VISIBILITY_TIMEOUT_SECONDS": "600",
-            "FLEET_TURN_STUCK_SECONDS": "2",
-            "FLEET_TURN_SWEEP_INTERVAL_SECONDS": "0.5",
-        },
-    )
-    fleet.start([Family.TURN])
-    try:
-        fleet.wait_ready(90)
-        yield Private(fleet, store, CeleryDispatcher(app))
-    finally:
-        fleet.stop()
-        for key in store.redis.scan_iter(match=f"{prefix}*", count=1000):
-            store.redis.delete(key)
-        store.close()
-        app.close()
+) -> Iterator[PrivateFleet]:
+    env = {
+        "FLEET_VISIBILITY_TIMEOUT_SECONDS": "600",
+        "FLEET_TURN_STUCK_SECONDS": "2",
+        "FLEET_TURN_SWEEP_INTERVAL_SECONDS": "0.5",
+    }
+    with private_fleet(
+        redis_url, key_prefix, tmp_path_factory, "sweeper", [Family.TURN], env
+    ) as fleet:
+        yield fleet
 
 
 def began(store: Store, tid: str) -> None:
@@ -102,7 +67,7 @@ def turn_events(store: Store, tid: str) -> list[dict[str, object]]:
 
 
 def test_a_turn_whose_worker_is_killed_mid_step_is_resumed_on_another_worker(
-    private: Private,
+    private: PrivateFleet,
 ) -> None:
     store, dispatcher = private.store, private.dispatcher
     # Given a turn in the middle of a 30 s model request
@@ -113,7 +78,7 @@ def test_a_turn_whose_worker_is_killed_mid_step_is_resumed_on_another_worker(
 
     # When its worker is SIGKILLed (another turn worker is up; the step's message is not
     # redelivered for 10 minutes)
-    private.take_over()
+    take_over(private)
 
     # Then the sweeper finds the step lost once its lease lapsed, and dispatches it again
     wait_for(lambda: requests_of(store, sid, tid) == [0, 0], 30, message="the step resumed")
@@ -124,7 +89,7 @@ def test_a_turn_whose_worker_is_killed_mid_step_is_resumed_on_another_worker(
 
 
 def test_a_killed_step_then_archive_with_stop_ends_the_turn_cancelled_not_cancelling_forever(
-    private: Private,
+    private: PrivateFleet,
 ) -> None:
     store, dispatcher = private.store, private.dispatcher
     # Given a turn in the middle of a 30 s model request
@@ -135,7 +100,7 @@ def test_a_killed_step_then_archive_with_stop_ends_the_turn_cancelled_not_cancel
 
     # When its worker is SIGKILLed and the session archived with stopActivity: the other
     # worker takes the stop while the dead step's lease still holds, so the turn is cancelling
-    private.take_over()
+    take_over(private)
     result = archive(store, dispatcher, sid, stop_activity=True)
     assert result.outcome == "archived" and result.stop_report.sent == {"turn": 1}
     wait_turn_state(store, tid, "cancelling")

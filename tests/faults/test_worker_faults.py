@@ -9,23 +9,19 @@ SECONDS``) instead of 60, so a step whose worker was killed comes back within th
 from __future__ import annotations
 
 import logging
-import signal
 from collections.abc import Iterator
 from datetime import datetime
 
 import pytest
-from celery import Celery
 
-from api.local import LocalFleet, WorkerProcess
 from orchestrator import jobs
 from orchestrator.activity import census
 from orchestrator.archive import archive
 from orchestrator.families import Family
 from orchestrator.reconcile import reconcile
 from orchestrator.sessions import create_session, get_session
-from orchestrator.settings import FleetSettings
-from orchestrator.store import Store
 from orchestrator.turns import start_turn
+from tests.faults.fleets import PrivateFleet, private_fleet
 from tests.faults.test_reconciler import bookkeeping
 from tests.helpers import FaultyDispatcher
 from tests.workers.support import (
@@ -38,66 +34,19 @@ from tests.workers.support import (
     wait_log,
     wait_request,
 )
-from workers.app import configure
-from workers.dispatch import CeleryDispatcher
 
 pytestmark = pytest.mark.timeout(120)
-
-
-class Private:
-    """The module's fleet, store and dispatcher."""
-
-    def __init__(self, fleet: LocalFleet, store: Store, dispatcher: CeleryDispatcher) -> None:
-        self.fleet = fleet
-        self.store = store
-        self.dispatcher = dispatcher
-
-    def worker(self, family: Family) -> WorkerProcess:
-        [found] = [w for w in self.fleet.workers if w.family is family]
-        return found
-
-    def kill(self, family: Family) -> None:
-        """SIGKILL the family's worker process (no shutdown of any kind) and reap it."""
-        w = self.worker(family)
-        w.process.send_signal(signal.SIGKILL)
-        w.process.wait(10)
-
-    def restart(self, family: Family) -> WorkerProcess:
-        """Start a replacement for the dead worker and wait for its heartbeat."""
-        old = self.worker(family)
-        key = self.store.keys.worker_heartbeat(family.value, f"{family.value}@{old.host}")
-        self.store.redis.delete(key)  # the dead worker's heartbeat must not count as ready
-        self.fleet.restart_dead()
-        self.fleet.wait_ready(60)
-        return self.worker(family)
 
 
 @pytest.fixture(scope="module")
 def private(
     redis_url: str, key_prefix: str, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[Private]:
-    prefix = f"{key_prefix}faults1:"
-    store = Store(redis_url, prefix)
-    app = Celery("agent_fleet_faults")
-    configure(app, FleetSettings(redis_url=redis_url, key_prefix=prefix))
-    fleet = LocalFleet(
-        redis_url,
-        prefix,
-        tmp_path_factory.mktemp("faults-fleet"),
-        hostname="faults",
-        concurrency=4,
-        extra_env={"FLEET_VISIBILITY_TIMEOUT_SECONDS": "3"},
-    )
-    fleet.start([Family.TURN, Family.JOB])
-    try:
-        fleet.wait_ready(90)
-        yield Private(fleet, store, CeleryDispatcher(app))
-    finally:
-        fleet.stop()
-        for key in store.redis.scan_iter(match=f"{prefix}*", count=1000):
-            store.redis.delete(key)
-        store.close()
-        app.close()
+) -> Iterator[PrivateFleet]:
+    env = {"FLEET_VISIBILITY_TIMEOUT_SECONDS": "3"}
+    with private_fleet(
+        redis_url, key_prefix, tmp_path_factory, "faults1", [Family.TURN, Family.JOB], env
+    ) as fleet:
+        yield fleet
 
 
 def epoch(text: str) -> float:
@@ -105,7 +54,7 @@ def epoch(text: str) -> float:
 
 
 def test_a_step_redelivered_after_its_worker_was_killed_is_refused_by_the_gate(
-    private: Private,
+    private: PrivateFleet,
 ) -> None:
     store, dispatcher = private.store, private.dispatcher
     # Given a turn in the middle of a 30 s model request
@@ -132,7 +81,7 @@ def test_a_step_redelivered_after_its_worker_was_killed_is_refused_by_the_gate(
 
 
 def test_a_killed_job_workers_processes_die_with_it_and_the_job_lapses_to_lost(
-    private: Private,
+    private: PrivateFleet,
 ) -> None:
     store, dispatcher = private.store, private.dispatcher
     # Given a session owning two running jobs
@@ -159,7 +108,7 @@ def test_a_killed_job_workers_processes_die_with_it_and_the_job_lapses_to_lost(
 
 
 def test_a_rejected_stop_dispatch_keeps_the_archive_and_the_reconciler_stops_the_work(
-    private: Private, caplog: pytest.LogCaptureFixture
+    private: PrivateFleet, caplog: pytest.LogCaptureFixture
 ) -> None:
     store, dispatcher = private.store, private.dispatcher
     # Given a session owning a running job
