@@ -55,10 +55,12 @@ class Harness:
         self.archived = sessions.create_session(store, cwd).session_id
         archive.archive(store, RecordingDispatcher(), self.archived)
 
-    def run(self, text: str) -> list[dict[str, Any]]:
-        return self.loop.run_until_complete(self._run(text))
+    def run(self, text: str, *, answer_to: Any = None) -> list[dict[str, Any]]:
+        """Handle ``text`` on a fresh connection; with ``answer_to``, also wait for the answer
+        with that id (a prompt is otherwise not awaited: it may stay pending)."""
+        return self.loop.run_until_complete(self._run(text, answer_to))
 
-    async def _run(self, text: str) -> list[dict[str, Any]]:
+    async def _run(self, text: str, answer_to: Any = None) -> list[dict[str, Any]]:
         sent: list[dict[str, Any]] = []
 
         async def send(message: dict[str, Any]) -> None:
@@ -71,6 +73,8 @@ class Harness:
         try:
             await conn.handle_text(text)
             await _answered(sent, text)
+            if answer_to is not None:
+                await _wait(lambda: any(m.get("id") == answer_to for m in sent), "the request")
             # The connection is still usable.
             mark = len(sent)
             await conn.handle_text(

@@ -135,7 +135,14 @@ def test_a_job_start_that_outlived_the_archive_starts_no_process(
 
     # Then the worker refuses it and starts no process
     wait_for(lambda: job_record(store, jid)["state"] == "refused", 15, message="job refused")
-    assert any(f"job {jid} not started: refused:{sid}" in log_text(w) for w in job_workers(fleet))
+    # (the log line follows the state write: wait for it rather than read it at once)
+    wait_for(
+        lambda: any(
+            f"job {jid} not started: refused:{sid}" in log_text(w) for w in job_workers(fleet)
+        ),
+        10,
+        message="the refusal in a job worker's log",
+    )
     assert job_record(store, jid)["pid"] == ""
     assert not any(sleep_processes(w.process.pid, "68.3") for w in job_workers(fleet))
     assert not census(store, sid)
