@@ -29,8 +29,8 @@ from typing import Any
 import redis.asyncio as aioredis
 
 from api.errors import TRANSLATED, lookup, translate
-from orchestrator import activity, archive, audit, sessions, titles, turns
-from orchestrator.errors import InvalidParams, SessionArchived, SessionNotFound
+from orchestrator import activity, archive, audit, deletion, sessions, titles, turns
+from orchestrator.errors import InvalidParams, SessionArchived
 from orchestrator.families import Dispatcher
 from orchestrator.store import Store
 from orchestrator.store import translated as translated_store
@@ -238,6 +238,8 @@ class AcpConnection:
         self.events: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
         self._prompts: dict[str, asyncio.Future[str]] = {}  # turnId -> stopReason
         self._prompting: dict[str, int] = {}  # sessionId -> prompts pending on it
+        # sessionId -> the turns of this connection's prompts in flight (what a cancel stops).
+        self._prompt_turns: dict[str, set[str]] = {}
         # Turns that ended before their prompt's future was registered (a fast turn).
         self._ended: OrderedDict[str, str] = OrderedDict()
         self._tasks: set[asyncio.Task[None]] = set()
@@ -550,10 +552,11 @@ class AcpConnection:
         return {}
 
     async def delete_session(self, params: dict[str, Any]) -> dict[str, Any]:
+        # Like session/close, then freed: the session's work (its subtree's) is stopped as
+        # session/archive stops it, and the session is deleted once that work has ended; work
+        # that outlives the wait answers -32003 with the live items (nothing is hidden).
         sid = _session_id(params)
-        with contextlib.suppress(SessionNotFound):
-            await self._cancel_turns(sid)
-        await self._call(sessions.delete_session, self.store, sid)
+        await self._call(deletion.delete, self.store, self.dispatcher, sid, stop_activity=True)
         self._close(sid)
         return {}
 
@@ -606,6 +609,7 @@ class AcpConnection:
         except BaseException:
             self._prompt_done(sid)
             raise
+        self._prompt_turns.setdefault(sid, set()).add(tid)
         if tid in self._ended:
             future.set_result(self._ended.pop(tid))
         else:
@@ -631,6 +635,10 @@ class AcpConnection:
                     )
         finally:
             self._prompts.pop(tid, None)
+            mine = self._prompt_turns.get(sid, set())
+            mine.discard(tid)
+            if not mine:
+                self._prompt_turns.pop(sid, None)
             self._prompt_done(sid)
         return {"stopReason": future.result()}
 
@@ -644,7 +652,10 @@ class AcpConnection:
             self.hub.unwatch(sid, self.events)
 
     async def cancel(self, params: dict[str, Any]) -> None:
-        await self._cancel_turns(_session_id(params))
+        # ACP session/cancel: the client cancels its prompt turn in flight on this session,
+        # never a turn another client (or a later prompt of its own) started since.
+        sid = _session_id(params)
+        await self._cancel_turns(sid, sorted(self._prompt_turns.get(sid, ())))
 
     async def cancel_request(self, params: dict[str, Any]) -> None:
         """``$/cancel_request``: a pending session/prompt is cancelled like session/cancel and
@@ -656,17 +667,22 @@ class AcpConnection:
         if method == "session/prompt":
             sid = _params(msg).get("sessionId")
             if isinstance(sid, str) and sid:
-                await self._cancel_turns(sid)
+                await self._cancel_turns(sid, sorted(self._prompt_turns.get(sid, ())))
                 return
         self._cancelled.add(_id_key(params.get("requestId")))
         task.cancel()
 
-    async def _cancel_turns(self, sid: str) -> int:
-        """Cancel the session's live turns; return how many were asked to stop. A turn that
+    async def _cancel_turns(self, sid: str, turn_ids: list[str] | None = None) -> int:
+        """Cancel the named turns of the session (without ``turn_ids``, its live turns);
+        return how many were asked to stop. A turn that
         ends ``cancelled`` at once (queued, or between steps) publishes no ``turn`` event, so
         its prompt is settled from here (through the forwarder, after the turn's updates); one
         with a step in flight is settled by the event its step publishes."""
-        outcomes = await self._call(turns.cancel_session_turns, self.store, self.dispatcher, sid)
+        if turn_ids == []:
+            return 0
+        outcomes = await self._call(
+            turns.cancel_session_turns, self.store, self.dispatcher, sid, turn_ids
+        )
         for tid, outcome in outcomes.items():
             if outcome == "cancelled":
                 self.events.put_nowait(

@@ -313,6 +313,13 @@ def archive(
         None, help="Session id (several with --bulk).", show_default=False
     ),
     stop: bool = typer.Option(False, "--stop", help="Stop live work, then archive."),
+    confirmed: list[str] | None = typer.Option(
+        None,
+        "--confirmed",
+        help="With --stop: an item confirmed for stopping, FAMILY:ID (repeat it); anything "
+        "else live refuses the archive (activity_changed) and nothing is written.",
+        show_default=False,
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print JSON (for scripts)."),
     bulk: bool = typer.Option(False, "--bulk", help="Archive many: ids, --ids-file or a filter."),
     ids_file: str | None = typer.Option(
@@ -331,7 +338,9 @@ def archive(
         0, "--idle-seconds", help="--auto: idle age (default FLEET_AUTO_ARCHIVE_IDLE_SECONDS)."
     ),
 ) -> None:
-    """Archive a session. Refused while it has live work unless --stop is given.
+    """Archive a session. Refused while it has live work unless --stop is given. With --stop
+    on a terminal, the live items are listed and the archive stops exactly what was confirmed:
+    if other work started meanwhile, nothing is written and the new list is printed.
 
     --bulk archives many sessions in batches (ids, --ids-file, or a filter of --cwd,
     --idle-since, --q) with a progress bar; --auto runs the auto-archive policy once. Both
@@ -375,6 +384,7 @@ def archive(
             ("--q", q is not None),
             ("--dry-run", dry_run),
             ("--idle-seconds", bool(idle_seconds)),
+            ("--confirmed", bool(confirmed) and (bulk or auto)),
         )
         if given
     ]
@@ -390,7 +400,10 @@ def archive(
     from orchestrator.archive import archive as do_archive
 
     try:
-        result = do_archive(store(), dispatcher(), session_id, stop_activity=stop)
+        binding = _confirmation(session_id, stop, confirmed, as_json)
+        result = do_archive(
+            store(), dispatcher(), session_id, stop_activity=stop, confirmed=binding
+        )
     except FleetError as exc:
         _fail(exc)
     if as_json:
@@ -400,6 +413,36 @@ def archive(
         f"{session_id}: {result.outcome.replace('_', ' ')}"
         + (f", stop sent for {len(result.stopped)} item(s)" if result.stopped else "")
     )
+
+
+def _confirmation(
+    session_id: str, stop: bool, given: list[str] | None, as_json: bool
+) -> list[tuple[str, str]] | None:
+    """What ``fleet archive --stop`` is bound to: the ``--confirmed FAMILY:ID`` items, or on
+    a terminal (without ``--json``) the live items shown and confirmed here; None (stop
+    everything live) for a script that names none. Raises ``InvalidParams`` for a malformed
+    item or --confirmed without --stop; exits 1 when the user declines."""
+    from api.context import dispatcher, store
+    from orchestrator.activity import census
+    from orchestrator.errors import InvalidParams
+
+    if given:
+        pairs = [tuple(item.partition(":")[::2]) for item in given]
+        if not stop or any(not family or not item_id for family, item_id in pairs):
+            raise InvalidParams(
+                "--confirmed takes FAMILY:ID items and needs --stop.", {"param": "confirmed"}
+            )
+        return [(family, item_id) for family, item_id in pairs]
+    if not stop or as_json or not sys.stdin.isatty():
+        return None
+    items = census(store(), session_id, dispatcher())
+    if items:
+        console.print(f"{session_id} has live work:")
+        for item in items:
+            console.print(f"  - {item.family.value:9} {item.id}  {item.label}")
+        if not typer.confirm(f"Stop these {len(items)} item(s) and archive?", default=False):
+            raise typer.Exit(1)
+    return [(item.family.value, item.id) for item in items]
 
 
 @app.command()

@@ -1,6 +1,6 @@
-"""Session lifecycle routes beside the basic ones of ``api/rest.py``: set a title, close,
-cancel, and bulk archive (``POST /sessions/archive``). Errors come from ``api/errors.py``
-through the app's handlers, in the one JSON shape.
+"""Session lifecycle routes beside the basic ones of ``api/rest.py``: archive, delete, set a
+title, close, cancel, and bulk archive (``POST /sessions/archive``). Errors come from
+``api/errors.py`` through the app's handlers, in the one JSON shape.
 
 Booleans are JSON booleans in bodies only (``StrictBool``: ``"false"``, ``0`` or ``"yes"``
 answer 422, never coerced). No route takes a boolean in its query string, where ``true`` and
@@ -9,13 +9,17 @@ answer 422, never coerced). No route takes a boolean in its query string, where 
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr
 
 from api.context import dispatcher, store
-from orchestrator import audit, bulk, sessions, titles, turns
+from orchestrator import archive, audit, bulk, deletion, sessions, titles, turns
+from orchestrator.errors import InvalidParams
+
+#: The most turns a cancel may name.
+MAX_TURN_IDS = 1000
 
 
 class _Strict(BaseModel):
@@ -66,10 +70,59 @@ class BulkArchiveBody(_Strict):
     dryRun: StrictBool = Field(default=False, description="Compute the outcomes and write nothing.")
 
 
-def _cancel(session_id: str) -> dict[str, str]:
+class ConfirmedItem(BaseModel):
+    """One item the user confirmed stopping: a refusal's ``activity`` item, sent back as it
+    came (its other fields are ignored)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    family: Literal["turn", "job", "subagent", "reminder"]
+    id: Annotated[StrictStr, Field(max_length=200)]
+
+
+class StopBody(_Strict):
+    """Body of ``POST /sessions/{id}/archive`` and ``DELETE /sessions/{id}`` (optional)."""
+
+    stopActivity: StrictBool = Field(
+        default=False, description="Stop live work first; otherwise live work refuses (409)."
+    )
+    confirmedActivity: list[ConfirmedItem] | None = Field(
+        default=None,
+        description="With stopActivity: the items the user confirmed (the refusal's "
+        "error.data.activity). If anything live now is not among them: 409 "
+        "activity_changed with the current items, and nothing is written or stopped. "
+        f"At most {archive.MAX_CONFIRMED} items.",
+        json_schema_extra={"maxItems": archive.MAX_CONFIRMED},
+    )
+
+    def confirmed(self) -> archive.Confirmed | None:
+        """The confirmation as (family, id) pairs, or None when not bound."""
+        if self.confirmedActivity is None:
+            return None
+        return [(item.family, item.id) for item in self.confirmedActivity]
+
+
+class CancelBody(_Strict):
+    """Body of ``POST /sessions/{id}/cancel`` and ``/close`` (optional)."""
+
+    turnIds: list[Annotated[StrictStr, Field(max_length=200)]] | None = Field(
+        default=None,
+        description="The turns to cancel (one of another session answers missing); "
+        "without it, the turns live when the request arrives. A named turn that has ended "
+        f"is left alone and answered with its end state. At most {MAX_TURN_IDS}.",
+        json_schema_extra={"maxItems": MAX_TURN_IDS},
+    )
+
+
+def _cancel(session_id: str, body: CancelBody | None) -> dict[str, str]:
     st = store()
     sessions.get_session(st, session_id)
-    return turns.cancel_session_turns(st, dispatcher(), session_id)
+    named = body.turnIds if body is not None else None
+    if named is None:
+        return turns.cancel_session_turns(st, dispatcher(), session_id)
+    if len(named) > MAX_TURN_IDS:
+        raise InvalidParams(f"turnIds names more than {MAX_TURN_IDS} turns.", {"param": "turnIds"})
+    return turns.cancel_session_turns(st, dispatcher(), session_id, named)
 
 
 def router(auth: list[Any]) -> APIRouter:
@@ -98,6 +151,40 @@ def router(auth: list[Any]) -> APIRouter:
         )
         return result.to_wire()
 
+    @r.post("/sessions/{session_id}/archive", tags=["archive"])
+    def archive_(session_id: str, body: StopBody | None = None) -> dict[str, Any]:
+        """Archive. Live work and no ``stopActivity``: 409 ``session_active`` with every live
+        item in ``error.data.activity``. With ``stopActivity``: archived first, stops sent;
+        with ``confirmedActivity`` too, only if nothing live is missing from it (else 409
+        ``activity_changed``, nothing written)."""
+        body = body or StopBody()
+        return archive.archive(
+            store(),
+            dispatcher(),
+            session_id,
+            stop_activity=body.stopActivity,
+            confirmed=body.confirmed(),
+        ).to_wire()
+
+    @r.delete("/sessions/{session_id}", tags=["sessions"])
+    def delete(session_id: str, body: StopBody | None = None) -> dict[str, Any]:
+        """Delete a session (idempotent: ``deleted: false`` when there was nothing to
+        delete). Live work in it or its subtree and no ``stopActivity``: 409
+        ``session_active`` with the live items, nothing written. With ``stopActivity``: the
+        subtree is archived and its work stopped as an archive would (``confirmedActivity``
+        binds it the same way), then the session is deleted once its work has ended; work
+        still live after the wait answers 409 ``session_active`` (the session stays
+        archived, not deleted)."""
+        body = body or StopBody()
+        result = deletion.delete(
+            store(),
+            dispatcher(),
+            session_id,
+            stop_activity=body.stopActivity,
+            confirmed=body.confirmed(),
+        )
+        return result.to_wire()
+
     @r.put("/sessions/{session_id}/title", tags=["sessions"])
     def set_title(session_id: str, body: TitleBody) -> dict[str, Any]:
         """Set the title (the normalizer of ACP session/set_title). 422 ``invalid_title``
@@ -106,18 +193,21 @@ def router(auth: list[Any]) -> APIRouter:
         return {"sessionId": session_id, "title": stored}
 
     @r.post("/sessions/{session_id}/close", tags=["turns"])
-    def close(session_id: str) -> dict[str, Any]:
-        """Close the session as ACP session/close does: its live turns are cancelled (a
-        queued prompt is discarded, a step in flight ends ``cancelling`` then ``cancelled``).
-        Jobs, reminders and subagents keep running; archive with ``stopActivity`` for those."""
-        cancelled = _cancel(session_id)
+    def close(session_id: str, body: CancelBody | None = None) -> dict[str, Any]:
+        """Close the session as ACP session/close does: its live turns (or the ``turnIds``
+        named) are cancelled (a queued prompt is discarded, a step in flight ends
+        ``cancelling`` then ``cancelled``); ``turns`` answers each with its outcome. Jobs,
+        reminders and subagents keep running; archive with ``stopActivity`` for those."""
+        cancelled = _cancel(session_id, body)
         audit.record(store(), session_id, "close", "closed", cancelledTurns=len(cancelled))
         return {"sessionId": session_id, "closed": True, "turns": cancelled}
 
     @r.post("/sessions/{session_id}/cancel", tags=["turns"])
-    def cancel(session_id: str) -> dict[str, Any]:
-        """Cancel the session's live turns (ACP session/cancel); ``turns`` maps each turn id
-        to ``cancelled``, ``cancelling`` (a step in flight settles it) or its end state."""
-        return {"sessionId": session_id, "turns": _cancel(session_id)}
+    def cancel(session_id: str, body: CancelBody | None = None) -> dict[str, Any]:
+        """Cancel the turns named in ``turnIds``, or without it the turns live when the
+        request arrives; ``turns`` maps each to ``cancelled``, ``cancelling`` (a step in
+        flight settles it), its end state (it had ended: nothing was stopped) or
+        ``missing`` (not a turn of this session)."""
+        return {"sessionId": session_id, "turns": _cancel(session_id, body)}
 
     return r

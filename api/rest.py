@@ -10,7 +10,7 @@ from typing import Annotated, Any
 from fastapi import Depends, FastAPI, Header, Query, Request, WebSocket, WebSocketDisconnect
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr
+from pydantic import BaseModel, ConfigDict, Field, StrictStr
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import HTTPConnection
 
@@ -40,14 +40,6 @@ class PromptBody(_Strict):
     """Body of ``POST /sessions/{id}/prompt``."""
 
     prompt: StrictStr = Field(max_length=turns.MAX_PROMPT, description="The prompt text.")
-
-
-class ArchiveBody(_Strict):
-    """Body of ``POST /sessions/{id}/archive`` (optional)."""
-
-    stopActivity: StrictBool = Field(
-        default=False, description="Stop live work, then archive; otherwise live work refuses."
-    )
 
 
 def bearer_ok(authorization: str | None, token: str) -> bool:
@@ -318,11 +310,6 @@ def create_app() -> FastAPI:
         """One session."""
         return sessions.get_session(store(), session_id).to_info()
 
-    @app.delete("/sessions/{session_id}", dependencies=auth, tags=["sessions"])
-    def delete(session_id: str) -> dict[str, Any]:
-        """Delete a session (idempotent)."""
-        return {"sessionId": session_id, "deleted": sessions.delete_session(store(), session_id)}
-
     @app.get("/sessions/{session_id}/activity", dependencies=auth, tags=["activity"])
     def get_activity(session_id: str) -> dict[str, Any]:
         """Live work of the session, per item: family, id, label."""
@@ -357,13 +344,6 @@ def create_app() -> FastAPI:
                 status_code=404,
             )  # type: ignore[return-value]
         return turn.to_wire()
-
-    @app.post("/sessions/{session_id}/archive", dependencies=auth, tags=["archive"])
-    def archive_(session_id: str, body: ArchiveBody | None = None) -> dict[str, Any]:
-        """Archive. Live work and no ``stopActivity``: 409 ``session_active`` with every live
-        item in ``error.data.activity``. With ``stopActivity``: archived first, stops sent."""
-        stop = body.stopActivity if body else False
-        return archive.archive(store(), dispatcher(), session_id, stop_activity=stop).to_wire()
 
     @app.post("/sessions/{session_id}/unarchive", dependencies=auth, tags=["archive"])
     def unarchive_(session_id: str) -> dict[str, Any]:

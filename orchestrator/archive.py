@@ -8,6 +8,11 @@
   a step in flight is marked ``cancelling``: nothing it does lands after the archive), then
   stop requests fan out to the families without waiting; a failed dispatch is logged and
   never undoes the archive.
+- With ``stop_activity`` and ``confirmed`` (the (family, id) pairs of the list the user saw
+  and confirmed), the archive is bound to that list: when something live now was not
+  confirmed (a turn that started since), it is refused with ``ActivityChanged`` carrying the
+  current items, and nothing is written or stopped. The check is in the archive's own
+  script. Without ``confirmed`` everything live is stopped (scripts, ACP session/archive).
 - Archiving a session archives its whole subagent subtree in one transition. Unarchive
   restores exactly what that transition archived; a descendant archived on its own earlier
   stays archived. Unarchiving a session whose ancestor is still archived is refused with
@@ -17,13 +22,20 @@
 
 from __future__ import annotations
 
+import json
 import logging
 from dataclasses import dataclass, field
 from typing import Any
 
 from orchestrator import audit, events, metrics
 from orchestrator.activity import ActivityItem, census, mark_quiet, merge_items
-from orchestrator.errors import AncestorArchived, SessionActive, SessionNotFound
+from orchestrator.errors import (
+    ActivityChanged,
+    AncestorArchived,
+    InvalidParams,
+    SessionActive,
+    SessionNotFound,
+)
 from orchestrator.families import Dispatcher
 from orchestrator.sessions import check_session_id
 from orchestrator.stops import StopReport, dispatch_stops
@@ -35,6 +47,11 @@ log = logging.getLogger(__name__)
 #: How often a refusal is re-checked when the census found nothing (the work ended between
 #: the atomic check and the census read).
 _REFUSAL_RECHECKS = 3
+#: The most items a confirmation may name (a census is far smaller; this bounds the input).
+MAX_CONFIRMED = 10_000
+
+#: What a confirmation names: (family, id) pairs as ``ActivityItem`` gives them.
+Confirmed = list[tuple[str, str]]
 
 
 @dataclass
@@ -64,19 +81,29 @@ class ArchiveResult:
 
 
 def archive(
-    store: Store, dispatcher: Dispatcher, session_id: str, *, stop_activity: bool = False
+    store: Store,
+    dispatcher: Dispatcher,
+    session_id: str,
+    *,
+    stop_activity: bool = False,
+    confirmed: Confirmed | None = None,
 ) -> ArchiveResult:
-    """Archive a session (and its subtree).
+    """Archive a session (and its subtree). ``confirmed``: with ``stop_activity``, the
+    (family, id) pairs the user confirmed stopping (a refusal's ``activity``); anything live
+    beyond them refuses the archive with ``ActivityChanged`` and writes nothing.
 
     Every outcome, a refusal included, is counted (``fleet_archives``) and recorded in the
     audit trail; an archive's entry and count are written by its script, so they commit with
     it, and what its stop fan-out sent follows as a ``stop`` entry. Raises
     ``SessionNotFound`` (unknown, malformed or deleted id), ``SessionActive`` (live work and no
-    ``stop_activity``), ``StoreUnavailable`` (nothing written).
+    ``stop_activity``), ``ActivityChanged`` (live work beyond ``confirmed``), ``InvalidParams``
+    (``confirmed`` without ``stop_activity``, or too long), ``StoreUnavailable`` (nothing
+    written).
     """
     sid = check_session_id(session_id)
+    binding = _binding(stop_activity, confirmed)
     try:
-        result = _archive(store, dispatcher, sid, stop_activity)
+        result = _archive(store, dispatcher, sid, stop_activity, binding)
     except SessionActive as refused:
         families = sorted({item.family.value for item in refused.items})
         metrics.incr_many(
@@ -88,7 +115,7 @@ def archive(
             store,
             sid,
             "archive",
-            "refused",
+            "changed" if isinstance(refused, ActivityChanged) else "refused",
             stopActivity=stop_activity,
             families=families,
             items=len(refused.items),
@@ -110,7 +137,27 @@ def archive(
     return result
 
 
-def _archive(store: Store, dispatcher: Dispatcher, sid: str, stop_activity: bool) -> ArchiveResult:
+def _binding(stop_activity: bool, confirmed: Confirmed | None) -> str:
+    """``confirmed`` as the archive script reads it: '' (not bound) or a JSON array of
+    'family:id' strings."""
+    if confirmed is None:
+        return ""
+    if not stop_activity:
+        raise InvalidParams(
+            "confirmedActivity is only meaningful with stopActivity.",
+            {"param": "confirmedActivity"},
+        )
+    if len(confirmed) > MAX_CONFIRMED:
+        raise InvalidParams(
+            f"confirmedActivity names more than {MAX_CONFIRMED} items.",
+            {"param": "confirmedActivity"},
+        )
+    return json.dumps(sorted({f"{family}:{item_id}" for family, item_id in confirmed}))
+
+
+def _archive(
+    store: Store, dispatcher: Dispatcher, sid: str, stop_activity: bool, binding: str = ""
+) -> ArchiveResult:
     txn = new_id("arc")
     recorder = audit.script_recorder(
         store, "archive", {}, metric=store.keys.metric(metrics.ARCHIVES.name)
@@ -118,7 +165,7 @@ def _archive(store: Store, dispatcher: Dispatcher, sid: str, stop_activity: bool
     for _ in range(_REFUSAL_RECHECKS):
         result = store.run(
             "archive",
-            [sid, "1" if stop_activity else "0", iso(now_ms()), txn, recorder],
+            [sid, "1" if stop_activity else "0", iso(now_ms()), txn, recorder, binding],
             durable=True,
         )
         outcome = result[0]
@@ -135,11 +182,15 @@ def _archive(store: Store, dispatcher: Dispatcher, sid: str, stop_activity: bool
         if outcome == "archived":
             break
         items = census(store, sid, dispatcher)
-        if items:
+        if outcome == "changed":
+            if _unconfirmed(items, binding):
+                raise ActivityChanged(sid, items)
+        elif items:
             raise SessionActive(sid, items)
         # The work ended between the check and the census: try the archive again.
     else:
-        raise SessionActive(sid, census(store, sid, dispatcher))
+        items = census(store, sid, dispatcher)
+        raise ActivityChanged(sid, items) if binding else SessionActive(sid, items)
 
     done = ArchiveResult(sid, "archived", archived_count=int(result[1]))
     log.info(
@@ -162,6 +213,12 @@ def _archive(store: Store, dispatcher: Dispatcher, sid: str, stop_activity: bool
         # marked so (not observed: there was nothing to stop and no time to measure).
         mark_quiet(store, sid, observe=False)
     return done
+
+
+def _unconfirmed(items: list[ActivityItem], binding: str) -> bool:
+    """Whether the census names an item the binding does not (as the script decided)."""
+    confirmed = set(json.loads(binding)) if binding else set()
+    return any(f"{item.family.value}:{item.id}" not in confirmed for item in items)
 
 
 def unarchive(store: Store, session_id: str) -> int:

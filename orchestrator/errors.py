@@ -4,7 +4,8 @@
 
     FleetError
     ├── SessionNotFound        unknown or deleted session
-    ├── SessionActive          archive refused: live work, carries the items
+    ├── SessionActive          archive or delete refused: live work, carries the items
+    │   └── ActivityChanged    a stop confirmed a list and something else is live now
     ├── SessionArchived        the operation needs an unarchived session
     ├── AncestorArchived       unarchive of a session whose ancestor is still archived
     ├── InvalidParams          a value the caller sent is not acceptable
@@ -47,18 +48,35 @@ class SessionNotFound(FleetError):
 
 
 class SessionActive(FleetError):
-    """Raised when archive is asked without ``stopActivity`` and the session has live work."""
+    """Raised when archive or delete (``action``) is asked without ``stopActivity`` and the
+    session or its subtree has live work."""
 
     code = "session_active"
 
-    def __init__(self, session_id: str, items: list[ActivityItem]) -> None:
+    def __init__(self, session_id: str, items: list[ActivityItem], action: str = "archive") -> None:
         families = sorted({item.family for item in items})
         super().__init__(
             f"Session {session_id!r} has live work ({', '.join(families)}); "
-            "archive with stopActivity to stop it, or wait until it is idle.",
+            f"{action} with stopActivity to stop it, or wait until it is idle.",
             {"sessionId": session_id, "activity": [item.to_wire() for item in items]},
         )
         self.items = items
+
+
+class ActivityChanged(SessionActive):
+    """Raised when an archive (or delete) with ``stopActivity`` carries the items the user
+    confirmed and something live now is not among them; nothing was written. Carries every
+    live item, like its parent."""
+
+    code = "activity_changed"
+
+    def __init__(self, session_id: str, items: list[ActivityItem], action: str = "archive") -> None:
+        super().__init__(session_id, items, action)
+        self.message = (
+            f"The live work of session {session_id!r} changed since it was confirmed; "
+            "nothing was stopped. Confirm the current list to stop it."
+        )
+        self.args = (self.message,)
 
 
 class SessionArchived(FleetError):

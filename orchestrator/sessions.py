@@ -447,15 +447,25 @@ def _history_tail(store: Store, session_id: str, limit: int) -> list[str]:
 
 
 def delete_session(store: Store, session_id: str) -> bool:
-    """Delete a session: it leaves every listing and its steps are refused. Idempotent
-    (returns ``False`` when there was nothing to delete). A deletion is recorded in the audit
-    trail. Raises ``StoreUnavailable``."""
+    """Delete a session without looking at its work (``orchestrator.deletion.delete`` is the
+    interfaces' delete, which refuses to hide live work): it leaves every listing and its
+    steps are refused. Idempotent (``False`` when there was nothing to delete). A deletion is
+    recorded in the audit trail. Raises ``StoreUnavailable``."""
+    return write_delete(store, session_id, check_live=False) == "deleted"
+
+
+def write_delete(store: Store, session_id: str, *, check_live: bool) -> str:
+    """The delete's one write. Returns ``deleted``, ``missing`` (nothing to delete) or, with
+    ``check_live``, ``active`` (the session or a descendant has live work; nothing written).
+    Raises ``StoreUnavailable``."""
     if not isinstance(session_id, str) or not SESSION_ID_RE.fullmatch(session_id):
-        return False
-    deleted = store.run("delete_session", [session_id, iso(now_ms())], durable=True) == "deleted"
-    if deleted:
+        return "missing"
+    outcome: str = store.run(
+        "delete_session", [session_id, iso(now_ms()), "1" if check_live else "0"], durable=True
+    )
+    if outcome == "deleted":
         audit.record(store, session_id, "delete", "deleted")
-    return bool(deleted)
+    return outcome
 
 
 def descendants(store: Store, session_id: str) -> list[str]:

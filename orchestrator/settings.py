@@ -87,6 +87,9 @@ class FleetSettings(BaseSettings):
     turn_max_resumes: int = Field(default=3, ge=1)
     #: Seconds between two sweeper passes in each turn worker.
     turn_sweep_interval_seconds: float = Field(default=5.0, gt=0)
+    #: Seconds a delete with ``stopActivity`` waits for the stopped work to end before it
+    #: deletes; work still live then refuses the delete (the session stays archived).
+    delete_stop_wait_seconds: float = Field(default=20.0, ge=0)
     #: Log format: ``json`` (one JSON object per line) or ``text`` (for a terminal); empty
     #: picks ``text`` when stderr is a terminal and ``json`` otherwise.
     log_format: Literal["", "json", "text"] = ""

@@ -315,11 +315,12 @@ def cancel_turns(
 ) -> dict[str, str]:
     """Stop exactly the named turns of a session (the user's cancel path). Queued turns are
     discarded (logged), a turn between steps ends ``cancelled``, a turn with a step in flight
-    becomes ``cancelling`` and its step settles it. Returns ``{turnId: outcome}``."""
+    becomes ``cancelling`` and its step settles it; a turn that has ended is left alone, and
+    one of another session (or none) answers ``missing``. Returns ``{turnId: outcome}``."""
     if not turn_ids:
         return {}
     ms = now_ms()
-    flat = store.run("turn_cancel", [ms, iso(ms), *turn_ids])
+    flat = store.run("turn_cancel", [ms, iso(ms), session_id, *dict.fromkeys(turn_ids)])
     outcomes: dict[str, str] = {}
     for tid, outcome in zip(flat[::2], flat[1::2], strict=True):
         if outcome == "promoted":
@@ -344,11 +345,17 @@ def cancel_turns(
     return outcomes
 
 
-def cancel_session_turns(store: Store, dispatcher: Dispatcher, session_id: str) -> dict[str, str]:
-    """Stop every live turn of a session, running and queued (queued input is discarded).
-    Raises ``SessionNotFound`` for a malformed id (it never reaches a key name)."""
+def cancel_session_turns(
+    store: Store, dispatcher: Dispatcher, session_id: str, turn_ids: list[str] | None = None
+) -> dict[str, str]:
+    """Stop the named turns of a session, or without ``turn_ids`` every turn live when it is
+    called, running and queued (queued input is discarded); a turn that starts afterwards is
+    never touched. Returns ``{turnId: outcome}`` (``cancel_turns``). Raises
+    ``SessionNotFound`` for a malformed id (it never reaches a key name)."""
     sid = check_session_id(session_id)
-    return cancel_turns(store, dispatcher, sid, _live_turn_ids(store, sid))
+    if turn_ids is None:
+        turn_ids = _live_turn_ids(store, sid)
+    return cancel_turns(store, dispatcher, sid, turn_ids)
 
 
 @retried

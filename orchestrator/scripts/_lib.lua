@@ -140,6 +140,30 @@ local function has_live(sid)
   return false
 end
 
+-- The session's own live items as 'family:id' strings, by the census's rule
+-- (orchestrator/activity.py): turns queued, running, or cancelling with a step in flight;
+-- jobs starting or running under a lease; every stored reminder.
+local function live_items(sid)
+  local out = {}
+  for _, t in ipairs(redis.call('ZRANGE', P .. 'turns:live:' .. sid, 0, -1)) do
+    local st = redis.call('HGET', P .. 'turn:' .. t, 'state')
+    if st == 'queued' or st == 'running'
+      or (st == 'cancelling' and redis.call('EXISTS', P .. 'turn:lease:' .. t) == 1) then
+      out[#out + 1] = 'turn:' .. t
+    end
+  end
+  for _, j in ipairs(redis.call('SMEMBERS', P .. 'jobs:live:' .. sid)) do
+    local st = redis.call('HGET', P .. 'job:' .. j, 'state')
+    if (st == 'starting' or st == 'running') and redis.call('EXISTS', P .. 'job:lease:' .. j) == 1 then
+      out[#out + 1] = 'job:' .. j
+    end
+  end
+  for _, r in ipairs(redis.call('SMEMBERS', P .. 'reminders:live:' .. sid)) do
+    out[#out + 1] = 'reminder:' .. r
+  end
+  return out
+end
+
 -- Move a turn to a terminal state; if it was the session's running turn, promote the oldest
 -- queued turn (unless no_promote: an archive starts nothing). Returns the promoted id or ''.
 local function finish_turn(tid, state, reason, err, ms, iso_time, no_promote)

@@ -1,10 +1,16 @@
 -- ARGV: prefix, sid, stopActivity '0'|'1', nowIso, txn, recorder (audit.script_recorder's
---   JSON with metric = the fleet_archives key)
+--   JSON with metric = the fleet_archives key), confirmed ('' or a JSON array of
+--   'family:id' strings: the live items the user confirmed stopping)
 -- Checks for live work (unless stopActivity) and writes the archive for the session and its
 -- whole subtree in one step, so no work can start unseen between the check and the write.
 -- With stopActivity the live turns of every session it archives are stopped in this same
 -- script (stop_turns_for_archive in _lib.lua).
--- Returns {'not_found'} | {'already'} | {'active'} | {'archived', n, turns}: turns is a flat
+-- With stopActivity and confirmed, the archive is refused ({'changed'}, nothing written) when
+-- an item is live now that was not confirmed, named as the census names it: turn:, job:,
+-- reminder: ids of the session itself, subagent:<descendant id> for a descendant with live
+-- work of its own (orchestrator/activity.py).
+-- Returns {'not_found'} | {'already'} | {'active'} | {'changed'} | {'archived', n, turns}:
+-- turns is a flat
 -- list tid, sid, fromState, toState, label of the turns it stopped. An archive and a repeat
 -- are audited and counted here, so the record commits with the change (a refusal is
 -- recorded by the caller, which reads the live items after this script).
@@ -24,6 +30,15 @@ local nodes = subtree(sid)
 if stop ~= '1' then
   for _, s in ipairs(nodes) do
     if has_live(s) then return {'active'} end
+  end
+elseif ARGV[7] ~= '' then
+  local confirmed = {}
+  for _, item in ipairs(cjson.decode(ARGV[7])) do confirmed[item] = true end
+  for _, item in ipairs(live_items(sid)) do
+    if not confirmed[item] then return {'changed'} end
+  end
+  for i = 2, #nodes do
+    if has_live(nodes[i]) and not confirmed['subagent:' .. nodes[i]] then return {'changed'} end
   end
 end
 local n, turns = 0, {}

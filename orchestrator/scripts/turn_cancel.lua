@@ -1,15 +1,20 @@
--- ARGV: prefix, nowMs, nowIso, tid...
--- Cancels the named turns only (a late stop never touches a newer turn). Queued turns end
+-- ARGV: prefix, nowMs, nowIso, sid, tid...
+-- Cancels the named turns only (a late stop never touches a newer turn), and only those of
+-- session sid (a turn of another session, or none, answers 'missing'). Queued turns end
 -- 'cancelled' at once; a running turn with a step in flight becomes 'cancelling' and the step
 -- settles it; a running turn between steps ends 'cancelled' at once.
 -- Returns a flat list: tid, outcome, ... plus 'promoted', tid for turns that started running.
 local ms, now = tonumber(ARGV[2]), ARGV[3]
 local out, promoted = {}, {}
 local running = {}
-for i = 4, #ARGV do
+local sid = ARGV[4]
+for i = 5, #ARGV do
   local tid = ARGV[i]
-  local st = redis.call('HGET', P .. 'turn:' .. tid, 'state')
-  if st == 'queued' then
+  local h = redis.call('HMGET', P .. 'turn:' .. tid, 'state', 'sessionId')
+  local st = h[1]
+  if h[2] ~= sid then
+    out[#out + 1] = tid; out[#out + 1] = 'missing'
+  elseif st == 'queued' then
     finish_turn(tid, 'cancelled', 'cancelled', '', ms, now)
     out[#out + 1] = tid; out[#out + 1] = 'cancelled'
   elseif st == 'running' then

@@ -962,6 +962,29 @@ def test_prompt_cancelled_by_session_cancel_resolves_with_stop_reason_cancelled(
     assert "never" not in agent_texts(agent, sid)
 
 
+def test_session_cancel_stops_only_the_turn_of_this_connections_prompt(
+    agent: StdioAgent, fleet: Any, store: Any, cwd: str
+) -> None:
+    # Given this connection's prompt running and another client's turn queued behind it
+    sid = new_session(agent, cwd)
+    rid = agent.request_async("session/prompt", text_prompt(sid, "think 30"))
+    agent.wait_update(sid, lambda u: u["sessionUpdate"] == "user_message_chunk")
+    other = turns.start_turn(store, RecordingDispatcher(), sid, "think 30")
+    try:
+        # When this connection sends session/cancel
+        agent.notify("session/cancel", {"sessionId": sid})
+        _, msg = agent.response(rid, 15)
+        # Then its prompt ends cancelled, and the other client's turn is not touched (it runs
+        # next)
+        assert msg["result"] == {"stopReason": "cancelled"}, msg
+        wait_for(
+            lambda: turns.get_turn(store, other).state.value == "running",
+            message="the other client's turn to start",
+        )
+    finally:
+        turns.cancel_turns(store, RecordingDispatcher(), sid, [other])
+
+
 def test_cancel_request_of_a_prompt_resolves_it_with_stop_reason_cancelled(
     agent: StdioAgent, fleet: Any, cwd: str
 ) -> None:

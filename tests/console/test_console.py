@@ -407,3 +407,34 @@ def test_delete_asks_for_confirmation_and_cancel_keeps_the_session(
     page.locator("#delete-confirm").click()
     _row(page, sid).wait_for(state="detached")
     assert server.call("GET", f"/sessions/{sid}")[0] == 404
+
+
+def test_refusal_dialog_asks_again_when_the_work_changed_before_confirming(
+    server: Server, page: Any, store: Any
+) -> None:
+    from orchestrator import turns
+    from tests.helpers import RecordingDispatcher
+
+    recorder = RecordingDispatcher()  # the turns run nowhere: only this test moves them
+    sid = server.session("Changing one")
+    t1 = turns.start_turn(store, recorder, sid, "think 30")
+    page.goto(server.base + "/console")
+    _menu(page, sid).get_by_role("menuitem", name="Archive").click()
+    dialog = page.locator("#refusal")
+    dialog.wait_for(state="visible")
+    assert dialog.locator("#refusal-items li").all_inner_texts()[0].startswith("turn")
+    # While the dialog shows T1, T1 ends and T2 starts
+    turns.cancel_turns(store, recorder, sid, [t1])
+    t2 = turns.start_turn(store, recorder, sid, "think 60")
+    page.locator("#refusal-confirm").click()
+    # The server refused the old list: the dialog shows what runs now and nothing was stopped
+    page.locator("#refusal-title").get_by_text("The work changed").wait_for()
+    assert dialog.is_visible()
+    assert "think 60" in " ".join(dialog.locator("#refusal-items li").all_inner_texts())
+    assert server.ok("GET", f"/sessions/{sid}")["archived"] is False
+    assert server.ok("GET", f"/turns/{t2}")["state"] == "running"
+    # Confirming the new list archives and stops T2
+    page.locator("#refusal-confirm").click()
+    page.locator("#notice-text").get_by_text("Archived “Changing one” and stopped").wait_for()
+    assert server.ok("GET", f"/sessions/{sid}")["archived"] is True
+    assert server.ok("GET", f"/turns/{t2}")["state"] == "cancelled"

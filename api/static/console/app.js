@@ -320,33 +320,66 @@ function hideNotice() {
 // ------------------------------------------------------------------ lifecycle
 async function archiveFlow(s) {
   const name = titleOf(s);
+  const path = `/sessions/${enc(s.sessionId)}/archive`;
+  const stopped = await stopFlow("POST", path, "archive", name);
+  if (stopped !== null) archived(s, name, stopped);
+}
+
+// Run a request that live work refuses (archive, delete). On a refusal the dialog lists the
+// live items; confirming sends them back (confirmedActivity), so the server stops exactly
+// what was shown. If the work changed meanwhile (activity_changed) nothing was written: the
+// dialog shows the new list and asks again. Resolves to the items stopped, or null if the
+// user declined or the request failed (a notice says why).
+async function stopFlow(method, path, verb, name) {
   try {
-    await api("POST", `/sessions/${enc(s.sessionId)}/archive`, {});
-    archived(s, name, []);
+    await api(method, path, {});
+    return [];
   } catch (err) {
     if (!(err instanceof ApiError) || err.code !== "session_active") {
-      notice(`Could not archive “${name}”: ${err.message}`);
-      return;
+      notice(`Could not ${verb} “${name}”: ${err.message}`);
+      return null;
     }
-    const items = err.data.activity || [];
-    const ul = $("#refusal-items");
-    ul.replaceChildren(...items.map((it) => {
-      const li = document.createElement("li");
-      li.dataset.family = it.family;
-      const fam = document.createElement("strong");
-      fam.textContent = it.family;
-      li.append(fam, `: ${it.label}`);
-      return li;
-    }));
-    const ok = await ask($("#refusal"), $("#refusal-confirm"), $("#refusal-cancel"));
-    if (!ok) return;
-    try {
-      await api("POST", `/sessions/${enc(s.sessionId)}/archive`, { stopActivity: true });
-      archived(s, name, items);
-    } catch (err2) {
-      notice(`Could not archive “${name}”: ${err2.message}`);
+    let items = err.data.activity || [];
+    let changed = false;
+    for (;;) {
+      showRefusal(items, verb, changed);
+      const ok = await ask($("#refusal"), $("#refusal-confirm"), $("#refusal-cancel"));
+      if (!ok) return null;
+      try {
+        await api(method, path, { stopActivity: true, confirmedActivity: items });
+        return items;
+      } catch (err2) {
+        if (err2 instanceof ApiError && err2.code === "activity_changed") {
+          items = err2.data.activity || [];
+          changed = true;
+          continue;
+        }
+        notice(`Could not ${verb} “${name}”: ${err2.message}`);
+        return null;
+      }
     }
   }
+}
+
+function showRefusal(items, verb, changed) {
+  $("#refusal-title").textContent = changed
+    ? "The work changed since you looked"
+    : "This session is still working";
+  $("#refusal-text").textContent = changed
+    ? `Nothing was stopped. This is what runs now; ${verb === "delete" ? "deleting" : "archiving"} stops all of it first.`
+    : verb === "delete"
+      ? "Deleting stops everything below first, then deletes the session."
+      : "Archiving stops everything below first. Restoring later does not resume it.";
+  $("#refusal-confirm").textContent = `Stop and ${verb}`;
+  const ul = $("#refusal-items");
+  ul.replaceChildren(...items.map((it) => {
+    const li = document.createElement("li");
+    li.dataset.family = it.family;
+    const fam = document.createElement("strong");
+    fam.textContent = it.family;
+    li.append(fam, `: ${it.label}`);
+    return li;
+  }));
 }
 
 function archived(s, name, stopped) {
@@ -376,14 +409,12 @@ async function restore(s, stoppedCount) {
 async function deleteFlow(s) {
   const ok = await ask($("#confirm-delete"), $("#delete-confirm"), $("#delete-cancel"));
   if (!ok) return;
-  try {
-    await api("DELETE", `/sessions/${enc(s.sessionId)}`);
-    notice(`Deleted “${titleOf(s)}”.`);
-    if (state.selected === s.sessionId) go("#/");
-    else refreshAll();
-  } catch (err) {
-    notice(`Could not delete: ${err.message}`);
-  }
+  // Live work refuses the delete: the refusal dialog asks to stop it first.
+  const stopped = await stopFlow("DELETE", `/sessions/${enc(s.sessionId)}`, "delete", titleOf(s));
+  if (stopped === null) return;
+  notice(`Deleted “${titleOf(s)}”.`);
+  if (state.selected === s.sessionId) go("#/");
+  else refreshAll();
 }
 
 // ------------------------------------------------------------------ detail

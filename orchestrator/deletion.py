@@ -1,0 +1,143 @@
+"""Delete never hides running work (issue 11; the archive rule of seed 004 applied to delete).
+
+A deleted session leaves every listing and its activity can no longer be read, so work still
+running under it could no longer be seen or stopped. Hence:
+
+- Without ``stop_activity`` a session whose subtree has live work is refused with
+  ``SessionActive`` carrying every live item (the shape of an archive refusal). The check and
+  the write are one script (``delete_session.lua``), so no work can start unseen between them.
+- With ``stop_activity`` it is first archived with stop (``archive.archive``: the flag is
+  written, the lineage's turns stopped in that script, stops fanned out; ``confirmed`` binds
+  it to what the user saw), then the census is polled until the subtree is quiet for at most
+  ``delete_stop_wait_seconds``, then deleted by the same checked script. Work still live
+  after the wait refuses the delete with ``SessionActive``: the session stays archived (not
+  deleted), so the reconciler keeps stopping its work and a later delete can finish.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any, NoReturn
+
+from tenacity import RetryError, Retrying, retry_if_result, stop_after_delay, wait_fixed
+
+from orchestrator import audit
+from orchestrator.activity import ActivityItem, census
+from orchestrator.archive import Confirmed, archive
+from orchestrator.errors import InvalidParams, SessionActive, SessionNotFound
+from orchestrator.families import Dispatcher
+from orchestrator.sessions import SESSION_ID_RE, write_delete
+from orchestrator.settings import get_settings
+from orchestrator.stops import StopReport
+from orchestrator.store import Store
+
+log = logging.getLogger(__name__)
+
+#: Seconds between two census reads while a delete waits for its stopped work to end.
+_POLL_SECONDS = 0.1
+#: How often a refusal is re-checked when the census found nothing (the work ended between
+#: the atomic check and the census read).
+_REFUSAL_RECHECKS = 3
+
+
+@dataclass
+class DeleteResult:
+    """Outcome of ``delete``: ``deleted`` is False when there was nothing to delete;
+    ``stopped`` and ``stop_report`` are what its archive stopped (``stop_activity`` only)."""
+
+    session_id: str
+    deleted: bool
+    stop_activity: bool = False
+    stopped: list[ActivityItem] = field(default_factory=list)
+    stop_report: StopReport = field(default_factory=StopReport)
+
+    def to_wire(self) -> dict[str, Any]:
+        """``{"sessionId", "deleted"}``, plus ``stopped`` and ``stopDispatch`` (as an
+        archive answers them) when it was asked to stop activity."""
+        out: dict[str, Any] = {"sessionId": self.session_id, "deleted": self.deleted}
+        if self.stop_activity:
+            out["stopped"] = [item.to_wire() for item in self.stopped]
+            out["stopDispatch"] = {
+                "sent": self.stop_report.sent,
+                "failed": [{"family": f, "error": e} for f, e in self.stop_report.failed],
+            }
+        return out
+
+
+def delete(
+    store: Store,
+    dispatcher: Dispatcher,
+    session_id: str,
+    *,
+    stop_activity: bool = False,
+    confirmed: Confirmed | None = None,
+    wait_seconds: float | None = None,
+) -> DeleteResult:
+    """Delete a session unless that would hide live work (see the module docstring).
+    Idempotent: an unknown, malformed or deleted id answers ``deleted=False``.
+    ``wait_seconds`` overrides ``delete_stop_wait_seconds``.
+
+    Raises ``SessionActive`` (live work in the subtree: without ``stop_activity``, or still
+    live after the wait), ``ActivityChanged`` (live work beyond ``confirmed``; nothing
+    written), ``InvalidParams`` (``confirmed`` without ``stop_activity``),
+    ``StoreUnavailable``.
+    """
+    result = DeleteResult(session_id, False, stop_activity)
+    if not isinstance(session_id, str) or not SESSION_ID_RE.fullmatch(session_id):
+        return result
+    if stop_activity:
+        try:
+            archived = archive(
+                store, dispatcher, session_id, stop_activity=True, confirmed=confirmed
+            )
+        except SessionNotFound:
+            return result
+        result.stopped, result.stop_report = archived.stopped, archived.stop_report
+        wait = get_settings().delete_stop_wait_seconds if wait_seconds is None else wait_seconds
+        _wait_quiet(store, dispatcher, session_id, wait)
+    elif confirmed is not None:
+        raise InvalidParams(
+            "confirmedActivity is only meaningful with stopActivity.",
+            {"param": "confirmedActivity"},
+        )
+    for _ in range(_REFUSAL_RECHECKS):
+        outcome = write_delete(store, session_id, check_live=True)
+        if outcome != "active":
+            result.deleted = outcome == "deleted"
+            return result
+        items = census(store, session_id, dispatcher)
+        if items:
+            _refused(store, session_id, items, stop_activity)
+    _refused(store, session_id, census(store, session_id, dispatcher), stop_activity)
+
+
+def _wait_quiet(store: Store, dispatcher: Dispatcher, session_id: str, seconds: float) -> None:
+    """Poll the census until the subtree has no live work or ``seconds`` have passed."""
+    retrying = Retrying(
+        stop=stop_after_delay(seconds), wait=wait_fixed(_POLL_SECONDS), retry=retry_if_result(bool)
+    )
+    try:
+        retrying(census, store, session_id, dispatcher)
+    except RetryError:
+        log.warning(
+            "delete: work still live %.1fs after its stop; not deleted",
+            seconds,
+            extra={"session_id": session_id},
+        )
+
+
+def _refused(
+    store: Store, session_id: str, items: list[ActivityItem], stop_activity: bool
+) -> NoReturn:
+    families = sorted({item.family.value for item in items})
+    audit.record(
+        store,
+        session_id,
+        "delete",
+        "refused",
+        stopActivity=stop_activity,
+        families=families,
+        items=len(items),
+    )
+    raise SessionActive(session_id, items, action="delete")
