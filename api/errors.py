@@ -8,6 +8,7 @@ from typing import Any
 from orchestrator.errors import (
     AncestorArchived,
     FleetError,
+    InputRejected,
     InvalidParams,
     SessionActive,
     SessionArchived,
@@ -23,6 +24,8 @@ ERROR_TABLE: dict[type[FleetError], tuple[int, int]] = {
     SessionArchived: (409, -32004),
     AncestorArchived: (409, -32005),
     InvalidParams: (422, -32602),
+    # JSON over a parse limit (depth, number, lone surrogate): malformed rather than invalid.
+    InputRejected: (400, -32602),
     StoreUnavailable: (503, -32010),
 }
 

@@ -1,0 +1,116 @@
+"""JSON from clients, parsed within limits: the one parser every surface uses for what a
+client sends (REST bodies, JSON-RPC messages on stdio and on the ``/acp`` WebSocket, and the
+JSON inside listing cursors).
+
+Python's ``json.loads`` alone lets a client crash the caller: nesting a few thousand levels
+deep raises ``RecursionError``, an integer of more than 4,300 digits raises a bare
+``ValueError`` (CPython's int-from-string digit limit), ``1e400`` becomes ``inf`` and a
+``"\\ud800"`` escape a string that cannot be encoded as UTF-8. ``loads`` turns each of these
+into one ``InputRejected`` error (``orchestrator.errors``; HTTP 400, JSON-RPC -32602) that names
+the limit, its value and where in the document it was exceeded:
+
+- ``MAX_DEPTH`` (64) levels of arrays and objects;
+- ``MAX_NUMBER_CHARS`` (100) characters in one number literal, and finite numbers only;
+- strings (object keys included) must be valid Unicode: no lone surrogates.
+
+Invalid JSON raises ``json.JSONDecodeError`` as ``json.loads`` does.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from typing import Any
+
+from orchestrator.errors import InputRejected
+
+#: Deepest nesting of arrays and objects accepted (the top-level value is depth 1).
+MAX_DEPTH = 64
+#: Longest number literal accepted, in characters (sign, digits, point and exponent).
+MAX_NUMBER_CHARS = 100
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+class _Oversized:
+    """Stands for a number literal over the limit, so parsing goes on to find the rest."""
+
+    def __init__(self, literal: str) -> None:
+        self.literal = literal
+
+
+def _number(literal: str) -> Any:
+    if len(literal) > MAX_NUMBER_CHARS:
+        return _Oversized(literal)
+    if any(c in literal for c in ".eE"):
+        value = float(literal)
+        return value if math.isfinite(value) else _Oversized(literal)
+    return int(literal)
+
+
+def _constant(name: str) -> Any:
+    # NaN, Infinity and -Infinity are not JSON; json.loads accepts them by default.
+    raise json.JSONDecodeError(f"{name} is not a JSON value", name, 0)
+
+
+def _path(parts: list[Any]) -> str:
+    out = "$"
+    for part in parts:
+        out += f"[{part}]" if isinstance(part, int) else f".{part}"
+    return out
+
+
+def _violation(value: Any) -> tuple[str, list[Any], str] | None:
+    """The first value breaking a limit, as (limit, path, detail); ``None`` when all is well.
+    Walks iteratively, never below ``MAX_DEPTH + 1`` levels."""
+    stack: list[tuple[Any, list[Any], int]] = [(value, [], 1)]
+    while stack:
+        node, path, depth = stack.pop()
+        if isinstance(node, (dict, list)):
+            if depth > MAX_DEPTH:
+                return "depth", path, f"nested deeper than {MAX_DEPTH} levels"
+            items = node.items() if isinstance(node, dict) else enumerate(node)
+            for key, child in items:
+                if isinstance(key, str) and _SURROGATE.search(key):
+                    return "unicode", path, "an object key is not valid Unicode (lone surrogate)"
+                stack.append((child, [*path, key], depth + 1))
+        elif isinstance(node, _Oversized):
+            shown = node.literal if len(node.literal) <= 24 else f"{node.literal[:20]}..."
+            return (
+                "number",
+                path,
+                f"number {shown} ({len(node.literal)} characters) is longer than "
+                f"{MAX_NUMBER_CHARS} characters or not finite",
+            )
+        elif isinstance(node, str) and _SURROGATE.search(node):
+            return "unicode", path, "a string is not valid Unicode (lone surrogate)"
+    return None
+
+
+def loads(text: str | bytes, *, param: str = "body") -> Any:
+    """Parse ``text`` (JSON sent by a client, named ``param`` in errors) within the module's
+    limits. Returns the value (no ``inf``, ``NaN`` or over-long numbers in it). Raises
+    ``InputRejected`` for a limit, ``json.JSONDecodeError`` for invalid JSON (bytes that are
+    not UTF-8 included)."""
+    if isinstance(text, bytes):
+        try:
+            text = text.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise json.JSONDecodeError(f"not UTF-8 ({exc.reason})", "", exc.start) from None
+    try:
+        value = json.loads(text, parse_int=_number, parse_float=_number, parse_constant=_constant)
+    except RecursionError:
+        raise InputRejected(
+            f"{param}: JSON nested deeper than {MAX_DEPTH} levels, the most accepted.",
+            {"limit": "depth", "max": MAX_DEPTH, "path": "$", "param": param},
+        ) from None
+    found = _violation(value)
+    if found is None:
+        return value
+    limit, parts, detail = found
+    data: dict[str, Any] = {"limit": limit, "param": param}
+    if limit != "unicode":
+        data["max"] = MAX_DEPTH if limit == "depth" else MAX_NUMBER_CHARS
+    where = data["path"] = _path(parts)[:200]
+    raise InputRejected(f"{param} at {where}: {detail}.", data, value)
