@@ -50,9 +50,11 @@ class BodyGuard:
     """A request body larger than ``FLEET_API_MAX_BODY_BYTES`` (default 1 MiB) answers 413
     ``body_too_large``: a declared ``Content-Length`` over the cap is refused before anything
     is read; a body without one (chunked) is read up to the cap and refused as soon as it goes
-    past it. A body read as JSON is then parsed by ``orchestrator.untrusted``: invalid JSON
-    answers 400 ``invalid_json``, JSON over a limit (nesting, number length, lone surrogate)
-    400 ``input_rejected`` naming the limit and where. Other bodies are passed on unchanged."""
+    past it. A body read as JSON is then parsed by ``orchestrator.untrusted``: JSON over a
+    limit (nesting depth, number length) answers 400 ``input_rejected`` naming the limit and
+    where; a lone surrogate anywhere in it 422 ``invalid_params`` (answers echo what was sent,
+    and such text cannot be encoded); invalid JSON goes on to the route's own 422.
+    """
 
     def __init__(self, app: Any) -> None:
         self.app = app
@@ -91,7 +93,7 @@ class BodyGuard:
         if first is None and whole and _is_json(_header(scope, b"content-type")):
             refusal = self._check_json(whole)
             if refusal is not None:
-                await _answer(send, 400, refusal)
+                await _answer(send, *refusal)
                 return
         replay: list[dict[str, Any]] = [
             first or {"type": "http.request", "body": whole, "more_body": False}
@@ -103,18 +105,18 @@ class BodyGuard:
         await self.app(scope, replayed, send)
 
     @staticmethod
-    def _check_json(body: bytes) -> dict[str, Any] | None:
+    def _check_json(body: bytes) -> tuple[int, dict[str, Any]] | None:
         try:
-            untrusted.loads(body, param="body")
-        except json.JSONDecodeError as exc:
-            return error_body(
-                "invalid_json",
-                f"Request body is not valid JSON: {exc.msg} (at character {exc.pos}).",
-                {"position": exc.pos},
-            )
+            value = untrusted.loads(body, param="body")
+        except json.JSONDecodeError:
+            return None  # FastAPI answers it: 422 invalid_params with the parser's message
         except InputRejected as exc:
-            return error_body(exc.code, exc.message, exc.data)
-        return None
+            return 400, error_body(exc.code, exc.message, exc.data)
+        where = untrusted.lone_surrogate(value) if b"\\u" in body else None
+        if where is None:
+            return None
+        message = f"Request body at {where}: text is not valid Unicode (a lone surrogate)."
+        return 422, error_body("invalid_params", message, {"param": "body", "path": where})
 
     @staticmethod
     async def _too_large(send: Any, cap: int) -> None:

@@ -10,7 +10,7 @@
     ├── InvalidParams          a value the caller sent is not acceptable
     │   ├── InvalidTitle       a title that is empty after normalization
     │   ├── TooManySessions    a bulk request selects more sessions than allowed
-    │   └── InputRejected      client JSON over a parse limit (depth, number, surrogate)
+    │   └── InputRejected      client JSON over a parse limit (nesting depth, number)
     └── StoreUnavailable       Redis cannot be reached or answered with an error
 """
 
@@ -102,7 +102,7 @@ class TooManySessions(InvalidParams):
 
 class InputRejected(InvalidParams):
     """Raised by ``orchestrator.untrusted.loads`` for a client's JSON over one of its limits.
-    ``data``: ``limit`` (``depth`` | ``number`` | ``unicode``), ``max`` (depth and number),
+    ``data``: ``limit`` (``depth`` | ``number``), ``max``,
     ``path`` (where, as ``$.params.title[0]``) and ``param`` (``body``, ``cursor``,
     ``message``). ``partial`` is the parsed document when the parser got that far, so a
     JSON-RPC transport can still answer the request's id; ``None`` otherwise."""

@@ -4,14 +4,16 @@ JSON inside listing cursors).
 
 Python's ``json.loads`` alone lets a client crash the caller: nesting a few thousand levels
 deep raises ``RecursionError``, an integer of more than 4,300 digits raises a bare
-``ValueError`` (CPython's int-from-string digit limit), ``1e400`` becomes ``inf`` and a
-``"\\ud800"`` escape a string that cannot be encoded as UTF-8. ``loads`` turns each of these
-into one ``InputRejected`` error (``orchestrator.errors``; HTTP 400, JSON-RPC -32602) that names
-the limit, its value and where in the document it was exceeded:
+``ValueError`` (CPython's int-from-string digit limit) and ``1e400`` becomes ``inf``.
+``loads`` turns each of these into one ``InputRejected`` error (``orchestrator.errors``; HTTP
+400, JSON-RPC -32602) that names the limit, its value and where it was exceeded:
 
 - ``MAX_DEPTH`` (64) levels of arrays and objects;
-- ``MAX_NUMBER_CHARS`` (100) characters in one number literal, and finite numbers only;
-- strings (object keys included) must be valid Unicode: no lone surrogates.
+- ``MAX_NUMBER_CHARS`` (100) characters in one number literal, and finite numbers only.
+
+Lone surrogates (``"\\ud800"``) are valid JSON and pass ``loads``: JSON-RPC methods refuse
+them where they would be stored (-32602); the HTTP API refuses any in a body at once (422,
+through ``lone_surrogate``), since its answers echo what was sent.
 
 Invalid JSON raises ``json.JSONDecodeError`` as ``json.loads`` does.
 """
@@ -29,8 +31,6 @@ from orchestrator.errors import InputRejected
 MAX_DEPTH = 64
 #: Longest number literal accepted, in characters (sign, digits, point and exponent).
 MAX_NUMBER_CHARS = 100
-
-_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 class _Oversized:
@@ -71,10 +71,7 @@ def _violation(value: Any) -> tuple[str, list[Any], str] | None:
             if depth > MAX_DEPTH:
                 return "depth", path, f"nested deeper than {MAX_DEPTH} levels"
             items = node.items() if isinstance(node, dict) else enumerate(node)
-            for key, child in items:
-                if isinstance(key, str) and _SURROGATE.search(key):
-                    return "unicode", path, "an object key is not valid Unicode (lone surrogate)"
-                stack.append((child, [*path, key], depth + 1))
+            stack.extend((child, [*path, key], depth + 1) for key, child in items)
         elif isinstance(node, _Oversized):
             shown = node.literal if len(node.literal) <= 24 else f"{node.literal[:20]}..."
             return (
@@ -83,8 +80,28 @@ def _violation(value: Any) -> tuple[str, list[Any], str] | None:
                 f"number {shown} ({len(node.literal)} characters) is longer than "
                 f"{MAX_NUMBER_CHARS} characters or not finite",
             )
-        elif isinstance(node, str) and _SURROGATE.search(node):
-            return "unicode", path, "a string is not valid Unicode (lone surrogate)"
+    return None
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def lone_surrogate(value: Any) -> str | None:
+    """Where (``$.a[0]``) the first string or object key holding a lone surrogate is in a
+    parsed value, or ``None``: such text cannot be encoded as UTF-8, so it can be neither
+    stored nor echoed."""
+    stack: list[tuple[Any, list[Any]]] = [(value, [])]
+    while stack:
+        node, path = stack.pop()
+        if isinstance(node, str):
+            if _SURROGATE.search(node):
+                return _path(path)[:200]
+        elif isinstance(node, (dict, list)):
+            items = node.items() if isinstance(node, dict) else enumerate(node)
+            for key, child in items:
+                if isinstance(key, str) and _SURROGATE.search(key):
+                    return _path(path)[:200]
+                stack.append((child, [*path, key]))
     return None
 
 
@@ -110,7 +127,6 @@ def loads(text: str | bytes, *, param: str = "body") -> Any:
         return value
     limit, parts, detail = found
     data: dict[str, Any] = {"limit": limit, "param": param}
-    if limit != "unicode":
-        data["max"] = MAX_DEPTH if limit == "depth" else MAX_NUMBER_CHARS
+    data["max"] = MAX_DEPTH if limit == "depth" else MAX_NUMBER_CHARS
     where = data["path"] = _path(parts)[:200]
     raise InputRejected(f"{param} at {where}: {detail}.", data, value)
