@@ -22,6 +22,7 @@ from api.errors import error_body, lookup
 from api.guards import BodyGuard, OriginGuard, allowed_origins, origin_text
 from orchestrator import activity, archive, audit, sessions, turns
 from orchestrator.errors import FleetError, InvalidParams
+from orchestrator.logs import redact_every_handler
 from orchestrator.settings import get_settings
 
 log = logging.getLogger(__name__)
@@ -157,7 +158,11 @@ def _single_valued_query(request: HTTPConnection) -> None:
 
 
 def create_app() -> FastAPI:
-    """Build the API application."""
+    """Build the API application. Every log handler of the process gets ``RedactSecrets``
+    (``orchestrator.logs``), so no token reaches a log line, the access log included, however
+    the server was started (``fleet api``, or ``uvicorn api.rest:create_app --factory`` with
+    uvicorn's own logging)."""
+    redact_every_handler()
     app = FastAPI(
         title="agent-fleet",
         version="0.1.0",

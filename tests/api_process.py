@@ -40,19 +40,48 @@ class ApiProcess:
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
 
+    def stop(self) -> None:
+        """SIGTERM (uvicorn's graceful shutdown), SIGKILL after 10 s; idempotent."""
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+
+
+#: How the API can be started: ``fleet api``, or uvicorn on the app factory with uvicorn's own
+#: logging configuration (as ``tests/console`` and ``bench/`` do).
+COMMANDS = {
+    "fleet api": ["-m", "api.cli", "api", "--host", "127.0.0.1", "--port"],
+    "uvicorn": [
+        "-m",
+        "uvicorn",
+        "api.rest:create_app",
+        "--factory",
+        "--host",
+        "127.0.0.1",
+        "--log-level",
+        "info",
+        "--port",
+    ],
+}
+
 
 @contextlib.contextmanager
-def api_process(log_path: Path, **env: str) -> Iterator[ApiProcess]:
-    """Start ``python -m api.cli api`` on a free loopback port with this run's Redis and key
-    prefix (conftest's environment), no token unless ``env`` sets one, and ``env`` applied;
-    wait for ``/health``; stop it (SIGTERM, then SIGKILL) when the block ends."""
+def api_process(log_path: Path, command: str = "fleet api", **env: str) -> Iterator[ApiProcess]:
+    """Start the API (``command``, a key of ``COMMANDS``) on a free loopback port with this
+    run's Redis and key prefix (conftest's environment), no token unless ``env`` sets one, and
+    ``env`` applied; wait for ``/health``; stop it (SIGTERM, then SIGKILL) when the block
+    ends. Its stdout and stderr go to ``log_path``."""
     port = free_port()
     full = dict(os.environ)
     full.pop("FLEET_API_TOKEN", None)
     full.update(env)
     with log_path.open("wb") as out:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "api.cli", "api", "--host", "127.0.0.1", "--port", str(port)],
+            [sys.executable, *COMMANDS[command], str(port)],
             stdout=out,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
@@ -72,9 +101,4 @@ def api_process(log_path: Path, **env: str) -> Iterator[ApiProcess]:
             time.sleep(0.1)
         yield server
     finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(5)
+        server.stop()
