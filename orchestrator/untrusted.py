@@ -40,15 +40,6 @@ class _Oversized:
         self.literal = literal
 
 
-def _number(literal: str) -> Any:
-    if len(literal) > MAX_NUMBER_CHARS:
-        return _Oversized(literal)
-    if any(c in literal for c in ".eE"):
-        value = float(literal)
-        return value if math.isfinite(value) else _Oversized(literal)
-    return int(literal)
-
-
 def _constant(name: str) -> Any:
     # NaN, Infinity and -Infinity are not JSON; json.loads accepts them by default.
     raise json.JSONDecodeError(f"{name} is not a JSON value", name, 0)
@@ -115,13 +106,32 @@ def loads(text: str | bytes, *, param: str = "body") -> Any:
             text = text.decode("utf-8")
         except UnicodeDecodeError as exc:
             raise json.JSONDecodeError(f"not UTF-8 ({exc.reason})", "", exc.start) from None
+    oversized: list[str] = []
+
+    def integer(literal: str) -> Any:
+        if len(literal) > MAX_NUMBER_CHARS:
+            oversized.append(literal)
+            return _Oversized(literal)
+        return int(literal)
+
+    def real(literal: str) -> Any:
+        value = float(literal)
+        if len(literal) > MAX_NUMBER_CHARS or not math.isfinite(value):
+            oversized.append(literal)
+            return _Oversized(literal)
+        return value
+
     try:
-        value = json.loads(text, parse_int=_number, parse_float=_number, parse_constant=_constant)
+        value = json.loads(text, parse_int=integer, parse_float=real, parse_constant=_constant)
     except RecursionError:
         raise InputRejected(
             f"{param}: JSON nested deeper than {MAX_DEPTH} levels, the most accepted.",
             {"limit": "depth", "max": MAX_DEPTH, "path": "$", "param": param},
         ) from None
+    # The walk costs a Python step per value: skip it when nothing can be wrong (no long
+    # number, and too few brackets, strings' included, to nest past the limit).
+    if not oversized and text.count("[") + text.count("{") <= MAX_DEPTH:
+        return value
     found = _violation(value)
     if found is None:
         return value

@@ -59,10 +59,12 @@ class Harness:
         self.archived = sessions.create_session(store, cwd).session_id
         archive.archive(store, RecordingDispatcher(), self.archived)
 
-    def run(self, text: str) -> list[dict[str, Any]]:
-        return self.loop.run_until_complete(self._run(text))
+    def run(self, text: str, expect_id: Any = None) -> list[dict[str, Any]]:
+        """Messages sent back for ``text``; with ``expect_id``, only once the answer with that
+        id is among them (a session/prompt is otherwise not waited for: it may stay pending)."""
+        return self.loop.run_until_complete(self._run(text, expect_id))
 
-    async def _run(self, text: str) -> list[dict[str, Any]]:
+    async def _run(self, text: str, expect_id: Any = None) -> list[dict[str, Any]]:
         sent: list[dict[str, Any]] = []
 
         async def send(message: dict[str, Any]) -> None:
@@ -75,6 +77,8 @@ class Harness:
         try:
             await conn.handle_text(text)
             await _answered(sent, text)
+            if expect_id is not None:
+                await _wait(lambda: any(m.get("id") == expect_id for m in sent), repr(expect_id))
             # The connection is still usable.
             mark = len(sent)
             await conn.handle_text(
