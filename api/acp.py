@@ -29,8 +29,12 @@ from typing import Any
 import redis.asyncio as aioredis
 
 from api.errors import TRANSLATED, lookup, translate
-from orchestrator import activity, archive, audit, deletion, sessions, titles, turns
-from orchestrator.errors import InvalidParams, SessionArchived
+from orchestrator import activity, archive, audit, deletion, sessions, titles, turns, untrusted
+from orchestrator.errors import (
+    InputRejected,
+    InvalidParams,
+    SessionArchived,
+)
 from orchestrator.families import Dispatcher
 from orchestrator.store import Store
 from orchestrator.store import translated as translated_store
@@ -265,24 +269,28 @@ class AcpConnection:
 
     async def handle_text(self, text: str) -> None:
         """Handle one incoming JSON-RPC message. Never raises: a malformed message gets an
-        error response and the connection goes on."""
+        error response and the connection goes on. JSON is read by ``orchestrator.untrusted``
+        (depth, number and Unicode limits)."""
+        try:
+            await self._handle_text(text)
+        except Exception:  # a bug of ours must not end the client's connection
+            log.exception("ACP message not handled")
+            await self._error(None, INTERNAL_ERROR, "Internal error; see the agent's log.")
+
+    async def _handle_text(self, text: str) -> None:
         if len(text) > MAX_MESSAGE:
             await self._error(None, INVALID_REQUEST, f"message larger than {MAX_MESSAGE} bytes")
             return
         try:
-            msg = json.loads(text)
+            msg = untrusted.loads(text, param="message")
         except json.JSONDecodeError as exc:
             await self._error(None, PARSE_ERROR, f"Parse error: not valid JSON ({exc.msg}).")
             return
-        except RecursionError:
-            await self._error(None, PARSE_ERROR, "Parse error: JSON nested too deeply.")
+        except InputRejected as exc:
+            await self._rejected(exc)
             return
         msg_id = msg.get("id") if isinstance(msg, dict) else None
-        # JSON-RPC ids are strings, integers or null (ACP RequestId); anything else is echoed
-        # as null, since it cannot identify a request.
-        good_id = msg_id is None or (
-            isinstance(msg_id, (str, int)) and not isinstance(msg_id, bool)
-        )
+        good_id = _good_id(msg_id)
         if not isinstance(msg, dict) or msg.get("jsonrpc") != "2.0":
             await self._error(
                 msg_id if good_id else None,
@@ -320,6 +328,22 @@ class AcpConnection:
             key = _id_key(msg_id)
             self._requests[key] = (task, method, msg)
             task.add_done_callback(lambda t: self._forget_request(key, t))
+
+    async def _rejected(self, exc: InputRejected) -> None:
+        """Answer a message over a parse limit: -32602 with its id when only its params
+        broke the limit, -32600 when the rest of it did, -32700 when it could not be parsed
+        at all (nested deeper than the parser goes)."""
+        msg = exc.partial
+        if not isinstance(msg, dict):
+            await self._error(None, PARSE_ERROR, f"Parse error: {exc.message}", exc.data)
+            return
+        msg_id = msg.get("id")
+        msg_id = msg_id if _good_id(msg_id) else None
+        in_params = str(exc.data.get("path", "")).startswith(("$.params.", "$.params["))
+        if in_params and msg_id is not None and "method" in msg:
+            await self._error(msg_id, INVALID_PARAMS, f"Invalid params: {exc.message}", exc.data)
+        else:
+            await self._error(msg_id, INVALID_REQUEST, f"Invalid request: {exc.message}", exc.data)
 
     def _forget_request(self, key: tuple[str, Any], task: asyncio.Task[None]) -> None:
         if self._requests.get(key, (None,))[0] is task:
@@ -699,6 +723,12 @@ class AcpConnection:
     async def activity(self, params: dict[str, Any]) -> dict[str, Any]:
         items = await self._call(activity.census, self.store, _session_id(params))
         return {"activity": [i.to_wire() for i in items]}
+
+
+def _good_id(msg_id: Any) -> bool:
+    """JSON-RPC ids are strings, integers or null (ACP RequestId); anything else is echoed
+    as null, since it cannot identify a request."""
+    return msg_id is None or (isinstance(msg_id, (str, int)) and not isinstance(msg_id, bool))
 
 
 def _id_key(msg_id: Any) -> tuple[str, Any]:

@@ -11,6 +11,7 @@ from kombu.exceptions import OperationalError
 from orchestrator.errors import (
     AncestorArchived,
     FleetError,
+    InputRejected,
     InvalidParams,
     SessionActive,
     SessionArchived,
@@ -26,6 +27,8 @@ ERROR_TABLE: dict[type[FleetError], tuple[int, int]] = {
     SessionArchived: (409, -32004),
     AncestorArchived: (409, -32005),
     InvalidParams: (422, -32602),
+    # JSON over a parse limit (depth, number, lone surrogate): malformed rather than invalid.
+    InputRejected: (400, -32602),
     StoreUnavailable: (503, -32010),
 }
 

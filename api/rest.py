@@ -9,6 +9,7 @@ from typing import Annotated, Any
 
 from fastapi import Depends, FastAPI, Header, Query, Request, WebSocket, WebSocketDisconnect
 from fastapi.exceptions import RequestValidationError
+from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, StrictStr
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -18,8 +19,10 @@ from api import console, lifecycle, ops, sse
 from api.acp import AcpConnection, encode_message, shared_hub
 from api.context import dispatcher, redis_url, store
 from api.errors import FOREIGN_ERRORS, error_body, lookup, translate
+from api.guards import BodyGuard, OriginGuard, allowed_origins, origin_text
 from orchestrator import activity, archive, audit, sessions, turns
 from orchestrator.errors import FleetError, InvalidParams
+from orchestrator.logs import redact_every_handler
 from orchestrator.settings import get_settings
 
 log = logging.getLogger(__name__)
@@ -87,73 +90,6 @@ class _Actor:
             await self.app(scope, receive, send)
 
 
-class _BodyLimit:
-    """ASGI middleware: a request body larger than ``FLEET_API_MAX_BODY_BYTES`` (default
-    1 MiB) answers 413 ``body_too_large`` in the one error shape. A declared
-    ``Content-Length`` over the cap is refused before anything is read; a body without one
-    (chunked) is read up to the cap and refused as soon as it goes past it. Bodies within
-    the cap are passed on unchanged."""
-
-    def __init__(self, app: Any) -> None:
-        self.app = app
-
-    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        cap = get_settings().api_max_body_bytes
-        declared = None
-        for name, value in scope.get("headers") or ():
-            if name.lower() == b"content-length":
-                declared = value
-        if declared is not None:
-            try:
-                too_big = int(declared) > cap
-            except ValueError:
-                too_big = False  # the server rejects a malformed Content-Length itself
-            if too_big:
-                await self._refuse(send, cap)
-                return
-        chunks: list[bytes] = []
-        size = 0
-        first: dict[str, Any] | None = None
-        while True:
-            message = await receive()
-            if message["type"] != "http.request":
-                first = message  # the client left: pass that on
-                break
-            body = message.get("body", b"")
-            size += len(body)
-            if size > cap:
-                await self._refuse(send, cap)
-                return
-            chunks.append(body)
-            if not message.get("more_body", False):
-                break
-        replay: list[dict[str, Any]] = [
-            first or {"type": "http.request", "body": b"".join(chunks), "more_body": False}
-        ]
-
-        async def replayed() -> Any:
-            return replay.pop() if replay else await receive()
-
-        await self.app(scope, replayed, send)
-
-    @staticmethod
-    async def _refuse(send: Any, cap: int) -> None:
-        response = JSONResponse(
-            error_body(
-                "body_too_large",
-                f"Request body is larger than {cap} bytes (FLEET_API_MAX_BODY_BYTES).",
-                {"maxBytes": cap},
-            ),
-            status_code=413,
-            headers={"Connection": "close"},
-        )
-        await send({"type": "http.response.start", "status": 413, "headers": response.raw_headers})
-        await send({"type": "http.response.body", "body": response.body})
-
-
 #: The one error shape (``api/errors.py``), as documented in the OpenAPI document.
 ERROR_SCHEMA: dict[str, Any] = {
     "title": "Error",
@@ -214,7 +150,11 @@ def _single_valued_query(request: HTTPConnection) -> None:
 
 
 def create_app() -> FastAPI:
-    """Build the API application."""
+    """Build the API application. Every log handler of the process gets ``RedactSecrets``
+    (``orchestrator.logs``), so no token reaches a log line, the access log included, however
+    the server was started (``fleet api``, or ``uvicorn api.rest:create_app --factory`` with
+    uvicorn's own logging)."""
+    redact_every_handler()
     app = FastAPI(
         title="agent-fleet",
         version="0.1.0",
@@ -269,7 +209,16 @@ def create_app() -> FastAPI:
     _document_errors(app)
     auth = [Depends(_authorize)]
     app.add_middleware(_Actor)
-    app.add_middleware(_BodyLimit)
+    app.add_middleware(BodyGuard)
+    origins = sorted(origin_text(o) for o in allowed_origins())
+    if origins:  # pages of an allowed origin may also read answers and send JSON
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=origins,
+            allow_methods=["*"],
+            allow_headers=["Authorization", "Content-Type", "Last-Event-ID"],
+        )
+    app.add_middleware(OriginGuard)  # outermost: refused before anything else runs
     app.include_router(ops.router(auth))
     # Before the /sessions/{session_id}/... routes below: POST /sessions/archive is bulk.
     app.include_router(lifecycle.router(auth))

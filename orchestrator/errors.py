@@ -10,7 +10,8 @@
     ├── AncestorArchived       unarchive of a session whose ancestor is still archived
     ├── InvalidParams          a value the caller sent is not acceptable
     │   ├── InvalidTitle       a title that is empty after normalization
-    │   └── TooManySessions    a bulk request selects more sessions than allowed
+    │   ├── TooManySessions    a bulk request selects more sessions than allowed
+    │   └── InputRejected      client JSON over a parse limit (nesting depth, number)
     └── StoreUnavailable       Redis cannot be reached or answered with an error
 
     TurnStopped                internal to the step runtime, never reaches an interface: a
@@ -120,6 +121,20 @@ class TooManySessions(InvalidParams):
     written); ``data`` carries ``param``, ``max`` and, for filters, the setting to raise."""
 
     code = "too_many_sessions"
+
+
+class InputRejected(InvalidParams):
+    """Raised by ``orchestrator.untrusted.loads`` for a client's JSON over one of its limits.
+    ``data``: ``limit`` (``depth`` | ``number``), ``max``,
+    ``path`` (where, as ``$.params.title[0]``) and ``param`` (``body``, ``cursor``,
+    ``message``). ``partial`` is the parsed document when the parser got that far, so a
+    JSON-RPC transport can still answer the request's id; ``None`` otherwise."""
+
+    code = "input_rejected"
+
+    def __init__(self, message: str, data: dict[str, Any], partial: Any = None) -> None:
+        super().__init__(message, data)
+        self.partial = partial
 
 
 class StoreUnavailable(FleetError):

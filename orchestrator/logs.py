@@ -10,12 +10,19 @@ them, ``turn_id``, ``family`` and ``task_id``, passed through ``extra={...}``. A
 ``fleet up``, ``fleet acp``, and the Celery workers through ``workers/logs.py``). The format
 comes from ``FLEET_LOG_FORMAT`` (``json`` | ``text``); unset, it is ``text`` when the stream is
 a terminal and ``json`` otherwise.
+
+Credentials never reach a log line: ``RedactSecrets`` (one filter, on every handler of the
+process: ``configure`` and ``redact_every_handler``) replaces query parameters such as
+``token=`` and ``access_token=``, ``Bearer``/``Basic`` credentials, ``Authorization`` values
+and the password of URLs (``redis://:pw@host``) with ``[REDACTED]``, in the message, its
+arguments (uvicorn's access log keeps its argument tuple) and tracebacks.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import re
 import sys
 from collections.abc import Iterable
 from typing import Any, TextIO
@@ -27,6 +34,82 @@ from orchestrator.store import iso
 CONTEXT_FIELDS = ("session_id", "turn_id", "family", "task_id")
 #: Attribute marking the handler ``configure`` installed, so a second call replaces it.
 _MARK = "_fleet_handler"
+
+
+REDACTED = "[REDACTED]"
+#: (pattern, replacement) pairs applied in order by ``redact``.
+_SECRETS: list[tuple[re.Pattern[str], str]] = [
+    # ?token=... &access_token=... in URLs and access-log request lines.
+    (
+        re.compile(
+            r"(?i)([?&;](?:token|access_token|api_key|apikey|password|secret|auth)=)[^&;\s\"'#]*"
+        ),
+        rf"\1{REDACTED}",
+    ),
+    # Authorization: Bearer <token> / Basic <base64>, wherever the header is echoed.
+    (re.compile(r"(?i)(\bbearer\s+)[^\s\"',;]+"), rf"\1{REDACTED}"),
+    (re.compile(r"(\bBasic\s+)[A-Za-z0-9+/]{8,}=*"), rf"\1{REDACTED}"),
+    (
+        re.compile(r"(?i)(\bauthorization[\"']?\s*[:=]\s*[\"']?)(?!bearer\b|basic\b)[^\s\"',;]+"),
+        rf"\1{REDACTED}",
+    ),
+    # scheme://user:password@host (redis://:pw@host): the password goes.
+    (re.compile(r"(?i)\b([a-z][a-z0-9+.\-]*://[^/\s:@]*:)[^/\s@]+@"), rf"\1{REDACTED}@"),
+]
+
+
+def redact(text: str) -> str:
+    """``text`` with every credential ``_SECRETS`` knows replaced by ``[REDACTED]``."""
+    for pattern, replacement in _SECRETS:
+        text = pattern.sub(replacement, text)
+    return text
+
+
+class RedactSecrets(logging.Filter):
+    """Removes credentials from a record before any handler writes it (see the module
+    docstring). String arguments are redacted one by one, so formatters that read
+    ``record.args`` themselves (uvicorn's access formatter) keep working; a credential that
+    only shows once they are merged into the message makes the message the redacted text."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if isinstance(record.msg, str):
+            record.msg = redact(record.msg)
+        if isinstance(record.args, tuple):
+            record.args = tuple(redact(a) if isinstance(a, str) else a for a in record.args)
+        elif isinstance(record.args, dict):
+            record.args = {
+                k: redact(v) if isinstance(v, str) else v for k, v in record.args.items()
+            }
+        try:
+            message = record.getMessage()
+        except (TypeError, ValueError):
+            return True  # a broken format string: the handler reports it as usual
+        clean = redact(message)
+        if clean != message:
+            record.msg, record.args = clean, None
+        if record.exc_info and not record.exc_text:
+            record.exc_text = logging.Formatter().formatException(record.exc_info)
+        if record.exc_text:
+            record.exc_text = redact(record.exc_text)
+            record.exc_info = None  # formatters print exc_text instead
+        if record.stack_info:
+            record.stack_info = redact(record.stack_info)
+        return True
+
+
+_REDACTOR = RedactSecrets()
+
+
+def redact_every_handler() -> None:
+    """Add ``RedactSecrets`` to every handler installed in this process so far (the root's
+    and every logger's, e.g. uvicorn's own when it configured logging itself)."""
+    loggers = [logging.getLogger()] + [
+        lg for lg in logging.Logger.manager.loggerDict.values() if isinstance(lg, logging.Logger)
+    ]
+    for lg in loggers:
+        for handler in lg.handlers:
+            if not any(isinstance(f, RedactSecrets) for f in handler.filters):
+                handler.addFilter(_REDACTOR)
 
 
 def _context(record: logging.LogRecord) -> dict[str, Any]:
@@ -51,7 +134,7 @@ class JsonFormatter(logging.Formatter):
         }
         if record.exc_info:
             entry["exc"] = self.formatException(record.exc_info)
-        elif record.exc_text:
+        elif record.exc_text:  # set (and redacted) by RedactSecrets
             entry["exc"] = record.exc_text
         if record.stack_info:
             entry["stack"] = self.formatStack(record.stack_info)
@@ -104,14 +187,16 @@ def configure(
     (``json``, ``text``, or ``None``: from ``FLEET_LOG_FORMAT``, else by terminal).
 
     Replaces the handler an earlier call installed and leaves other handlers alone (a test's
-    log capture keeps working). ``filters`` are added to the handler, e.g. one filling
-    ``task_id`` from the running Celery task. Returns the handler.
+    log capture keeps working; it gets ``RedactSecrets`` too, as the new handler does).
+    ``filters`` are added to the handler, e.g. one filling ``task_id`` from the running
+    Celery task. Returns the handler.
     """
     if fmt is None:
         fmt = get_settings().log_format or None
     out = stream if stream is not None else sys.stderr
     handler = logging.StreamHandler(out)
     handler.setFormatter(formatter(resolve_format(fmt, out)))
+    handler.addFilter(_REDACTOR)
     for item in filters:
         handler.addFilter(item)
     setattr(handler, _MARK, True)
@@ -121,4 +206,5 @@ def configure(
         old.close()
     root.addHandler(handler)
     root.setLevel(level)
+    redact_every_handler()
     return handler

@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from orchestrator import audit
-from orchestrator.errors import InvalidParams, SessionNotFound, TurnStopped
+from orchestrator import audit, untrusted
+from orchestrator.errors import InputRejected, InvalidParams, SessionNotFound, TurnStopped
 from orchestrator.fencing import StepGuard
 from orchestrator.store import Store, iso, new_id, now_ms, retried
 
@@ -287,7 +287,10 @@ def _decode_cursor(
         raise bad
     try:
         raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
-        data = json.loads(raw)
+        data = untrusted.loads(raw, param="cursor")
+    except InputRejected as exc:
+        # Still a bad cursor, but say which limit it broke.
+        raise InputRejected(f"{exc.message} {bad.message}", exc.data) from None
     except (binascii.Error, ValueError, UnicodeDecodeError):
         raise bad from None
     if not isinstance(data, dict) or data.get("a") != flt.value or data.get("c") != cwd:

@@ -50,6 +50,9 @@ class FleetSettings(BaseSettings):
     api_token: str = ""
     #: Largest HTTP request body the API reads, in bytes; a larger one answers 413.
     api_max_body_bytes: int = Field(default=1_048_576, ge=1)
+    #: Browser origins (``scheme://host:port``, comma-separated) besides the API's own that
+    #: may change state (POST/PUT/PATCH/DELETE) and open ``/acp``; other origins get 403.
+    api_allowed_origins: str = ""
     #: ``user:password`` Flower asks for (``fleet flower``); required beyond loopback.
     flower_basic_auth: str = ""
     #: Most sessions a bulk-archive filter may select (``POST /sessions/archive``, ``fleet

@@ -1,7 +1,9 @@
 """Property-based fuzzing of the JSON-RPC endpoint: ``api.acp.AcpConnection`` driven in process
 (the same object serves ``fleet acp`` and the ``/acp`` WebSocket) with arbitrary JSON values,
 JSON-RPC-shaped objects with methods from the real method list and random params, random text
-lines and deeply nested documents, against the real test Redis.
+lines, deeply nested documents and hostile JSON (numbers of thousands of digits, non-finite
+numbers, nesting past the parse limit, lone surrogates: in params, in ids and inside listing
+cursors), against the real test Redis.
 
 For every input: ``handle_text`` never raises; every message sent back is a JSON-RPC 2.0
 message whose errors carry an integer ``code`` and a non-empty ``message`` and are never
@@ -16,6 +18,7 @@ The number of inputs fuzzed per target is printed (run with ``-s`` to see it).
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import uuid
 from collections.abc import Iterator
@@ -26,7 +29,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from api.acp import _METHODS, _NOTIFICATIONS, MAX_MESSAGE, AcpConnection, encode_message, shared_hub
-from orchestrator import archive, sessions
+from orchestrator import archive, sessions, untrusted
+from orchestrator.errors import InputRejected
 from tests.helpers import RecordingDispatcher
 
 pytestmark = pytest.mark.redis
@@ -55,12 +59,12 @@ class Harness:
         self.archived = sessions.create_session(store, cwd).session_id
         archive.archive(store, RecordingDispatcher(), self.archived)
 
-    def run(self, text: str, *, answer_to: Any = None) -> list[dict[str, Any]]:
-        """Handle ``text`` on a fresh connection; with ``answer_to``, also wait for the answer
-        with that id (a prompt is otherwise not awaited: it may stay pending)."""
-        return self.loop.run_until_complete(self._run(text, answer_to))
+    def run(self, text: str, expect_id: Any = None) -> list[dict[str, Any]]:
+        """Messages sent back for ``text``; with ``expect_id``, only once the answer with that
+        id is among them (a session/prompt is otherwise not waited for: it may stay pending)."""
+        return self.loop.run_until_complete(self._run(text, expect_id))
 
-    async def _run(self, text: str, answer_to: Any = None) -> list[dict[str, Any]]:
+    async def _run(self, text: str, expect_id: Any = None) -> list[dict[str, Any]]:
         sent: list[dict[str, Any]] = []
 
         async def send(message: dict[str, Any]) -> None:
@@ -73,8 +77,8 @@ class Harness:
         try:
             await conn.handle_text(text)
             await _answered(sent, text)
-            if answer_to is not None:
-                await _wait(lambda: any(m.get("id") == answer_to for m in sent), "the request")
+            if expect_id is not None:
+                await _wait(lambda: any(m.get("id") == expect_id for m in sent), repr(expect_id))
             # The connection is still usable.
             mark = len(sent)
             await conn.handle_text(
@@ -109,9 +113,9 @@ async def _answered(sent: list[dict[str, Any]], text: str) -> None:
     if len(text) > MAX_MESSAGE:
         return
     try:
-        msg = json.loads(text)
-    except (ValueError, RecursionError):
-        return  # answered synchronously with -32700; checked by _check_messages
+        msg = untrusted.loads(text)
+    except (ValueError, InputRejected):
+        return  # answered at once (-32700, -32600 or -32602); see test_fuzz_hostile_json
     if not (
         isinstance(msg, dict)
         and msg.get("jsonrpc") == "2.0"
@@ -256,6 +260,29 @@ def _dump(value: Any) -> str:
     return json.dumps(value)
 
 
+#: JSON text a client can send that Python's parser alone chokes on or lets through harmful:
+#: integers past CPython's 4,300-digit limit (a bare ValueError), long or non-finite numbers,
+#: nesting past the parse limit (and past the recursion limit), lone surrogates (strings and
+#: keys that cannot be encoded as UTF-8).
+hostile_fragments = st.one_of(
+    st.integers(4_300, 20_000).map(lambda n: "9" * n),
+    st.integers(101, 4_299).map(lambda n: "-" + "1" * n),
+    st.sampled_from(["1e400", "-1e400", "1" + "0" * 400 + ".5", "NaN", "Infinity", "-Infinity"]),
+    st.integers(65, 3_000).map(lambda d: "[" * d + "]" * d),
+    st.integers(65, 3_000).map(lambda d: '{"a":' * d + "1" + "}" * d),
+    st.sampled_from(['"\\ud800"', '"a\\udfffb"', '{"\\ud800": 1}', '["\\udc00"]']),
+)
+#: Stands for a fragment in JSON text built by json.dumps, then replaced by it.
+HOLE = "HOSTILE-FRAGMENT-HOLE"
+
+
+def hostile_cursor(fragment: str, whole: bool) -> str:
+    """A ``session/list`` cursor (URL-safe base64 of JSON) carrying ``fragment``: as the whole
+    document, or as its score inside an otherwise well-formed cursor."""
+    inner = fragment if whole else '{"a":"exclude","c":null,"s":' + fragment + ',"i":"x"}'
+    return base64.urlsafe_b64encode(inner.encode("utf-8", "surrogatepass")).decode().rstrip("=")
+
+
 # -- tests -----------------------------------------------------------------------------------
 
 
@@ -303,6 +330,57 @@ def test_fuzz_deep_nesting(harness: Harness) -> None:
         if len(text) > MAX_MESSAGE:
             text = text[:MAX_MESSAGE]
         _one(harness, "deep-nesting", text)
+
+    run()
+
+
+def test_fuzz_hostile_json(harness: Harness) -> None:
+    """JSON over a parse limit in a param or a cursor answers -32602 with the request's id; in
+    the id, -32600; past the parser's own nesting, -32700. Lone surrogates are answered by each
+    method. Never -32603, and the connection goes on."""
+
+    @settings(FUZZ, max_examples=150)
+    @given(
+        fragment=hostile_fragments,
+        where=st.sampled_from(["param", "cursor", "whole-cursor", "id", "message"]),
+        method=st.sampled_from(sorted(_METHODS)),
+        rid=st.integers(1, 2**31),
+    )
+    def run(fragment: str, where: str, method: str, rid: int) -> None:
+        params: dict[str, Any] = {"sessionId": harness.active, "mcpServers": []}
+        msg: dict[str, Any] = {"jsonrpc": "2.0", "id": rid, "method": method, "params": params}
+        if where == "param":
+            params["title"] = HOLE
+        elif where in ("cursor", "whole-cursor"):
+            msg["method"] = "session/list"
+            params["cursor"] = hostile_cursor(fragment, where == "whole-cursor")
+        elif where == "id":
+            msg["id"] = HOLE
+        text = fragment if where == "message" else _dump(msg).replace(f'"{HOLE}"', fragment)
+        COUNTS["hostile-json"] = COUNTS.get("hostile-json", 0) + 1
+        sent = harness.run(text)
+        _check_messages(sent, text)
+        errors = [m for m in sent if "error" in m and m.get("id") != "fuzz-check"]
+        # Nested past the parser's own recursion limit, a message cannot be read far enough
+        # to find its id: -32700 with a null id, as JSON-RPC has it for parse errors.
+        beyond_parser = where == "param" and fragment.startswith(("[[", '{"a":{"a":'))
+        not_json = fragment.lstrip("-") in ("NaN", "Infinity")
+        if "\\u" in fragment:
+            return  # a lone surrogate is valid JSON: each method answers it (_check_messages)
+        if (beyond_parser and errors and errors[0]["id"] is None) or (
+            not_json and where == "param"
+        ):
+            assert errors[0]["id"] is None and errors[0]["error"]["code"] == -32700, errors[0]
+        elif where in ("param", "cursor", "whole-cursor"):
+            answer = next((m for m in errors if m.get("id") == rid), None)
+            assert answer is not None, (where, sent[:3], text[:200])
+            assert answer["error"]["code"] == -32602, answer
+            # NaN, or a cursor past its length cap, is merely not a cursor.
+            if not not_json and len(params.get("cursor", "")) <= 8192:
+                assert answer["error"]["data"]["limit"] in ("depth", "number"), answer
+        elif where == "id" and not fragment.startswith(('"', "[", "{")):
+            assert errors and errors[0]["id"] is None, sent[:3]
+            assert errors[0]["error"]["code"] in (-32600, -32700), errors[0]
 
     run()
 

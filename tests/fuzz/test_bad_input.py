@@ -354,7 +354,7 @@ def test_acp_caps_are_clear(store: Any, redis_url: str, client: TestClient) -> N
         ]
         for method, params, figure in cases:
             msg = {"jsonrpc": "2.0", "id": 3, "method": method, "params": params}
-            sent = harness.run(json.dumps(msg), answer_to=3)
+            sent = harness.run(json.dumps(msg), expect_id=3)
             answer = next(m for m in sent if m.get("id") == 3)
             assert answer["error"]["code"] == -32602, answer
             assert figure in answer["error"]["message"], answer

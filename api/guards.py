@@ -1,0 +1,214 @@
+"""ASGI middleware guarding the HTTP API before any route runs: what a request may carry
+(``BodyGuard``: size and JSON limits) and which browser pages may change state
+(``OriginGuard``). Refusals use the one error shape of ``api/errors.py``."""
+
+from __future__ import annotations
+
+import json
+from email.message import Message
+from typing import Any
+from urllib.parse import urlsplit
+
+from fastapi.responses import JSONResponse
+
+from api.errors import error_body
+from orchestrator import untrusted
+from orchestrator.errors import InputRejected
+from orchestrator.settings import get_settings
+
+#: HTTP methods that change state: a browser page of another origin may not send them.
+STATE_CHANGING = frozenset({"POST", "PUT", "PATCH", "DELETE"})
+_DEFAULT_PORTS = {"http": 80, "https": 443, "ws": 80, "wss": 443}
+
+
+async def _answer(send: Any, status: int, body: dict[str, Any], close: bool = False) -> None:
+    headers = {"Connection": "close"} if close else None
+    response = JSONResponse(body, status_code=status, headers=headers)
+    await send({"type": "http.response.start", "status": status, "headers": response.raw_headers})
+    await send({"type": "http.response.body", "body": response.body})
+
+
+def _header(scope: Any, name: bytes) -> str | None:
+    value = None
+    for key, raw in scope.get("headers") or ():
+        if key.lower() == name:
+            value = raw.decode("latin-1")
+    return value
+
+
+def _is_json(content_type: str | None) -> bool:
+    """Whether FastAPI reads a body of this type as JSON (no type, ``*/json``, ``*/*+json``)."""
+    if not content_type:
+        return True
+    message = Message()
+    message["content-type"] = content_type
+    subtype = message.get_content_subtype()
+    return subtype == "json" or subtype.endswith("+json")
+
+
+class BodyGuard:
+    """A request body larger than ``FLEET_API_MAX_BODY_BYTES`` (default 1 MiB) answers 413
+    ``body_too_large``: a declared ``Content-Length`` over the cap is refused before anything
+    is read; a body without one (chunked) is read up to the cap and refused as soon as it goes
+    past it. A body read as JSON is then parsed by ``orchestrator.untrusted``: JSON over a
+    limit (nesting depth, number length) answers 400 ``input_rejected`` naming the limit and
+    where; a lone surrogate anywhere in it 422 ``invalid_params`` (answers echo what was sent,
+    and such text cannot be encoded); invalid JSON goes on to the route's own 422.
+    """
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        cap = get_settings().api_max_body_bytes
+        declared = _header(scope, b"content-length")
+        if declared is not None:
+            try:
+                too_big = int(declared) > cap
+            except ValueError:
+                too_big = False  # the server rejects a malformed Content-Length itself
+            if too_big:
+                await self._too_large(send, cap)
+                return
+        chunks: list[bytes] = []
+        size = 0
+        first: dict[str, Any] | None = None
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":
+                first = message  # the client left: pass that on
+                break
+            body = message.get("body", b"")
+            size += len(body)
+            if size > cap:
+                await self._too_large(send, cap)
+                return
+            chunks.append(body)
+            if not message.get("more_body", False):
+                break
+        whole = b"".join(chunks)
+        if first is None and whole and _is_json(_header(scope, b"content-type")):
+            refusal = self._check_json(whole)
+            if refusal is not None:
+                await _answer(send, *refusal)
+                return
+        replay: list[dict[str, Any]] = [
+            first or {"type": "http.request", "body": whole, "more_body": False}
+        ]
+
+        async def replayed() -> Any:
+            return replay.pop() if replay else await receive()
+
+        await self.app(scope, replayed, send)
+
+    @staticmethod
+    def _check_json(body: bytes) -> tuple[int, dict[str, Any]] | None:
+        try:
+            value = untrusted.loads(body, param="body")
+        except json.JSONDecodeError:
+            return None  # FastAPI answers it: 422 invalid_params with the parser's message
+        except InputRejected as exc:
+            return 400, error_body(exc.code, exc.message, exc.data)
+        where = untrusted.lone_surrogate(value) if b"\\u" in body else None
+        if where is None:
+            return None
+        message = f"Request body at {where}: text is not valid Unicode (a lone surrogate)."
+        return 422, error_body("invalid_params", message, {"param": "body", "path": where})
+
+    @staticmethod
+    async def _too_large(send: Any, cap: int) -> None:
+        body = error_body(
+            "body_too_large",
+            f"Request body is larger than {cap} bytes (FLEET_API_MAX_BODY_BYTES).",
+            {"maxBytes": cap},
+        )
+        await _answer(send, 413, body, close=True)
+
+
+def _origin_tuple(origin: str) -> tuple[str, str, int] | None:
+    """``(scheme, host, port)`` of an origin or URL, lower-cased, default port filled in;
+    ``None`` for anything that is not an http(s)/ws(s) origin (``null`` included)."""
+    try:
+        parts = urlsplit(origin.strip())
+        port = parts.port
+    except ValueError:
+        return None
+    scheme = parts.scheme.lower()
+    if scheme not in _DEFAULT_PORTS or not parts.hostname:
+        return None
+    scheme = {"ws": "http", "wss": "https"}.get(scheme, scheme)
+    return scheme, parts.hostname.lower(), port or _DEFAULT_PORTS[scheme]
+
+
+def origin_text(origin: tuple[str, str, int]) -> str:
+    """An ``_origin_tuple`` as a browser writes it in ``Origin`` (no default port)."""
+    scheme, host, port = origin
+    host = f"[{host}]" if ":" in host else host
+    return f"{scheme}://{host}" + ("" if port == _DEFAULT_PORTS[scheme] else f":{port}")
+
+
+def allowed_origins() -> set[tuple[str, str, int]]:
+    """The origins of ``FLEET_API_ALLOWED_ORIGINS`` (comma-separated), as ``_origin_tuple``s."""
+    raw = get_settings().api_allowed_origins
+    found = (_origin_tuple(item) for item in raw.split(",") if item.strip())
+    return {origin for origin in found if origin is not None}
+
+
+def origin_allowed(scope: Any) -> bool:
+    """Whether a request may go on as far as its ``Origin`` header is concerned: no header
+    (not a browser), the API's own origin (the scheme it is served on and its ``Host``), or
+    one listed in ``FLEET_API_ALLOWED_ORIGINS``."""
+    origin = _header(scope, b"origin")
+    if origin is None:
+        return True
+    claimed = _origin_tuple(origin)
+    if claimed is None:
+        return False  # "null" (sandboxed frames, file:) or garbage: never our own page
+    host = _header(scope, b"host")
+    if host is not None:
+        own = _origin_tuple(f"{scope.get('scheme', 'http')}://{host}")
+        if own is not None and own == claimed:
+            return True
+    return claimed in allowed_origins()
+
+
+def _refusal_text(origin: str) -> str:
+    return (
+        f"Origin {origin[:200]!r} may not use this API from a browser: only pages of the API's "
+        "own origin (the console) or of an origin listed in FLEET_API_ALLOWED_ORIGINS may."
+    )
+
+
+class OriginGuard:
+    """Cross-site request forgery and WebSocket hijacking: a state-changing HTTP request
+    (POST, PUT, PATCH, DELETE) or a ``/acp`` WebSocket handshake whose ``Origin`` is not
+    allowed (``origin_allowed``) is refused, with or without a token: HTTP with 403
+    ``origin_forbidden``, the WebSocket accepted and at once closed with 1008 (policy
+    violation) and the reason, before anything is read from it. Reads (GET) are left to
+    the browser's same-origin policy."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        kind = scope["type"]
+        guarded = kind == "websocket" or (kind == "http" and scope["method"] in STATE_CHANGING)
+        if not guarded or origin_allowed(scope):
+            await self.app(scope, receive, send)
+            return
+        text = _refusal_text(_header(scope, b"origin") or "")
+        if kind == "http":
+            origin = _header(scope, b"origin")
+            await _answer(send, 403, error_body("origin_forbidden", text, {"origin": origin}))
+            return
+        # Accept, then close: a close before accepting reaches a browser as a bare 403 with
+        # no code or reason (ASGI), which says nothing to whoever debugs the page.
+        message = await receive()
+        if message["type"] == "websocket.connect":
+            await send({"type": "websocket.accept"})
+            # A close reason is at most 123 bytes (RFC 6455, 5.5).
+            reason = "origin_forbidden: set FLEET_API_ALLOWED_ORIGINS to allow this page."
+            await send({"type": "websocket.close", "code": 1008, "reason": reason})

@@ -1,0 +1,142 @@
+"""JSON from clients, parsed within limits: the one parser every surface uses for what a
+client sends (REST bodies, JSON-RPC messages on stdio and on the ``/acp`` WebSocket, and the
+JSON inside listing cursors).
+
+Python's ``json.loads`` alone lets a client crash the caller: nesting a few thousand levels
+deep raises ``RecursionError``, an integer of more than 4,300 digits raises a bare
+``ValueError`` (CPython's int-from-string digit limit) and ``1e400`` becomes ``inf``.
+``loads`` turns each of these into one ``InputRejected`` error (``orchestrator.errors``; HTTP
+400, JSON-RPC -32602) that names the limit, its value and where it was exceeded:
+
+- ``MAX_DEPTH`` (64) levels of arrays and objects;
+- ``MAX_NUMBER_CHARS`` (100) characters in one number literal, and finite numbers only.
+
+Lone surrogates (``"\\ud800"``) are valid JSON and pass ``loads``: JSON-RPC methods refuse
+them where they would be stored (-32602); the HTTP API refuses any in a body at once (422,
+through ``lone_surrogate``), since its answers echo what was sent.
+
+Invalid JSON raises ``json.JSONDecodeError`` as ``json.loads`` does.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from typing import Any
+
+from orchestrator.errors import InputRejected
+
+#: Deepest nesting of arrays and objects accepted (the top-level value is depth 1).
+MAX_DEPTH = 64
+#: Longest number literal accepted, in characters (sign, digits, point and exponent).
+MAX_NUMBER_CHARS = 100
+
+
+class _Oversized:
+    """Stands for a number literal over the limit, so parsing goes on to find the rest."""
+
+    def __init__(self, literal: str) -> None:
+        self.literal = literal
+
+
+def _constant(name: str) -> Any:
+    # NaN, Infinity and -Infinity are not JSON; json.loads accepts them by default.
+    raise json.JSONDecodeError(f"{name} is not a JSON value", name, 0)
+
+
+def _path(parts: list[Any]) -> str:
+    out = "$"
+    for part in parts:
+        out += f"[{part}]" if isinstance(part, int) else f".{part}"
+    return out
+
+
+def _violation(value: Any) -> tuple[str, list[Any], str] | None:
+    """The first value breaking a limit, as (limit, path, detail); ``None`` when all is well.
+    Walks iteratively, never below ``MAX_DEPTH + 1`` levels."""
+    stack: list[tuple[Any, list[Any], int]] = [(value, [], 1)]
+    while stack:
+        node, path, depth = stack.pop()
+        if isinstance(node, (dict, list)):
+            if depth > MAX_DEPTH:
+                return "depth", path, f"nested deeper than {MAX_DEPTH} levels"
+            items = node.items() if isinstance(node, dict) else enumerate(node)
+            stack.extend((child, [*path, key], depth + 1) for key, child in items)
+        elif isinstance(node, _Oversized):
+            shown = node.literal if len(node.literal) <= 24 else f"{node.literal[:20]}..."
+            return (
+                "number",
+                path,
+                f"number {shown} ({len(node.literal)} characters) is longer than "
+                f"{MAX_NUMBER_CHARS} characters or not finite",
+            )
+    return None
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def lone_surrogate(value: Any) -> str | None:
+    """Where (``$.a[0]``) the first string or object key holding a lone surrogate is in a
+    parsed value, or ``None``: such text cannot be encoded as UTF-8, so it can be neither
+    stored nor echoed."""
+    stack: list[tuple[Any, list[Any]]] = [(value, [])]
+    while stack:
+        node, path = stack.pop()
+        if isinstance(node, str):
+            if _SURROGATE.search(node):
+                return _path(path)[:200]
+        elif isinstance(node, (dict, list)):
+            items = node.items() if isinstance(node, dict) else enumerate(node)
+            for key, child in items:
+                if isinstance(key, str) and _SURROGATE.search(key):
+                    return _path(path)[:200]
+                stack.append((child, [*path, key]))
+    return None
+
+
+def loads(text: str | bytes, *, param: str = "body") -> Any:
+    """Parse ``text`` (JSON sent by a client, named ``param`` in errors) within the module's
+    limits. Returns the value (no ``inf``, ``NaN`` or over-long numbers in it). Raises
+    ``InputRejected`` for a limit, ``json.JSONDecodeError`` for invalid JSON (bytes that are
+    not UTF-8 included)."""
+    if isinstance(text, bytes):
+        try:
+            text = text.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise json.JSONDecodeError(f"not UTF-8 ({exc.reason})", "", exc.start) from None
+    oversized: list[str] = []
+
+    def integer(literal: str) -> Any:
+        if len(literal) > MAX_NUMBER_CHARS:
+            oversized.append(literal)
+            return _Oversized(literal)
+        return int(literal)
+
+    def real(literal: str) -> Any:
+        value = float(literal)
+        if len(literal) > MAX_NUMBER_CHARS or not math.isfinite(value):
+            oversized.append(literal)
+            return _Oversized(literal)
+        return value
+
+    try:
+        value = json.loads(text, parse_int=integer, parse_float=real, parse_constant=_constant)
+    except RecursionError:
+        raise InputRejected(
+            f"{param}: JSON nested deeper than {MAX_DEPTH} levels, the most accepted.",
+            {"limit": "depth", "max": MAX_DEPTH, "path": "$", "param": param},
+        ) from None
+    # The walk costs a Python step per value: skip it when nothing can be wrong (no long
+    # number, and too few brackets, strings' included, to nest past the limit).
+    if not oversized and text.count("[") + text.count("{") <= MAX_DEPTH:
+        return value
+    found = _violation(value)
+    if found is None:
+        return value
+    limit, parts, detail = found
+    data: dict[str, Any] = {"limit": limit, "param": param}
+    data["max"] = MAX_DEPTH if limit == "depth" else MAX_NUMBER_CHARS
+    where = data["path"] = _path(parts)[:200]
+    raise InputRejected(f"{param} at {where}: {detail}.", data, value)

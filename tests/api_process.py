@@ -1,0 +1,104 @@
+"""``fleet api`` as a real process for tests that need a real server: a real WebSocket
+handshake, a browser, or the process's own log output (import as ``from tests.api_process
+import api_process``)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+@dataclass
+class ApiProcess:
+    """A running ``fleet api``: its base URL, port and the file its stdout and stderr go to."""
+
+    proc: subprocess.Popen[bytes]
+    port: int
+    log_path: Path
+
+    @property
+    def base(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def stop(self) -> None:
+        """SIGTERM (uvicorn's graceful shutdown), SIGKILL after 10 s; idempotent."""
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+
+
+#: How the API can be started: ``fleet api``, or uvicorn on the app factory with uvicorn's own
+#: logging configuration (as ``tests/console`` and ``bench/`` do).
+COMMANDS = {
+    "fleet api": ["-m", "api.cli", "api", "--host", "127.0.0.1", "--port"],
+    "uvicorn": [
+        "-m",
+        "uvicorn",
+        "api.rest:create_app",
+        "--factory",
+        "--host",
+        "127.0.0.1",
+        "--log-level",
+        "info",
+        "--port",
+    ],
+}
+
+
+@contextlib.contextmanager
+def api_process(log_path: Path, command: str = "fleet api", **env: str) -> Iterator[ApiProcess]:
+    """Start the API (``command``, a key of ``COMMANDS``) on a free loopback port with this
+    run's Redis and key prefix (conftest's environment), no token unless ``env`` sets one, and
+    ``env`` applied; wait for ``/health``; stop it (SIGTERM, then SIGKILL) when the block
+    ends. Its stdout and stderr go to ``log_path``."""
+    port = free_port()
+    full = dict(os.environ)
+    full.pop("FLEET_API_TOKEN", None)
+    full.update(env)
+    with log_path.open("wb") as out:
+        proc = subprocess.Popen(
+            [sys.executable, *COMMANDS[command], str(port)],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=full,
+        )
+    server = ApiProcess(proc, port, log_path)
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            assert proc.poll() is None, f"fleet api exited ({proc.returncode}):\n{server.log()}"
+            try:
+                if httpx.get(f"{server.base}/health", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert time.monotonic() < deadline, f"fleet api not up in 30 s:\n{server.log()}"
+            time.sleep(0.1)
+        yield server
+    finally:
+        server.stop()
