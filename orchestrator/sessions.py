@@ -20,7 +20,7 @@ from typing import Any
 from orchestrator import audit
 from orchestrator.errors import InvalidParams, SessionNotFound, TurnStopped
 from orchestrator.fencing import StepGuard
-from orchestrator.store import Store, iso, new_id, now_ms, retried
+from orchestrator.store import Store, iso, new_id, retried
 
 #: Session ids (ours are ``sess_<hex>``; clients may only pass ids in this alphabet, so an id
 #: can never reach a Redis key name with a separator or a glob in it).
@@ -215,7 +215,7 @@ def create_session(
     if parent_id is not None:
         check_session_id(parent_id)
     sid = new_id("sess")
-    ms = now_ms()
+    ms = store.now_ms()
     result = store.run(
         "create_session",
         [sid, cwd, cwd_hash(cwd), parent_id or "", ms, iso(ms), *StepGuard.argv(guard)],
@@ -452,7 +452,9 @@ def delete_session(store: Store, session_id: str) -> bool:
     trail. Raises ``StoreUnavailable``."""
     if not isinstance(session_id, str) or not SESSION_ID_RE.fullmatch(session_id):
         return False
-    deleted = store.run("delete_session", [session_id, iso(now_ms())], durable=True) == "deleted"
+    deleted = (
+        store.run("delete_session", [session_id, iso(store.now_ms())], durable=True) == "deleted"
+    )
     if deleted:
         audit.record(store, session_id, "delete", "deleted")
     return bool(deleted)
