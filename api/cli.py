@@ -83,6 +83,8 @@ def worker(
     from workers.app import worker_queues
 
     celery_app.conf.broker_url = url
+    if family.value == Family.JOB.value:
+        _hold_job_host(host)
     queues = worker_queues(Family(family.value), host)
     # JSON logs: no start-up banner among the JSON lines (workers/logs.py formats them).
     quiet = ["--quiet"] if resolve_format(settings.log_format, sys.stderr) == "json" else []
@@ -105,6 +107,19 @@ def worker(
             "--without-mingle",
         ]
     )
+
+
+def _hold_job_host(host: str) -> None:
+    """A job worker takes its host name before consuming: with another live job worker on the
+    same name (stops are routed by name), it exits 1 naming that worker."""
+    from orchestrator.errors import HostHeld
+    from workers.runtime import hold_job_host
+
+    try:
+        hold_job_host()
+    except HostHeld as exc:
+        typer.echo(f"fleet worker: {exc.message}", err=True)
+        raise typer.Exit(1) from None
 
 
 @app.command()

@@ -17,7 +17,7 @@ from orchestrator import metrics
 from orchestrator.errors import FleetError, StoreUnavailable
 from orchestrator.families import Dispatcher, Family, send_step
 from orchestrator.sessions import check_session_id, get_session
-from orchestrator.store import Store, iso, now_ms, retried
+from orchestrator.store import Store, iso, retried
 
 log = logging.getLogger(__name__)
 
@@ -139,7 +139,7 @@ def _settle_stale(
 ) -> None:
     """Records whose owner vanished (lease lapsed) are settled so they never block archive.
     A turn settled here may let the next queued turn run: its first step is sent."""
-    ms = now_ms()
+    ms = store.now_ms()
     for tid in turns:
         result = store.run(
             "turn_finish", [tid, "cancelled", "cancelled", "", ms, iso(ms), "cancelling"]
@@ -183,8 +183,8 @@ def mark_quiet(store: Store, session_id: str, *, observe: bool = True) -> bool:
     ``fleet_archive_quiet_seconds`` histogram when the session is the one the archive was
     asked for (a descendant archived with it is not counted again). Returns whether it was
     newly marked. Best effort: never raises for a store failure (logged at debug)."""
-    ms = now_ms()
     try:
+        ms = store.now_ms()
         marked = store.run("mark_quiet", [session_id, iso(ms)])
     except StoreUnavailable as exc:
         log.debug("quiet of %s not recorded: %s", session_id, exc)

@@ -39,7 +39,7 @@ from orchestrator.errors import (
 from orchestrator.families import Dispatcher
 from orchestrator.sessions import check_session_id
 from orchestrator.stops import StopReport, dispatch_stops
-from orchestrator.store import Store, iso, new_id, now_ms
+from orchestrator.store import Store, iso, new_id
 from orchestrator.turns import stopped_by_archive
 
 log = logging.getLogger(__name__)
@@ -165,7 +165,7 @@ def _archive(
     for _ in range(_REFUSAL_RECHECKS):
         result = store.run(
             "archive",
-            [sid, "1" if stop_activity else "0", iso(now_ms()), txn, recorder, binding],
+            [sid, "1" if stop_activity else "0", iso(store.now_ms()), txn, recorder, binding],
             durable=True,
         )
         outcome = result[0]

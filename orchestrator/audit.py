@@ -30,7 +30,7 @@ from typing import Any
 
 from orchestrator.errors import InvalidParams
 from orchestrator.settings import get_settings
-from orchestrator.store import Store, iso, now_ms, retried
+from orchestrator.store import Store, iso, retried
 
 log = logging.getLogger(__name__)
 
@@ -128,9 +128,9 @@ def record_many(
         return []
     settings = get_settings()
     who = actor or current_actor()
-    at = iso(now_ms())
     k = store.keys
     try:
+        at = iso(store.now_ms())
         pipe = store.redis.pipeline(transaction=False)
         for session_id, action, outcome, detail in entries:
             fields = {

@@ -56,7 +56,7 @@ from orchestrator.sessions import (
 )
 from orchestrator.settings import get_settings
 from orchestrator.stops import StopReport, dispatch_stops_many
-from orchestrator.store import Store, iso, new_id, now_ms, retried
+from orchestrator.store import Store, iso, new_id, retried
 from orchestrator.turns import stopped_by_archive
 
 log = logging.getLogger(__name__)
@@ -271,7 +271,7 @@ def auto_candidates(
     max(``updatedAt``, ``unarchivedAt``), oldest activity first, at most ``limit`` (default
     ``FLEET_BULK_FILTER_MAX``; the rest wait for the next run), ancestors first. Returns the
     ids and the cutoff (epoch ms) the clock must be older than."""
-    cutoff = (now_ms() if now is None else now) - int(idle_seconds * 1000)
+    cutoff = (store.now_ms() if now is None else now) - int(idle_seconds * 1000)
     cap = get_settings().bulk_filter_max if limit is None else limit
     where = None if cwd is None else check_cwd(cwd)
     found: list[str] = []
@@ -307,7 +307,7 @@ class _Run:
         argv: list[Any] = [
             "1" if self.stop else "0",
             "1" if self.dry else "0",
-            iso(now_ms()),
+            iso(self.store.now_ms()),
             new_id("arc"),
             "" if self.idle_before is None else self.idle_before,
             "1" if self.with_unarchive else "0",

@@ -12,6 +12,7 @@
     │   ├── InvalidTitle       a title that is empty after normalization
     │   ├── TooManySessions    a bulk request selects more sessions than allowed
     │   └── InputRejected      client JSON over a parse limit (nesting depth, number)
+    ├── HostHeld               a job worker's host name is held by another live worker
     └── StoreUnavailable       Redis cannot be reached or answered with an error
 
     TurnStopped                internal to the step runtime, never reaches an interface: a
@@ -135,6 +136,21 @@ class InputRejected(InvalidParams):
     def __init__(self, message: str, data: dict[str, Any], partial: Any = None) -> None:
         super().__init__(message, data)
         self.partial = partial
+
+
+class HostHeld(FleetError):
+    """Raised when a job worker starts with a host name another live job worker holds (stops
+    are routed by host name, so two would take each other's stops); ``data`` names the
+    holder: ``host``, ``instance``, ``pid``, ``since`` (ISO 8601)."""
+
+    code = "host_held"
+
+    def __init__(self, host: str, instance: str, pid: str, since: str) -> None:
+        super().__init__(
+            f"Host name {host!r} is held by the live job worker {instance} (pid {pid}, "
+            f"since {since}); give this worker another --host, or stop that one first.",
+            {"host": host, "instance": instance, "pid": pid, "since": since},
+        )
 
 
 class StoreUnavailable(FleetError):

@@ -7,6 +7,10 @@ by ``JobSupervisor``: the process runs in its own process group, dies with the w
 whose worker died stops counting once the lease lapses (``activity`` marks it ``lost``).
 
 Stopping is cooperative first: SIGTERM to the process group, SIGKILL after the grace period.
+A stop signals only a process that is verifiably the job's (``orchestrator/ownership.py``):
+one this supervisor forked, or an orphan of an earlier worker of this host whose pid still
+names a process that started when the job's did; any other pid is left alone and the job is
+recorded ``lost``.
 """
 
 from __future__ import annotations
@@ -25,8 +29,9 @@ from enum import StrEnum
 from orchestrator.errors import TurnStopped
 from orchestrator.families import Dispatcher, Family, Task, control_queue, work_queue
 from orchestrator.fencing import StepGuard
+from orchestrator.ownership import is_process, new_instance, process_start
 from orchestrator.processes import die_with_parent
-from orchestrator.store import Store, iso, new_id, now_ms, retried
+from orchestrator.store import Store, iso, new_id, retried
 
 log = logging.getLogger(__name__)
 
@@ -56,8 +61,9 @@ def _job_fields(store: Store, job_id: str, *fields: str) -> list[str | None]:
 
 
 @retried
-def _record_pid(store: Store, job_id: str, pid: int) -> None:
-    store.redis.hset(store.keys.job(job_id), "pid", pid)
+def _record_pid(store: Store, job_id: str, pid: int, started: float | None) -> None:
+    fields = {"pid": pid, "pidStart": "" if started is None else repr(started)}
+    store.redis.hset(store.keys.job(job_id), mapping=fields)
 
 
 @retried
@@ -82,7 +88,15 @@ def create_job(
     jid = new_id("job")
     stored = store.run(
         "job_create",
-        [jid, session_id, label, seconds, iso(now_ms()), START_TIMEOUT_MS, *StepGuard.argv(guard)],
+        [
+            jid,
+            session_id,
+            label,
+            seconds,
+            iso(store.now_ms()),
+            START_TIMEOUT_MS,
+            *StepGuard.argv(guard),
+        ],
     )
     if stored == "stopped":
         raise TurnStopped(guard.turn_id if guard else "")
@@ -115,9 +129,13 @@ class JobSupervisor:
         lease_ms: int,
         grace_seconds: float,
         command: Callable[[float], list[str]] | None = None,
+        instance: str | None = None,
     ) -> None:
         self.store = store
         self.host = host
+        #: This worker process's instance id (``ownership.HostLease.instance`` in a job
+        #: worker), stored on every job it claims.
+        self.instance = instance or new_instance(host)
         self.lease_ms = lease_ms
         self.grace = grace_seconds
         self.command = command or (lambda seconds: ["sleep", f"{seconds:g}"])
@@ -139,7 +157,10 @@ class JobSupervisor:
         with self._lock:
             self._pending.add(job_id)
         try:
-            claimed = self.store.run("job_claim", [job_id, self.host, self.lease_ms, iso(now_ms())])
+            claimed = self.store.run(
+                "job_claim",
+                [job_id, self.host, self.lease_ms, iso(self.store.now_ms()), self.instance],
+            )
             seconds = float(_job_fields(self.store, job_id, "seconds")[0] or 0)
         except BaseException:
             with self._lock:
@@ -162,7 +183,9 @@ class JobSupervisor:
             self._wake.notify()
         done.wait(10)
         if box and isinstance(box[0], Exception):
-            self.store.run("job_end", [job_id, JobState.FAILED.value, "", iso(now_ms()), "running"])
+            self.store.run(
+                "job_end", [job_id, JobState.FAILED.value, "", iso(self.store.now_ms()), "running"]
+            )
             log.warning(
                 "job %s failed to start: %s",
                 job_id,
@@ -251,7 +274,13 @@ class JobSupervisor:
             self._running.pop(run.job_id, None)
         self.store.run(
             "job_end",
-            [run.job_id, JobState.STOPPED.value, str(proc.returncode), iso(now_ms()), "running"],
+            [
+                run.job_id,
+                JobState.STOPPED.value,
+                str(proc.returncode),
+                iso(self.store.now_ms()),
+                "running",
+            ],
         )
         log.info("job %s stopped (pid %d)", run.job_id, proc.pid, extra=extra)
         return "stopped"
@@ -277,7 +306,7 @@ class JobSupervisor:
             with self._lock:
                 self._running[job_id] = _Running(job_id, session_id, proc)
                 self._pending.discard(job_id)
-            _record_pid(self.store, job_id, proc.pid)
+            _record_pid(self.store, job_id, proc.pid, process_start(proc.pid))
             log.info(
                 "job %s running as pid %d for %gs",
                 job_id,
@@ -299,7 +328,8 @@ class JobSupervisor:
                 if run.stopping or self._running.pop(run.job_id, None) is None:
                     continue  # being stopped right now; _terminate records it
             self.store.run(
-                "job_end", [run.job_id, JobState.EXITED.value, str(code), iso(now_ms()), "running"]
+                "job_end",
+                [run.job_id, JobState.EXITED.value, str(code), iso(self.store.now_ms()), "running"],
             )
             log.info(
                 "job %s exited with %d",
@@ -325,17 +355,24 @@ class JobSupervisor:
 
 
 def stop_unclaimed(
-    store: Store, dispatcher: Dispatcher, session_id: str, job_ids: list[str], *, local_host: str
+    store: Store,
+    dispatcher: Dispatcher,
+    session_id: str,
+    job_ids: list[str],
+    *,
+    local_host: str,
+    local_instance: str,
 ) -> dict[str, str]:
-    """Stop jobs not supervised by the caller: still ``starting`` -> ``stopped`` (the worker
-    that takes one later finds it stopped); running on another host -> the stop is forwarded
-    to that host's queue; recorded as running on ``local_host`` but not supervised here (an
-    orphan of an earlier worker) -> its process group is killed and it ends ``stopped``.
-    Returns ``{jobId: outcome}``."""
+    """Stop jobs not supervised by the caller (worker instance ``local_instance`` on
+    ``local_host``): still ``starting`` -> ``stopped`` (the worker that takes one later finds
+    it stopped); running on another host -> the stop is forwarded to that host's queue;
+    claimed by this instance -> left to it (it is ending here); claimed by an earlier worker of
+    this host (an orphan) -> ``_stop_orphan``. Returns ``{jobId: outcome}``."""
     outcomes: dict[str, str] = {}
     for jid in job_ids:
         result = store.run(
-            "job_end", [jid, JobState.STOPPED.value, "", iso(now_ms()), JobState.STARTING.value]
+            "job_end",
+            [jid, JobState.STOPPED.value, "", iso(store.now_ms()), JobState.STARTING.value],
         )
         if result == "ok":
             outcomes[jid] = "stopped before it started"
@@ -343,22 +380,49 @@ def stop_unclaimed(
         if result != JobState.RUNNING.value:
             outcomes[jid] = str(result)
             continue
-        host, pid = _job_fields(store, jid, "host", "pid")
+        host, instance, pid, started = _job_fields(
+            store, jid, "host", "instance", "pid", "pidStart"
+        )
         if host and host != local_host:
             dispatcher.send(Task.JOB_STOP, [session_id, [jid]], control_queue(Family.JOB, host))
             outcomes[jid] = f"forwarded to {host}"
-            continue
-        if pid:
-            with contextlib.suppress(ProcessLookupError, PermissionError, ValueError):
-                os.killpg(int(pid), signal.SIGKILL)
-        store.run(
-            "job_end", [jid, JobState.STOPPED.value, "", iso(now_ms()), JobState.RUNNING.value]
-        )
-        outcomes[jid] = "orphan killed"
-        log.warning(
-            "job %s: orphan of an earlier worker killed (pid %s)",
-            jid,
-            pid,
-            extra={"session_id": session_id, "family": "job"},
-        )
+        elif instance == local_instance:
+            outcomes[jid] = "not here (running: ending on this worker)"
+        else:
+            outcomes[jid] = _stop_orphan(store, session_id, jid, pid, started)
     return outcomes
+
+
+def _stop_orphan(
+    store: Store, session_id: str, jid: str, pid: str | None, started: str | None
+) -> str:
+    """A job left running by an earlier worker of this host: with no pid recorded it just
+    ends ``stopped``; its process group is killed only if its pid still names the process
+    that started at ``pidStart``; otherwise the pid is not ours (reused, or another pid
+    namespace), nothing is signalled and the job is recorded ``lost``."""
+    extra = {"session_id": session_id, "family": "job"}
+    if not pid:  # its worker died between the claim and the fork: there is nothing to signal
+        store.run(
+            "job_end",
+            [jid, JobState.STOPPED.value, "", iso(store.now_ms()), JobState.RUNNING.value],
+        )
+        return "stopped (no process was recorded)"
+    if is_process(int(pid), started):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(int(pid), signal.SIGKILL)
+        store.run(
+            "job_end",
+            [jid, JobState.STOPPED.value, "", iso(store.now_ms()), JobState.RUNNING.value],
+        )
+        log.warning("job %s: orphan of an earlier worker killed (pid %s)", jid, pid, extra=extra)
+        return "orphan killed"
+    store.run(
+        "job_end", [jid, JobState.LOST.value, "", iso(store.now_ms()), JobState.RUNNING.value]
+    )
+    log.warning(
+        "job %s: recorded lost, nothing signalled (pid %s is not its process here)",
+        jid,
+        pid,
+        extra=extra,
+    )
+    return "lost (its process is not here)"

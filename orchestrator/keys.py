@@ -102,8 +102,10 @@ class Keys:
 
     # -- jobs -------------------------------------------------------------------------------
     def job(self, jid: str) -> str:
-        """HASH: jobId, sessionId, label, state (see ``JobState``), seconds, host, pid,
-        createdAt, startedAt, endedAt, exitCode."""
+        """HASH: jobId, sessionId, label, state (see ``JobState``), seconds, host, instance
+        (the worker instance that claimed it, ``orchestrator/ownership.py``), pid, pidStart
+        (the process's start time, epoch seconds as psutil reports it), createdAt, startedAt,
+        endedAt, exitCode."""
         return f"{self.prefix}job:{jid}"
 
     def live_jobs(self, sid: str) -> str:
@@ -114,6 +116,12 @@ class Keys:
         """STRING with TTL: the job counts as live only while this exists. Set at dispatch
         (start timeout), refreshed by the owning job worker while the process runs."""
         return f"{self.prefix}job:lease:{jid}"
+
+    def job_host(self, host: str) -> str:
+        """HASH with TTL: the lease of the live job worker on host name ``host``: instance,
+        pid, since (ISO 8601). Renewed by its holder; a second worker with the same host name
+        is refused while it exists (``orchestrator/ownership.py``)."""
+        return f"{self.prefix}job:host:{host}"
 
     # -- reminders --------------------------------------------------------------------------
     def reminder(self, rid: str) -> str:

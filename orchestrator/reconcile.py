@@ -37,7 +37,7 @@ from orchestrator import audit, metrics
 from orchestrator.activity import ActivityItem, census_many, mark_quiet
 from orchestrator.families import Dispatcher
 from orchestrator.stops import dispatch_stops
-from orchestrator.store import Store, iso, now_ms, retried
+from orchestrator.store import Store, iso, retried
 
 log = logging.getLogger(__name__)
 
@@ -285,7 +285,7 @@ def reconcile(
 
     def run_batch(sids: list[str]) -> None:
         sids = [sid for sid in sids if sid not in acted]
-        now = now_ms()
+        now = store.now_ms()
         picked = _candidates(
             store, sids, now=now, grace_ms=grace_ms, include_quiet=include_quiet, report=report
         )

@@ -32,7 +32,7 @@ from orchestrator.errors import TurnStopped
 from orchestrator.families import Dispatcher, Family, Task, send_all, work_queue
 from orchestrator.fencing import StepGuard
 from orchestrator.settings import get_settings
-from orchestrator.store import Store, iso, new_id, now_ms
+from orchestrator.store import Store, iso, new_id
 
 log = logging.getLogger(__name__)
 
@@ -63,7 +63,7 @@ def create_reminder(
     longer runs or that copy no longer owns the step (``orchestrator/fencing.py``): raises
     ``TurnStopped``. Raises ``StoreUnavailable``."""
     rid = new_id("rem")
-    now = now_ms()
+    now = store.now_ms()
     delay = max(0, int(seconds * 1000))
     stored = store.run(
         "reminder_create",

@@ -20,7 +20,7 @@ from typing import Any
 from orchestrator import audit, untrusted
 from orchestrator.errors import InputRejected, InvalidParams, SessionNotFound, TurnStopped
 from orchestrator.fencing import StepGuard
-from orchestrator.store import Store, iso, new_id, now_ms, retried
+from orchestrator.store import Store, iso, new_id, retried
 
 #: Session ids (ours are ``sess_<hex>``; clients may only pass ids in this alphabet, so an id
 #: can never reach a Redis key name with a separator or a glob in it).
@@ -215,7 +215,7 @@ def create_session(
     if parent_id is not None:
         check_session_id(parent_id)
     sid = new_id("sess")
-    ms = now_ms()
+    ms = store.now_ms()
     result = store.run(
         "create_session",
         [sid, cwd, cwd_hash(cwd), parent_id or "", ms, iso(ms), *StepGuard.argv(guard)],
@@ -463,8 +463,9 @@ def write_delete(store: Store, session_id: str, *, check_live: bool) -> str:
     Raises ``StoreUnavailable``."""
     if not isinstance(session_id, str) or not SESSION_ID_RE.fullmatch(session_id):
         return "missing"
+    when = iso(store.now_ms())
     outcome: str = store.run(
-        "delete_session", [session_id, iso(now_ms()), "1" if check_live else "0"], durable=True
+        "delete_session", [session_id, when, "1" if check_live else "0"], durable=True
     )
     if outcome == "deleted":
         audit.record(store, session_id, "delete", "deleted")

@@ -31,7 +31,8 @@ _SCRIPTS_DIR = Path(__file__).with_name("scripts")
 
 
 def now_ms() -> int:
-    """Wall-clock time in integer epoch milliseconds."""
+    """This process's wall clock in integer epoch milliseconds. Never for a stored time or a
+    decision (processes' clocks disagree): those use ``Store.now_ms`` (Redis ``TIME``)."""
     return int(time.time() * 1000)
 
 
@@ -77,6 +78,12 @@ def retried(fn: Callable[P, T]) -> Callable[P, T]:
     return wrapper
 
 
+@retried
+def _server_ms(store: Store) -> int:
+    seconds, micros = store.redis.time()
+    return int(seconds) * 1000 + int(micros) // 1000
+
+
 class Store:
     """A Redis client, the key schema bound to a prefix, and the loaded Lua scripts.
 
@@ -105,6 +112,13 @@ class Store:
         )
         self._scripts: dict[str, Script] = {}
         self._waitaof: bool | None = None
+
+    def now_ms(self) -> int:
+        """The Redis server's clock (``TIME``) in integer epoch milliseconds: the one clock
+        every stored time and every time a decision compares comes from, so a process whose
+        own clock is skewed decides as every other does (Lua scripts read the same clock with
+        ``server_ms``). Read once per operation. Raises ``StoreUnavailable``."""
+        return _server_ms(self)
 
     def script(self, name: str) -> Script:
         """Return the Lua script ``orchestrator/scripts/<name>.lua`` registered on the client."""

@@ -41,7 +41,7 @@ from orchestrator.errors import (
 from orchestrator.families import Dispatcher, Family, send_step
 from orchestrator.fencing import StepGuard
 from orchestrator.sessions import SESSION_ID_RE, check_session_id, check_utf8
-from orchestrator.store import Store, iso, new_id, now_ms, retried
+from orchestrator.store import Store, iso, new_id, retried
 
 log = logging.getLogger(__name__)
 
@@ -208,7 +208,7 @@ def start_turn(
         raise InvalidParams(f"prompt is longer than {MAX_PROMPT} characters.", {"param": "prompt"})
     check_utf8(prompt, "prompt")
     tid = new_id("turn")
-    ms = now_ms()
+    ms = store.now_ms()
     guard_tid, guard_token = StepGuard.argv(guard)
     result = store.run(
         "turn_create",
@@ -293,7 +293,7 @@ def finish(
     session's next queued turn. With ``token`` (a step ending its own turn) only the copy of
     the step that owns it may (``orchestrator/fencing.py``). Returns whether the turn moved.
     Raises ``StepSuperseded`` (another copy of the step began), ``StoreUnavailable``."""
-    ms = now_ms()
+    ms = store.now_ms()
     result = store.run(
         "turn_finish",
         [turn_id, state.value, STOP_REASON[state], error, ms, iso(ms), sources_of(state), token],
@@ -319,7 +319,7 @@ def cancel_turns(
     one of another session (or none) answers ``missing``. Returns ``{turnId: outcome}``."""
     if not turn_ids:
         return {}
-    ms = now_ms()
+    ms = store.now_ms()
     flat = store.run("turn_cancel", [ms, iso(ms), session_id, *dict.fromkeys(turn_ids)])
     outcomes: dict[str, str] = {}
     for tid, outcome in zip(flat[::2], flat[1::2], strict=True):

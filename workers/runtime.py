@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 from orchestrator.jobs import JobSupervisor
 from orchestrator.model import Model, ScriptedModel
+from orchestrator.ownership import HostLease
 from orchestrator.settings import get_settings
 from orchestrator.store import Store
 from workers.app import app
@@ -28,6 +29,9 @@ class Runtime:
     model: Model
     host: str
     supervisor: JobSupervisor | None = None
+    #: Job workers: this process's lease on ``host`` (its instance id goes on every job it
+    #: claims), taken at start-up by ``hold_job_host``.
+    host_lease: HostLease | None = None
     #: Set when the worker begins to shut down (``workers.heartbeat``): in-flight steps hand
     #: their turn back, the reminder poller and the heartbeat stop.
     stopping: threading.Event = field(default_factory=threading.Event)
@@ -59,6 +63,17 @@ def current_runtime() -> Runtime | None:
     return _runtime
 
 
+def hold_job_host() -> HostLease:
+    """Take this job worker's host name before it consumes anything (``ownership.HostLease``,
+    one lease per ``FLEET_JOB_LEASE_SECONDS``). Raises ``HostHeld`` naming the live worker
+    that holds it, ``StoreUnavailable``."""
+    rt = get_runtime()
+    lease = HostLease(rt.store, rt.host, lease_ms=int(get_settings().job_lease_seconds * 1000))
+    lease.acquire()
+    rt.host_lease = lease
+    return lease
+
+
 def supervisor() -> JobSupervisor:
     """The job supervisor of this process (job workers), created on first call."""
     rt = get_runtime()
@@ -70,5 +85,6 @@ def supervisor() -> JobSupervisor:
                 rt.host,
                 lease_ms=int(settings.job_lease_seconds * 1000),
                 grace_seconds=settings.job_kill_grace_seconds,
+                instance=rt.host_lease.instance if rt.host_lease else None,
             )
         return rt.supervisor

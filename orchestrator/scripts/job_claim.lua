@@ -1,6 +1,7 @@
--- ARGV: prefix, jid, host, leaseMs, nowIso
+-- ARGV: prefix, jid, host, leaseMs, nowIso, instance
 -- A job worker takes a starting job. Refused (and ended) when the session's lineage is
--- archived, so a start request that outlived an archive starts nothing.
+-- archived, so a start request that outlived an archive starts nothing. The claiming worker's
+-- instance is recorded with its host: a stop verifies it before signalling anything.
 -- Returns 'ok' | 'refused:<holder>' | the job's state when it is not starting
 local jid, host, lease_ms, now = ARGV[2], ARGV[3], ARGV[4], ARGV[5]
 local jk = P .. 'job:' .. jid
@@ -14,6 +15,6 @@ if holder or redis.call('HGET', skey(h[2]), 'deleted') ~= '0' then
   redis.call('DEL', P .. 'job:lease:' .. jid)
   return 'refused:' .. (holder or h[2])
 end
-redis.call('HSET', jk, 'state', 'running', 'host', host, 'startedAt', now)
+redis.call('HSET', jk, 'state', 'running', 'host', host, 'instance', ARGV[6] or '', 'startedAt', now)
 redis.call('SET', P .. 'job:lease:' .. jid, host, 'PX', lease_ms)
 return 'ok'

@@ -5,8 +5,8 @@
 local jid, sid = ARGV[2], ARGV[3]
 if not step_owns(ARGV[8], ARGV[9]) then return 'stopped' end
 redis.call('HSET', P .. 'job:' .. jid, 'jobId', jid, 'sessionId', sid, 'label', ARGV[4],
-  'seconds', ARGV[5], 'state', 'starting', 'host', '', 'pid', '', 'createdAt', ARGV[6],
-  'startedAt', '', 'endedAt', '', 'exitCode', '')
+  'seconds', ARGV[5], 'state', 'starting', 'host', '', 'instance', '', 'pid', '', 'pidStart', '',
+  'createdAt', ARGV[6], 'startedAt', '', 'endedAt', '', 'exitCode', '')
 redis.call('SADD', P .. 'jobs:live:' .. sid, jid)
 redis.call('SET', P .. 'job:lease:' .. jid, 'starting', 'PX', ARGV[7])
 return 'ok'

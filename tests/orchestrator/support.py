@@ -60,7 +60,14 @@ def deliver(store: Store, recorder: RecordingDispatcher, messages: list[Any]) ->
             turns.cancel_turns(store, recorder, args[0], list(args[1]))
         elif task == Task.JOB_STOP:
             host = queue.removeprefix("job.ctl.") if queue != "job.ctl" else "no-such-host"
-            jobs.stop_unclaimed(store, recorder, args[0], list(args[1]), local_host=host)
+            jobs.stop_unclaimed(
+                store,
+                recorder,
+                args[0],
+                list(args[1]),
+                local_host=host,
+                local_instance=f"{host}/here",
+            )
         elif task == Task.SUBAGENT_STOP:
             subagents.stop_subagents(store, recorder, args[0], args[1])
         elif task == Task.REMINDER_STOP:

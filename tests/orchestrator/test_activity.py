@@ -127,7 +127,9 @@ def test_finished_turns_and_ended_jobs_are_not_live(
     tid = turns.start_turn(store, recorder, s.session_id, "say hi")
     turns.finish(store, recorder, tid, turns.TurnState.COMPLETED)
     jid = jobs.create_job(store, recorder, s.session_id, 1, "sleep 1s")
-    jobs.stop_unclaimed(store, recorder, s.session_id, [jid], local_host="hostA")
+    jobs.stop_unclaimed(
+        store, recorder, s.session_id, [jid], local_host="hostA", local_instance="hostA/here"
+    )
 
     assert census(store, s.session_id) == []
 

@@ -99,7 +99,9 @@ def test_stop_unclaimed_stops_a_starting_job_before_any_worker_takes_it(
     jid = jobs.create_job(store, recorder, sid, 30, "sleep 30s")
     mark = len(recorder.sent)
     # When it is stopped by a worker that does not supervise it
-    outcome = jobs.stop_unclaimed(store, recorder, sid, [jid], local_host="hostA")
+    outcome = jobs.stop_unclaimed(
+        store, recorder, sid, [jid], local_host="hostA", local_instance="hostA/here"
+    )
     # Then it ends stopped, is no longer live, and a worker taking it later starts nothing
     assert outcome == {jid: "stopped before it started"}
     assert job(store, jid)["state"] == JobState.STOPPED
@@ -115,7 +117,9 @@ def test_stop_unclaimed_forwards_the_stop_of_a_job_running_on_another_host(
     claim_job(store, jid, "hostB")
     mark = len(recorder.sent)
 
-    outcome = jobs.stop_unclaimed(store, recorder, sid, [jid], local_host="hostA")
+    outcome = jobs.stop_unclaimed(
+        store, recorder, sid, [jid], local_host="hostA", local_instance="hostA/here"
+    )
 
     assert outcome == {jid: "forwarded to hostB"}
     assert recorder.sent[mark:] == [("job.stop", [sid, [jid]], "job.ctl.hostB")]
@@ -125,14 +129,16 @@ def test_stop_unclaimed_forwards_the_stop_of_a_job_running_on_another_host(
 def test_stop_unclaimed_ends_a_local_orphan_recorded_without_a_process(
     store: Store, recorder: RecordingDispatcher, sid: str
 ) -> None:
-    # A job recorded as running here that this worker does not supervise (no pid recorded,
-    # so no process group is signalled)
+    # A job recorded as running here by an earlier worker that this worker does not supervise
+    # (no pid recorded, so there is no process to verify and nothing is signalled)
     jid = jobs.create_job(store, recorder, sid, 30, "sleep 30s")
     claim_job(store, jid, "hostA")
 
-    outcome = jobs.stop_unclaimed(store, recorder, sid, [jid], local_host="hostA")
+    outcome = jobs.stop_unclaimed(
+        store, recorder, sid, [jid], local_host="hostA", local_instance="hostA/here"
+    )
 
-    assert outcome == {jid: "orphan killed"}
+    assert outcome == {jid: "stopped (no process was recorded)"}
     assert job(store, jid)["state"] == JobState.STOPPED
     assert census(store, sid) == []
 
@@ -141,8 +147,12 @@ def test_stop_unclaimed_reports_jobs_that_already_ended(
     store: Store, recorder: RecordingDispatcher, sid: str
 ) -> None:
     jid = jobs.create_job(store, recorder, sid, 30, "sleep 30s")
-    jobs.stop_unclaimed(store, recorder, sid, [jid], local_host="hostA")
+    jobs.stop_unclaimed(
+        store, recorder, sid, [jid], local_host="hostA", local_instance="hostA/here"
+    )
 
-    again = jobs.stop_unclaimed(store, recorder, sid, [jid, "job_nope"], local_host="hostA")
+    again = jobs.stop_unclaimed(
+        store, recorder, sid, [jid, "job_nope"], local_host="hostA", local_instance="hostA/here"
+    )
 
     assert again == {jid: JobState.STOPPED, "job_nope": "missing"}

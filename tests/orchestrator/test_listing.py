@@ -182,7 +182,7 @@ def test_paging_is_exact_when_many_sessions_share_one_updated_time(
     store: Store, cwd: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Given seven sessions with the very same updatedAt (ties are broken by id)
-    monkeypatch.setattr(sessions, "now_ms", lambda: 1_700_000_000_000)
+    monkeypatch.setattr(store, "now_ms", lambda: 1_700_000_000_000)
     made = {sessions.create_session(store, cwd).session_id for _ in range(7)}
     # When read two at a time
     pages = walk(store, 2, cwd=cwd)

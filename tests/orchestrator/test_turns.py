@@ -99,7 +99,7 @@ def test_prompts_queued_within_one_millisecond_run_in_the_order_they_were_sent(
     store: Store, recorder: RecordingDispatcher, sid: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Given a running turn and ten prompts queued behind it, all in the same millisecond
-    monkeypatch.setattr(turns, "now_ms", lambda: 1_800_000_000_000)
+    monkeypatch.setattr(store, "now_ms", lambda: 1_800_000_000_000)
     made = [turns.start_turn(store, recorder, sid, f"say {i}") for i in range(11)]
     # When each running turn completes in turn
     ran = [made[0]]

@@ -31,6 +31,8 @@ def _stop_supervisor(**_: Any) -> None:
     rt = get_runtime()
     if rt.supervisor is not None:
         rt.supervisor.shutdown()
+    if rt.host_lease is not None:  # its processes are gone: the host name is free again
+        rt.host_lease.release()
 
 
 @app.task(name="job.run", acks_late=True)
@@ -54,7 +56,14 @@ def stop(session_id: str, job_ids: list[str]) -> dict[str, Any]:
     others = [j for j in job_ids if j not in local]
     if others:
         outcomes.update(
-            jobs.stop_unclaimed(rt.store, rt.dispatcher, session_id, others, local_host=rt.host)
+            jobs.stop_unclaimed(
+                rt.store,
+                rt.dispatcher,
+                session_id,
+                others,
+                local_host=rt.host,
+                local_instance=sup.instance,
+            )
         )
     activity.note_quiet(rt.store, session_id)
     return {"sessionId": session_id, "jobs": outcomes}
