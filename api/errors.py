@@ -12,6 +12,7 @@ from orchestrator.errors import (
     AncestorArchived,
     FleetError,
     InvalidParams,
+    LimitReached,
     SessionActive,
     SessionArchived,
     SessionNotFound,
@@ -27,6 +28,7 @@ ERROR_TABLE: dict[type[FleetError], tuple[int, int]] = {
     AncestorArchived: (409, -32005),
     InvalidParams: (422, -32602),
     StoreUnavailable: (503, -32010),
+    LimitReached: (429, -32011),
 }
 
 

@@ -10,6 +10,7 @@
     ├── InvalidParams          a value the caller sent is not acceptable
     │   ├── InvalidTitle       a title that is empty after normalization
     │   └── TooManySessions    a bulk request selects more sessions than allowed
+    ├── LimitReached           a FLEET_MAX_* limit refuses a new job, reminder or subagent
     └── StoreUnavailable       Redis cannot be reached or answered with an error
 
     TurnStopped                internal to the step runtime, never reaches an interface: a
@@ -102,6 +103,25 @@ class TooManySessions(InvalidParams):
     written); ``data`` carries ``param``, ``max`` and, for filters, the setting to raise."""
 
     code = "too_many_sessions"
+
+
+class LimitReached(FleetError):
+    """Raised when creating a job, a reminder or a subagent would go over one of the
+    ``FLEET_MAX_*`` limits (nothing was written). ``limit`` is the setting's name,
+    ``maximum`` its value, ``count`` the current count, ``what`` the noun it counts
+    (``live jobs``). In a turn it becomes the tool call's ``failed`` result
+    (``orchestrator/limits.py``)."""
+
+    code = "limit_reached"
+
+    def __init__(self, limit: str, maximum: int, count: int, what: str) -> None:
+        super().__init__(
+            f"limit {limit}={maximum} reached ({count} {what})",
+            {"limit": limit, "max": maximum, "count": count},
+        )
+        self.limit = limit
+        self.maximum = maximum
+        self.count = count
 
 
 class StoreUnavailable(FleetError):
