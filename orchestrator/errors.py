@@ -108,15 +108,15 @@ class TooManySessions(InvalidParams):
 class LimitReached(FleetError):
     """Raised when creating a job, a reminder or a subagent would go over one of the
     ``FLEET_MAX_*`` limits (nothing was written). ``limit`` is the setting's name,
-    ``maximum`` its value, ``count`` the current count, ``what`` the noun it counts
-    (``live jobs``). In a turn it becomes the tool call's ``failed`` result
-    (``orchestrator/limits.py``)."""
+    ``maximum`` its value, ``count`` the current count and ``detail`` what it counts
+    (``16 live jobs in the session``). In a turn it becomes the tool call's ``failed``
+    result (``orchestrator/limits.py``)."""
 
     code = "limit_reached"
 
-    def __init__(self, limit: str, maximum: int, count: int, what: str) -> None:
+    def __init__(self, limit: str, maximum: int, count: int, detail: str) -> None:
         super().__init__(
-            f"limit {limit}={maximum} reached ({count} {what})",
+            f"limit {limit}={maximum} reached ({detail})",
             {"limit": limit, "max": maximum, "count": count},
         )
         self.limit = limit

@@ -19,8 +19,8 @@ from orchestrator.settings import get_settings
 
 @dataclass(frozen=True)
 class Limit:
-    """One limit: its environment variable, its ``FleetSettings`` field and the noun of its
-    count (``live jobs in the session``)."""
+    """One limit: its environment variable, its ``FleetSettings`` field and what the count
+    means, ``%d`` standing for it (``%d live jobs in the session``)."""
 
     env: str
     field: str
@@ -33,24 +33,26 @@ class Limit:
     def reached(self, maximum: int, count: int) -> LimitReached:
         """The error for a refusal at ``count`` with the limit at ``maximum``; its message is
         ``template(maximum) % count``."""
-        return LimitReached(self.env, maximum, count, self.what)
+        return LimitReached(self.env, maximum, count, self.what % count)
 
     def template(self, maximum: int) -> str:
         """The refusal's text with ``%d`` for the count, for a script that writes it
-        (``limit FLEET_X=N reached (%d what)``)."""
-        return f"limit {self.env}={maximum} reached (%d {self.what})"
+        (``limit FLEET_X=N reached (%d live jobs ...)``)."""
+        return f"limit {self.env}={maximum} reached ({self.what})"
 
 
 JOBS_PER_SESSION = Limit(
-    "FLEET_MAX_JOBS_PER_SESSION", "max_jobs_per_session", "live jobs in the session"
+    "FLEET_MAX_JOBS_PER_SESSION", "max_jobs_per_session", "%d live jobs in the session"
 )
-JOBS_PER_HOST = Limit("FLEET_MAX_JOBS_PER_HOST", "max_jobs_per_host", "live jobs on the host")
+JOBS_PER_HOST = Limit("FLEET_MAX_JOBS_PER_HOST", "max_jobs_per_host", "%d live jobs on the host")
 REMINDERS_PER_SESSION = Limit(
-    "FLEET_MAX_REMINDERS_PER_SESSION", "max_reminders_per_session", "live reminders"
+    "FLEET_MAX_REMINDERS_PER_SESSION", "max_reminders_per_session", "%d live reminders"
 )
-SUBAGENT_DEPTH = Limit("FLEET_MAX_SUBAGENT_DEPTH", "max_subagent_depth", "levels deep already")
+SUBAGENT_DEPTH = Limit(
+    "FLEET_MAX_SUBAGENT_DEPTH", "max_subagent_depth", "the spawning session is at depth %d"
+)
 SUBAGENTS_PER_SESSION = Limit(
-    "FLEET_MAX_SUBAGENTS_PER_SESSION", "max_subagents_per_session", "live subagents"
+    "FLEET_MAX_SUBAGENTS_PER_SESSION", "max_subagents_per_session", "%d live subagents"
 )
 
 

@@ -145,7 +145,9 @@ def test_subagents_nest_n_deep_and_one_deeper_is_refused(
 
     # When the grandchild spawns, Then it is refused and nothing is created
     message = refused(lambda: sessions.create_session(store, cwd, grandchild.session_id))
-    assert message == "limit FLEET_MAX_SUBAGENT_DEPTH=2 reached (2 levels deep already)"
+    assert (
+        message == "limit FLEET_MAX_SUBAGENT_DEPTH=2 reached (the spawning session is at depth 2)"
+    )
     assert store.redis.smembers(store.keys.children(grandchild.session_id)) == set()
 
     # and a spawn within the depth is still allowed
