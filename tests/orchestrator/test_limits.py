@@ -15,7 +15,7 @@ import pytest
 from orchestrator import jobs, reminders, sessions
 from orchestrator.errors import LimitReached
 from orchestrator.jobs import JobState
-from orchestrator.settings import get_settings
+from orchestrator.settings import FleetSettings, get_settings
 from orchestrator.store import Store, iso, now_ms
 from tests.helpers import RecordingDispatcher
 from tests.orchestrator.support import chain, claim_job
@@ -48,13 +48,14 @@ def refused(call: Callable[[], object]) -> str:
 
 
 def test_the_defaults_are_the_documented_safe_values() -> None:
-    s = get_settings()
+    # The field defaults, not the test environment's (which deepens the subagent limit).
+    defaults = {name: field.default for name, field in FleetSettings.model_fields.items()}
     assert (
-        s.max_jobs_per_session,
-        s.max_jobs_per_host,
-        s.max_reminders_per_session,
-        s.max_subagent_depth,
-        s.max_subagents_per_session,
+        defaults["max_jobs_per_session"],
+        defaults["max_jobs_per_host"],
+        defaults["max_reminders_per_session"],
+        defaults["max_subagent_depth"],
+        defaults["max_subagents_per_session"],
     ) == (16, 64, 100, 5, 32)
 
 
