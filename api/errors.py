@@ -13,6 +13,7 @@ from orchestrator.errors import (
     FleetError,
     InputRejected,
     InvalidParams,
+    LimitReached,
     SessionActive,
     SessionArchived,
     SessionNotFound,
@@ -30,6 +31,7 @@ ERROR_TABLE: dict[type[FleetError], tuple[int, int]] = {
     # JSON over a parse limit (depth, number, lone surrogate): malformed rather than invalid.
     InputRejected: (400, -32602),
     StoreUnavailable: (503, -32010),
+    LimitReached: (429, -32011),
 }
 
 

@@ -115,7 +115,8 @@ def seed_busy(store: Any, n: int) -> list[str]:
         sid = sessions.create_session(store, "/bench/busy").session_id
         turns.start_turn(store, null, sid, "think 600")
         jid = jobs.create_job(store, null, sid, 600, "sleep 600s")
-        store.run("job_claim", [jid, "bench-host", 600_000, iso(now_ms())])
+        claim = [jid, "bench-host", 600_000, iso(now_ms()), "bench-host/bench", n, "limit %d"]
+        store.run("job_claim", claim)
         reminders.create_reminder(store, sid, 3600, "say later")
         child = sessions.create_session(store, "/bench/busy", parent_id=sid).session_id
         turns.start_turn(store, null, child, "think 600", source="subagent")

@@ -13,6 +13,7 @@
     │   ├── TooManySessions    a bulk request selects more sessions than allowed
     │   └── InputRejected      client JSON over a parse limit (nesting depth, number)
     ├── HostHeld               a job worker's host name is held by another live worker
+    ├── LimitReached           a FLEET_MAX_* limit refuses a new job, reminder or subagent
     └── StoreUnavailable       Redis cannot be reached or answered with an error
 
     TurnStopped                internal to the step runtime, never reaches an interface: a
@@ -151,6 +152,25 @@ class HostHeld(FleetError):
             f"since {since}); give this worker another --host, or stop that one first.",
             {"host": host, "instance": instance, "pid": pid, "since": since},
         )
+
+
+class LimitReached(FleetError):
+    """Raised when creating a job, a reminder or a subagent would go over one of the
+    ``FLEET_MAX_*`` limits (nothing was written). ``limit`` is the setting's name,
+    ``maximum`` its value, ``count`` the current count and ``detail`` what it counts
+    (``16 live jobs in the session``). In a turn it becomes the tool call's ``failed``
+    result (``orchestrator/limits.py``)."""
+
+    code = "limit_reached"
+
+    def __init__(self, limit: str, maximum: int, count: int, detail: str) -> None:
+        super().__init__(
+            f"limit {limit}={maximum} reached ({detail})",
+            {"limit": limit, "max": maximum, "count": count},
+        )
+        self.limit = limit
+        self.maximum = maximum
+        self.count = count
 
 
 class StoreUnavailable(FleetError):

@@ -26,6 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
 
+from orchestrator import limits
 from orchestrator.errors import TurnStopped
 from orchestrator.families import Dispatcher, Family, Task, control_queue, work_queue
 from orchestrator.fencing import StepGuard
@@ -46,7 +47,8 @@ class JobState(StrEnum):
     RUNNING = "running"  #: its process runs on ``host``
     EXITED = "exited"  #: the process ended by itself (``exitCode``)
     STOPPED = "stopped"  #: stopped on request (archive or cancel)
-    REFUSED = "refused"  #: never started: its lineage was archived when a worker took it
+    REFUSED = "refused"  #: never started: its lineage was archived, or its host was full
+    #: (``FLEET_MAX_JOBS_PER_HOST``), when a worker took it; ``reason`` says which
     LOST = "lost"  #: its worker vanished; the lease lapsed
     FAILED = "failed"  #: the process could not be started
 
@@ -84,22 +86,16 @@ def create_job(
 
     With ``guard`` (the copy of the step that asks for the job) nothing is stored once its turn
     no longer runs or that copy no longer owns the step (``orchestrator/fencing.py``): raises
-    ``TurnStopped``. Raises ``StoreUnavailable``."""
+    ``TurnStopped``. Raises ``LimitReached`` when the session already has
+    ``FLEET_MAX_JOBS_PER_SESSION`` live jobs (counted in the script that stores the job),
+    ``StoreUnavailable``."""
     jid = new_id("job")
-    stored = store.run(
-        "job_create",
-        [
-            jid,
-            session_id,
-            label,
-            seconds,
-            iso(store.now_ms()),
-            START_TIMEOUT_MS,
-            *StepGuard.argv(guard),
-        ],
-    )
+    maximum = limits.JOBS_PER_SESSION.maximum()
+    args = [jid, session_id, label, seconds, iso(store.now_ms()), START_TIMEOUT_MS]
+    stored = store.run("job_create", [*args, *StepGuard.argv(guard), maximum])
     if stored == "stopped":
         raise TurnStopped(guard.turn_id if guard else "")
+    limits.check_reply(limits.JOBS_PER_SESSION, maximum, stored)
     dispatcher.send(Task.JOB_RUN, [session_id, jid], work_queue(Family.JOB))
     return jid
 
@@ -151,16 +147,15 @@ class JobSupervisor:
     # -- public ------------------------------------------------------------------------------
     def start(self, session_id: str, job_id: str) -> str:
         """Take a starting job and run its process here. Returns ``running``,
-        ``refused:<archived session>``, or the job's state when it was not starting."""
+        ``refused:<archived session>``, ``refused:<limit message>`` (this host already runs
+        ``FLEET_MAX_JOBS_PER_HOST`` live jobs), or the job's state when it was not
+        starting."""
         # Counted as ours before the claim is visible, so a stop that sees the claim also
         # sees the job here and waits for its fork instead of treating it as an orphan.
         with self._lock:
             self._pending.add(job_id)
         try:
-            claimed = self.store.run(
-                "job_claim",
-                [job_id, self.host, self.lease_ms, iso(self.store.now_ms()), self.instance],
-            )
+            claimed = self.store.run("job_claim", [job_id, self.host, *self._claim_args()])
             seconds = float(_job_fields(self.store, job_id, "seconds")[0] or 0)
         except BaseException:
             with self._lock:
@@ -194,6 +189,18 @@ class JobSupervisor:
             )
             return "failed"
         return "running"
+
+    def _claim_args(self) -> list[object]:
+        """``job_claim.lua``'s lease, time, this worker's instance and the per-host limit
+        (``FLEET_MAX_JOBS_PER_HOST``)."""
+        maximum = limits.JOBS_PER_HOST.maximum()
+        return [
+            self.lease_ms,
+            iso(self.store.now_ms()),
+            self.instance,
+            maximum,
+            limits.JOBS_PER_HOST.template(maximum),
+        ]
 
     def stop(self, session_id: str, job_ids: list[str]) -> dict[str, str]:
         """Stop the named jobs of a session that run here (SIGTERM, then SIGKILL after the

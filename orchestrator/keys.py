@@ -105,8 +105,15 @@ class Keys:
         """HASH: jobId, sessionId, label, state (see ``JobState``), seconds, host, instance
         (the worker instance that claimed it, ``orchestrator/ownership.py``), pid, pidStart
         (the process's start time, epoch seconds as psutil reports it), createdAt, startedAt,
-        endedAt, exitCode."""
+        endedAt, exitCode and, for a job a worker refused to start, reason (why:
+        ``archived:<session>`` or the limit's message)."""
         return f"{self.prefix}job:{jid}"
+
+    def host_jobs(self, host: str) -> str:
+        """SET: ids of the jobs job workers of ``host`` took (``job_claim.lua``) and that have
+        not ended; those whose lease lapsed are pruned at the next claim there. Counted for
+        ``FLEET_MAX_JOBS_PER_HOST``."""
+        return f"{self.prefix}jobs:host:{host}"
 
     def live_jobs(self, sid: str) -> str:
         """SET: ids of the session's jobs not yet known to have ended."""

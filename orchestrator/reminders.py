@@ -27,6 +27,7 @@ import logging
 import re
 from dataclasses import dataclass
 
+from orchestrator import limits
 from orchestrator.activity import shorten
 from orchestrator.errors import TurnStopped
 from orchestrator.families import Dispatcher, Family, Task, send_all, work_queue
@@ -61,10 +62,13 @@ def create_reminder(
 
     With ``guard`` (the copy of the step that asks for it) nothing is stored once its turn no
     longer runs or that copy no longer owns the step (``orchestrator/fencing.py``): raises
-    ``TurnStopped``. Raises ``StoreUnavailable``."""
+    ``TurnStopped``. Raises ``LimitReached`` when the session already has
+    ``FLEET_MAX_REMINDERS_PER_SESSION`` live reminders (counted in the script that stores the
+    reminder), ``StoreUnavailable``."""
     rid = new_id("rem")
     now = store.now_ms()
     delay = max(0, int(seconds * 1000))
+    maximum = limits.REMINDERS_PER_SESSION.maximum()
     stored = store.run(
         "reminder_create",
         [
@@ -76,10 +80,12 @@ def create_reminder(
             iso(now + delay),
             iso(now),
             *StepGuard.argv(guard),
+            maximum,
         ],
     )
     if stored == "stopped":
         raise TurnStopped(guard.turn_id if guard else "")
+    limits.check_reply(limits.REMINDERS_PER_SESSION, maximum, stored)
     log.info("reminder %s armed for %s", rid, iso(now + delay), extra={"session_id": session_id})
     return rid
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from orchestrator import audit, untrusted
+from orchestrator import audit, limits, untrusted
 from orchestrator.errors import InputRejected, InvalidParams, SessionNotFound, TurnStopped
 from orchestrator.fencing import StepGuard
 from orchestrator.store import Store, iso, new_id, retried
@@ -208,7 +208,9 @@ def create_session(
     copy of the step that spawns the subagent) nothing is created once its turn no longer runs
     or that copy no longer owns the step (``orchestrator/fencing.py``).
     Raises ``InvalidParams`` (bad cwd), ``SessionNotFound`` (unknown or deleted parent),
-    ``TurnStopped`` (the guarding turn stopped or its copy was superseded),
+    ``TurnStopped`` (the guarding turn stopped or its copy was superseded), ``LimitReached``
+    (a subagent deeper than ``FLEET_MAX_SUBAGENT_DEPTH``, or beyond the parent's
+    ``FLEET_MAX_SUBAGENTS_PER_SESSION`` live subagents; counted in the creating script),
     ``StoreUnavailable``.
     """
     check_cwd(cwd)
@@ -216,15 +218,17 @@ def create_session(
         check_session_id(parent_id)
     sid = new_id("sess")
     ms = store.now_ms()
-    result = store.run(
-        "create_session",
-        [sid, cwd, cwd_hash(cwd), parent_id or "", ms, iso(ms), *StepGuard.argv(guard)],
-        durable=True,
-    )
+    caps = [limits.SUBAGENT_DEPTH.maximum(), limits.SUBAGENTS_PER_SESSION.maximum()]
+    args = [sid, cwd, cwd_hash(cwd), parent_id or "", ms, iso(ms), *StepGuard.argv(guard)]
+    result = store.run("create_session", [*args, *caps], durable=True)
     if result[0] == "stopped":
         raise TurnStopped(guard.turn_id if guard else "")
     if result[0] == "parent_not_found":
         raise SessionNotFound(parent_id or "")
+    if result[0] == "limit":
+        depth = result[1] == "depth"
+        limit = limits.SUBAGENT_DEPTH if depth else limits.SUBAGENTS_PER_SESSION
+        raise limit.reached(caps[0] if depth else caps[1], int(result[2]))
     return get_session(store, sid)
 
 

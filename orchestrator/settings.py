@@ -96,6 +96,21 @@ class FleetSettings(BaseSettings):
     #: Log format: ``json`` (one JSON object per line) or ``text`` (for a terminal); empty
     #: picks ``text`` when stderr is a terminal and ``json`` otherwise.
     log_format: Literal["", "json", "text"] = ""
+    #: Limits (README, "Security and limits"). An instruction over one is a failed tool call
+    #: in its turn naming the limit and the current count; 0 forbids the kind altogether.
+    #: Live jobs (starting or running) one session may have; a ``run`` beyond is refused.
+    max_jobs_per_session: int = Field(default=16, ge=0)
+    #: Live job processes one job host (``FLEET_HOSTNAME``) runs; a job its worker takes
+    #: beyond that ends ``refused`` with the reason.
+    max_jobs_per_host: int = Field(default=64, ge=0)
+    #: Live reminders (armed or firing) one session may have; a ``remind`` beyond is refused.
+    max_reminders_per_session: int = Field(default=100, ge=0)
+    #: Deepest subagent nesting: a top-level session is at depth 0, its subagent at 1; a
+    #: ``spawn`` that would create one deeper is refused.
+    max_subagent_depth: int = Field(default=5, ge=0)
+    #: Live direct subagents (not deleted, with live work) one session may have; a ``spawn``
+    #: beyond is refused.
+    max_subagents_per_session: int = Field(default=32, ge=0)
     #: Audit entries kept per session (``fleet audit SESSION``); older ones are trimmed.
     audit_max_per_session: int = Field(default=1000, ge=1)
     #: Audit entries kept in the fleet-wide trail (``GET /audit``).

@@ -9,7 +9,9 @@ Every launch is conditional on the turn still running and on the copy of the ste
 for it still owning the step (its ``StepGuard``, ``orchestrator/fencing.py``): the
 ``tool_call`` update is recorded only then (and the exec child is started only after that),
 and jobs, reminders and subagents are stored by scripts that refuse otherwise
-(``TurnStopped``; a superseded copy's conversation write raises ``StepSuperseded``).
+(``TurnStopped``; a superseded copy's conversation write raises ``StepSuperseded``). A launch
+over one of the ``FLEET_MAX_*`` limits (``orchestrator/limits.py``) stores nothing and settles
+its tool call ``failed`` with the limit's message; the turn goes on to its next step.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import signal
 import subprocess
 import threading
 
-from orchestrator.errors import SessionArchived, TurnStopped
+from orchestrator.errors import LimitReached, SessionArchived, TurnStopped
 from orchestrator.families import Dispatcher
 from orchestrator.fencing import StepGuard
 from orchestrator.jobs import create_job
@@ -97,6 +99,8 @@ def run_tool(
     except (TurnStopped, SessionArchived):  # archived: the archive stopped this turn too
         log.info("tool %s not launched: the turn no longer runs", action.tool, extra=extra)
         return None
+    except LimitReached as exc:  # a tool error the turn sees; it goes on to its next step
+        status, text = "failed", f"{action.tool} refused: {exc.message}"
     settled = record_update(
         store,
         session_id,

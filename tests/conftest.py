@@ -54,6 +54,9 @@ os.environ.setdefault("FLEET_REMINDER_POLL_SECONDS", "0.1")
 # The shared workers run no reconciler of their own: tests that leave work outliving its
 # archive on purpose call the reconciler themselves (tests/faults/test_reconciler.py).
 os.environ.setdefault("FLEET_RECONCILE_LOOP_SECONDS", "0")
+# Lineage rules are proven on chains up to 100 subagents deep (tests/orchestrator/test_gate.py),
+# deeper than the production default allows; tests of the limit set it themselves.
+os.environ.setdefault("FLEET_MAX_SUBAGENT_DEPTH", "200")
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:

@@ -123,6 +123,22 @@ local function archived_in_lineage(sid)
   return false
 end
 
+-- Whether job jid counts as live: starting or running, its lease present (a job whose
+-- worker vanished stops counting once the lease lapses).
+local function job_live(jid)
+  local st = redis.call('HGET', P .. 'job:' .. jid, 'state')
+  return (st == 'starting' or st == 'running') and redis.call('EXISTS', P .. 'job:lease:' .. jid) == 1
+end
+
+-- How many members of the job-id set key count as live (job_live).
+local function count_live_jobs(key)
+  local n = 0
+  for _, j in ipairs(redis.call('SMEMBERS', key)) do
+    if job_live(j) then n = n + 1 end
+  end
+  return n
+end
+
 -- Whether the session itself has live work (its own turns, jobs, reminders).
 local function has_live(sid)
   for _, t in ipairs(redis.call('ZRANGE', P .. 'turns:live:' .. sid, 0, -1)) do
@@ -132,10 +148,7 @@ local function has_live(sid)
   end
   if redis.call('SCARD', P .. 'reminders:live:' .. sid) > 0 then return true end
   for _, j in ipairs(redis.call('SMEMBERS', P .. 'jobs:live:' .. sid)) do
-    local st = redis.call('HGET', P .. 'job:' .. j, 'state')
-    if (st == 'starting' or st == 'running') and redis.call('EXISTS', P .. 'job:lease:' .. j) == 1 then
-      return true
-    end
+    if job_live(j) then return true end
   end
   return false
 end

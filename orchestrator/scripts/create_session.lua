@@ -1,7 +1,13 @@
--- ARGV: prefix, sid, cwd, cwdHash, parentId|'', nowMs, nowIso, guardTid|'', guardToken|''
+-- ARGV: prefix, sid, cwd, cwdHash, parentId|'', nowMs, nowIso, guardTid|'', guardToken|'',
+--       maxDepth, maxChildren
 -- With guardTid (a subagent spawned by a turn's step) nothing is created once that turn no
--- longer runs or that copy of the step (guardToken) no longer owns it (step_owns).
+-- longer runs or that copy of the step (guardToken) no longer owns it (step_owns). A
+-- subagent is refused when it would be deeper than maxDepth (FLEET_MAX_SUBAGENT_DEPTH; a
+-- top-level session is at depth 0) or its parent already has maxChildren live direct
+-- subagents (FLEET_MAX_SUBAGENTS_PER_SESSION: not deleted, with live work); counted here,
+-- with the insert.
 -- Returns {'created', archived '0'|'1'} | {'exists'} | {'parent_not_found'} | {'stopped'}
+--   | {'limit', 'depth'|'children', count (the parent's depth | its live subagents)}
 local sid, cwd, cwd_hash, parent = ARGV[2], ARGV[3], ARGV[4], ARGV[5]
 local ms, now = tonumber(ARGV[6]), ARGV[7]
 local k = skey(sid)
@@ -13,6 +19,13 @@ if parent ~= '' then
   if redis.call('EXISTS', pk) == 0 or redis.call('HGET', pk, 'deleted') ~= '0' then
     return {'parent_not_found'}
   end
+  local depth = redis.call('LLEN', P .. 'lineage:' .. parent)
+  if depth + 1 > tonumber(ARGV[10]) then return {'limit', 'depth', depth} end
+  local live = 0
+  for _, c in ipairs(redis.call('SMEMBERS', P .. 'children:' .. parent)) do
+    if redis.call('HGET', skey(c), 'deleted') == '0' and has_live(c) then live = live + 1 end
+  end
+  if live >= tonumber(ARGV[11]) then return {'limit', 'children', live} end
   redis.call('RPUSH', P .. 'lineage:' .. sid, parent)
   local anc = redis.call('LRANGE', P .. 'lineage:' .. parent, 0, -1)
   for _, a in ipairs(anc) do redis.call('RPUSH', P .. 'lineage:' .. sid, a) end

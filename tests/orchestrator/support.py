@@ -10,7 +10,7 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-from orchestrator import jobs, reminders, sessions, subagents, turns
+from orchestrator import jobs, limits, reminders, sessions, subagents, turns
 from orchestrator.families import Task
 from orchestrator.sessions import Session
 from orchestrator.store import Store
@@ -78,7 +78,10 @@ def deliver(store: Store, recorder: RecordingDispatcher, messages: list[Any]) ->
 
 def claim_job(store: Store, job_id: str, host: str = "hostA") -> str:
     """Take a starting job as a job worker on ``host`` would (no process is started)."""
-    result: str = store.run("job_claim", [job_id, host, 5000, "2026-01-01T00:00:00Z"])
+    cap = limits.JOBS_PER_HOST.maximum()
+    template = limits.JOBS_PER_HOST.template(cap)
+    args = [job_id, host, 5000, "2026-01-01T00:00:00Z", f"{host}/test", cap, template]
+    result: str = store.run("job_claim", args)
     return result
 
 

@@ -59,12 +59,17 @@ def launches(store: Store, sid: str, tid: str, token: str) -> list[object]:
     session, then its first turn)."""
     ms = now_ms()
     guard = [tid, token]
+    caps = 100  # each launch's FLEET_MAX_* limit, far above what these tests create
     return [
-        store.run("job_create", [new_id("job"), sid, "j", 1, iso(ms), 30_000, *guard]),
+        store.run("job_create", [new_id("job"), sid, "j", 1, iso(ms), 30_000, *guard, caps]),
         store.run(
-            "reminder_create", [new_id("rem"), sid, "p", "p", 60_000, iso(ms), iso(ms)] + guard
+            "reminder_create",
+            [new_id("rem"), sid, "p", "p", 60_000, iso(ms), iso(ms), *guard, caps],
         ),
-        store.run("create_session", [new_id("sess"), "/tmp/f", "h", sid, ms, iso(ms), *guard])[0],
+        store.run(
+            "create_session",
+            [new_id("sess"), "/tmp/f", "h", sid, ms, iso(ms), *guard, caps, caps],
+        )[0],
         store.run(
             "turn_create", [sid, new_id("turn"), "p", "p", "subagent", ms, iso(ms), tid, "", token]
         )[0],

@@ -130,7 +130,7 @@ def test_a_job_start_that_outlived_the_archive_starts_no_process(
 
     # When a job start for it reaches a job worker
     jid = new_id("job")
-    store.run("job_create", [jid, sid, "sleep 68.3s", 68.3, iso(now_ms()), 30_000])
+    store.run("job_create", [jid, sid, "sleep 68.3s", 68.3, iso(now_ms()), 30_000, "", "", 16])
     dispatcher.send("job.run", [sid, jid], "job")
 
     # Then the worker refuses it and starts no process

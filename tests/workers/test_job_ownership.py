@@ -36,8 +36,9 @@ def orphan_record(store: Any, sid: str, host: str, pid: int, pid_start: float) -
     ``pid`` and ``pid_start`` as its process. Returns the job id."""
     jid = new_id("job")
     now = iso(store.now_ms())
-    store.run("job_create", [jid, sid, "sleep 71.7s", 71.7, now, 60_000])
-    claimed = store.run("job_claim", [jid, host, 60_000, now, f"{host}/gone0gone0gon"])
+    store.run("job_create", [jid, sid, "sleep 71.7s", 71.7, now, 60_000, "", "", 16])
+    instance = f"{host}/gone0gone0gon"
+    claimed = store.run("job_claim", [jid, host, 60_000, now, instance, 64, "limit (%d)"])
     assert claimed == "ok"
     store.redis.hset(store.keys.job(jid), mapping={"pid": pid, "pidStart": repr(pid_start)})
     return jid

@@ -83,7 +83,7 @@ def test_a_job_no_worker_has_taken_yet_is_stopped_before_it_starts_and_never_sta
     # Given a stored job whose start request has not been sent yet
     sid = sessions.new()
     jid = new_id("job")
-    store.run("job_create", [jid, sid, "sleep 65.3s", 65.3, iso(now_ms()), 30_000])
+    store.run("job_create", [jid, sid, "sleep 65.3s", 65.3, iso(now_ms()), 30_000, "", "", 16])
     [item] = census(store, sid)
     assert (item.family.value, item.host) == ("job", None)
 
@@ -134,7 +134,7 @@ def test_a_stop_that_races_the_fork_of_a_job_process_still_ends_the_process(
     try:
         sid = sessions.new()
         jid = new_id("job")
-        store.run("job_create", [jid, sid, "sleep 66.3s", 66.3, iso(now_ms()), 30_000])
+        store.run("job_create", [jid, sid, "sleep 66.3s", 66.3, iso(now_ms()), 30_000, "", "", 16])
         starter = threading.Thread(target=sup.start, args=(sid, jid), daemon=True)
         starter.start()
         wait_for(
