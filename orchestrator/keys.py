@@ -66,8 +66,9 @@ class Keys:
     # -- turns ------------------------------------------------------------------------------
     def turn(self, tid: str) -> str:
         """HASH: turnId, sessionId, state (see ``TurnState``), prompt, label, source, step
-        (index of the next step to run), stopReason, error, createdAt, endedAt, said ('1' once
-        its prompt is in the conversation: recorded when its first step is admitted); the
+        (index of the next step to run), stopReason, error, createdAt, endedAt, openCall (the
+        id of the tool call its step has open, settled as cancelled by an archive), said ('1'
+        once its prompt is in the conversation: recorded when its first step is admitted); the
         sweeper's bookkeeping (``orchestrator/sweeper.py``): resumes (times step ``resumeStep``
         was found lost and dispatched again) and resumeStep; the fencing of its current step
         (``orchestrator/fencing.py``): stepToken (the token of the copy that began it last)

@@ -366,16 +366,19 @@ def _live_turn_ids(store: Store, session_id: str) -> list[str]:
 
 def stopped_by_archive(store: Store, session_id: str, flat: list[str]) -> list[ActivityItem]:
     """What an archive of ``session_id`` stopped in its own script (``stop_turns_for_archive``
-    in ``_lib.lua``: a flat list tid, sid, fromState, toState, label), as the census would have
-    named it: a turn item per turn of the session itself (labelled with the state it was
-    stopped in) and one ``subagent`` item per descendant whose turns it stopped. A turn event
-    is published for each turn that ended there (a ``cancelling`` one is settled by its step).
+    in ``_lib.lua``: a flat list tid, sid, fromState, toState, label, settlement), as the
+    census would have named it: a turn item per turn of the session itself (labelled with the
+    state it was stopped in) and one ``subagent`` item per descendant whose turns it stopped.
+    The tool-call settlement the script wrote (JSON, or ``''``) is published as an update, and
+    a turn event for each turn that ended there (a ``cancelling`` one is settled by its step).
     """
     items: list[ActivityItem] = []
     descendants: dict[str, list[ActivityItem]] = {}
     ended: list[tuple[str, str, dict[str, object]]] = []
-    for i in range(0, len(flat), 5):
-        tid, sid, before, after, label = flat[i : i + 5]
+    for i in range(0, len(flat), 6):
+        tid, sid, before, after, label, settlement = flat[i : i + 6]
+        if settlement:
+            ended.append(("update", sid, {"update": json.loads(settlement)}))
         item = ActivityItem(Family.TURN, tid, f'turn "{label}" ({before})', sid)
         if sid == session_id:
             items.append(item)

@@ -207,6 +207,32 @@ end
 -- queued -> cancelled (nothing is promoted), running with a step in flight -> cancelling (the
 -- step settles it), running between steps -> cancelled. Call it after the archive write.
 -- Appends tid, sid, previous state, new state, label for each turn to out.
+-- Keeps the turn's openCall field (HASH turn:<tid>) on the tool call its step has open: set
+-- by a tool_call update, cleared by the update that settles that call.
+local function note_open_call(tid, update_json)
+  local u = cjson.decode(update_json)
+  if u.sessionUpdate == 'tool_call' and u.status == 'in_progress' then
+    redis.call('HSET', P .. 'turn:' .. tid, 'openCall', u.toolCallId)
+  elseif u.sessionUpdate == 'tool_call_update' then
+    redis.call('HDEL', P .. 'turn:' .. tid, 'openCall')
+  end
+end
+
+-- An archive settles the tool call a stopped turn had open as cancelled, in its own script:
+-- the conversation never ends on a call in progress, and nothing lands after the archive
+-- (the step's own settlement is refused by then).
+-- Returns the settlement written (JSON) or ''.
+local function settle_open_call(tid, sid)
+  local call = redis.call('HGET', P .. 'turn:' .. tid, 'openCall')
+  if not call then return '' end
+  redis.call('HDEL', P .. 'turn:' .. tid, 'openCall')
+  local settlement = cjson.encode({
+    sessionUpdate = 'tool_call_update', turnId = tid, toolCallId = call, status = 'cancelled',
+    content = {{type = 'content', content = {type = 'text', text = 'stopped by the archive'}}}})
+  redis.call('RPUSH', P .. 'history:' .. sid, settlement)
+  return settlement
+end
+
 local function stop_turns_for_archive(sid, out)
   local ms = server_ms()
   local now = iso_ms(ms)
@@ -222,8 +248,9 @@ local function stop_turns_for_archive(sid, out)
       finish_turn(t, to, 'cancelled', 'archived', ms, now, true)
     end
     if to then
+      local settlement = settle_open_call(t, sid)
       out[#out + 1] = t; out[#out + 1] = sid; out[#out + 1] = h[1]; out[#out + 1] = to
-      out[#out + 1] = h[2] or ''
+      out[#out + 1] = h[2] or ''; out[#out + 1] = settlement
     end
   end
 end

@@ -10,10 +10,10 @@
 -- reminder: ids of the session itself, subagent:<descendant id> for a descendant with live
 -- work of its own (orchestrator/activity.py).
 -- Returns {'not_found'} | {'already'} | {'active'} | {'changed'} | {'archived', n, turns}:
--- turns is a flat
--- list tid, sid, fromState, toState, label of the turns it stopped. An archive and a repeat
--- are audited and counted here, so the record commits with the change (a refusal is
--- recorded by the caller, which reads the live items after this script).
+-- turns is a flat list tid, sid, fromState, toState, label, settlement (of an open tool call,
+-- JSON or '') of the turns it stopped. An archive and a repeat are audited and counted here,
+-- so the record commits with the change (a refusal is recorded by the caller, which reads
+-- the live items after this script).
 local sid, stop, now, txn = ARGV[2], ARGV[3], ARGV[4], ARGV[5]
 local rec = cjson.decode(ARGV[6])
 local stop_json = (stop == '1') and 'true' or 'false'
@@ -53,6 +53,6 @@ for _, s in ipairs(nodes) do
 end
 -- The detail in audit.detail_json's form (compact, keys sorted).
 record_in_script(rec, sid, 'archived', now, string.format(
-  '{"archivedCount":%d,"stopActivity":%s,"stoppedTurns":%d}', n, stop_json, #turns / 5))
+  '{"archivedCount":%d,"stopActivity":%s,"stoppedTurns":%d}', n, stop_json, #turns / 6))
 redis.call('HINCRBY', rec.metric, 'archived', 1)
 return {'archived', n, turns}

@@ -18,7 +18,8 @@
 --   busy    1 when the subtree has live work (computed for 'active', for 'archived', and
 --           with stopActivity for 'already'), so callers read the census only then
 --   would   dry run only: the ids the transition would have archived
---   turns   flat list tid, sid, fromState, toState, label of the turns it stopped
+--   turns   flat list tid, sid, fromState, toState, label, settlement of the turns it
+--           stopped (settlement: the tool-call settlement it wrote, JSON, or '')
 local stop, dry, now, base = ARGV[2], ARGV[3], ARGV[4], ARGV[5]
 local idle_before, with_unarchive = tonumber(ARGV[6]), ARGV[7] == '1'
 local FIRST = 9

@@ -43,10 +43,14 @@ def test_an_archive_stops_a_turn_in_exec_kills_its_child_and_discards_the_queued
     wait_turn_state(store, tid, "cancelled")
     wait_for(lambda: not sleep_processes(turn_pid, "31.7"), 15, message="the child to end")
 
-    # And nothing lands in the archived conversation after the archive: the tool call's
-    # cancelled settlement is dropped with the rest of the step's output
+    # And the tool call was settled as cancelled by the archive itself (the conversation does
+    # not end on a call in progress), and nothing the step did landed after it
     updates = [u for u in history(store, sid) if u.get("turnId") == tid]
-    assert [u["sessionUpdate"] for u in updates] == ["user_message_chunk", "tool_call"]
+    kinds = [u["sessionUpdate"] for u in updates]
+    assert kinds == ["user_message_chunk", "tool_call", "tool_call_update"]
+    assert updates[2]["toolCallId"] == updates[1]["toolCallId"]
+    assert updates[2]["status"] == "cancelled"
+    assert updates[2]["content"][0]["content"]["text"] == "stopped by the archive"
 
     # And the queued turns are discarded: cancelled, never run
     for q in queued:
