@@ -21,9 +21,14 @@ BROKER_TIMEOUT = 2.0
 
 
 def broker_reachable() -> bool:
-    """Whether a connection to the Celery broker can be opened now."""
+    """Whether the Celery broker answers a ping now, within ``BROKER_TIMEOUT`` seconds to
+    connect and as long again to answer (a frozen broker is not reachable)."""
     try:
-        with dispatcher().app.connection_for_write(connect_timeout=BROKER_TIMEOUT) as conn:
+        # A socket timeout too: a frozen server accepts the connection and never answers.
+        bounded = {"socket_timeout": BROKER_TIMEOUT, "socket_connect_timeout": BROKER_TIMEOUT}
+        with dispatcher().app.connection_for_write(
+            connect_timeout=BROKER_TIMEOUT, transport_options=bounded
+        ) as conn:
             conn.ensure_connection(
                 max_retries=1, interval_start=0, interval_step=0, timeout=BROKER_TIMEOUT
             )

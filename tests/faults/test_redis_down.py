@@ -346,3 +346,37 @@ def test_a_crash_in_the_middle_of_concurrent_archives_leaves_nothing_half_writte
     assert not failures, failures
     # Then every session is wholly archived or wholly not, and so are the trees
     assert_consistent(store)
+
+
+def test_readiness_answers_not_ready_within_its_bound_when_the_broker_is_frozen(
+    private_redis: EmbeddedRedis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given readiness checking a broker (a Celery app on the private Redis) that is frozen:
+    # it accepts connections and never answers
+    from celery import Celery
+
+    import api.ops
+    from orchestrator.settings import FleetSettings
+    from workers.app import configure
+    from workers.dispatch import CeleryDispatcher
+
+    app = Celery("agent_fleet_ready_probe")
+    configure(app, FleetSettings(redis_url=private_redis.url, key_prefix="ready-probe:"))
+    monkeypatch.setattr(api.ops, "dispatcher", lambda: CeleryDispatcher(app))
+    assert api.ops.broker_reachable()
+    pid = private_redis.pid
+    assert pid is not None
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        # When the broker check runs
+        seconds, raised = timed(lambda: assert_unreachable(api.ops.broker_reachable()))
+    finally:
+        os.kill(pid, signal.SIGCONT)
+        app.close()
+    # Then it says "not reachable" within its bound instead of hanging until the thaw
+    assert raised is None, raised
+    assert seconds < BOUND, f"the broker check took {seconds:.2f}s"
+
+
+def assert_unreachable(reachable: bool) -> None:
+    assert reachable is False
