@@ -4,6 +4,8 @@ and never signals a process it cannot verify."""
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 from collections.abc import Iterator
 
@@ -11,13 +13,14 @@ import pytest
 
 from orchestrator import jobs, sessions
 from orchestrator.activity import census
-from orchestrator.jobwatch import REASON, Watchdog
 from orchestrator.jobs import JobState
+from orchestrator.jobwatch import REASON, Watchdog
 from orchestrator.ownership import process_start
 from orchestrator.processes import die_with_parent
 from orchestrator.store import Store
-from tests.helpers import RecordingDispatcher
+from tests.helpers import RecordingDispatcher, wait_for
 from tests.orchestrator.support import claim_job
+from tests.workers.support import process_alive
 
 INSTANCE = "hostA/test"  # claim_job's instance
 
@@ -93,3 +96,31 @@ def test_jobs_of_another_worker_instance_are_not_watched(
     store.redis.pexpire(store.keys.job_lease(jid), 100)
     assert Watchdog(store, "hostA", "hostA/another", 3000).poll() == []
     assert sleeper.poll() is None
+
+
+def test_a_supervisor_that_may_not_renew_a_jobs_lease_kills_it_and_stops_tracking_it(
+    store: Store, cwd: str
+) -> None:
+    # Given a supervisor running a job, its watchdog frozen (SIGSTOP by PID)
+    sup = jobs.JobSupervisor(store, "hostW", lease_ms=2000, grace_seconds=1)
+    try:
+        wait_for(lambda: sup._watchdog is not None, 10, message="the watchdog to start")
+        assert sup._watchdog is not None
+        os.kill(sup._watchdog.pid, signal.SIGSTOP)
+        sid = sessions.create_session(store, cwd).session_id
+        jid = jobs.create_job(store, RecordingDispatcher(), sid, 60, "sleep 60")
+        assert sup.start(sid, jid) == "running"
+        pid = sup.pids()[jid]
+        # When its lease lapses (as over a freeze of the supervisor) and the census marks it lost
+        store.redis.delete(store.keys.job_lease(jid))
+        assert census(store, sid) == []
+        # Then the supervisor's next renewal is refused: it kills the process, stops tracking
+        wait_for(lambda: jid not in sup.owned(), 10, message="the job to be dropped")
+        assert not process_alive(pid)
+        # And the job stays lost (the census's record), its lease never revived
+        assert store.redis.hget(store.keys.job(jid), "state") == JobState.LOST
+        assert not store.redis.exists(store.keys.job_lease(jid))
+    finally:
+        if sup._watchdog is not None:
+            os.kill(sup._watchdog.pid, signal.SIGCONT)
+        sup.shutdown()
