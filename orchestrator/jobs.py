@@ -24,14 +24,13 @@ import logging
 import os
 import signal
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
 
-from orchestrator import limits
+from orchestrator import jobwatch, limits
 from orchestrator.errors import TurnStopped
 from orchestrator.families import Dispatcher, Family, Task, control_queue, work_queue
 from orchestrator.fencing import StepGuard
@@ -328,23 +327,6 @@ class JobSupervisor:
             )
             done.set()
 
-    def _start_watchdog(self) -> subprocess.Popen[bytes]:
-        """The watchdog process (``python -m orchestrator.jobwatch``), in a session of its own
-        so a signal to the worker's process group does not freeze it; the store's URL goes
-        through the environment (``FLEET_REDIS_URL``), never the command line."""
-        env = {
-            **os.environ,
-            "FLEET_REDIS_URL": self.store.url,
-            "FLEET_KEY_PREFIX": self.store.keys.prefix,
-        }
-        argv = [self.host, self.instance, str(self.lease_ms)]
-        return subprocess.Popen(
-            [sys.executable, "-m", "orchestrator.jobwatch", *argv],
-            stdin=subprocess.DEVNULL,
-            env=env,
-            preexec_fn=die_with_parent(),
-        )
-
     def _renew(self, run: _Running) -> None:
         """Renew the lease of a running job (``job_renew.lua``). When refused (the lease
         lapsed while this worker was frozen, the census may have recorded it ``lost``, or the
@@ -393,7 +375,7 @@ class JobSupervisor:
         interval = max(0.05, min(0.5, self.lease_ms / 1000 / 4))
         last_reap = 0.0
         try:
-            self._watchdog = self._start_watchdog()
+            self._watchdog = jobwatch.start(self.store, self.host, self.instance, self.lease_ms)
         except OSError as exc:
             log.error("job watchdog not started: %s", exc)
         while not self._stop.is_set():

@@ -37,12 +37,14 @@ import contextlib
 import logging
 import os
 import signal
+import subprocess
 import sys
 import time
 from dataclasses import dataclass
 
 from orchestrator.errors import StoreUnavailable
 from orchestrator.ownership import is_process
+from orchestrator.processes import die_with_parent
 from orchestrator.settings import get_settings
 from orchestrator.store import Store, iso, retried
 
@@ -137,6 +139,20 @@ class Watchdog:
             except Exception as exc:  # contained: a bad record must not end the watch
                 log.warning("job watchdog: %s", exc)
             time.sleep(self.interval)
+
+
+def start(store: Store, host: str, instance: str, lease_ms: int) -> subprocess.Popen[bytes]:
+    """Start the watchdog of worker ``instance``'s jobs as a child process, from the caller's
+    thread (it dies with that thread, ``PR_SET_PDEATHSIG``), in a session of its own so a
+    signal to the worker's process group does not freeze it. The store's URL goes through the
+    environment (``FLEET_REDIS_URL``), never the command line. Raises ``OSError``."""
+    env = {**os.environ, "FLEET_REDIS_URL": store.url, "FLEET_KEY_PREFIX": store.keys.prefix}
+    return subprocess.Popen(
+        [sys.executable, "-m", "orchestrator.jobwatch", host, instance, str(lease_ms)],
+        stdin=subprocess.DEVNULL,
+        env=env,
+        preexec_fn=die_with_parent(),
+    )
 
 
 def main(argv: list[str]) -> None:
