@@ -3,8 +3,12 @@
 A job is stored when a turn asks for it (state ``starting``, with a start lease), taken by one
 job worker (``job_claim.lua``: refused if the lineage is archived by then), and supervised there
 by ``JobSupervisor``: the process runs in its own process group, dies with the worker (Linux
-``PR_SET_PDEATHSIG``), and its lease is refreshed while it runs. Liveness is the lease: a job
-whose worker died stops counting once the lease lapses (``activity`` marks it ``lost``).
+``PR_SET_PDEATHSIG``), and its lease is refreshed while it runs (``job_renew.lua``: only while
+the job is still running and claimed by this worker). Liveness is the lease: a job whose worker
+died stops counting once the lease lapses (``activity`` marks it ``lost``). A lost job is dead:
+a killed worker's jobs die with it; a frozen worker's are killed by its watchdog
+(``orchestrator/jobwatch.py``) before their leases lapse; a worker that resumes and finds a
+job's renewal refused kills its process group and stops tracking it.
 
 Stopping is cooperative first: SIGTERM to the process group, SIGKILL after the grace period.
 A stop signals only a process that is verifiably the job's (``orchestrator/ownership.py``):
@@ -26,7 +30,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
 
-from orchestrator import limits
+from orchestrator import jobwatch, limits
 from orchestrator.errors import TurnStopped
 from orchestrator.families import Dispatcher, Family, Task, control_queue, work_queue
 from orchestrator.fencing import StepGuard
@@ -66,11 +70,6 @@ def _job_fields(store: Store, job_id: str, *fields: str) -> list[str | None]:
 def _record_pid(store: Store, job_id: str, pid: int, started: float | None) -> None:
     fields = {"pid": pid, "pidStart": "" if started is None else repr(started)}
     store.redis.hset(store.keys.job(job_id), mapping=fields)
-
-
-@retried
-def _extend_lease(store: Store, job_id: str, lease_ms: int) -> None:
-    store.redis.pexpire(store.keys.job_lease(job_id), lease_ms)
 
 
 def create_job(
@@ -114,7 +113,8 @@ class JobSupervisor:
     """Owns the job processes of one worker: starts, watches, stops them.
 
     All processes are forked from the supervisor's own long-lived thread, so the
-    die-with-parent signal is tied to that thread, not to a short-lived pool thread.
+    die-with-parent signal is tied to that thread, not to a short-lived pool thread. The
+    first is the watchdog of this worker instance's jobs (``orchestrator/jobwatch.py``).
     """
 
     def __init__(
@@ -141,6 +141,7 @@ class JobSupervisor:
         self._requests: list[tuple[str, str, float, threading.Event, list[object]]] = []
         self._wake = threading.Condition()
         self._stop = threading.Event()
+        self._watchdog: subprocess.Popen[bytes] | None = None
         self._thread = threading.Thread(target=self._loop, name="job-supervisor", daemon=True)
         self._thread.start()
 
@@ -258,6 +259,9 @@ class JobSupervisor:
         with self._wake:
             self._wake.notify()
         self._thread.join(timeout=5)
+        if self._watchdog is not None:
+            self._watchdog.kill()
+            self._watchdog.wait(5)
 
     # -- internals ---------------------------------------------------------------------------
     def _terminate(self, run: _Running) -> str:
@@ -323,13 +327,35 @@ class JobSupervisor:
             )
             done.set()
 
+    def _renew(self, run: _Running) -> None:
+        """Renew the lease of a running job (``job_renew.lua``). When refused (the lease
+        lapsed while this worker was frozen, the census may have recorded it ``lost``, or the
+        job is no longer this instance's), the job must not run on: its process group is
+        killed, it is recorded ``lost`` if still ``running``, and no longer tracked."""
+        renewed = self.store.run("job_renew", [run.job_id, self.instance, self.lease_ms])
+        with self._lock:
+            if renewed == "ok" or run.stopping or self._running.pop(run.job_id, None) is None:
+                return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(run.process.pid, signal.SIGKILL)
+        run.process.wait(5)
+        reason = f"its lease was not renewable ({renewed}): killed by its worker on resuming"
+        ms = self.store.now_ms()
+        self.store.run("job_end", [run.job_id, JobState.LOST.value, "", iso(ms), "running", reason])
+        log.warning(
+            "job %s: %s",
+            run.job_id,
+            reason,
+            extra={"session_id": run.session_id, "family": "job"},
+        )
+
     def _reap(self) -> None:
         with self._lock:
             runs = list(self._running.values())
         for run in runs:
             code = run.process.poll()
             if code is None:
-                _extend_lease(self.store, run.job_id, self.lease_ms)
+                self._renew(run)
                 continue
             with self._lock:
                 if run.stopping or self._running.pop(run.job_id, None) is None:
@@ -348,6 +374,10 @@ class JobSupervisor:
     def _loop(self) -> None:
         interval = max(0.05, min(0.5, self.lease_ms / 1000 / 4))
         last_reap = 0.0
+        try:
+            self._watchdog = jobwatch.start(self.store, self.host, self.instance, self.lease_ms)
+        except OSError as exc:
+            log.error("job watchdog not started: %s", exc)
         while not self._stop.is_set():
             with self._wake:
                 if not self._requests:

@@ -156,3 +156,42 @@ def test_stop_unclaimed_reports_jobs_that_already_ended(
     )
 
     assert again == {jid: JobState.STOPPED, "job_nope": "missing"}
+
+
+def renew(store: Store, jid: str, instance: str = "hostA/test", lease_ms: int = 5000) -> str:
+    reply: str = store.run("job_renew", [jid, instance, lease_ms])
+    return reply
+
+
+def test_renewing_a_running_jobs_lease_extends_it_only_for_the_instance_that_claimed_it(
+    store: Store, recorder: RecordingDispatcher, sid: str
+) -> None:
+    # Given a job running on hostA (instance hostA/test)
+    jid = jobs.create_job(store, recorder, sid, 30, "sleep 30s")
+    claim_job(store, jid, "hostA")
+    store.redis.pexpire(store.keys.job_lease(jid), 100)
+    # When its instance renews the lease, it is extended
+    assert renew(store, jid, lease_ms=7000) == "ok"
+    assert store.redis.pttl(store.keys.job_lease(jid)) > 5000
+    # When another instance of the host tries, it is refused and nothing changes
+    store.redis.pexpire(store.keys.job_lease(jid), 100)
+    assert renew(store, jid, "hostA/other") == "other"
+    assert store.redis.pttl(store.keys.job_lease(jid)) <= 100
+
+
+def test_a_lapsed_lease_is_never_renewed_whether_or_not_the_census_marked_the_job_lost(
+    store: Store, recorder: RecordingDispatcher, sid: str
+) -> None:
+    # Given a running job whose lease lapsed (its worker was frozen)
+    jid = jobs.create_job(store, recorder, sid, 30, "sleep 30s")
+    claim_job(store, jid, "hostA")
+    store.redis.delete(store.keys.job_lease(jid))
+    # When its worker resumes and renews: refused, the lease stays gone, the job is not live
+    assert renew(store, jid) == "lapsed"
+    assert not store.redis.exists(store.keys.job_lease(jid))
+    assert census(store, sid) == []  # which marks it lost
+    # When it renews again: refused with the job's state, nothing revived
+    assert renew(store, jid) == JobState.LOST
+    assert not store.redis.exists(store.keys.job_lease(jid))
+    assert job(store, jid)["state"] == JobState.LOST
+    assert renew(store, "job_unknown") == "missing"

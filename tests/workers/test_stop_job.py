@@ -123,7 +123,9 @@ def test_a_stop_that_races_the_fork_of_a_job_process_still_ends_the_process(
         release.wait(10)
         return ["sleep", f"{seconds:g}"]
 
-    sup = JobSupervisor(store, rt.host, lease_ms=2000, grace_seconds=1, command=held_command)
+    # The lease outlasts the held fork (~2 s): a job whose lease lapsed counts as lost and is
+    # killed at its first renewal, which is not the race this test is about.
+    sup = JobSupervisor(store, rt.host, lease_ms=10_000, grace_seconds=1, command=held_command)
     # The moment the stop task asks the supervisor which jobs are its own: the fork is released
     # only after it, so the stop has surely seen the job before its process existed.
     looked = threading.Event()

@@ -1,0 +1,171 @@
+"""The job watchdog: a job that counts as lost is already dead, whatever befell its worker.
+
+A job counts as live while its lease (``Keys.job_lease``) exists; the worker's supervisor
+renews it every quarter lease, and the census marks a job ``lost`` once it lapses. A frozen
+worker (SIGSTOP, a debugger, a stalled VM thread) stops renewing, but its job processes run
+on: freezing a process does not freeze its children. So every job worker runs this watchdog
+as a child process of its own (``JobSupervisor`` starts it; it dies with the worker by
+``PR_SET_PDEATHSIG``, like the jobs), which the worker's freeze does not reach:
+
+* every ``1/8`` lease it reads the jobs this worker instance runs (``Keys.host_jobs``, each
+  job's ``state``/``instance``/``pid``/``pidStart`` and its lease's remaining TTL) and keeps,
+  per job, the local (monotonic) time its lease lapses as last read;
+* a job whose lease has less than a third of a lease left (the supervisor, renewing every
+  quarter, keeps at least three quarters), or whose record is no longer ``running`` while its
+  process still lives, has its process group killed (SIGKILL, only after its pid is verified
+  by its start time, ``ownership.is_process``) *before* the lease lapses, then is recorded
+  ``lost`` with a ``reason`` (``job_end.lua``, one script; a no-op if it ended otherwise).
+
+Consequence: when the census sees a lapsed lease, the job's process is already gone. A
+frozen worker's jobs are killed by this watchdog; a killed worker's jobs die by PDEATHSIG
+(and the watchdog with them); when Redis cannot be read, the watchdog kills by the lapse time
+it last read, since the server's TTL keeps running. Honest limits: a whole host frozen (a VM
+paused) freezes its jobs and this watchdog too; on thaw the census may already count the job
+``lost``, and the watchdog (or the resuming supervisor, whose renewal is refused,
+``job_renew.lua``) kills it within one poll, before it runs on for more than that. A worker
+frozen between forking a job and recording its pid leaves a process nobody can name; that
+window is one Redis write long.
+
+Run as ``python -m orchestrator.jobwatch HOST INSTANCE [LEASE_MS]``; the store is the
+settings' (``FLEET_REDIS_URL``, ``FLEET_KEY_PREFIX``: the URL never goes on a command line),
+the lease defaults to ``FLEET_JOB_LEASE_SECONDS``. Imports no Celery.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+
+from orchestrator.errors import StoreUnavailable
+from orchestrator.ownership import is_process
+from orchestrator.processes import die_with_parent
+from orchestrator.settings import get_settings
+from orchestrator.store import Store, iso, retried
+
+log = logging.getLogger(__name__)
+
+#: The ``reason`` recorded on a job the watchdog killed.
+REASON = "its worker stopped renewing the lease (frozen?): killed before the lease lapsed"
+
+
+@dataclass
+class _Watched:
+    pid: int
+    started: str
+    #: Monotonic seconds at which the lease lapses, as last read (``-inf``: kill now).
+    lapses: float
+
+
+#: Per job id: state, instance, pid, pidStart and the lease's remaining TTL in ms (< 0: none).
+Row = tuple[str | None, str | None, str | None, str | None, int]
+
+
+@retried
+def _read(store: Store, host: str, known: list[str]) -> dict[str, Row]:
+    """The records of the host's claimed jobs and of ``known`` ones: two round trips."""
+    jids = sorted(set(store.redis.smembers(store.keys.host_jobs(host))) | set(known))
+    pipe = store.redis.pipeline(transaction=False)
+    for jid in jids:
+        pipe.hmget(store.keys.job(jid), "state", "instance", "pid", "pidStart")
+        pipe.pttl(store.keys.job_lease(jid))
+    found = pipe.execute() if jids else []
+    return {jid: (*found[2 * i], int(found[2 * i + 1])) for i, jid in enumerate(jids)}
+
+
+class Watchdog:
+    """Watches the jobs of worker instance ``instance`` on ``host`` (see the module
+    docstring). ``lease_ms`` is the jobs' lease; ``poll`` does one pass."""
+
+    def __init__(self, store: Store, host: str, instance: str, lease_ms: int) -> None:
+        self.store = store
+        self.host = host
+        self.instance = instance
+        self.margin = lease_ms / 3000
+        self.interval = max(0.05, lease_ms / 8000)
+        self._watched: dict[str, _Watched] = {}
+
+    def poll(self) -> list[str]:
+        """One pass: learn lapse times, kill what must die. Returns the killed job ids."""
+        now = time.monotonic()
+        try:
+            rows = _read(self.store, self.host, list(self._watched))
+        except StoreUnavailable as exc:  # the TTL runs on in the server: judge by last read
+            log.warning("job watchdog cannot read the store: %s", exc)
+        else:
+            self._learn(rows, now)
+        killed = []
+        for jid, job in list(self._watched.items()):
+            if job.lapses - now < self.margin:
+                del self._watched[jid]
+                if self._kill(jid, job):
+                    killed.append(jid)
+        return killed
+
+    def _learn(self, rows: dict[str, Row], now: float) -> None:
+        for jid, (state, instance, pid, started, ttl_ms) in rows.items():
+            ours = state == "running" and instance == self.instance
+            if ours and pid:
+                lapses = now + ttl_ms / 1000 if ttl_ms > 0 else float("-inf")
+                self._watched[jid] = _Watched(int(pid), started or "", lapses)
+            elif jid in self._watched and not ours:
+                # Ended (its process is gone, so nothing is signalled) or counted lost by the
+                # census (a whole host frozen and thawed): its process must not run on.
+                self._watched[jid].lapses = float("-inf")
+
+    def _kill(self, jid: str, job: _Watched) -> bool:
+        if not is_process(job.pid, job.started):
+            return False  # already gone (or the pid is someone else's now)
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(job.pid, signal.SIGKILL)
+        try:
+            ms = self.store.now_ms()
+            self.store.run("job_end", [jid, "lost", "", iso(ms), "running", REASON])
+        except StoreUnavailable as exc:  # the lease lapses anyway; the census records it
+            log.warning("job %s killed, not recorded: %s", jid, exc)
+        log.warning("job %s: %s (pid %d)", jid, REASON, job.pid)
+        return True
+
+    def run_forever(self) -> None:
+        """Poll every ``interval`` seconds until killed (with the worker, by PDEATHSIG)."""
+        while True:
+            try:
+                self.poll()
+            except Exception as exc:  # contained: a bad record must not end the watch
+                log.warning("job watchdog: %s", exc)
+            time.sleep(self.interval)
+
+
+def start(store: Store, host: str, instance: str, lease_ms: int) -> subprocess.Popen[bytes]:
+    """Start the watchdog of worker ``instance``'s jobs as a child process, from the caller's
+    thread (it dies with that thread, ``PR_SET_PDEATHSIG``), in a session of its own so a
+    signal to the worker's process group does not freeze it. The store's URL goes through the
+    environment (``FLEET_REDIS_URL``), never the command line. Raises ``OSError``."""
+    env = {**os.environ, "FLEET_REDIS_URL": store.url, "FLEET_KEY_PREFIX": store.keys.prefix}
+    return subprocess.Popen(
+        [sys.executable, "-m", "orchestrator.jobwatch", host, instance, str(lease_ms)],
+        stdin=subprocess.DEVNULL,
+        env=env,
+        preexec_fn=die_with_parent(),
+    )
+
+
+def main(argv: list[str]) -> None:
+    """``HOST INSTANCE [LEASE_MS]``: watch that worker instance's jobs until killed."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s jobwatch %(message)s")
+    settings = get_settings()
+    if not settings.redis_url:
+        raise SystemExit("jobwatch: FLEET_REDIS_URL is not set")
+    host, instance = argv[:2]
+    lease_ms = int(argv[2]) if len(argv) > 2 else int(settings.job_lease_seconds * 1000)
+    store = Store(settings.redis_url, settings.key_prefix)
+    Watchdog(store, host, instance, lease_ms).run_forever()
+
+
+if __name__ == "__main__":  # pragma: no cover - the supervisor's child process
+    main(sys.argv[1:])
