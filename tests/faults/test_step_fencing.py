@@ -118,13 +118,13 @@ def test_a_model_step_frozen_past_its_lease_lands_nothing_once_its_worker_resume
     # Given step 0 of a turn (a model request of 8 s) frozen on its worker past its lease
     # while the sweeper runs it again on a second worker, and the first worker then resumed
     sid, tid, first = freeze_past_the_lease_while_the_sweeper_resumes(
-        store, dispatcher, fleet, "think 8\nthink 10"
+        store, dispatcher, fleet, "think 8\nthink 1"
     )
     # When the turn runs to its end
     wait_turn_state(store, tid, "completed", timeout=90)
     # Then each step answered once
     texts = [u["content"]["text"] for u in updates(store, sid, tid, "agent_message_chunk")]
-    assert texts == ["(thought for 8s)", "(thought for 10s)"]
+    assert texts == ["(thought for 8s)", "(thought for 1s)"]
     assert requests_of(store, sid, tid) == [0, 0, 1]
     # And the turn ended once, and the frozen copy was dropped as superseded
     assert [e["state"] for e in turn_events(store, tid)] == ["completed"]
@@ -138,7 +138,7 @@ def test_a_tool_call_frozen_past_its_lease_lands_nothing_once_its_worker_resumes
     # Given step 0 of a turn (an exec child of 8 s) frozen on its worker past its lease while
     # the sweeper runs it again on a second worker, and the first worker then resumed
     sid, tid, first = freeze_past_the_lease_while_the_sweeper_resumes(
-        store, dispatcher, fleet, "exec 8\nthink 10"
+        store, dispatcher, fleet, "exec 8\nthink 1"
     )
     # When the turn runs to its end
     wait_turn_state(store, tid, "completed", timeout=90)
@@ -148,7 +148,7 @@ def test_a_tool_call_frozen_past_its_lease_lands_nothing_once_its_worker_resumes
     assert result["status"] == "completed"
     assert result["toolCallId"] == calls[-1]["toolCallId"]
     texts = [u["content"]["text"] for u in updates(store, sid, tid, "agent_message_chunk")]
-    assert texts == ["(thought for 10s)"]
+    assert texts == ["(thought for 1s)"]
     assert requests_of(store, sid, tid) == [0, 0, 1]
     # And the turn ended once, and the frozen copy was dropped as superseded
     assert [e["state"] for e in turn_events(store, tid)] == ["completed"]

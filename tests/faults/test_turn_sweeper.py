@@ -70,9 +70,10 @@ def test_a_turn_whose_worker_is_killed_mid_step_is_resumed_on_another_worker(
     private: PrivateFleet,
 ) -> None:
     store, dispatcher = private.store, private.dispatcher
-    # Given a turn in the middle of a 30 s model request
+    # Given a turn in the middle of a 12 s model request (long enough to outlast starting a
+    # second worker; the resumed copy runs it again)
     sid = create_session(store, "/tmp/faults-sweeper").session_id
-    tid = start_turn(store, dispatcher, sid, "think 30")
+    tid = start_turn(store, dispatcher, sid, "think 12")
     wait_request(store, sid, tid, 0)
     began(store, tid)
 
