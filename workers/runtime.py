@@ -8,6 +8,9 @@ import os
 import threading
 from dataclasses import dataclass, field
 
+from tenacity import Retrying, before_sleep_log, retry_if_exception_type, wait_exponential
+
+from orchestrator.errors import StoreUnavailable
 from orchestrator.jobs import JobSupervisor
 from orchestrator.model import Model, ScriptedModel
 from orchestrator.ownership import HostLease
@@ -66,10 +69,19 @@ def current_runtime() -> Runtime | None:
 def hold_job_host() -> HostLease:
     """Take this job worker's host name before it consumes anything (``ownership.HostLease``,
     one lease per ``FLEET_JOB_LEASE_SECONDS``). Raises ``HostHeld`` naming the live worker
-    that holds it, ``StoreUnavailable``."""
+    that holds it; waits as long as Redis cannot be reached."""
     rt = get_runtime()
     lease = HostLease(rt.store, rt.host, lease_ms=int(get_settings().job_lease_seconds * 1000))
-    lease.acquire()
+    # A worker (re)started while Redis is down or loading waits for it, as Celery waits for
+    # its broker at start-up (broker_connection_retry_on_startup), instead of exiting.
+    for attempt in Retrying(
+        retry=retry_if_exception_type(StoreUnavailable),
+        wait=wait_exponential(multiplier=0.2, max=5),
+        before_sleep=before_sleep_log(log, logging.WARNING),
+        reraise=True,
+    ):
+        with attempt:
+            lease.acquire()
     rt.host_lease = lease
     return lease
 

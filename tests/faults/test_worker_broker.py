@@ -27,7 +27,7 @@ from orchestrator.settings import FleetSettings
 from orchestrator.store import Store
 from orchestrator.turns import start_turn
 from tests.helpers import wait_for
-from tests.workers.support import turn_state, wait_turn_state
+from tests.workers.support import turn_state, wait_log, wait_turn_state
 from workers.app import configure
 from workers.dispatch import CeleryDispatcher
 
@@ -183,3 +183,24 @@ def test_a_worker_in_warm_shutdown_behind_a_long_step_is_no_longer_ready(rig: Ri
         message="the heartbeat of the worker in warm shutdown to be gone",
     )
     assert not rig.ready(Family.TURN)
+
+
+def test_a_job_worker_started_while_redis_is_down_waits_for_it_instead_of_exiting(
+    private_redis: EmbeddedRedis, tmp_path: Path
+) -> None:
+    # Given the fleet's Redis down (a job worker must take its host name in Redis first)
+    url = private_redis.url
+    private_redis.stop()
+    fleet = LocalFleet(url, "startup:", tmp_path / "fleet", hostname="startup")
+    try:
+        # When a job worker starts, and Redis comes back a few seconds later
+        fleet.start([Family.JOB])
+        [w] = fleet.workers
+        wait_log(w, "Retrying", timeout=30)
+        assert w.process.poll() is None, "the job worker exited while Redis was down"
+        private_redis.start()
+        # Then the same process takes its host name and becomes ready
+        fleet.wait_ready(60)
+        assert w.process.poll() is None
+    finally:
+        fleet.stop()
