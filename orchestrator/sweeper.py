@@ -77,8 +77,7 @@ class SweepReport:
 @retried
 def _stale(store: Store, stuck_ms: int, limit: int) -> list[str]:
     """Index members whose last progress is older than ``stuck_ms``, on Redis's clock."""
-    sec, usec = store.redis.time()
-    cutoff = int(sec) * 1000 + int(usec) // 1000 - stuck_ms
+    cutoff = store.now_ms() - stuck_ms
     ids: list[str] = store.redis.zrangebyscore(
         store.keys.turns_inflight, "-inf", cutoff, start=0, num=limit
     )

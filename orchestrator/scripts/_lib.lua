@@ -139,12 +139,17 @@ local function count_live_jobs(key)
   return n
 end
 
+-- Whether turn tid counts as live: queued, running, or cancelling with a step in flight.
+local function turn_live(tid)
+  local st = redis.call('HGET', P .. 'turn:' .. tid, 'state')
+  return st == 'queued' or st == 'running'
+    or (st == 'cancelling' and redis.call('EXISTS', P .. 'turn:lease:' .. tid) == 1)
+end
+
 -- Whether the session itself has live work (its own turns, jobs, reminders).
 local function has_live(sid)
   for _, t in ipairs(redis.call('ZRANGE', P .. 'turns:live:' .. sid, 0, -1)) do
-    local st = redis.call('HGET', P .. 'turn:' .. t, 'state')
-    if st == 'queued' or st == 'running' then return true end
-    if st == 'cancelling' and redis.call('EXISTS', P .. 'turn:lease:' .. t) == 1 then return true end
+    if turn_live(t) then return true end
   end
   if redis.call('SCARD', P .. 'reminders:live:' .. sid) > 0 then return true end
   for _, j in ipairs(redis.call('SMEMBERS', P .. 'jobs:live:' .. sid)) do
@@ -159,17 +164,10 @@ end
 local function live_items(sid)
   local out = {}
   for _, t in ipairs(redis.call('ZRANGE', P .. 'turns:live:' .. sid, 0, -1)) do
-    local st = redis.call('HGET', P .. 'turn:' .. t, 'state')
-    if st == 'queued' or st == 'running'
-      or (st == 'cancelling' and redis.call('EXISTS', P .. 'turn:lease:' .. t) == 1) then
-      out[#out + 1] = 'turn:' .. t
-    end
+    if turn_live(t) then out[#out + 1] = 'turn:' .. t end
   end
   for _, j in ipairs(redis.call('SMEMBERS', P .. 'jobs:live:' .. sid)) do
-    local st = redis.call('HGET', P .. 'job:' .. j, 'state')
-    if (st == 'starting' or st == 'running') and redis.call('EXISTS', P .. 'job:lease:' .. j) == 1 then
-      out[#out + 1] = 'job:' .. j
-    end
+    if job_live(j) then out[#out + 1] = 'job:' .. j end
   end
   for _, r in ipairs(redis.call('SMEMBERS', P .. 'reminders:live:' .. sid)) do
     out[#out + 1] = 'reminder:' .. r
@@ -202,11 +200,6 @@ local function finish_turn(tid, state, reason, err, ms, iso_time, no_promote)
   return ''
 end
 
--- An archive stops the live turns of sid in its own script, so nothing a step of them does
--- can land after the archive commits (every step write is conditional on 'running'):
--- queued -> cancelled (nothing is promoted), running with a step in flight -> cancelling (the
--- step settles it), running between steps -> cancelled. Call it after the archive write.
--- Appends tid, sid, previous state, new state, label for each turn to out.
 -- Keeps the turn's openCall field (HASH turn:<tid>) on the tool call its step has open: set
 -- by a tool_call update, cleared by the update that settles that call.
 local function note_open_call(tid, update_json)
@@ -233,6 +226,12 @@ local function settle_open_call(tid, sid)
   return settlement
 end
 
+-- An archive stops the live turns of sid in its own script, so nothing a step of them does
+-- can land after the archive commits (every step write is conditional on 'running'):
+-- queued -> cancelled (nothing is promoted), running with a step in flight -> cancelling (the
+-- step settles it), running between steps -> cancelled; an open tool call is settled
+-- (settle_open_call). Call it after the archive write. Appends tid, sid, previous state, new
+-- state, label, settlement ('' when none) for each turn to out.
 local function stop_turns_for_archive(sid, out)
   local ms = server_ms()
   local now = iso_ms(ms)
