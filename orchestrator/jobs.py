@@ -34,7 +34,7 @@ from orchestrator import jobwatch, limits
 from orchestrator.errors import TurnStopped
 from orchestrator.families import Dispatcher, Family, Task, control_queue, work_queue
 from orchestrator.fencing import StepGuard
-from orchestrator.ownership import is_process, new_instance, process_start
+from orchestrator.ownership import kill_if_ours, new_instance, process_start
 from orchestrator.processes import die_with_parent
 from orchestrator.store import Store, iso, new_id, retried
 
@@ -444,9 +444,7 @@ def _stop_orphan(
             [jid, JobState.STOPPED.value, "", iso(store.now_ms()), JobState.RUNNING.value],
         )
         return "stopped (no process was recorded)"
-    if is_process(int(pid), started):
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(int(pid), signal.SIGKILL)
+    if kill_if_ours(int(pid), started):
         store.run(
             "job_end",
             [jid, JobState.STOPPED.value, "", iso(store.now_ms()), JobState.RUNNING.value],

@@ -13,7 +13,7 @@ as a child process of its own (``JobSupervisor`` starts it; it dies with the wor
 * a job whose lease has less than a third of a lease left (the supervisor, renewing every
   quarter, keeps at least three quarters), or whose record is no longer ``running`` while its
   process still lives, has its process group killed (SIGKILL, only after its pid is verified
-  by its start time, ``ownership.is_process``) *before* the lease lapses, then is recorded
+  by its start time, ``ownership.kill_if_ours``) *before* the lease lapses, then is recorded
   ``lost`` with a ``reason`` (``job_end.lua``, one script; a no-op if it ended otherwise).
 
 Consequence: when the census sees a lapsed lease, the job's process is already gone. A
@@ -33,17 +33,15 @@ the lease defaults to ``FLEET_JOB_LEASE_SECONDS``. Imports no Celery.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
-import signal
 import subprocess
 import sys
 import time
 from dataclasses import dataclass
 
 from orchestrator.errors import StoreUnavailable
-from orchestrator.ownership import is_process
+from orchestrator.ownership import kill_if_ours
 from orchestrator.processes import die_with_parent
 from orchestrator.settings import get_settings
 from orchestrator.store import Store, iso, retried
@@ -119,10 +117,8 @@ class Watchdog:
                 self._watched[jid].lapses = float("-inf")
 
     def _kill(self, jid: str, job: _Watched) -> bool:
-        if not is_process(job.pid, job.started):
+        if not kill_if_ours(job.pid, job.started):
             return False  # already gone (or the pid is someone else's now)
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(job.pid, signal.SIGKILL)
         try:
             ms = self.store.now_ms()
             self.store.run("job_end", [jid, "lost", "", iso(ms), "running", REASON])

@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import signal
 import threading
 import uuid
 
@@ -61,6 +62,17 @@ def is_process(pid: int, started: str | float | None) -> bool:
         return False
     found = process_start(pid)
     return found is not None and abs(found - expected) < _START_TOLERANCE
+
+
+def kill_if_ours(pid: int, started: str | float | None) -> bool:
+    """SIGKILL the process group of ``pid`` if ``pid`` is still the process that started at
+    ``started`` (``is_process``); never signal a pid that is not verified. Returns whether it
+    was ours (and so was killed)."""
+    if not is_process(pid, started):
+        return False
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, signal.SIGKILL)
+    return True
 
 
 class HostLease:
