@@ -20,7 +20,7 @@ waits behind queued work.
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 
 class Family(StrEnum):
@@ -71,12 +71,16 @@ def control_queue(family: Family, host: str | None = None) -> str:
     return f"{family}.ctl"
 
 
-def send_all(
-    dispatcher: Dispatcher, messages: list[tuple[str, list[Any], str]]
-) -> list[Exception | None]:
-    """Send ``(task, args, queue)`` messages one after another; return, per message, the
-    error that kept it from being sent or ``None``. One failure never stops the others.
-    (Publishing them from threads was measured slower: kombu's cost is Python-side.)"""
+#: One message for a worker: ``(task name, positional args, queue)``.
+Message = tuple[str, list[Any], str]
+
+
+def send_all(dispatcher: Dispatcher, messages: list[Message]) -> list[Exception | None]:
+    """Send ``(task, args, queue)`` messages; return, per message, the error that kept it from
+    being sent or ``None``. One failure never stops the others. A ``BatchDispatcher`` publishes
+    them in one pipelined write; any other dispatcher sends them one after another."""
+    if isinstance(dispatcher, BatchDispatcher):
+        return dispatcher.send_many(messages)
     errors: list[Exception | None] = []
     for task, args, queue in messages:
         try:
@@ -100,3 +104,13 @@ class Dispatcher(Protocol):
     """
 
     def send(self, task: str, args: list[Any], queue: str) -> None: ...
+
+
+@runtime_checkable
+class BatchDispatcher(Dispatcher, Protocol):
+    """A ``Dispatcher`` that can publish several messages in one write to the broker."""
+
+    def send_many(self, messages: list[Message]) -> list[Exception | None]:
+        """Publish every ``(task, args, queue)`` message; return, per message, the error that
+        kept it from being published or ``None``. Never raises."""
+        ...
