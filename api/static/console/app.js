@@ -1,4 +1,6 @@
 // The fleet console: plain ES module over the REST API and GET /events.
+import { tickTimes, timeEl } from "./time.js";
+
 const $ = (sel) => document.querySelector(sel);
 const TOKEN_KEY = "fleetConsoleToken";
 const FAMILY_NAMES = { turn: "turn", job: "job", subagent: "subagent", reminder: "reminder" };
@@ -84,7 +86,8 @@ let loadSeq = 0;
 async function loadList() {
   const seq = ++loadSeq;
   paintSide();
-  const archived = state.population === "archived" ? "only" : "exclude";
+  // A search spans both sides; a result opens on the side that holds it (openResult).
+  const archived = state.q ? "include" : state.population === "archived" ? "only" : "exclude";
   const found = [];
   let cursor = null;
   for (let page = 0; page < 10 && found.length < 50; page++) {
@@ -99,9 +102,8 @@ async function loadList() {
   if (seq !== loadSeq) return;
   state.sessions = found.slice(0, 50);
   renderList();
-  if (state.population === "active") {
-    await Promise.all(state.sessions.map((s) => refreshActivity(s.sessionId)));
-  }
+  const live = state.sessions.filter((s) => !s.archived);
+  await Promise.all(live.map((s) => refreshActivity(s.sessionId)));
 }
 
 async function refreshActivity(id) {
@@ -131,7 +133,8 @@ function statusText(items) {
 }
 
 function paintStatus(el, id) {
-  if (state.population === "archived") {
+  const row = el.closest(".row");
+  if (row && row.dataset.archived === "true") {
     el.textContent = "archived";
     el.classList.remove("busy");
     return;
@@ -144,7 +147,10 @@ function paintStatus(el, id) {
 function paintSide() {
   const archivedView = state.population === "archived";
   $("#door").setAttribute("aria-pressed", String(archivedView));
-  $("#list-title").textContent = archivedView ? "Archived sessions" : "Active sessions";
+  $("#list-title").textContent = state.q
+    ? "Search results, active and archived"
+    : archivedView ? "Archived sessions" : "Active sessions";
+  $("#search-toggle").setAttribute("aria-expanded", String(!$("#search").hidden));
 }
 
 function renderList() {
@@ -161,7 +167,10 @@ function renderList() {
     return;
   }
   empty.hidden = true;
-  const ids = new Set(state.sessions.map((s) => s.sessionId));
+  // Subagents nest under their parent on the active side only: the archive is a flat
+  // cold-storage list, and search results span both sides.
+  const nest = !archivedView && !state.q;
+  const ids = new Set(nest ? state.sessions.map((s) => s.sessionId) : []);
   const children = new Map();
   const roots = [];
   for (const s of state.sessions) {
@@ -192,6 +201,7 @@ function rowFor(s) {
   const row = document.createElement("div");
   row.className = "row";
   row.dataset.sessionId = s.sessionId;
+  row.dataset.archived = String(Boolean(s.archived));
   const open = document.createElement("button");
   open.type = "button";
   open.className = "open";
@@ -200,9 +210,14 @@ function rowFor(s) {
   t.textContent = titleOf(s);
   const st = document.createElement("span");
   st.className = "status";
-  open.append(t, st);
-  open.addEventListener("click", () => go(`#/session/${s.sessionId}`));
-  paintStatus(st, s.sessionId);
+  const sub = document.createElement("span");
+  sub.className = "sub";
+  sub.append(st, timeEl(s.updatedAt));
+  open.append(t, sub);
+  open.addEventListener("click", () => {
+    if (state.q) openResult(s);
+    else go(`#/session/${s.sessionId}`);
+  });
   const more = document.createElement("button");
   more.type = "button";
   more.className = "more";
@@ -214,8 +229,15 @@ function rowFor(s) {
     ev.stopPropagation();
     toggleMenu(row, more, s);
   });
+  // A right-click (or the context-menu key) opens the same menu as the ⋯ button.
+  row.addEventListener("contextmenu", (ev) => {
+    if (row.querySelector(".menu") && row.querySelector(".menu").contains(ev.target)) return;
+    ev.preventDefault();
+    if (!(state.openMenu && state.openMenu.button === more)) toggleMenu(row, more, s);
+  });
   row.append(open, more);
   li.append(row);
+  paintStatus(st, s.sessionId);
   return li;
 }
 
@@ -375,6 +397,7 @@ function showRefusal(items, verb, changed) {
   ul.replaceChildren(...items.map((it) => {
     const li = document.createElement("li");
     li.dataset.family = it.family;
+    li.dataset.id = it.id;
     const fam = document.createElement("strong");
     fam.textContent = it.family;
     li.append(fam, `: ${it.label}`);
@@ -481,7 +504,10 @@ function renderDetail(s, opts) {
     a.textContent = m.parentId;
     d.append(a);
   }
-  dd(dl, "Last activity", s.updatedAt);
+  dd(dl, "Last activity", "").append(timeEl(s.updatedAt));
+  if (m.createdAt) dd(dl, "Created", "").append(timeEl(m.createdAt));
+  const usage = usageText(s.usage);
+  if (usage) dd(dl, "Tokens", usage).className = "usage";
   card.append(dl);
   const actions = document.createElement("div");
   actions.className = "actions";
@@ -490,14 +516,17 @@ function renderDetail(s, opts) {
     ro.className = "readonly";
     ro.textContent = "Archived — read-only.";
     card.insertBefore(ro, dl);
-    if (m.archivedAt) dd(dl, "Archived", m.archivedAt);
-    let quiet;
+    if (m.archivedAt) dd(dl, "Archived", "").append(timeEl(m.archivedAt));
+    const work = dd(dl, "Work", "");
     if (m.archiveHazard) {
       const hz = m.archiveHazard;
-      quiet = `Archive hazard since ${hz.since}: still live after ${hz.attempts} stop attempts (${(hz.families || []).join(", ")}).`;
-    } else if (m.quietAt) quiet = `Went quiet at ${m.quietAt}.`;
-    else quiet = "Not yet recorded quiet.";
-    dd(dl, "Work", quiet).className = m.archiveHazard ? "error" : "";
+      work.className = "error";
+      work.append(
+        "Archive hazard since ", timeEl(hz.since),
+        `: still live after ${hz.attempts} stop attempts (${(hz.families || []).join(", ")}).`,
+      );
+    } else if (m.quietAt) work.append("Went quiet ", timeEl(m.quietAt), ".");
+    else work.textContent = "Not yet recorded quiet.";
     actions.append(button("Restore", () => restore(s), "primary"));
   } else {
     const rename = button("Rename", () => startRename(s));
@@ -554,6 +583,13 @@ async function loadConversation(id, box) {
     p.textContent = "No conversation yet.";
     box.replaceChildren(h, p);
   } else box.replaceChildren(h, list);
+}
+
+// "12,345 in · 678 out" from the session's `usage` ({inputTokens, outputTokens}), or null
+// when the session carries none.
+function usageText(u) {
+  if (!u || !Number.isInteger(u.inputTokens) || !Number.isInteger(u.outputTokens)) return null;
+  return `${u.inputTokens.toLocaleString()} in · ${u.outputTokens.toLocaleString()} out`;
 }
 
 function button(label, fn, cls) {
@@ -622,6 +658,61 @@ function startRename(s) {
   input.select();
 }
 
+// ------------------------------------------------------------------ new and search
+// New: ask for the working directory (prefilled with the one in view), then create the
+// session (POST /sessions) and open it. A refusal (a relative path) stays in the dialog.
+function newFlow() {
+  const input = $("#new-cwd");
+  $("#new-error").textContent = "";
+  if (!input.value) input.value = (current && current.cwd) || "";
+  $("#new-dialog").showModal();
+  input.focus();
+  input.select();
+}
+
+async function newSubmitted(ev) {
+  ev.preventDefault();
+  const err = $("#new-error");
+  const create = $("#new-create");
+  err.textContent = "";
+  create.disabled = true;
+  try {
+    const s = await api("POST", "/sessions", { cwd: $("#new-cwd").value.trim() });
+    $("#new-dialog").close();
+    closeSearch();
+    state.population = "active";
+    go(`#/session/${s.sessionId}`);
+    loadList();
+  } catch (e) {
+    err.textContent = e.message;
+    $("#new-cwd").focus();
+  } finally {
+    create.disabled = false;
+  }
+}
+
+function openSearch() {
+  $("#search").hidden = false;
+  paintSide();
+  $("#q").focus();
+}
+
+// Hide the search field and forget the query (the caller reloads the list).
+function closeSearch() {
+  $("#search").hidden = true;
+  $("#q").value = "";
+  state.q = "";
+  paintSide();
+}
+
+// A search result opens on the side that holds it, with that side's list beside it.
+function openResult(s) {
+  closeSearch();
+  state.population = s.archived ? "archived" : "active";
+  go(`#/session/${s.sessionId}`);
+  loadList();
+}
+
 // ------------------------------------------------------------------ routing
 function go(hash, opts) {
   pendingOpts = opts || {};
@@ -686,11 +777,28 @@ function connectEvents() {
 function start() {
   $("#token-form").addEventListener("submit", tokenSubmitted);
   $("#token-dialog").addEventListener("cancel", (ev) => ev.preventDefault());
-  for (const id of ["#refusal", "#confirm-delete", "#token-dialog"]) trapFocus($(id));
+  for (const id of ["#refusal", "#confirm-delete", "#token-dialog", "#new-dialog"]) trapFocus($(id));
+  $("#new").addEventListener("click", newFlow);
+  $("#new-form").addEventListener("submit", newSubmitted);
+  $("#new-cancel").addEventListener("click", () => $("#new-dialog").close());
   $("#door").addEventListener("click", () => {
-    go(state.population === "archived" ? "#/" : "#/archived");
+    const to = state.population === "archived" ? "#/" : "#/archived";
+    if (state.q) closeSearch();
+    go(to);
+  });
+  $("#search-toggle").addEventListener("click", () => {
+    if ($("#search").hidden) return openSearch();
+    closeSearch();
+    loadList();
   });
   $("#search").addEventListener("submit", (ev) => ev.preventDefault());
+  $("#q").addEventListener("keydown", (ev) => {
+    if (ev.key !== "Escape") return;
+    ev.preventDefault();
+    closeSearch();
+    loadList();
+    $("#search-toggle").focus();
+  });
   let qTimer = null;
   $("#q").addEventListener("input", (ev) => {
     clearTimeout(qTimer);
@@ -704,6 +812,7 @@ function start() {
   });
   $("#notice-close").addEventListener("click", hideNotice);
   window.addEventListener("hashchange", route);
+  setInterval(tickTimes, 30_000);
   connectEvents();
   route();
 }
