@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -335,8 +336,7 @@ def test_archived_link_lands_on_a_read_only_card(server: Server, page: Any, flee
     assert "say hello from the past" in talk.inner_text()
     assert "hello from the past" in talk.locator(".from-agent").inner_text()
     assert any(
-        s in card.inner_text()
-        for s in ("Went quiet at", "Not yet recorded quiet", "Archive hazard")
+        s in card.inner_text() for s in ("Went quiet", "Not yet recorded quiet", "Archive hazard")
     )
     names = card.get_by_role("button").all_inner_texts()
     assert names == ["Back to list", "Restore"]  # Restore is its only lifecycle action
@@ -383,9 +383,8 @@ def test_list_updates_live_when_another_client_archives(server: Server, page: An
     server.ok("POST", f"/sessions/{sid}/archive", {})  # another client, over REST
     _row(page, sid).wait_for(state="detached", timeout=5_000)
     assert page.evaluate("window.__sameDocument") is True  # no reload
-    # The title search finds it on the archived side.
+    # On the archived side, its row follows another client's unarchive live too.
     page.locator("#door").click()
-    page.fill("#q", "live ro")
     _row(page, sid).wait_for()
     server.ok("POST", f"/sessions/{sid}/unarchive")
     _row(page, sid).wait_for(state="detached", timeout=5_000)
@@ -426,7 +425,17 @@ def test_refusal_dialog_asks_again_when_the_work_changed_before_confirming(
     # While the dialog shows T1, T1 ends and T2 starts
     turns.cancel_turns(store, recorder, sid, [t1])
     t2 = turns.start_turn(store, recorder, sid, "think 60")
-    page.locator("#refusal-confirm").click()
+    shown = [
+        (li.get_attribute("data-family"), li.get_attribute("data-id"))
+        for li in dialog.locator("#refusal-items li").all()
+    ]
+    assert shown == [("turn", t1)]
+    # What gets confirmed is exactly the refusal's items, as the dialog showed them.
+    with page.expect_request(lambda r: r.method == "POST" and r.url.endswith("/archive")) as req:
+        page.locator("#refusal-confirm").click()
+    sent = req.value.post_data_json
+    assert sent["stopActivity"] is True
+    assert [(i["family"], i["id"]) for i in sent["confirmedActivity"]] == shown
     # The server refused the old list: the dialog shows what runs now and nothing was stopped
     page.locator("#refusal-title").get_by_text("The work changed").wait_for()
     assert dialog.is_visible()
@@ -438,3 +447,174 @@ def test_refusal_dialog_asks_again_when_the_work_changed_before_confirming(
     page.locator("#notice-text").get_by_text("Archived “Changing one” and stopped").wait_for()
     assert server.ok("GET", f"/sessions/{sid}")["archived"] is True
     assert server.ok("GET", f"/turns/{t2}")["state"] == "cancelled"
+
+
+# ------------------------------------------------------------------ issue 13, items 3-8
+
+
+def test_list_header_holds_three_equal_pills_and_new_asks_for_the_cwd(
+    server: Server, page: Any
+) -> None:
+    page.goto(server.base + "/console")
+    pills = page.locator(".list-head > button.pill")
+    pills.first.wait_for()
+    names = [n.strip() for n in pills.all_inner_texts()]
+    assert [n.split()[-1] for n in names] == ["New", "Search", "Archive"]  # the door third
+    assert pills.nth(2).get_attribute("id") == "door"
+    widths = {round(pills.nth(i).bounding_box()["width"]) for i in range(3)}
+    heights = {round(pills.nth(i).bounding_box()["height"]) for i in range(3)}
+    assert len(widths) == 1 and len(heights) == 1, (widths, heights)
+    # New asks for the working directory; a relative one is refused in the dialog.
+    page.get_by_role("button", name="New session").click()
+    dialog = page.locator("#new-dialog")
+    dialog.wait_for(state="visible")
+    assert page.evaluate("document.activeElement.id") == "new-cwd"
+    page.fill("#new-cwd", "relative/dir")
+    page.keyboard.press("Enter")
+    page.locator("#new-error").get_by_text("absolute path").wait_for()
+    assert dialog.is_visible()
+    page.screenshot(path=str(SHOTS / "new-session.png"))
+    page.fill("#new-cwd", "/tmp/console-new")
+    page.keyboard.press("Enter")
+    dialog.wait_for(state="hidden")
+    card = page.locator('#detail .card[data-archived="false"]')
+    card.wait_for()
+    sid = card.get_attribute("data-session-id")
+    assert sid and server.ok("GET", f"/sessions/{sid}")["cwd"] == "/tmp/console-new"
+    _row(page, sid).wait_for()
+
+
+def test_search_from_the_active_side_finds_an_archived_title_and_opens_it_there(
+    server: Server, page: Any
+) -> None:
+    cold = server.session("Zebra only in the archive")
+    server.ok("POST", f"/sessions/{cold}/archive", {})
+    warm = server.session("Zebra still active")
+    page.goto(server.base + "/console")
+    _row(page, warm).wait_for()
+    assert page.locator("#door").get_attribute("aria-pressed") == "false"
+    page.get_by_role("button", name="Search").click()
+    assert page.evaluate("document.activeElement.id") == "q"
+    page.keyboard.type("zebra only")
+    _row(page, cold).wait_for()
+    assert "archived" in _row(page, cold).locator(".status").inner_text()
+    _row(page, warm).wait_for(state="detached")
+    page.screenshot(path=str(SHOTS / "search-archived.png"))
+    _row(page, cold).locator("button.open").click()
+    page.locator(f'#detail .card[data-session-id="{cold}"][data-archived="true"]').wait_for()
+    # It opens on the side that holds it: the archive, with its row in the list.
+    page.locator('#door[aria-pressed="true"]').wait_for()
+    page.locator("#list-title").get_by_text("Archived sessions").wait_for()
+    _row(page, cold).wait_for()
+    # An active match opens on the active side.
+    page.get_by_role("button", name="Search").click()
+    page.keyboard.type("zebra still")
+    _row(page, warm).locator("button.open").click()
+    page.locator(f'#detail .card[data-session-id="{warm}"][data-archived="false"]').wait_for()
+    page.locator('#door[aria-pressed="false"]').wait_for()
+    page.locator("#list-title").get_by_text("Active sessions").wait_for()
+    _row(page, warm).wait_for()
+
+
+def test_right_click_on_a_row_opens_the_row_menu(server: Server, page: Any) -> None:
+    sid = server.session("Right-clicked")
+    page.goto(server.base + "/console")
+    _row(page, sid).wait_for()
+    by_button = _menu(page, sid).get_by_role("menuitem").all_inner_texts()
+    page.keyboard.press("Escape")
+    _row(page, sid).locator('[role="menu"]').wait_for(state="detached")
+    _row(page, sid).locator("button.open").click(button="right")
+    menu = _row(page, sid).locator('[role="menu"]')
+    menu.wait_for()
+    assert menu.get_by_role("menuitem").all_inner_texts() == by_button
+    assert _row(page, sid).locator("button.more").get_attribute("aria-expanded") == "true"
+    # Keyboard reachable like the button's: focus on the first item, arrows move.
+    assert page.evaluate("document.activeElement.textContent") == by_button[0]
+    page.keyboard.press("ArrowDown")
+    assert page.evaluate("document.activeElement.textContent") == by_button[1]
+    page.keyboard.press("Escape")
+    menu.wait_for(state="detached")
+
+
+def test_the_archived_list_is_flat_without_counts(server: Server, page: Any) -> None:
+    parent = server.session("Flat parent")
+    child = str(
+        server.ok("POST", "/sessions", {"cwd": "/tmp/console-test", "parentId": parent})[
+            "sessionId"
+        ]
+    )
+    page.goto(server.base + "/console")
+    # On the active side the subagent is under its parent.
+    nested = f'.row[data-session-id="{parent}"] ~ ul .row[data-session-id="{child}"]'
+    page.locator(nested).wait_for()
+    server.ok("POST", f"/sessions/{parent}/archive", {})  # archives the subtree
+    page.locator("#door").click()
+    for sid in (parent, child):  # the archived side's rows, not the active side's
+        _row(page, sid).locator(".status").get_by_text("archived").wait_for()
+    assert page.locator("#rows ul").count() == 0  # no nesting
+    assert page.locator("#rows > li > .row").count() == page.locator("#rows .row").count()
+    for sid in (parent, child):
+        status = _row(page, sid).locator(".status").inner_text()
+        assert status == "archived" and not any(c.isdigit() for c in status)
+    head = page.locator(".list-head").inner_text() + page.locator("#list-title").inner_text()
+    assert not any(c.isdigit() for c in head)
+
+
+def test_times_read_relative_with_local_time_on_hover(server: Server, browser: Any) -> None:
+    from datetime import datetime
+    from zoneinfo import ZoneInfo
+
+    sid = server.session("Timed")
+    info = server.ok("GET", f"/sessions/{sid}")
+    ctx = browser.new_context(viewport={"width": 1280, "height": 800}, timezone_id="Asia/Tokyo")
+    ctx.add_init_script(f"sessionStorage.setItem('fleetConsoleToken', {json.dumps(TOKEN)})")
+    page = ctx.new_page()
+    page.set_default_timeout(10_000)
+    try:
+        page.clock.install()
+        page.goto(f"{server.base}/console#/session/{sid}")
+        when = _row(page, sid).locator("time")
+        when.wait_for()
+        assert when.inner_text() == "just now"
+        assert when.get_attribute("datetime") == info["updatedAt"]
+        local = datetime.fromisoformat(info["updatedAt"].replace("Z", "+00:00")).astimezone(
+            ZoneInfo("Asia/Tokyo")
+        )
+        hover = when.get_attribute("title") or ""
+        assert f"{local.hour % 12 or 12}:{local.minute:02d}" in hover and "GMT+9" in hover
+        last = page.locator("#detail dd time").first
+        last.wait_for()
+        assert last.inner_text() == "just now" and last.get_attribute("title") == hover
+        assert info["updatedAt"] not in page.locator("#detail").inner_text()  # no raw ISO
+        page.clock.fast_forward("03:10")
+        page.wait_for_function("el => el.textContent === '3 min ago'", arg=when.element_handle())
+        assert last.inner_text() == "3 min ago"
+    finally:
+        ctx.close()
+
+
+def test_session_view_shows_token_usage_only_when_the_session_carries_it(
+    server: Server, page: Any
+) -> None:
+    with_usage = server.session("Counted")
+    without = server.session("Uncounted")
+
+    def add_usage(route: Any) -> None:
+        response = route.fetch()
+        body = response.json()
+        body["usage"] = {"inputTokens": 12345, "outputTokens": 678}
+        route.fulfill(response=response, json=body)
+
+    page.route(f"**/sessions/{with_usage}", add_usage)
+    page.goto(f"{server.base}/console#/session/{with_usage}")
+    card = page.locator(f'#detail .card[data-session-id="{with_usage}"]')
+    card.wait_for()
+    tokens = card.locator("dd.usage")
+    tokens.wait_for()
+    assert re.fullmatch(r"12\D?345 in · 678 out", tokens.inner_text())  # the reader's locale
+    assert "Tokens" in card.locator("dl").inner_text()
+    page.goto(f"{server.base}/console#/session/{without}")
+    card = page.locator(f'#detail .card[data-session-id="{without}"]')
+    card.wait_for()
+    assert card.locator("dd.usage").count() == 0
+    assert "Tokens" not in card.locator("dl").inner_text()

@@ -1,0 +1,216 @@
+// The session list: one population at a time (or a search's results), rows and row menus.
+import { api } from "./api.js";
+import { archiveFlow, deleteFlow, restore } from "./lifecycle.js";
+import { $, enc, hub, meta, state, titleOf } from "./shared.js";
+import { timeEl } from "./time.js";
+
+const FAMILY_NAMES = { turn: "turn", job: "job", subagent: "subagent", reminder: "reminder" };
+
+let loadSeq = 0;
+
+export async function loadList() {
+  const seq = ++loadSeq;
+  paintSide();
+  // A search spans both sides; a result opens on the side that holds it (openResult).
+  const archived = state.q ? "include" : state.population === "archived" ? "only" : "exclude";
+  const found = [];
+  let cursor = null;
+  for (let page = 0; page < 10 && found.length < 50; page++) {
+    let path = `/sessions?archived=${archived}&limit=50`;
+    if (state.q) path += `&q=${enc(state.q)}`;
+    if (cursor) path += `&cursor=${enc(cursor)}`;
+    const data = await api("GET", path);
+    found.push(...data.sessions);
+    cursor = data.nextCursor;
+    if (!cursor) break;
+  }
+  if (seq !== loadSeq) return;
+  state.sessions = found.slice(0, 50);
+  renderList();
+  const live = state.sessions.filter((s) => !s.archived);
+  await Promise.all(live.map((s) => refreshActivity(s.sessionId)));
+}
+
+export async function refreshActivity(id) {
+  try {
+    const data = await api("GET", `/sessions/${enc(id)}/activity`);
+    state.activity.set(id, data.activity);
+  } catch {
+    state.activity.delete(id);
+  }
+  const el = document.querySelector(`.row[data-session-id="${CSS.escape(id)}"] .status`);
+  if (el) paintStatus(el, id);
+  if (state.selected === id) hub.paintDetailActivity();
+}
+
+function statusText(items) {
+  if (!items) return ["…", false];
+  if (!items.length) return ["idle", false];
+  const counts = {};
+  for (const it of items) counts[it.family] = (counts[it.family] || 0) + 1;
+  const parts = [];
+  if (counts.turn) parts.push("turn running");
+  if (counts.job) parts.push(`${counts.job} job${counts.job > 1 ? "s" : ""}`);
+  if (counts.subagent) parts.push(`${counts.subagent} subagent${counts.subagent > 1 ? "s" : ""}`);
+  if (counts.reminder) parts.push(`${counts.reminder} reminder${counts.reminder > 1 ? "s" : ""}`);
+  for (const f of Object.keys(counts)) if (!FAMILY_NAMES[f]) parts.push(`${counts[f]} ${f}`);
+  return [parts.join(" · "), true];
+}
+
+function paintStatus(el, id) {
+  const row = el.closest(".row");
+  if (row && row.dataset.archived === "true") {
+    el.textContent = "archived";
+    el.classList.remove("busy");
+    return;
+  }
+  const [text, busy] = statusText(state.activity.get(id));
+  el.textContent = text;
+  el.classList.toggle("busy", busy);
+}
+
+export function paintSide() {
+  const archivedView = state.population === "archived";
+  $("#door").setAttribute("aria-pressed", String(archivedView));
+  $("#list-title").textContent = state.q
+    ? "Search results, active and archived"
+    : archivedView ? "Archived sessions" : "Active sessions";
+  $("#search-toggle").setAttribute("aria-expanded", String(!$("#search").hidden));
+}
+
+function renderList() {
+  const archivedView = state.population === "archived";
+  paintSide();
+  const rows = $("#rows");
+  rows.replaceChildren();
+  const empty = $("#list-empty");
+  if (!state.sessions.length) {
+    empty.hidden = false;
+    empty.textContent = state.q
+      ? "No titles match."
+      : archivedView ? "Nothing archived" : "No active sessions";
+    return;
+  }
+  empty.hidden = true;
+  // Subagents nest under their parent on the active side only: the archive is a flat
+  // cold-storage list, and search results span both sides.
+  const nest = !archivedView && !state.q;
+  const ids = new Set(nest ? state.sessions.map((s) => s.sessionId) : []);
+  const children = new Map();
+  const roots = [];
+  for (const s of state.sessions) {
+    const parent = meta(s).parentId;
+    if (parent && ids.has(parent)) {
+      if (!children.has(parent)) children.set(parent, []);
+      children.get(parent).push(s);
+    } else roots.push(s);
+  }
+  const build = (list, into) => {
+    for (const s of list) {
+      const li = rowFor(s);
+      const kids = children.get(s.sessionId);
+      if (kids) {
+        const ul = document.createElement("ul");
+        ul.setAttribute("aria-label", `Subagents of ${titleOf(s)}`);
+        build(kids, ul);
+        li.append(ul);
+      }
+      into.append(li);
+    }
+  };
+  build(roots, rows);
+}
+
+function rowFor(s) {
+  const li = document.createElement("li");
+  const row = document.createElement("div");
+  row.className = "row";
+  row.dataset.sessionId = s.sessionId;
+  row.dataset.archived = String(Boolean(s.archived));
+  const open = document.createElement("button");
+  open.type = "button";
+  open.className = "open";
+  const t = document.createElement("span");
+  t.className = "t";
+  t.textContent = titleOf(s);
+  const st = document.createElement("span");
+  st.className = "status";
+  const sub = document.createElement("span");
+  sub.className = "sub";
+  sub.append(st, timeEl(s.updatedAt));
+  open.append(t, sub);
+  open.addEventListener("click", () => {
+    if (state.q) hub.openResult(s);
+    else hub.go(`#/session/${s.sessionId}`);
+  });
+  const more = document.createElement("button");
+  more.type = "button";
+  more.className = "more";
+  more.textContent = "⋯";
+  more.setAttribute("aria-label", `Actions for ${titleOf(s)}`);
+  more.setAttribute("aria-haspopup", "menu");
+  more.setAttribute("aria-expanded", "false");
+  more.addEventListener("click", (ev) => {
+    ev.stopPropagation();
+    toggleMenu(row, more, s);
+  });
+  // A right-click (or the context-menu key) opens the same menu as the ⋯ button.
+  row.addEventListener("contextmenu", (ev) => {
+    if (row.querySelector(".menu") && row.querySelector(".menu").contains(ev.target)) return;
+    ev.preventDefault();
+    if (!(state.openMenu && state.openMenu.button === more)) toggleMenu(row, more, s);
+  });
+  row.append(open, more);
+  li.append(row);
+  paintStatus(st, s.sessionId);
+  return li;
+}
+
+export function closeMenu(focusBack) {
+  const m = state.openMenu;
+  if (!m) return;
+  state.openMenu = null;
+  m.menu.remove();
+  m.button.setAttribute("aria-expanded", "false");
+  if (focusBack) m.button.focus();
+}
+
+function toggleMenu(row, button, s) {
+  const wasOpen = state.openMenu && state.openMenu.button === button;
+  closeMenu(false);
+  if (wasOpen) return;
+  const menu = document.createElement("div");
+  menu.className = "menu";
+  menu.setAttribute("role", "menu");
+  const item = (label, fn, cls) => {
+    const b = document.createElement("button");
+    b.type = "button";
+    b.setAttribute("role", "menuitem");
+    b.textContent = label;
+    if (cls) b.className = cls;
+    b.addEventListener("click", () => {
+      closeMenu(false);
+      fn();
+    });
+    menu.append(b);
+    return b;
+  };
+  // The move out of the row's state, first, with the other non-destructive actions.
+  if (s.archived) item("Restore", () => restore(s));
+  else item("Archive", () => archiveFlow(s));
+  item("Open", () => hub.go(`#/session/${s.sessionId}`));
+  if (!s.archived) item("Rename", () => hub.go(`#/session/${s.sessionId}`, { rename: true }));
+  menu.append(document.createElement("hr"));
+  item("Delete…", () => deleteFlow(s), "danger");
+  menu.addEventListener("keydown", (ev) => {
+    const items = [...menu.querySelectorAll("button")];
+    const i = items.indexOf(document.activeElement);
+    if (ev.key === "Escape") { ev.preventDefault(); closeMenu(true); }
+    else if (ev.key === "ArrowDown") { ev.preventDefault(); items[(i + 1) % items.length].focus(); }
+    else if (ev.key === "ArrowUp") { ev.preventDefault(); items[(i - 1 + items.length) % items.length].focus(); }
+  });
+  row.append(menu);
+  button.setAttribute("aria-expanded", "true");
+  state.openMenu = { menu, button };
+  menu.querySelector("button").focus();
+}
