@@ -4,9 +4,10 @@ closed with 4401 before it is accepted.
 
 The routes are read from ``app.routes``, so a route added later is covered without editing
 this file. Public on purpose: ``/health`` and ``/ready`` (probes carry no token), and the
-documentation (``/openapi.json``, ``/docs``, ``/docs/oauth2-redirect``, ``/redoc``): the schema
-describes the API and holds no fleet data; and the fleet console page (``/console``, its assets
-under ``/console/static/``), which holds no data and calls the API with the token. Flower asks
+documentation (``/openapi.json``, ``/docs``, its assets under ``/docs/assets/``,
+``/docs/oauth2-redirect``, ``/redoc``): the schema describes the API and holds no fleet data;
+and the fleet console page (``/console``, its assets under ``/console/static/``, and ``/``,
+which redirects to it), which holds no data and calls the API with the token. Flower asks
 for its own credentials; that is tested in ``tests/ops/test_flower.py``.
 """
 
@@ -31,10 +32,12 @@ PUBLIC = {
     "/ready",
     "/openapi.json",
     "/docs",
+    "/docs/assets",
     "/docs/oauth2-redirect",
     "/redoc",
     "/console",
     "/console/static",
+    "/",
 }
 #: Sample values for path parameters: well-formed ids of nothing.
 PATH_VALUES = {"session_id": "sess_000000000000000000000000", "turn_id": "turn_0"}
