@@ -23,7 +23,7 @@ from fastapi.testclient import TestClient
 from starlette.websockets import WebSocketDisconnect
 
 import api.rest
-from orchestrator.settings import get_settings
+from orchestrator.settings import FleetSettings
 
 TOKEN = "test-token-auth-everywhere"
 #: Routes answered without the token, on purpose (see the module docstring).
@@ -60,20 +60,8 @@ HEADER_VARIANTS = {
 
 
 @pytest.fixture(scope="module")
-def token_env() -> Iterator[None]:
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("FLEET_API_TOKEN", TOKEN)
-        get_settings.cache_clear()
-        try:
-            yield
-        finally:
-            get_settings.cache_clear()
-    get_settings.cache_clear()
-
-
-@pytest.fixture(scope="module")
-def app(token_env: None) -> Any:
-    return api.rest.create_app()
+def app() -> Any:
+    return api.rest.create_app(FleetSettings(api_token=TOKEN))
 
 
 @pytest.fixture(scope="module")
