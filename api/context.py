@@ -6,11 +6,26 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-from api.deps import checked_redis_url
-from orchestrator.settings import get_settings
+from orchestrator.settings import FleetSettings, get_settings
 from orchestrator.store import Store
 from workers.app import app
 from workers.dispatch import CeleryDispatcher
+
+
+def checked_redis_url(settings: FleetSettings) -> str:
+    """``settings.redis_url``; raises ``SystemExit`` with a hint when it is missing or is not
+    a Redis URL (the README's documented error)."""
+    url = settings.redis_url
+    if not url:
+        raise SystemExit(
+            "FLEET_REDIS_URL is not set. Point it at your Redis (redis://host:6379/0), or use "
+            "`fleet up` / `fleet demo`, which start an embedded Redis."
+        )
+    if not url.startswith(("redis://", "rediss://", "unix://")):
+        raise SystemExit(
+            f"FLEET_REDIS_URL must start with redis://, rediss:// or unix:// (got {url!r})."
+        )
+    return url
 
 
 def redis_url() -> str:

@@ -17,28 +17,13 @@ from celery import Celery
 from fastapi import Depends, Header
 from starlette.requests import HTTPConnection
 
+from api.context import checked_redis_url
 from orchestrator.errors import InvalidParams
 from orchestrator.families import Dispatcher
 from orchestrator.settings import FleetSettings
 from orchestrator.store import Store
 from workers.app import configure
 from workers.dispatch import CeleryDispatcher
-
-
-def checked_redis_url(settings: FleetSettings) -> str:
-    """``settings.redis_url``; raises ``SystemExit`` with a hint when it is missing or is not
-    a Redis URL (the README's documented error)."""
-    url = settings.redis_url
-    if not url:
-        raise SystemExit(
-            "FLEET_REDIS_URL is not set. Point it at your Redis (redis://host:6379/0), or use "
-            "`fleet up` / `fleet demo`, which start an embedded Redis."
-        )
-    if not url.startswith(("redis://", "rediss://", "unix://")):
-        raise SystemExit(
-            f"FLEET_REDIS_URL must start with redis://, rediss:// or unix:// (got {url!r})."
-        )
-    return url
 
 
 @dataclass
