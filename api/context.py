@@ -1,18 +1,21 @@
-"""Shared wiring for the interfaces: one store and one dispatcher per process."""
+"""Wiring for the command-line entry points (the CLI, ACP over stdio): one store and one
+dispatcher per process. The HTTP API does not use these: ``api.rest.create_app`` gives each
+application its own (``api/deps.py``)."""
 
 from __future__ import annotations
 
 from functools import lru_cache
 
-from orchestrator.settings import get_settings
+from orchestrator.settings import FleetSettings, get_settings
 from orchestrator.store import Store
 from workers.app import app
 from workers.dispatch import CeleryDispatcher
 
 
-def redis_url() -> str:
-    """The configured Redis URL; raises ``SystemExit`` with a hint when none is set."""
-    url = get_settings().redis_url
+def checked_redis_url(settings: FleetSettings) -> str:
+    """``settings.redis_url``; raises ``SystemExit`` with a hint when it is missing or is not
+    a Redis URL (the README's documented error)."""
+    url = settings.redis_url
     if not url:
         raise SystemExit(
             "FLEET_REDIS_URL is not set. Point it at your Redis (redis://host:6379/0), or use "
@@ -23,6 +26,11 @@ def redis_url() -> str:
             f"FLEET_REDIS_URL must start with redis://, rediss:// or unix:// (got {url!r})."
         )
     return url
+
+
+def redis_url() -> str:
+    """The configured Redis URL; raises ``SystemExit`` with a hint when none is set."""
+    return checked_redis_url(get_settings())
 
 
 @lru_cache(maxsize=1)

@@ -18,12 +18,14 @@ from orchestrator.errors import (
     SessionArchived,
     SessionNotFound,
     StoreUnavailable,
+    TurnNotFound,
 )
 
 #: error class -> (HTTP status, JSON-RPC code). Looked up by walking the class's MRO, so a
 #: subclass (``InvalidTitle``) maps like its parent unless listed itself.
 ERROR_TABLE: dict[type[FleetError], tuple[int, int]] = {
     SessionNotFound: (404, -32002),
+    TurnNotFound: (404, -32002),
     SessionActive: (409, -32003),
     SessionArchived: (409, -32004),
     AncestorArchived: (409, -32005),
@@ -64,3 +66,17 @@ def lookup(exc: FleetError) -> tuple[int, int]:
 def error_body(code: str, message: str, data: dict[str, Any] | None = None) -> dict[str, Any]:
     """The JSON error shape."""
     return {"error": {"code": code, "message": message, "data": data or {}}}
+
+
+#: HTTP errors the framework raises itself (no route for the path, a method the path does
+#: not take) -> (code, message); any other status keeps the framework's detail as message.
+HTTP_ERRORS: dict[int, tuple[str, str]] = {
+    404: ("not_found", "No such resource; see /docs for the API's paths."),
+    405: ("method_not_allowed", "That method is not allowed on this path; see /docs."),
+}
+
+
+def http_error_body(status: int, detail: str) -> dict[str, Any]:
+    """The JSON error shape for a framework HTTP error of ``status`` (``HTTP_ERRORS``)."""
+    code, message = HTTP_ERRORS.get(status, ("http_error", detail))
+    return error_body(code, message)

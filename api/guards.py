@@ -14,7 +14,6 @@ from fastapi.responses import JSONResponse
 from api.errors import error_body
 from orchestrator import untrusted
 from orchestrator.errors import InputRejected
-from orchestrator.settings import get_settings
 
 #: HTTP methods that change state: a browser page of another origin may not send them.
 STATE_CHANGING = frozenset({"POST", "PUT", "PATCH", "DELETE"})
@@ -56,14 +55,15 @@ class BodyGuard:
     and such text cannot be encoded); invalid JSON goes on to the route's own 422.
     """
 
-    def __init__(self, app: Any) -> None:
+    def __init__(self, app: Any, max_bytes: int) -> None:
         self.app = app
+        self.max_bytes = max_bytes
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        cap = get_settings().api_max_body_bytes
+        cap = self.max_bytes
         declared = _header(scope, b"content-length")
         if declared is not None:
             try:
@@ -150,17 +150,17 @@ def origin_text(origin: tuple[str, str, int]) -> str:
     return f"{scheme}://{host}" + ("" if port == _DEFAULT_PORTS[scheme] else f":{port}")
 
 
-def allowed_origins() -> set[tuple[str, str, int]]:
-    """The origins of ``FLEET_API_ALLOWED_ORIGINS`` (comma-separated), as ``_origin_tuple``s."""
-    raw = get_settings().api_allowed_origins
+def allowed_origins(raw: str) -> frozenset[tuple[str, str, int]]:
+    """The origins of ``raw`` (``FLEET_API_ALLOWED_ORIGINS``: comma-separated), as
+    ``_origin_tuple``s; anything that is not an http(s)/ws(s) origin is left out."""
     found = (_origin_tuple(item) for item in raw.split(",") if item.strip())
-    return {origin for origin in found if origin is not None}
+    return frozenset(origin for origin in found if origin is not None)
 
 
-def origin_allowed(scope: Any) -> bool:
+def origin_allowed(scope: Any, allowed: frozenset[tuple[str, str, int]]) -> bool:
     """Whether a request may go on as far as its ``Origin`` header is concerned: no header
     (not a browser), the API's own origin (the scheme it is served on and its ``Host``), or
-    one listed in ``FLEET_API_ALLOWED_ORIGINS``."""
+    one in ``allowed`` (``FLEET_API_ALLOWED_ORIGINS``)."""
     origin = _header(scope, b"origin")
     if origin is None:
         return True
@@ -172,7 +172,7 @@ def origin_allowed(scope: Any) -> bool:
         own = _origin_tuple(f"{scope.get('scheme', 'http')}://{host}")
         if own is not None and own == claimed:
             return True
-    return claimed in allowed_origins()
+    return claimed in allowed
 
 
 def _refusal_text(origin: str) -> str:
@@ -188,15 +188,16 @@ class OriginGuard:
     allowed (``origin_allowed``) is refused, with or without a token: HTTP with 403
     ``origin_forbidden``, the WebSocket accepted and at once closed with 1008 (policy
     violation) and the reason, before anything is read from it. Reads (GET) are left to
-    the browser's same-origin policy."""
+    the browser's same-origin policy. ``allowed`` is ``allowed_origins`` of the settings."""
 
-    def __init__(self, app: Any) -> None:
+    def __init__(self, app: Any, allowed: frozenset[tuple[str, str, int]]) -> None:
         self.app = app
+        self.allowed = allowed
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         kind = scope["type"]
         guarded = kind == "websocket" or (kind == "http" and scope["method"] in STATE_CHANGING)
-        if not guarded or origin_allowed(scope):
+        if not guarded or origin_allowed(scope, self.allowed):
             await self.app(scope, receive, send)
             return
         text = _refusal_text(_header(scope, b"origin") or "")

@@ -4,6 +4,7 @@
 
     FleetError
     ├── SessionNotFound        unknown or deleted session
+    ├── TurnNotFound           unknown or malformed turn id
     ├── SessionActive          archive or delete refused: live work, carries the items
     │   └── ActivityChanged    a stop confirmed a list and something else is live now
     ├── SessionArchived        the operation needs an unarchived session
@@ -48,6 +49,15 @@ class SessionNotFound(FleetError):
 
     def __init__(self, session_id: str) -> None:
         super().__init__(f"Session {session_id!r} was not found.", {"sessionId": session_id})
+
+
+class TurnNotFound(FleetError):
+    """Raised when a turn id is unknown or malformed."""
+
+    code = "turn_not_found"
+
+    def __init__(self, turn_id: str) -> None:
+        super().__init__(f"Turn {turn_id[:80]!r} was not found.", {"turnId": turn_id[:80]})
 
 
 class SessionActive(FleetError):

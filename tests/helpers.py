@@ -55,18 +55,26 @@ class NoServerErrors(TestClient):
 
 
 @contextmanager
-def rest_client(allowed_5xx: tuple[str, ...] = (), **env: str) -> Iterator[TestClient]:
-    """The in-process REST app without a token (unless ``env`` sets one) and with ``env``
-    applied, as a ``NoServerErrors`` client; settings are re-read before and after."""
+def rest_client(
+    allowed_5xx: tuple[str, ...] = (),
+    *,
+    store: Any = None,
+    dispatcher: Any = None,
+    **env: str,
+) -> Iterator[TestClient]:
+    """The in-process REST app without a token (unless ``env`` sets one), built for the
+    settings ``env`` makes (the domain reads them too, so they stay applied meanwhile), on
+    ``store``/``dispatcher`` when given; a ``NoServerErrors`` client."""
     from api.rest import create_app
-    from orchestrator.settings import get_settings
+    from orchestrator.settings import FleetSettings, get_settings
 
     with pytest.MonkeyPatch.context() as mp:
         mp.delenv("FLEET_API_TOKEN", raising=False)
         for name, value in env.items():
             mp.setenv(name, value)
         get_settings.cache_clear()
-        client = NoServerErrors(create_app(), raise_server_exceptions=False)
+        app = create_app(FleetSettings(), store=store, dispatcher=dispatcher)
+        client = NoServerErrors(app, raise_server_exceptions=False)
         client.allowed_5xx = allowed_5xx
         with client as c:
             yield c

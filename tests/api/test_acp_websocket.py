@@ -32,6 +32,7 @@ from tests.api.test_acp_stdio import (
     stdio_agent,
     text_prompt,
 )
+from tests.helpers import rest_client
 
 
 @pytest.fixture(scope="module")
@@ -217,24 +218,18 @@ def test_ws_two_sockets_are_independent(client: TestClient, ws: RpcPeer, cwd: st
 
 
 @pytest.fixture
-def api_token(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
-    from orchestrator.settings import get_settings
-
-    token = f"tok-{uuid.uuid4().hex}"
-    monkeypatch.setenv("FLEET_API_TOKEN", token)
-    get_settings.cache_clear()
-    try:
-        yield token
-    finally:
-        monkeypatch.undo()
-        get_settings.cache_clear()
+def api_token() -> str:
+    return f"tok-{uuid.uuid4().hex}"
 
 
-def test_ws_acp_requires_the_bearer_token_when_one_is_configured(
-    client: TestClient, api_token: str
-) -> None:
+def test_ws_acp_requires_the_bearer_token_when_one_is_configured(api_token: str) -> None:
     from starlette.websockets import WebSocketDisconnect
 
+    with rest_client(FLEET_API_TOKEN=api_token) as client:
+        _token_checks(client, api_token, WebSocketDisconnect)
+
+
+def _token_checks(client: TestClient, api_token: str, WebSocketDisconnect: Any) -> None:
     for kwargs in (
         {},
         {"headers": {"Authorization": "Bearer wrong"}},

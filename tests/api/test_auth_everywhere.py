@@ -4,9 +4,10 @@ closed with 4401 before it is accepted.
 
 The routes are read from ``app.routes``, so a route added later is covered without editing
 this file. Public on purpose: ``/health`` and ``/ready`` (probes carry no token), and the
-documentation (``/openapi.json``, ``/docs``, ``/docs/oauth2-redirect``, ``/redoc``): the schema
-describes the API and holds no fleet data; and the fleet console page (``/console``, its assets
-under ``/console/static/``), which holds no data and calls the API with the token. Flower asks
+documentation (``/openapi.json``, ``/docs``, its assets under ``/docs/assets/``,
+``/docs/oauth2-redirect``, ``/redoc``): the schema describes the API and holds no fleet data;
+and the fleet console page (``/console``, its assets under ``/console/static/``, and ``/``,
+which redirects to it), which holds no data and calls the API with the token. Flower asks
 for its own credentials; that is tested in ``tests/ops/test_flower.py``.
 """
 
@@ -22,7 +23,7 @@ from fastapi.testclient import TestClient
 from starlette.websockets import WebSocketDisconnect
 
 import api.rest
-from orchestrator.settings import get_settings
+from orchestrator.settings import FleetSettings
 
 TOKEN = "test-token-auth-everywhere"
 #: Routes answered without the token, on purpose (see the module docstring).
@@ -31,10 +32,12 @@ PUBLIC = {
     "/ready",
     "/openapi.json",
     "/docs",
+    "/docs/assets",
     "/docs/oauth2-redirect",
     "/redoc",
     "/console",
     "/console/static",
+    "/",
 }
 #: Sample values for path parameters: well-formed ids of nothing.
 PATH_VALUES = {"session_id": "sess_000000000000000000000000", "turn_id": "turn_0"}
@@ -57,20 +60,8 @@ HEADER_VARIANTS = {
 
 
 @pytest.fixture(scope="module")
-def token_env() -> Iterator[None]:
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("FLEET_API_TOKEN", TOKEN)
-        get_settings.cache_clear()
-        try:
-            yield
-        finally:
-            get_settings.cache_clear()
-    get_settings.cache_clear()
-
-
-@pytest.fixture(scope="module")
-def app(token_env: None) -> Any:
-    return api.rest.create_app()
+def app() -> Any:
+    return api.rest.create_app(FleetSettings(api_token=TOKEN))
 
 
 @pytest.fixture(scope="module")

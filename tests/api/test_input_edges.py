@@ -11,18 +11,15 @@ from fastapi.testclient import TestClient
 from api.rest import create_app
 from orchestrator import audit
 from orchestrator.errors import InvalidParams
-from orchestrator.settings import get_settings
+from orchestrator.settings import FleetSettings
 from orchestrator.store import Store
 from orchestrator.titles import normalize_title
 
 
 @pytest.fixture
-def client(monkeypatch: pytest.MonkeyPatch) -> Iterator[TestClient]:
-    monkeypatch.delenv("FLEET_API_TOKEN", raising=False)
-    get_settings.cache_clear()
-    with TestClient(create_app()) as c:
+def client() -> Iterator[TestClient]:
+    with TestClient(create_app(FleetSettings(api_token=""))) as c:
         yield c
-    get_settings.cache_clear()
 
 
 @pytest.mark.parametrize("before", ["99999999999999999999-0", "1-99999999999999999999"])

@@ -17,8 +17,6 @@ from prometheus_client.parser import text_string_to_metric_families
 from typer.testing import CliRunner
 
 import api.metrics
-import api.ops
-import api.rest
 from api.cli import app as cli_app
 from orchestrator import audit, turns
 from orchestrator.errors import SessionArchived
@@ -135,21 +133,14 @@ def test_metrics_count_archives_refusals_stops_refused_wakeups_and_quiet(
     }
 
 
-def test_metrics_need_the_token_when_one_is_configured_and_ready_never_does(
-    client: TestClient, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_metrics_need_the_token_when_one_is_configured_and_ready_never_does() -> None:
     token = f"tok-{uuid.uuid4().hex}"
-    monkeypatch.setenv("FLEET_API_TOKEN", token)
-    get_settings.cache_clear()
-    try:
+    with rest_client(allowed_5xx=("/ready",), FLEET_API_TOKEN=token) as client:
         assert client.get("/metrics").status_code == 401
         assert client.get("/audit").status_code == 401
         ok = client.get("/metrics", headers={"Authorization": f"Bearer {token}"})
         assert ok.status_code == 200
         assert client.get("/ready").status_code in (200, 503)
-    finally:
-        monkeypatch.undo()
-        get_settings.cache_clear()
 
 
 def test_metrics_say_store_down_when_redis_does_not_answer(store: Store) -> None:
@@ -180,17 +171,21 @@ def test_ready_names_every_familys_workers_when_the_fleet_is_up(
 
 
 @pytest.fixture
-def empty_prefix(redis_url: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[Store]:
-    """The API reads a key prefix of its own (no worker has a heartbeat there)."""
+def empty_prefix(redis_url: str) -> Iterator[Store]:
+    """A key prefix of its own (no worker has a heartbeat there)."""
     fresh = Store(redis_url, f"fleet-ops-{uuid.uuid4().hex[:8]}:")
-    monkeypatch.setattr(api.ops, "store", lambda: fresh)
     yield fresh
     for key in fresh.redis.scan_iter(match=f"{fresh.keys.prefix}*"):
         fresh.redis.delete(key)
     fresh.close()
 
 
-def test_ready_is_503_while_a_family_has_no_worker(client: TestClient, empty_prefix: Store) -> None:
+def test_ready_is_503_while_a_family_has_no_worker(empty_prefix: Store) -> None:
+    with rest_client(allowed_5xx=("/ready",), store=empty_prefix) as client:
+        _ready_follows_the_heartbeats(client, empty_prefix)
+
+
+def _ready_follows_the_heartbeats(client: TestClient, empty_prefix: Store) -> None:
     # Given heartbeats for three families only
     k = empty_prefix.keys
     for family, node in [("turn", "turn@a"), ("job", "job@a"), ("subagent", "subagent@a")]:
@@ -213,9 +208,7 @@ def test_ready_is_503_while_a_family_has_no_worker(client: TestClient, empty_pre
     assert client.get("/ready").status_code == 200
 
 
-def test_ready_is_503_when_redis_does_not_answer(
-    client: TestClient, store: Store, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_ready_is_503_when_redis_does_not_answer() -> None:
     from celery import Celery
 
     from workers.app import configure
@@ -224,9 +217,11 @@ def test_ready_is_503_when_redis_does_not_answer(
     dead_url = "redis://127.0.0.1:1/0"
     dead_app = Celery("dead")
     configure(dead_app, get_settings().model_copy(update={"redis_url": dead_url}))
-    monkeypatch.setattr(api.ops, "store", lambda: Store(dead_url, "x:", connect_timeout=0.2))
-    monkeypatch.setattr(api.ops, "dispatcher", lambda: CeleryDispatcher(dead_app))
-    resp = client.get("/ready")
+    dead = Store(dead_url, "x:", connect_timeout=0.2)
+    with rest_client(
+        allowed_5xx=("/ready",), store=dead, dispatcher=CeleryDispatcher(dead_app)
+    ) as client:
+        resp = client.get("/ready")
     assert resp.status_code == 503
     assert resp.json() == {"redis": False, "broker": False, "workers": {}}
 

@@ -15,7 +15,7 @@ from starlette.websockets import WebSocketDisconnect
 
 import api.rest
 from api.guards import STATE_CHANGING
-from orchestrator.settings import get_settings
+from orchestrator.settings import FleetSettings
 from tests.api.test_auth_everywhere import BODIES, PUBLIC, _http_routes, _url
 from tests.helpers import error_shape
 
@@ -27,14 +27,13 @@ OWN = "http://testserver"  # TestClient's Host
 
 @pytest.fixture(params=["no token", "token"])
 def client(request: pytest.FixtureRequest) -> Iterator[TestClient]:
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("FLEET_API_TOKEN", "origin-token" if request.param == "token" else "")
-        mp.setenv("FLEET_API_ALLOWED_ORIGINS", "https://Fleet.Example.com, http://[::1]:8080")
-        get_settings.cache_clear()
-        with TestClient(api.rest.create_app(), raise_server_exceptions=False) as c:
-            c.headers["Authorization"] = "Bearer origin-token"
-            yield c
-    get_settings.cache_clear()
+    settings = FleetSettings(
+        api_token="origin-token" if request.param == "token" else "",
+        api_allowed_origins="https://Fleet.Example.com, http://[::1]:8080",
+    )
+    with TestClient(api.rest.create_app(settings), raise_server_exceptions=False) as c:
+        c.headers["Authorization"] = "Bearer origin-token"
+        yield c
 
 
 def test_every_state_changing_route_refuses_a_foreign_origin(client: TestClient) -> None:

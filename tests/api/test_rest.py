@@ -660,18 +660,18 @@ def test_prompt_with_a_lone_surrogate_is_422(client: TestClient) -> None:
 
 
 @pytest.fixture
-def api_token(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
-    token = f"tok-{uuid.uuid4().hex}"
-    monkeypatch.setenv("FLEET_API_TOKEN", token)
-    get_settings.cache_clear()
-    try:
-        yield token
-    finally:
-        monkeypatch.undo()
-        get_settings.cache_clear()
+def api_token() -> str:
+    return f"tok-{uuid.uuid4().hex}"
 
 
-def test_token_is_required_when_configured(client: TestClient, api_token: str) -> None:
+@pytest.fixture
+def token_client(api_token: str) -> Iterator[TestClient]:
+    """The app built with ``FLEET_API_TOKEN`` set to ``api_token``."""
+    with rest_client(FLEET_API_TOKEN=api_token) as c:
+        yield c
+
+
+def test_token_is_required_when_configured(token_client: TestClient, api_token: str) -> None:
     requests: list[tuple[str, str, Any]] = [
         ("GET", "/sessions", None),
         ("POST", "/sessions", {"cwd": "/tmp"}),
@@ -694,27 +694,27 @@ def test_token_is_required_when_configured(client: TestClient, api_token: str) -
         {"Authorization": f"Basic {api_token}"},
     ):
         for method, path, body in requests:
-            resp = client.request(method, path, json=body, headers=headers)
+            resp = token_client.request(method, path, json=body, headers=headers)
             _error(resp, 401, "unauthorized")
             assert resp.headers["www-authenticate"] == "Bearer"
 
 
-def test_right_token_is_accepted(client: TestClient, api_token: str) -> None:
+def test_right_token_is_accepted(token_client: TestClient, api_token: str) -> None:
     auth = {"Authorization": f"Bearer {api_token}"}
-    resp = client.post("/sessions", json={"cwd": _cwd()}, headers=auth)
+    resp = token_client.post("/sessions", json={"cwd": _cwd()}, headers=auth)
     assert resp.status_code == 201, resp.text
     sid = resp.json()["sessionId"]
-    assert client.get(f"/sessions/{sid}", headers=auth).status_code == 200
-    assert client.get("/sessions", headers=auth).status_code == 200
-    assert client.post(f"/sessions/{sid}/archive", headers=auth).status_code == 200
-    assert client.post(f"/sessions/{sid}/unarchive", headers=auth).status_code == 200
+    assert token_client.get(f"/sessions/{sid}", headers=auth).status_code == 200
+    assert token_client.get("/sessions", headers=auth).status_code == 200
+    assert token_client.post(f"/sessions/{sid}/archive", headers=auth).status_code == 200
+    assert token_client.post(f"/sessions/{sid}/unarchive", headers=auth).status_code == 200
     # Errors behind the token keep their own status.
-    _error(client.get("/sessions/sess_doesnotexist", headers=auth), 404, "session_not_found")
+    _error(token_client.get("/sessions/sess_doesnotexist", headers=auth), 404, "session_not_found")
 
 
-def test_health_needs_no_token(client: TestClient, api_token: str) -> None:
-    assert client.get("/health").status_code == 200
-    assert client.get("/health", headers={"Authorization": "Bearer wrong"}).status_code == 200
+def test_health_needs_no_token(token_client: TestClient, api_token: str) -> None:
+    assert token_client.get("/health").status_code == 200
+    assert token_client.get("/health", headers={"Authorization": "Bearer wrong"}).status_code == 200
 
 
 def test_no_token_configured_means_open(client: TestClient) -> None:
@@ -723,6 +723,6 @@ def test_no_token_configured_means_open(client: TestClient) -> None:
     assert client.get("/sessions", params={"limit": 1}).status_code == 200
 
 
-def test_token_scheme_is_case_insensitive(client: TestClient, api_token: str) -> None:
-    resp = client.get("/sessions", headers={"Authorization": f"bearer {api_token}"})
+def test_token_scheme_is_case_insensitive(token_client: TestClient, api_token: str) -> None:
+    resp = token_client.get("/sessions", headers={"Authorization": f"bearer {api_token}"})
     assert resp.status_code == 200, resp.text

@@ -19,7 +19,7 @@ from fastapi.testclient import TestClient
 
 import api.rest
 from orchestrator import archive, reminders, sessions, titles, turns
-from orchestrator.settings import get_settings
+from orchestrator.settings import FleetSettings, get_settings
 from orchestrator.store import Store
 from tests.helpers import RecordingDispatcher, rest_client, wait_for
 from tests.helpers import error_shape as _error
@@ -517,18 +517,11 @@ def test_bad_event_stream_parameters_are_422(
     assert error["data"]["param"] == param
 
 
-def test_the_event_stream_and_bulk_archive_need_the_token(
-    client: TestClient, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setenv("FLEET_API_TOKEN", "s3cret")
-    get_settings.cache_clear()
-    try:
+def test_the_event_stream_and_bulk_archive_need_the_token() -> None:
+    with rest_client(FLEET_API_TOKEN="s3cret") as client:
         _error(client.get("/events"), 401, "unauthorized")
         _error(client.post("/sessions/archive", json={"sessionIds": []}), 401, "unauthorized")
         _error(client.put("/sessions/x/title", json={"title": "t"}), 401, "unauthorized")
-    finally:
-        monkeypatch.delenv("FLEET_API_TOKEN")
-        get_settings.cache_clear()
 
 
 @pytest.fixture
@@ -541,9 +534,8 @@ def server() -> Iterator[str]:
         mp.delenv("FLEET_API_TOKEN", raising=False)
         mp.setenv("FLEET_SSE_HEARTBEAT_SECONDS", "0.5")
         get_settings.cache_clear()
-        config = uvicorn.Config(
-            api.rest.create_app(), log_level="warning", timeout_graceful_shutdown=2
-        )
+        app = api.rest.create_app(FleetSettings())
+        config = uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=2)
         srv = uvicorn.Server(config)
         thread = threading.Thread(target=srv.run, kwargs={"sockets": [sock]}, daemon=True)
         thread.start()

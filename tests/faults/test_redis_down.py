@@ -21,14 +21,13 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-import api.lifecycle
 import api.rest
 from api.acp import AcpConnection, EventHub
 from api.embedded import EmbeddedRedis
 from orchestrator import archive, gate, sessions, steps, titles, tools, turns
 from orchestrator.errors import FleetError, StoreUnavailable
 from orchestrator.model import ModelAction, ScriptedModel, StepRequest
-from orchestrator.settings import get_settings
+from orchestrator.settings import FleetSettings
 from orchestrator.store import Store
 from tests.faults.conftest import assert_consistent
 from tests.helpers import RecordingDispatcher, wait_for
@@ -66,15 +65,10 @@ def store(private_redis: EmbeddedRedis) -> Iterator[Store]:
 @pytest.fixture
 def client(store: Store, monkeypatch: pytest.MonkeyPatch) -> Iterator[TestClient]:
     """The REST app of this process, wired to the private Redis."""
-    rec = RecordingDispatcher()
     monkeypatch.delenv("FLEET_API_TOKEN", raising=False)
-    get_settings.cache_clear()
-    for module in (api.rest, api.lifecycle):
-        monkeypatch.setattr(module, "store", lambda: store)
-        monkeypatch.setattr(module, "dispatcher", lambda: rec)
-    with TestClient(api.rest.create_app(), raise_server_exceptions=False) as c:
+    app = api.rest.create_app(FleetSettings(), store=store, dispatcher=RecordingDispatcher())
+    with TestClient(app, raise_server_exceptions=False) as c:
         yield c
-    get_settings.cache_clear()
 
 
 class Acp:
@@ -355,21 +349,21 @@ def test_readiness_answers_not_ready_within_its_bound_when_the_broker_is_frozen(
     # it accepts connections and never answers
     from celery import Celery
 
-    import api.ops
+    from api.routes.operations import broker_reachable
     from orchestrator.settings import FleetSettings
     from workers.app import configure
     from workers.dispatch import CeleryDispatcher
 
     app = Celery("agent_fleet_ready_probe")
     configure(app, FleetSettings(redis_url=private_redis.url, key_prefix="ready-probe:"))
-    monkeypatch.setattr(api.ops, "dispatcher", lambda: CeleryDispatcher(app))
-    assert api.ops.broker_reachable()
+    dispatcher = CeleryDispatcher(app)
+    assert broker_reachable(dispatcher)
     pid = private_redis.pid
     assert pid is not None
     os.kill(pid, signal.SIGSTOP)
     try:
         # When the broker check runs
-        seconds, raised = timed(lambda: assert_unreachable(api.ops.broker_reachable()))
+        seconds, raised = timed(lambda: assert_unreachable(broker_reachable(dispatcher)))
     finally:
         os.kill(pid, signal.SIGCONT)
         app.close()

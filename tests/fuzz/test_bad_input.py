@@ -23,13 +23,11 @@ import redis
 from fastapi.testclient import TestClient
 from typer.testing import CliRunner
 
-import api.context
-import api.lifecycle
 import api.rest
 from api.acp import MAX_MESSAGE
 from api.cli import app as cli_app
 from orchestrator import titles, turns
-from orchestrator.settings import get_settings
+from orchestrator.settings import FleetSettings
 from tests.fuzz.test_acp_fuzz import Harness
 from tests.helpers import RecordingDispatcher
 
@@ -79,13 +77,9 @@ CURSORS = [
 def client() -> Iterator[TestClient]:
     with pytest.MonkeyPatch.context() as mp:
         mp.delenv("FLEET_API_TOKEN", raising=False)
-        get_settings.cache_clear()
-        recorder = RecordingDispatcher()
-        for module in (api.rest, api.context, api.lifecycle):
-            mp.setattr(module, "dispatcher", lambda: recorder)
-        with TestClient(api.rest.create_app(), raise_server_exceptions=False) as c:
+        app = api.rest.create_app(FleetSettings(), dispatcher=RecordingDispatcher())
+        with TestClient(app, raise_server_exceptions=False) as c:
             yield c
-    get_settings.cache_clear()
 
 
 def _clear_error(resp: httpx.Response, statuses: set[int] = NOT_FOUND_OR_INVALID) -> None:
@@ -270,12 +264,17 @@ def test_no_key_or_record_carries_a_probe(
 
 
 @pytest.fixture
-def small_cap(monkeypatch: pytest.MonkeyPatch) -> Iterator[int]:
-    monkeypatch.setenv("FLEET_API_MAX_BODY_BYTES", "2000")
-    get_settings.cache_clear()
-    yield 2000
-    monkeypatch.delenv("FLEET_API_MAX_BODY_BYTES")
-    get_settings.cache_clear()
+def small_cap() -> int:
+    return 2000
+
+
+@pytest.fixture
+def capped(small_cap: int) -> Iterator[TestClient]:
+    """The app built with ``FLEET_API_MAX_BODY_BYTES`` set to ``small_cap``."""
+    settings = FleetSettings(api_token="", api_max_body_bytes=small_cap)
+    app = api.rest.create_app(settings, dispatcher=RecordingDispatcher())
+    with TestClient(app, raise_server_exceptions=False) as c:
+        yield c
 
 
 def _too_large(resp: httpx.Response, cap: int) -> None:
@@ -287,23 +286,23 @@ def _too_large(resp: httpx.Response, cap: int) -> None:
 
 
 def test_body_cap_default_is_one_mib(client: TestClient) -> None:
-    assert get_settings().api_max_body_bytes == 1_048_576
+    assert FleetSettings().api_max_body_bytes == 1_048_576
     big = {"cwd": "/tmp/" + "a" * 1_048_576}
     _too_large(client.post("/sessions", json=big), 1_048_576)
 
 
-def test_body_cap_with_content_length(client: TestClient, small_cap: int) -> None:
-    sid = _session(client)
-    _too_large(client.post(f"/sessions/{sid}/prompt", json={"prompt": "a" * 3000}), small_cap)
-    _too_large(client.put(f"/sessions/{sid}/title", json={"title": "a" * 3000}), small_cap)
+def test_body_cap_with_content_length(capped: TestClient, small_cap: int) -> None:
+    sid = _session(capped)
+    _too_large(capped.post(f"/sessions/{sid}/prompt", json={"prompt": "a" * 3000}), small_cap)
+    _too_large(capped.put(f"/sessions/{sid}/title", json={"title": "a" * 3000}), small_cap)
     # Within the cap: served as usual.
-    resp = client.put(f"/sessions/{sid}/title", json={"title": "a" * 1000})
+    resp = capped.put(f"/sessions/{sid}/title", json={"title": "a" * 1000})
     assert resp.status_code == 200, resp.text
 
 
-def test_body_cap_without_content_length(client: TestClient, small_cap: int) -> None:
+def test_body_cap_without_content_length(capped: TestClient, small_cap: int) -> None:
     """A chunked body (no Content-Length) is counted as it is read."""
-    sid = _session(client)
+    sid = _session(capped)
 
     def chunks(n: int) -> Iterator[bytes]:
         yield b'{"title": "'
@@ -311,10 +310,10 @@ def test_body_cap_without_content_length(client: TestClient, small_cap: int) -> 
             yield b"a" * 500
         yield b'"}'
 
-    resp = client.put(f"/sessions/{sid}/title", content=chunks(10))
+    resp = capped.put(f"/sessions/{sid}/title", content=chunks(10))
     assert "content-length" not in {k.lower() for k in resp.request.headers}
     _too_large(resp, small_cap)
-    resp = client.put(
+    resp = capped.put(
         f"/sessions/{sid}/title", content=chunks(2), headers={"Content-Type": "application/json"}
     )
     assert resp.status_code == 200, resp.text

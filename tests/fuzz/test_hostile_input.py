@@ -18,10 +18,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from websockets.sync.client import connect
 
-import api.context
-import api.lifecycle
 import api.rest
-from orchestrator.settings import get_settings
+from orchestrator.settings import FleetSettings
 from orchestrator.untrusted import MAX_DEPTH
 from tests.api.test_acp_stdio import stdio_agent
 from tests.api_process import api_process
@@ -46,13 +44,9 @@ BODY_ROUTES = [
 def client() -> Iterator[TestClient]:
     with pytest.MonkeyPatch.context() as mp:
         mp.delenv("FLEET_API_TOKEN", raising=False)
-        get_settings.cache_clear()
-        recorder = RecordingDispatcher()
-        for module in (api.rest, api.context, api.lifecycle):
-            mp.setattr(module, "dispatcher", lambda: recorder)
-        with TestClient(api.rest.create_app(), raise_server_exceptions=False) as c:
+        app = api.rest.create_app(FleetSettings(), dispatcher=RecordingDispatcher())
+        with TestClient(app, raise_server_exceptions=False) as c:
             yield c
-    get_settings.cache_clear()
 
 
 def test_a_cursor_of_3000_nested_brackets_is_refused_clearly(client: TestClient) -> None:

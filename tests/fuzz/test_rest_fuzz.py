@@ -29,10 +29,8 @@ from schemathesis.specs.openapi.checks import (
     status_code_conformance,
 )
 
-import api.context
-import api.lifecycle
 import api.rest
-from orchestrator.settings import get_settings
+from orchestrator.settings import FleetSettings
 from tests.helpers import RecordingDispatcher
 
 pytestmark = pytest.mark.redis
@@ -44,15 +42,8 @@ CHECKS = [not_a_server_error, status_code_conformance, response_schema_conforman
 
 @pytest.fixture(scope="module")
 def app() -> Iterator[Any]:
-    with pytest.MonkeyPatch.context() as mp:
-        mp.delenv("FLEET_API_TOKEN", raising=False)
-        get_settings.cache_clear()
-        recorder = RecordingDispatcher()
-        mp.setattr(api.rest, "dispatcher", lambda: recorder)
-        mp.setattr(api.context, "dispatcher", lambda: recorder)
-        mp.setattr(api.lifecycle, "dispatcher", lambda: recorder)
-        yield api.rest.create_app()
-    get_settings.cache_clear()
+    settings = FleetSettings(api_token="")
+    yield api.rest.create_app(settings, dispatcher=RecordingDispatcher())
 
 
 def _operations(schema: Any) -> list[Any]:

@@ -1,0 +1,133 @@
+"""What every route of the HTTP API is given, through FastAPI dependencies: the settings, the
+store and the dispatcher of the application that serves it (``create_app``), never process
+globals, so one process may serve several apps on different stores (as the tests do).
+
+``Wiring`` is kept on ``app.state.fleet``; ``StoreDep``, ``DispatcherDep`` and ``SettingsDep``
+are the annotations a route takes them by. ``authorize`` is the bearer-token check every
+route but ``/health``, ``/ready``, ``/docs`` and the console's page runs first.
+"""
+
+from __future__ import annotations
+
+import hmac
+from dataclasses import dataclass, field
+from typing import Annotated, Any
+
+from celery import Celery
+from fastapi import Depends, Header
+from starlette.requests import HTTPConnection
+
+from api.context import checked_redis_url
+from orchestrator.errors import InvalidParams
+from orchestrator.families import Dispatcher
+from orchestrator.settings import FleetSettings
+from orchestrator.store import Store
+from workers.app import configure
+from workers.dispatch import CeleryDispatcher
+
+
+@dataclass
+class Wiring:
+    """One application's settings, store and dispatcher. ``owned`` lists what ``build``
+    made itself and ``close`` releases (never what the caller passed in)."""
+
+    settings: FleetSettings
+    store: Store
+    dispatcher: Dispatcher
+    owned: list[Any] = field(default_factory=list)
+
+    @classmethod
+    def build(
+        cls,
+        settings: FleetSettings,
+        store: Store | None = None,
+        dispatcher: Dispatcher | None = None,
+    ) -> Wiring:
+        """Wiring for ``settings``: the given ``store``/``dispatcher``, or ones made from the
+        settings (a ``Store`` on ``FLEET_REDIS_URL`` and ``FLEET_KEY_PREFIX``; a Celery app of
+        the fleet's configuration sending by task name). Raises ``SystemExit`` when one must
+        be made and no valid Redis URL is set. Nothing connects until first used."""
+        owned: list[Any] = []
+        if store is None:
+            store = Store(checked_redis_url(settings), settings.key_prefix)
+            owned.append(store)
+        if dispatcher is None:
+            checked_redis_url(settings)
+            celery = Celery("agent_fleet_api", set_as_current=False)
+            configure(celery, settings)
+            dispatcher = CeleryDispatcher(celery)
+            owned.append(celery)
+        return cls(settings, store, dispatcher, owned)
+
+    def close(self) -> None:
+        """Release the connections of what ``build`` made (at the application's shutdown)."""
+        for item in self.owned:
+            item.close()
+
+
+def wiring(conn: HTTPConnection) -> Wiring:
+    """The ``Wiring`` of the application serving ``conn``."""
+    found: Wiring = conn.app.state.fleet
+    return found
+
+
+def _store(conn: HTTPConnection) -> Store:
+    return wiring(conn).store
+
+
+def _dispatcher(conn: HTTPConnection) -> Dispatcher:
+    return wiring(conn).dispatcher
+
+
+def _settings(conn: HTTPConnection) -> FleetSettings:
+    return wiring(conn).settings
+
+
+StoreDep = Annotated[Store, Depends(_store)]
+DispatcherDep = Annotated[Dispatcher, Depends(_dispatcher)]
+SettingsDep = Annotated[FleetSettings, Depends(_settings)]
+
+
+class Unauthorized(Exception):
+    """No valid bearer token; answered 401 ``unauthorized`` with ``WWW-Authenticate``."""
+
+
+def bearer_ok(authorization: str | None, token: str) -> bool:
+    """Whether an ``Authorization`` header carries ``token`` with the Bearer scheme (the
+    scheme is case-insensitive, RFC 7235); compared in constant time."""
+    scheme, _, supplied = (authorization or "").strip().partition(" ")
+    if scheme.lower() != "bearer":
+        return False
+    return hmac.compare_digest(supplied.strip().encode(), token.encode())
+
+
+def authorize(
+    request: HTTPConnection,
+    settings: SettingsDep,
+    authorization: Annotated[str | None, Header()] = None,
+) -> None:
+    """Raise ``Unauthorized`` unless ``FLEET_API_TOKEN`` is empty or the request carries it.
+    ``GET /events`` alone also takes it as ``?token=`` (``EventSource`` cannot send headers)."""
+    token = settings.api_token
+    if not token or bearer_ok(authorization, token):
+        return
+    if request.url.path == "/events" and request.scope.get("method") == "GET":
+        supplied = request.query_params.get("token")
+        if supplied is not None and hmac.compare_digest(supplied.encode(), token.encode()):
+            return
+    raise Unauthorized()
+
+
+#: The dependency list of every guarded router.
+AUTH = [Depends(authorize)]
+
+
+def single_valued_query(request: HTTPConnection) -> None:
+    """Refuse a query parameter given twice (``?archived=only&archived=include``): taking one
+    of them silently would answer a question the caller did not ask. (``HTTPConnection``, not
+    ``Request``: as an app-wide dependency it also runs for the ``/acp`` WebSocket.)"""
+    for name in request.query_params:
+        if len(request.query_params.getlist(name)) > 1:
+            raise InvalidParams(
+                f"query parameter {name!r} was given more than once.", {"param": name}
+            )

@@ -1,0 +1,122 @@
+"""Request bodies of the HTTP API (pydantic; unknown fields answer 422).
+
+Booleans are JSON booleans in bodies only (``StrictBool``: ``"false"``, ``0`` or ``"yes"``
+answer 422, never coerced). No route takes a boolean in its query string, where ``true`` and
+``"true"`` cannot be told apart; query parameters are strings or enums parsed strictly.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr
+
+from orchestrator import archive, bulk, turns
+
+#: The most turns a cancel may name.
+MAX_TURN_IDS = 1000
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class CreateSession(_Strict):
+    """Body of ``POST /sessions``."""
+
+    cwd: StrictStr = Field(description="Absolute working directory.")
+    parentId: StrictStr | None = Field(default=None, description="Parent session (subagent).")
+
+
+class PromptBody(_Strict):
+    """Body of ``POST /sessions/{id}/prompt``."""
+
+    prompt: StrictStr = Field(max_length=turns.MAX_PROMPT, description="The prompt text.")
+
+
+class TitleBody(_Strict):
+    """Body of ``PUT /sessions/{id}/title``."""
+
+    title: StrictStr | None = Field(
+        default=None,
+        description="The new title; normalized like ACP session/set_title. Empty after "
+        'normalization (or missing): 422 "Title must not be empty."',
+    )
+
+
+class BulkFilterBody(_Strict):
+    """Which sessions (not archived) a bulk archive selects; at least one criterion."""
+
+    cwd: StrictStr | None = Field(default=None, description="Exact absolute cwd.")
+    idleSince: StrictStr | None = Field(
+        default=None,
+        description="ISO 8601 date-time with an offset or Z: last activity (updatedAt) older "
+        "than this.",
+        json_schema_extra={"format": "date-time"},
+    )
+    q: StrictStr | None = Field(
+        default=None, description="Case-insensitive substring of the title."
+    )
+
+
+class BulkArchiveBody(_Strict):
+    """Body of ``POST /sessions/archive``: exactly one of ``sessionIds`` and ``filter``."""
+
+    sessionIds: list[StrictStr] | None = Field(
+        default=None,
+        description=f"Sessions to archive, in order (at most {bulk.MAX_IDS}).",
+        json_schema_extra={"maxItems": bulk.MAX_IDS},
+    )
+    filter: BulkFilterBody | None = Field(
+        default=None,
+        description="Select sessions instead (at most FLEET_BULK_FILTER_MAX, default 50000).",
+    )
+    stopActivity: StrictBool = Field(
+        default=False,
+        description="Stop live work of the selected sessions; otherwise they are refused.",
+    )
+    dryRun: StrictBool = Field(default=False, description="Compute the outcomes and write nothing.")
+
+
+class ConfirmedItem(BaseModel):
+    """One item the user confirmed stopping: a refusal's ``activity`` item, sent back as it
+    came (its other fields are ignored)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    family: Literal["turn", "job", "subagent", "reminder"]
+    id: Annotated[StrictStr, Field(max_length=200)]
+
+
+class StopBody(_Strict):
+    """Body of ``POST /sessions/{id}/archive`` and ``DELETE /sessions/{id}`` (optional)."""
+
+    stopActivity: StrictBool = Field(
+        default=False, description="Stop live work first; otherwise live work refuses (409)."
+    )
+    confirmedActivity: list[ConfirmedItem] | None = Field(
+        default=None,
+        description="With stopActivity: the items the user confirmed (the refusal's "
+        "error.data.activity). If anything live now is not among them: 409 "
+        "activity_changed with the current items, and nothing is written or stopped. "
+        f"At most {archive.MAX_CONFIRMED} items.",
+        json_schema_extra={"maxItems": archive.MAX_CONFIRMED},
+    )
+
+    def confirmed(self) -> archive.Confirmed | None:
+        """The confirmation as (family, id) pairs, or None when not bound."""
+        if self.confirmedActivity is None:
+            return None
+        return [(item.family, item.id) for item in self.confirmedActivity]
+
+
+class CancelBody(_Strict):
+    """Body of ``POST /sessions/{id}/cancel`` and ``/close`` (optional)."""
+
+    turnIds: list[Annotated[StrictStr, Field(max_length=200)]] | None = Field(
+        default=None,
+        description="The turns to cancel (one of another session answers missing); "
+        "without it, the turns live when the request arrives. A named turn that has ended "
+        f"is left alone and answered with its end state. At most {MAX_TURN_IDS}.",
+        json_schema_extra={"maxItems": MAX_TURN_IDS},
+    )

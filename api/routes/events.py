@@ -1,0 +1,204 @@
+"""``GET /events``: the fleet's lifecycle events as Server-Sent Events (framed by
+``sse-starlette``).
+
+Events (archived, unarchived, title, turn) are read from the capped Redis stream
+``Keys.event_stream`` that ``orchestrator.events`` appends to, so a client that reconnects
+misses nothing still retained: each SSE event's ``id:`` is its stream id, and a request with
+``Last-Event-ID`` (the header browsers send on reconnect, or the ``lastEventId`` query
+parameter) resumes right after it. Without one, the stream starts at the newest event (only
+later ones are sent). If the resume id is older than the oldest event kept (the stream holds
+about 10,000), an ``event: gap`` is sent first: some events were trimmed, so re-read state
+(``GET /sessions``). ``?sessionId=`` keeps only that session's events. Browsers'
+``EventSource`` cannot send an ``Authorization`` header, so this route alone also takes the
+token as ``?token=`` (checked in ``api.deps.authorize``, in constant time).
+
+Each event is ``id: <stream id>``, ``event: <type>``, ``data: <JSON>`` (``{"type",
+"sessionId", ...}``). The stream opens with the comment ``: connected`` and gets a comment
+``: heartbeat`` every ``FLEET_SSE_HEARTBEAT_SECONDS`` (15 s), which keeps proxies from closing
+it and lets the server notice a client that left. Reads use ``redis.asyncio`` (``XREAD
+BLOCK``), one connection per stream; each read blocks at most ``MAX_BLOCK_MS``, well inside
+the connection's socket timeout ``SOCKET_TIMEOUT``, so an idle stream on a healthy Redis never
+times out on its own block (issue 13, item 19), while a frozen Redis is still noticed. When
+Redis fails mid-stream the client gets ``: store unavailable, retrying`` and the read is
+retried every second.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import re
+from collections.abc import AsyncIterator
+from typing import Annotated, Any
+
+import redis
+import redis.asyncio as aioredis
+from fastapi import APIRouter, Header, Query
+from fastapi.responses import StreamingResponse
+from sse_starlette import EventSourceResponse, ServerSentEvent
+
+from api.deps import AUTH, SettingsDep, StoreDep
+from orchestrator.errors import InvalidParams, StoreUnavailable
+from orchestrator.sessions import SESSION_ID_RE
+
+log = logging.getLogger(__name__)
+
+_STREAM_ID = re.compile(r"^([0-9]{1,20})-([0-9]{1,20})$")
+#: Largest value of either part of a Redis stream id (unsigned 64-bit).
+_MAX_PART = 2**64 - 1
+#: Entries read per XREAD.
+_READ_COUNT = 200
+#: Seconds to wait before reading again after Redis failed mid-stream.
+_RETRY_SECONDS = 1.0
+#: Seconds a reply may take on the stream's connection before Redis counts as unavailable.
+SOCKET_TIMEOUT = 5.0
+#: Longest ``XREAD BLOCK``, in milliseconds: shorter than ``SOCKET_TIMEOUT`` by a margin, so a
+#: read that blocks for its whole period on a healthy Redis is answered (empty) before the
+#: socket timeout could fire.
+MAX_BLOCK_MS = int((SOCKET_TIMEOUT - 2.0) * 1000)
+#: Line separator of the frames (``\n``, as the stream has always used).
+_SEP = "\n"
+
+router = APIRouter(dependencies=AUTH, tags=["events"])
+
+
+def _parse_id(value: str, param: str) -> tuple[int, int]:
+    found = _STREAM_ID.fullmatch(value.strip())
+    if found is None or max(int(found.group(1)), int(found.group(2))) > _MAX_PART:
+        raise InvalidParams(
+            f"{param} must be the id of an earlier event (such as 1700000000000-0).",
+            {"param": param},
+        )
+    return int(found.group(1)), int(found.group(2))
+
+
+def _entries(reply: Any) -> list[tuple[str, dict[str, str]]]:
+    """``XREAD`` entries from a RESP2 (list of ``[name, entries]``) or RESP3 (``{name:
+    [entries]}``) reply."""
+    if not reply:
+        return []
+    if isinstance(reply, dict):
+        groups = [value[0] if value else [] for value in reply.values()]
+    else:
+        groups = [entries for _name, entries in reply]
+    return [(str(i), dict(f)) for entries in groups for i, f in entries]
+
+
+async def _start(
+    client: aioredis.Redis, key: str, resume: str | None
+) -> tuple[str, dict[str, str] | None]:
+    """Where reading starts, and the ``gap`` notice to send first (or ``None``)."""
+    if resume is None:
+        newest = await client.xrevrange(key, "+", "-", count=1)
+        return (str(newest[0][0]) if newest else "0-0"), None
+    oldest = await client.xrange(key, "-", "+", count=1)
+    if oldest and _parse_id(str(oldest[0][0]), "") > _parse_id(resume, "Last-Event-ID"):
+        return resume, {"lastEventId": resume, "oldestId": str(oldest[0][0])}
+    newest = await client.xrevrange(key, "+", "-", count=1)
+    if newest and _parse_id(resume, "Last-Event-ID") > _parse_id(str(newest[0][0]), ""):
+        # An id from the future (another fleet's, or made up): nothing would ever follow it.
+        # Say so and go on from the newest event, so the client's next id is a real one.
+        return str(newest[0][0]), {"lastEventId": str(newest[0][0]), "unknownId": resume}
+    return resume, None
+
+
+def _event(entry_id: str, payload: str, session_id: str | None) -> ServerSentEvent | None:
+    """The SSE event of one stream entry, or ``None`` when it is skipped (unreadable, or of
+    another session than ``session_id``)."""
+    try:
+        event = json.loads(payload)
+    except ValueError:
+        log.warning("unreadable event %s skipped", entry_id)
+        return None
+    if not isinstance(event, dict):
+        return None
+    if session_id is not None and event.get("sessionId") != session_id:
+        return None
+    kind = str(event.get("type") or "message")
+    # A JSON payload has no raw newline, so one data line carries it whole.
+    return ServerSentEvent(payload, id=entry_id, event=kind, sep=_SEP)
+
+
+async def _stream(
+    client: aioredis.Redis,
+    key: str,
+    cursor: str,
+    gap: dict[str, str] | None,
+    session_id: str | None,
+) -> AsyncIterator[ServerSentEvent]:
+    """The events after ``cursor`` (``gap`` first when given), read until the client leaves;
+    closes ``client`` at the end."""
+    try:
+        yield ServerSentEvent(comment="connected", sep=_SEP)
+        if gap is not None:
+            payload = json.dumps({"type": "gap", **gap})
+            yield ServerSentEvent(payload, id=cursor, event="gap", sep=_SEP)
+        while True:
+            try:
+                reply = await client.xread({key: cursor}, count=_READ_COUNT, block=MAX_BLOCK_MS)
+            except redis.RedisError as exc:
+                log.warning("event stream read failed: %s; retrying", exc)
+                yield ServerSentEvent(comment="store unavailable, retrying", sep=_SEP)
+                await asyncio.sleep(_RETRY_SECONDS)
+                continue
+            for entry_id, fields in _entries(reply):
+                cursor = entry_id
+                event = _event(entry_id, fields.get("event", ""), session_id)
+                if event is not None:
+                    yield event
+    finally:
+        await client.aclose()
+
+
+def _resume_id(header: str | None, query: str | None) -> str | None:
+    """The id to resume after (the header wins), checked; raises ``InvalidParams``."""
+    resume = header if header is not None else query
+    if resume is None:
+        return None
+    resume = resume.strip()
+    _parse_id(resume, "Last-Event-ID" if header is not None else "lastEventId")
+    return resume
+
+
+@router.get(
+    "/events",
+    response_class=StreamingResponse,
+    responses={200: {"content": {"text/event-stream": {}}, "description": "SSE stream"}},
+)
+async def events(
+    store: StoreDep,
+    settings: SettingsDep,
+    sessionId: Annotated[str | None, Query(description="Only this session's events.")] = None,
+    lastEventId: Annotated[
+        str | None,
+        Query(description="Resume after this event id (as the Last-Event-ID header)."),
+    ] = None,
+    last_event_id: Annotated[
+        str | None,
+        Header(alias="Last-Event-ID", description="Resume after this event id."),
+    ] = None,
+) -> EventSourceResponse:
+    """Lifecycle events (archived, unarchived, title, turn) as Server-Sent Events; each
+    ``id:`` is a stream id, and reconnecting with ``Last-Event-ID`` resumes after it. A
+    comment heartbeat is sent every 15 s. ``event: gap`` first means events after the
+    given id were trimmed (the stream keeps about 10,000)."""
+    if sessionId is not None and not SESSION_ID_RE.fullmatch(sessionId):
+        raise InvalidParams("sessionId is not a session id.", {"param": "sessionId"})
+    resume = _resume_id(last_event_id, lastEventId)
+    key = store.keys.event_stream
+    client = aioredis.Redis.from_url(
+        store.url, decode_responses=True, socket_connect_timeout=2.0, socket_timeout=SOCKET_TIMEOUT
+    )
+    try:
+        cursor, gap = await _start(client, key, resume)
+    except redis.RedisError as exc:
+        await client.aclose()
+        raise StoreUnavailable(type(exc).__name__ + (f" ({exc})" if str(exc) else "")) from exc
+    return EventSourceResponse(
+        _stream(client, key, cursor, gap, sessionId),
+        headers={"Cache-Control": "no-cache"},
+        ping=settings.sse_heartbeat_seconds,
+        ping_message_factory=lambda: ServerSentEvent(comment="heartbeat", sep=_SEP),
+        sep=_SEP,
+    )
