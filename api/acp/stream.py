@@ -6,6 +6,12 @@ by one task, the forwarder; an ``update`` event only says that there is more, an
 is read from the history after the cursor, so a late or lost event never drops or repeats an
 update, and a ``session/load`` replay joins the live stream exactly. A ``turn`` event that
 ends a turn settles the prompt waiting on it (``Prompts``), after the turn's updates.
+
+An archive frees the session on every connection that has it open, as ``session/close`` would
+(ACP seed 000): the connection is sent the updates recorded up to the archive, then
+``session_info_update`` with ``archived: true``, then nothing more of the session, except the
+``archived: false`` of its unarchive. After that, nothing flows until a client loads or
+resumes it again.
 """
 
 from __future__ import annotations
@@ -179,8 +185,15 @@ class Streams:
         kind = event.get("type")
         if kind == "update":
             await self._sync(sid, loading=loading)
-        elif kind in ("archived", "unarchived") and sid in self.open:
-            await self.send_update(sid, _info(archived=kind == "archived"))
+        elif kind == "archived" and sid in self.open:
+            upto = event.get("historyLength")
+            await self._sync(sid, loading=loading, upto=upto if isinstance(upto, int) else None)
+            await self.send_update(sid, _info(archived=True))
+            self.close_session(sid, by_archive=True)
+        elif kind == "unarchived" and (sid in self.open or sid in self._archived):
+            await self.send_update(sid, _info(archived=False))
+            self._archived.discard(sid)
+            self.release(sid)
         elif kind == "title" and sid in self.open:
             await self.send_update(sid, _info(title=event.get("title")))
         elif kind == "turn" and event.get("state") in _TERMINAL_TURN_STATES:

@@ -25,11 +25,14 @@ from fastapi.testclient import TestClient
 import api.rest
 from orchestrator import sessions as session_ops
 from tests.api.test_acp_stdio import (
+    PROMPT_TIMEOUT,
     RpcPeer,
     StdioAgent,
+    agent_texts,
     new_session,
     stdio_agent,
 )
+from tests.helpers import wait_for
 
 ARCHIVED = {"sessionUpdate": "session_info_update", "archived": True}
 UNARCHIVED = {"sessionUpdate": "session_info_update", "archived": False}
@@ -112,3 +115,36 @@ def test_archiving_a_parent_tells_a_client_with_its_child_open_and_events_name_t
         ("archived", child, True),
         ("unarchived", child, False),
     ]
+
+
+def test_archive_closes_the_session_on_every_connection_until_it_is_loaded_again(
+    first: StdioAgent, second: StdioAgent, client: TestClient, fleet: Any, cwd: str
+) -> None:
+    # Given a session open on two connections (each also has a sentinel session open)
+    sid = new_session(first, cwd)
+    second.call("session/resume", {"sessionId": sid, "cwd": cwd})
+    sentinels = {first: new_session(first, cwd), second: new_session(second, cwd)}
+    mark = {peer: peer.mark() for peer in (first, second)}
+    # When the first connection archives it and unarchives it
+    assert first.call("session/archive", {"sessionId": sid}) == {}
+    assert first.call("session/unarchive", {"sessionId": sid}) == {}
+    # And a turn is prompted on it from REST and ends
+    resp = client.post(f"/sessions/{sid}/prompt", json={"prompt": "say from rest"})
+    assert resp.status_code == 202, resp.text
+    tid = resp.json()["turnId"]
+    wait_for(lambda: client.get(f"/turns/{tid}").json()["state"] == "completed", PROMPT_TIMEOUT)
+    # Then both connections were told archived, then unarchived, and sent nothing else
+    for peer in (first, second):
+        _sentinel(peer, sentinels[peer], "after the rest turn")
+        assert _updates_since(peer, sid, mark[peer]) == [ARCHIVED, UNARCHIVED], peer.name
+    # When a client loads it again, its conversation is replayed and live updates flow again
+    second.call("session/load", {"sessionId": sid, "cwd": cwd, "mcpServers": []})
+    assert agent_texts(second, sid) == ["from rest"]
+    mark_first = first.mark()
+    resp = client.post(f"/sessions/{sid}/prompt", json={"prompt": "say again"})
+    tid = resp.json()["turnId"]
+    wait_for(lambda: client.get(f"/turns/{tid}").json()["state"] == "completed", PROMPT_TIMEOUT)
+    second.wait_update(sid, lambda u: u.get("content", {}).get("text") == "again")
+    # But not to the connection that did not load it
+    _sentinel(first, sentinels[first], "after the second rest turn")
+    assert _updates_since(first, sid, mark_first) == []
