@@ -194,7 +194,7 @@ async def cancel(conn: AcpConnection, req: p.schema.CancelNotification) -> None:
     await conn.cancel_turns(req.session_id, conn.prompts.turns(req.session_id))
 
 
-async def cancel_request(conn: AcpConnection, req: p.schema.CancelRequestNotification) -> None:
+async def cancel_request(conn: AcpConnection, req: p.CancelRequestNotification) -> None:
     await conn.cancel_request(req.request_id)
 
 
@@ -219,5 +219,5 @@ METHODS: dict[str, Method] = {
 }
 NOTIFICATIONS: dict[str, Method] = {
     "session/cancel": Method(p.schema.CancelNotification, cancel),
-    "$/cancel_request": Method(p.schema.CancelRequestNotification, cancel_request),
+    "$/cancel_request": Method(p.CancelRequestNotification, cancel_request),
 }

@@ -14,13 +14,14 @@ from __future__ import annotations
 from typing import Annotated, Any, TypeVar
 
 from acp import schema
-from pydantic import BaseModel, Field, ValidationError
+from pydantic import BaseModel, Field, StrictInt, StrictStr, ValidationError
 
 from orchestrator.errors import InvalidParams
 
 __all__ = [
     "ActivityRequest",
     "ArchiveSessionRequest",
+    "CancelRequestNotification",
     "ListSessionsRequest",
     "SetSessionTitleRequest",
     "UnarchiveSessionRequest",
@@ -58,6 +59,13 @@ class ListSessionsRequest(schema.ListSessionsRequest):
     unknown values are kept, and refused by ``orchestrator.sessions`` with -32602)."""
 
     archived: Any = None
+
+
+class CancelRequestNotification(schema.CancelRequestNotification):
+    """``$/cancel_request`` params: ``{"requestId"}``, an id exactly as JSON-RPC spells one
+    (``true`` or ``1.0`` name no request, so they are not read as ``1``)."""
+
+    request_id: Annotated[StrictInt | StrictStr | None, Field(alias="requestId")]
 
 
 class ActivityRequest(_SessionRequest):

@@ -31,6 +31,7 @@ from tests.api.test_acp_stdio import (
     agent_texts,
     new_session,
     stdio_agent,
+    text_prompt,
 )
 from tests.helpers import wait_for
 
@@ -66,8 +67,11 @@ def _last_event_id(store: Any) -> str:
     return str(newest[0][0]) if newest else "0-0"
 
 
-def _events(client: TestClient, sid: str, after: str, count: int) -> list[dict[str, Any]]:
-    """The first ``count`` events of ``sid`` on ``GET /events`` after event ``after``."""
+def _events(
+    client: TestClient, sid: str, after: str, kinds: set[str], count: int
+) -> list[dict[str, Any]]:
+    """The first ``count`` events of ``sid`` of the ``kinds`` on ``GET /events`` after event
+    ``after``."""
     found: list[dict[str, Any]] = []
     params = {"sessionId": sid, "lastEventId": after}
     with client.stream("GET", "/events", params=params) as resp:
@@ -76,7 +80,7 @@ def _events(client: TestClient, sid: str, after: str, count: int) -> list[dict[s
         for line in resp.iter_lines():
             if line.startswith("event:"):
                 kind = line.partition(":")[2].strip()
-            elif line.startswith("data:") and kind != "gap":
+            elif line.startswith("data:") and kind in kinds:
                 found.append(json.loads(line.partition(":")[2]))
                 if len(found) == count:
                     return found
@@ -94,23 +98,29 @@ def _updates_since(peer: RpcPeer, sid: str, mark: int) -> list[dict[str, Any]]:
 
 
 def test_archiving_a_parent_tells_a_client_with_its_child_open_and_events_name_the_child(
-    first: StdioAgent, second: StdioAgent, client: TestClient, store: Any, cwd: str
+    first: StdioAgent, second: StdioAgent, client: TestClient, store: Any, fleet: Any, cwd: str
 ) -> None:
-    # Given a parent open on one connection and its subagent session open on another
+    # Given a parent open on one connection and its subagent session prompted on another
     parent = new_session(first, cwd)
     child = session_ops.create_session(store, cwd, parent_id=parent).session_id
     second.call("session/resume", {"sessionId": child, "cwd": cwd})
+    rid = second.request_async("session/prompt", text_prompt(child, "think 30"))
+    second.wait_update(child, lambda u: u["sessionUpdate"] == "user_message_chunk")
     before = _last_event_id(store)
     # When the parent is archived, then unarchived
     assert first.call("session/archive", {"sessionId": parent}) == {}
-    # Then the child's client is told it is archived, and later that it is not
-    second.wait_update(child, lambda u: u == ARCHIVED)
+    # Then the child's client is told it is archived before its work ends
+    info_at, _ = second.wait_update(child, lambda u: u == ARCHIVED)
+    answer_at, answer = second.response(rid)
+    assert answer["result"] == {"stopReason": "cancelled"}, answer
+    assert info_at < answer_at
     first.wait_update(parent, lambda u: u == ARCHIVED)
+    # And that it is not archived any more after the unarchive
     assert first.call("session/unarchive", {"sessionId": parent}) == {}
     second.wait_update(child, lambda u: u == UNARCHIVED)
     first.wait_update(parent, lambda u: u == UNARCHIVED)
     # And /events shows the child's own events of both transitions
-    events = _events(client, child, before, 2)
+    events = _events(client, child, before, {"archived", "unarchived"}, 2)
     assert [(e["type"], e["sessionId"], e["archived"]) for e in events] == [
         ("archived", child, True),
         ("unarchived", child, False),
