@@ -13,7 +13,7 @@ import threading
 from collections.abc import AsyncIterator
 from typing import Any
 
-from api.acp import INVALID_REQUEST, MAX_MESSAGE, AcpConnection, encode_message, shared_hub
+from api.acp import MAX_MESSAGE, AcpConnection, encode_message, shared_hub
 from api.context import dispatcher, redis_url, store
 from orchestrator import audit
 
@@ -87,20 +87,8 @@ async def serve_stdio() -> None:
     st = store()
     conn = AcpConnection(send, st, dispatcher(), shared_hub(redis_url(), st.keys.events))
 
-    async def too_long() -> None:
-        await conn.send(
-            {
-                "jsonrpc": "2.0",
-                "id": None,
-                "error": {
-                    "code": INVALID_REQUEST,
-                    "message": f"Invalid request: message larger than {MAX_MESSAGE} bytes.",
-                },
-            }
-        )
-
     try:
-        async for line in _lines(reader, too_long):
+        async for line in _lines(reader, conn.refuse_oversized):
             text = line.decode("utf-8", errors="replace").strip()
             if text:
                 await conn.handle_text(text)

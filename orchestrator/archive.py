@@ -18,6 +18,10 @@
   stays archived. Unarchiving a session whose ancestor is still archived is refused with
   ``AncestorArchived`` (its steps would stay gated, so it would look active while it could not
   run). Neither changes ``updatedAt``; unarchive restarts, replays and re-arms nothing.
+- Every session a transition archives or restores gets its own ``archived``/``unarchived``
+  event (``orchestrator/events.py``), the session first, its descendants after; an archive's
+  events go out before its stop requests (``historyLength``: the session's history length
+  once the archive had stopped its turns).
 """
 
 from __future__ import annotations
@@ -199,7 +203,16 @@ def _archive(
         stop_activity,
         extra={"session_id": sid},
     )
-    events.publish(store, "archived", sid, archived=True)
+    # Every session the transition archived is told, before its work is stopped (ACP seed
+    # 000): its clients get the updates up to historyLength, archived: true, then close it.
+    flat = list(result[3])
+    events.publish_many(
+        store,
+        [
+            ("archived", str(s), {"archived": True, "historyLength": int(n)})
+            for s, n in zip(flat[::2], flat[1::2], strict=True)
+        ],
+    )
     if stop_activity:
         # Read after the write: anything that started before it is seen here, and anything
         # that starts after it is refused by the gate. An empty census records the session
@@ -241,5 +254,5 @@ def unarchive(store: Store, session_id: str) -> int:
         return 0
     audit.record(store, sid, "unarchive", "unarchived", restoredCount=int(result[1]))
     log.info("unarchived (%s in subtree)", result[1], extra={"session_id": sid})
-    events.publish(store, "unarchived", sid, archived=False)
+    events.publish_many(store, [("unarchived", str(s), {"archived": False}) for s in result[2]])
     return int(result[1])

@@ -9,11 +9,13 @@
 -- an item is live now that was not confirmed, named as the census names it: turn:, job:,
 -- reminder: ids of the session itself, subagent:<descendant id> for a descendant with live
 -- work of its own (orchestrator/activity.py).
--- Returns {'not_found'} | {'already'} | {'active'} | {'changed'} | {'archived', n, turns}:
--- turns is a flat list tid, sid, fromState, toState, label, settlement (of an open tool call,
--- JSON or '') of the turns it stopped. An archive and a repeat are audited and counted here,
--- so the record commits with the change (a refusal is recorded by the caller, which reads
--- the live items after this script).
+-- Returns {'not_found'} | {'already'} | {'active'} | {'changed'} | {'archived', n, turns,
+-- archived}: turns is a flat list tid, sid, fromState, toState, label, settlement (of an open
+-- tool call, JSON or '') of the turns it stopped; archived a flat list sid, historyLength of
+-- every session it archived, the session first (its history's length once its turns were
+-- stopped: what the session's clients are sent before it closes). An archive and a repeat
+-- are audited and counted here, so the record commits with the change (a refusal is
+-- recorded by the caller, which reads the live items after this script).
 local sid, stop, now, txn = ARGV[2], ARGV[3], ARGV[4], ARGV[5]
 local rec = cjson.decode(ARGV[6])
 local stop_json = (stop == '1') and 'true' or 'false'
@@ -41,7 +43,7 @@ elseif ARGV[7] ~= '' then
     if has_live(nodes[i]) and not confirmed['subagent:' .. nodes[i]] then return {'changed'} end
   end
 end
-local n, turns = 0, {}
+local n, turns, archived = 0, {}, {}
 for _, s in ipairs(nodes) do
   if redis.call('HGET', skey(s), 'archived') ~= '1' then
     redis.call('HSET', skey(s), 'archived', '1', 'archivedAt', now, 'archiveTxn', txn)
@@ -49,10 +51,12 @@ for _, s in ipairs(nodes) do
     move_index(s, 'active', 'archived')
     if stop == '1' then stop_turns_for_archive(s, turns) end
     n = n + 1
+    archived[#archived + 1] = s
+    archived[#archived + 1] = redis.call('LLEN', P .. 'history:' .. s)
   end
 end
 -- The detail in audit.detail_json's form (compact, keys sorted).
 record_in_script(rec, sid, 'archived', now, string.format(
   '{"archivedCount":%d,"stopActivity":%s,"stoppedTurns":%d}', n, stop_json, #turns / 6))
 redis.call('HINCRBY', rec.metric, 'archived', 1)
-return {'archived', n, turns}
+return {'archived', n, turns, archived}

@@ -4,7 +4,8 @@
 -- policy's idle clock is max(updatedAt, unarchivedAt), so a session an operator unarchived by
 -- hand is not archived again until it has been idle that long since. Without nowMs the
 -- server's clock is used (TIME; scripts replicate their effects).
--- Returns {'not_found'} | {'not_archived'} | {'ancestor', id} | {'unarchived', n}
+-- Returns {'not_found'} | {'not_archived'} | {'ancestor', id} | {'unarchived', n, restored}:
+-- restored lists the ids of the sessions it unarchived, the session first.
 local sid = ARGV[2]
 local now_ms = tonumber(ARGV[3])
 if not now_ms then now_ms = server_ms() end
@@ -19,7 +20,7 @@ for _, a in ipairs(redis.call('LRANGE', P .. 'lineage:' .. sid, 0, -1)) do
   if redis.call('SISMEMBER', P .. 'archived', a) == 1 then return {'ancestor', a} end
 end
 local txn = redis.call('HGET', k, 'archiveTxn')
-local n = 0
+local n, restored = 0, {}
 for _, s in ipairs(subtree(sid)) do
   local h = redis.call('HMGET', skey(s), 'archived', 'archiveTxn')
   if h[1] == '1' and h[2] == txn then
@@ -28,6 +29,7 @@ for _, s in ipairs(subtree(sid)) do
     redis.call('SREM', P .. 'archived', s)
     move_index(s, 'archived', 'active')
     n = n + 1
+    restored[n] = s
   end
 end
-return {'unarchived', n}
+return {'unarchived', n, restored}

@@ -433,7 +433,12 @@ def test_lifecycle_events_stream_and_resume_after_last_event_id(
         # Then only this session's event arrives, with a stream id
         first = sse.event()
         assert first["event"] == "archived"
-        assert first["json"] == {"type": "archived", "sessionId": sid, "archived": True}
+        assert first["json"] == {
+            "type": "archived",
+            "sessionId": sid,
+            "archived": True,
+            "historyLength": 0,
+        }
     # When, while the client is away, the session is unarchived, retitled and a turn ends
     client.post(f"/sessions/{sid}/unarchive")
     _title(client, sid, {"title": "back again"})

@@ -28,7 +28,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from api.acp import _METHODS, _NOTIFICATIONS, MAX_MESSAGE, AcpConnection, encode_message, shared_hub
+from api.acp import MAX_MESSAGE, AcpConnection, encode_message, shared_hub
+from api.acp import METHODS as _METHODS
+from api.acp import NOTIFICATIONS as _NOTIFICATIONS
 from orchestrator import archive, sessions, untrusted
 from orchestrator.errors import InputRejected
 from tests.helpers import RecordingDispatcher

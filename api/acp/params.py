@@ -1,0 +1,103 @@
+"""The typed params of every ACP method, and ``parse``, which validates them.
+
+The stable methods use the models the ``agent-client-protocol`` package generates from the
+published ACP v1 schema (``acp.schema``). The methods of the unstable schema it does not ship
+yet (``session/archive``, ``session/unarchive``, ``session/set_title``, the ``archived`` filter
+of ``session/list``) are declared here, on the same base and with the same names as in
+``schema/v1/schema.unstable.json`` of ``@agentclientprotocol/sdk`` 2.4.0; so is the fleet's
+own ``_agentFleet/activity``. Values the domain checks itself with its own messages (the
+``archived`` filter, a title) are typed ``Any``/optional here, so the domain's error wins.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, TypeVar
+
+from acp import schema
+from pydantic import BaseModel, Field, StrictInt, StrictStr, ValidationError
+
+from orchestrator.errors import InvalidParams
+
+__all__ = [
+    "ActivityRequest",
+    "ArchiveSessionRequest",
+    "CancelRequestNotification",
+    "ListSessionsRequest",
+    "SetSessionTitleRequest",
+    "UnarchiveSessionRequest",
+    "parse",
+    "schema",
+]
+
+M = TypeVar("M", bound=BaseModel)
+
+_META = Annotated[dict[str, Any] | None, Field(alias="_meta")]
+
+
+class _SessionRequest(schema.BaseModel):
+    session_id: Annotated[str, Field(alias="sessionId")]
+    field_meta: _META = None
+
+
+class ArchiveSessionRequest(_SessionRequest):
+    """``session/archive`` params (unstable schema): ``{"sessionId"}``."""
+
+
+class UnarchiveSessionRequest(_SessionRequest):
+    """``session/unarchive`` params (unstable schema): ``{"sessionId"}``."""
+
+
+class SetSessionTitleRequest(_SessionRequest):
+    """``session/set_title`` params (unstable schema): ``{"sessionId", "title"}``. A missing
+    or null title reaches the domain, which answers "Title must not be empty."."""
+
+    title: str | None = None
+
+
+class ListSessionsRequest(schema.ListSessionsRequest):
+    """``session/list`` params with the unstable ``archived`` filter (``SessionArchiveFilter``:
+    unknown values are kept, and refused by ``orchestrator.sessions`` with -32602)."""
+
+    archived: Any = None
+
+
+class CancelRequestNotification(schema.CancelRequestNotification):
+    """``$/cancel_request`` params: ``{"requestId"}``, an id exactly as JSON-RPC spells one
+    (``true`` or ``1.0`` name no request, so they are not read as ``1``)."""
+
+    request_id: Annotated[StrictInt | StrictStr | None, Field(alias="requestId")]
+
+
+class ActivityRequest(_SessionRequest):
+    """``_agentFleet/activity`` params: ``{"sessionId"}``."""
+
+
+def parse(model: type[M], params: Any) -> M:
+    """``params`` (a JSON-RPC ``params`` member; absent or null is ``{}``) as ``model``.
+    Raises ``InvalidParams`` naming each bad member, and for an empty ``sessionId``."""
+    if params is None:
+        params = {}
+    if not isinstance(params, dict):
+        raise InvalidParams("params must be an object.", {"param": "params"})
+    try:
+        parsed = model.model_validate(params)
+    except ValidationError as exc:
+        problems = [_problem(error) for error in exc.errors(include_url=False)]
+        raise InvalidParams(
+            "Invalid params: " + "; ".join(p for p, _ in problems) + ".",
+            {"param": problems[0][1], "errors": [p for p, _ in problems]},
+        ) from None
+    if getattr(parsed, "session_id", None) == "":
+        raise InvalidParams("sessionId must not be empty.", {"param": "sessionId"})
+    return parsed
+
+
+def _problem(error: Any) -> tuple[str, str]:
+    """(what is wrong, in words; the member's path) for one pydantic error."""
+    path = ""
+    for part in error["loc"]:
+        path += f"[{part}]" if isinstance(part, int) else (f".{part}" if path else str(part))
+    path = path or "params"
+    if error["type"] == "missing":
+        return f"{path} is required", path
+    return f"{path}: {error['msg']}", path

@@ -1,0 +1,76 @@
+"""The ledger of one connection's pending ``session/prompt`` requests.
+
+A prompt waits on a future keyed by its turn id; the forwarder (``Streams``) settles it with
+the turn's ``stopReason`` once the turn's updates have been sent. A turn may end before its
+prompt's future exists (a fast turn): its reason is kept a while and settles the future as
+soon as it is made.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import OrderedDict
+
+#: How many early endings (turn id -> stopReason) are kept for futures not made yet.
+_EARLY_ENDINGS = 256
+
+
+class Prompts:
+    """Pending prompts by session and by turn."""
+
+    def __init__(self) -> None:
+        self._futures: dict[str, asyncio.Future[str]] = {}  # turnId -> stopReason
+        self._count: dict[str, int] = {}  # sessionId -> prompts pending on it
+        # sessionId -> the turns of this connection's prompts in flight (what a cancel stops).
+        self._turns: dict[str, set[str]] = {}
+        self._ended: OrderedDict[str, str] = OrderedDict()
+
+    def begin(self, sid: str) -> None:
+        """A prompt on ``sid`` starts (before its turn exists)."""
+        self._count[sid] = self._count.get(sid, 0) + 1
+
+    def track(self, sid: str, tid: str) -> asyncio.Future[str]:
+        """The future the prompt of turn ``tid`` waits on (done if the turn already ended)."""
+        future: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+        self._turns.setdefault(sid, set()).add(tid)
+        if tid in self._ended:
+            future.set_result(self._ended.pop(tid))
+        else:
+            self._futures[tid] = future
+        return future
+
+    def settle(self, tid: str, reason: str) -> None:
+        """Turn ``tid`` ended with ``reason``: resolve its prompt (or remember the reason)."""
+        future = self._futures.pop(tid, None)
+        if future is None:
+            self._ended[tid] = reason
+            while len(self._ended) > _EARLY_ENDINGS:
+                self._ended.popitem(last=False)
+        elif not future.done():
+            future.set_result(reason)
+
+    def finish(self, sid: str, tid: str | None) -> None:
+        """The prompt on ``sid`` (of turn ``tid``, if one was started) is answered."""
+        if tid is not None:
+            self._futures.pop(tid, None)
+            mine = self._turns.get(sid, set())
+            mine.discard(tid)
+            if not mine:
+                self._turns.pop(sid, None)
+        left = self._count.get(sid, 1) - 1
+        if left > 0:
+            self._count[sid] = left
+        else:
+            self._count.pop(sid, None)
+
+    def pending(self, sid: str) -> bool:
+        """Whether a prompt of this connection waits on ``sid``."""
+        return bool(self._count.get(sid))
+
+    def turns(self, sid: str) -> list[str]:
+        """The turns of this connection's prompts in flight on ``sid``, sorted."""
+        return sorted(self._turns.get(sid, ()))
+
+    def sessions(self) -> set[str]:
+        """The sessions prompts of this connection wait on."""
+        return set(self._count)
