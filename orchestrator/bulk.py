@@ -409,7 +409,7 @@ class _Run:
         families = Counter(
             family
             for item in items
-            for family in {a.family.value for a in item.activity or []}
+            for family in {a.family for a in item.activity or []}
             if item.outcome == "refused" and "refused" in self.recorded
         )
         for family, n in families.items():

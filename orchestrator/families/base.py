@@ -1,0 +1,71 @@
+"""Task names, the maintenance queue, and the dispatcher every family's messages go through."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Any, Protocol
+
+
+class Family(StrEnum):
+    """The names of the built-in families (each declared by its registry entry, in
+    ``orchestrator/families/<name>.py``). Code that must work for any family reads the
+    registry (``orchestrator.families.registry``) instead of this list."""
+
+    TURN = "turn"  #: a running or queued turn (a chain of model steps)
+    JOB = "job"  #: a background process a session owns on some host
+    SUBAGENT = "subagent"  #: a descendant session with live work, any depth
+    REMINDER = "reminder"  #: a stored reminder not yet fired
+
+
+class Task:
+    """Dotted task names, by family and action (each family's registry entry names its own)."""
+
+    TURN_STEP = "turn.step"
+    TURN_STOP = "turn.stop"
+    JOB_RUN = "job.run"
+    JOB_STOP = "job.stop"
+    SUBAGENT_STOP = "subagent.stop"
+    REMINDER_FIRE = "reminder.fire"
+    REMINDER_STOP = "reminder.stop"
+    #: Bulk stops: one message for many sessions. Arguments: ``{sessionId: payload}``, the
+    #: payload of the family's single stop (``FamilySpec.payload``): ids for turns, jobs and
+    #: reminders; ``{descendantId: plan}`` for subagents (``families.subagent.subagent_plan``).
+    #: Every stop names exactly the items it stops.
+    TURN_STOP_MANY = "turn.stop_many"
+    JOB_STOP_MANY = "job.stop_many"
+    SUBAGENT_STOP_MANY = "subagent.stop_many"
+    REMINDER_STOP_MANY = "reminder.stop_many"
+    #: The auto-archive policy (scheduled by ``fleet beat`` on ``MAINTENANCE_QUEUE``).
+    ARCHIVE_AUTO = "archive.auto"
+    #: The archive reconciler (scheduled by ``fleet beat`` on ``MAINTENANCE_QUEUE``).
+    ARCHIVE_RECONCILE = "archive.reconcile"
+
+
+#: Queue of scheduled fleet-wide tasks; reminder workers consume it.
+MAINTENANCE_QUEUE = "maintenance"
+
+
+class Dispatcher(Protocol):
+    """Sends a task by name to a queue and returns without waiting for it to run.
+
+    Raises whatever the transport raises when the message cannot be published; callers that
+    must not fail (the archive fan-out) catch and log.
+    """
+
+    def send(self, task: str, args: list[Any], queue: str) -> None: ...
+
+
+def send_all(
+    dispatcher: Dispatcher, messages: list[tuple[str, list[Any], str]]
+) -> list[Exception | None]:
+    """Send ``(task, args, queue)`` messages one after another; return, per message, the
+    error that kept it from being sent or ``None``. One failure never stops the others.
+    (Publishing them from threads was measured slower: kombu's cost is Python-side.)"""
+    errors: list[Exception | None] = []
+    for task, args, queue in messages:
+        try:
+            dispatcher.send(task, args, queue)
+            errors.append(None)
+        except Exception as exc:  # contained: reported to the caller per message
+            errors.append(exc)
+    return errors
