@@ -4,11 +4,14 @@ the REST API and ``GET /events`` with the bearer token the user enters in the br
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from fastapi import FastAPI
-from fastapi.responses import FileResponse
+from fastapi.responses import FileResponse, Response
 from fastapi.staticfiles import StaticFiles
+
+from orchestrator import families
 
 STATIC_DIR = Path(__file__).resolve().parent / "static" / "console"
 
@@ -20,4 +23,22 @@ def mount(app: FastAPI) -> None:
     def console() -> FileResponse:
         return FileResponse(STATIC_DIR / "index.html", headers={"Cache-Control": "no-cache"})
 
+    @app.get("/console/families.js", include_in_schema=False)
+    def family_labels() -> Response:
+        return Response(
+            families_module(),
+            media_type="text/javascript",
+            headers={"Cache-Control": "no-cache"},
+        )
+
     app.mount("/console/static", StaticFiles(directory=STATIC_DIR), name="console-static")
+
+
+def families_module() -> str:
+    """The console's family labels as an ES module, from the family registry:
+    ``export const FAMILIES = {name: {display, plural, status}}`` in registry order."""
+    labels = {
+        spec.name: {"display": spec.display, "plural": spec.plural, "status": spec.status}
+        for spec in families.families()
+    }
+    return f"export const FAMILIES = {json.dumps(labels)};\n"

@@ -2,9 +2,10 @@
 of their tasks and queues.
 
 A family is one module here (``turn.py``, ``job.py``, ``subagent.py``, ``reminder.py``; for
-families whose items a session owns, a Lua file with its liveness rule beside it) and one
-``register(FamilySpec(...))`` in it, imported below. Everything that lists, reads, stops or
-serves families reads the registry: an unknown name raises ``UnknownFamily``.
+families whose items a session owns, a Lua file with its liveness rule beside it) holding its
+one ``register(FamilySpec(...))``; the built-in ones are imported below in ``Family`` order.
+Everything that lists, reads, stops or serves families reads the registry: an unknown name
+raises ``UnknownFamily``.
 
 The orchestrator speaks to workers by task name and queue name only (``Dispatcher``), so the
 API process never imports task code. Queue layout, per family (``FamilySpec``):
@@ -24,12 +25,8 @@ waits behind queued work.
 
 from __future__ import annotations
 
-from orchestrator.families import job as _job  # noqa: E402
-from orchestrator.families import reminder as _reminder  # noqa: E402
-from orchestrator.families import subagent as _subagent  # noqa: E402
+import importlib
 
-# The built-in families, in registry order (the order they are listed, read and stopped in).
-from orchestrator.families import turn as _turn  # noqa: E402, I001
 from orchestrator.families.base import (
     MAINTENANCE_QUEUE,
     Dispatcher,
@@ -46,6 +43,12 @@ from orchestrator.families.registry import (
     register,
     unregister,
 )
+
+# The built-in families register themselves, each from its own module, in the order of
+# ``Family`` (the order they are listed, read and stopped in).
+for _name in Family:
+    importlib.import_module(f"orchestrator.families.{_name}")
+
 from orchestrator.families.turn import send_step  # noqa: E402
 
 __all__ = [
@@ -65,7 +68,6 @@ __all__ = [
     "unregister",
     "work_queue",
 ]
-del _turn, _job, _subagent, _reminder
 
 
 def work_queue(family: str) -> str:

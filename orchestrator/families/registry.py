@@ -49,7 +49,8 @@ def _plan_id(item: ActivityItem) -> Any:
 class FamilySpec:
     """One activity family.
 
-    - ``name`` (wire name), ``display``/``plural``: what people read (console, CLI).
+    - ``name`` (wire name), ``display``/``plural``: what people read (console, CLI);
+      ``status``: what the console shows for a session busy with it, when not ``<n> <name>``.
     - ``task_module``: the worker module defining its tasks; ``stop_task``/``stop_many_task``:
       its single and bulk stop task names.
     - Queues: ``work_queue`` (``None`` when it has no work of its own), the control queue
@@ -81,6 +82,7 @@ class FamilySpec:
     plan_entry: Callable[[ActivityItem], Any] = _plan_id
     from_plan: Callable[[str, Any], ActivityItem | None] | None = None
     stop_here: LocalStop | None = None
+    status: str | None = None
 
     def control_queue(self, host: str | None = None) -> str:
         """The queue its stops go to: ``<name>.ctl``, or ``<name>.ctl.<host>`` for a family

@@ -72,5 +72,6 @@ SPEC = register(
         settle=_settle,
         from_plan=_from_plan,
         stop_here=_stop_here,
+        status="turn running",
     )
 )

@@ -115,3 +115,24 @@ def test_worker_queues_and_cli_choices_come_from_the_registry(probe: str) -> Non
 
     assert worker_queues(probe, "host1") == ["probe.ctl", "probe"]
     assert {"probe.ctl", "probe"} <= {q.name for q in static_queues()}
+
+
+def test_families_are_listed_read_and_stopped_in_registry_order() -> None:
+    from orchestrator import families
+
+    assert families.names() == ["turn", "job", "subagent", "reminder"]
+    sid = "sess_a"
+    items = [
+        ActivityItem("reminder", "r1", "", sid),
+        ActivityItem("subagent", "sess_b", "", "sess_b"),
+        ActivityItem("job", "j1", "", sid, "h1"),
+        ActivityItem("turn", "t1", "", sid),
+        ActivityItem("job", "j2", "", sid, None),
+    ]
+    assert [(m.task, m.queue) for m in stop_messages(sid, items)] == [
+        ("turn.stop", "turn.ctl"),
+        ("job.stop", "job.ctl.h1"),
+        ("job.stop", "job.ctl"),
+        ("subagent.stop", "subagent.ctl"),
+        ("reminder.stop", "reminder.ctl"),
+    ]
