@@ -33,7 +33,9 @@ def _read_own_many(store: Store, sids: list[str]) -> dict[str, Own]:
     vanished. One script call whatever the number of sessions: ``census.lua`` applies each
     family's liveness rule (its Lua, the one place it is written) and returns the live rows,
     which each family's registry entry turns into items."""
-    rows = store.run("census", list(sids)) if sids else []
+    # Called directly (not through Store.run) so that ``retried`` sees redis-py's own
+    # transient errors: the script only reads, re-running it is harmless.
+    rows = store.script("census")(keys=[], args=[store.keys.prefix, *sids]) if sids else []
     out: dict[str, Own] = {}
     for sid, per_family in zip(sids, rows, strict=True):
         items: list[ActivityItem] = []
@@ -162,8 +164,9 @@ def census_many(
     settle: bool = True,
 ) -> dict[str, list[ActivityItem]]:
     """``census`` of many sessions at once (bulk operations), in a few pipelined round trips
-    per batch: one per tree level to find descendants, then two for every session's own
-    records; a batch of idle sessions without subagents costs three. The ids are not checked
+    per batch: one per tree level to find descendants, then one script call
+    (``census.lua``) for every session's own records; a batch of idle sessions without
+    subagents costs two. The ids are not checked
     (callers pass stored sessions). With ``settle=False`` nothing is written (a dry run):
     records whose owner vanished are left as they are (they do not count as live either way).
     """

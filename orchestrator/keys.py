@@ -1,9 +1,10 @@
 """Every Redis key agent-fleet writes, named in one place.
 
 All keys start with the configured prefix (``FLEET_KEY_PREFIX``, default ``fleet:``). The type
-and meaning of each key is given next to its builder. Lua scripts that walk a lineage build child
-keys from the same prefix (see ``orchestrator/scripts``), so the two must agree; the templates
-below are the single source the scripts are given through their ``prefix`` argument.
+and meaning of each key is given next to its builder. The Lua scripts never spell a key: each
+runs after ``lua_prelude``, generated from these builders (``K.turn(tid)``, ``K.archived``),
+with the prefix as its first argument, so the builders below are the one source of every key
+name in Python and in Lua.
 
 Single-instance Redis is assumed: scripts touch keys they derive at run time, which Redis
 Cluster would not allow.
