@@ -30,7 +30,15 @@ class StopReport:
 #: One stop message's worth of items: the family, its queue, the items by session.
 _Group = tuple[FamilySpec, str, dict[str, list[ActivityItem]]]
 
-__all__ = ["StopMessage", "StopReport", "dispatch_stops", "stop_messages", "subagent_plan"]
+__all__ = [
+    "StopMessage",
+    "StopReport",
+    "dispatch_stops",
+    "dispatch_stops_many",
+    "stop_messages",
+    "stop_messages_many",
+    "subagent_plan",
+]
 
 
 @dataclass(frozen=True)
@@ -52,8 +60,8 @@ def _groups(items_by_session: dict[str, list[ActivityItem]]) -> list[_Group]:
     for sid, items in items_by_session.items():
         for item in items:
             spec = families.get(item.family)
-            grouped.setdefault((spec.name, spec.stop_queue(item)), {}).setdefault(sid, [])
-            grouped[(spec.name, spec.stop_queue(item))][sid].append(item)
+            group = grouped.setdefault((spec.name, spec.stop_queue(item)), {})
+            group.setdefault(sid, []).append(item)
     order = {name: i for i, name in enumerate(families.names())}
     keys = sorted(grouped, key=lambda key: order[key[0]])  # stable: queues keep their order
     return [(families.get(name), queue, grouped[(name, queue)]) for name, queue in keys]

@@ -56,6 +56,29 @@ def test_every_lua_script_compiles_on_the_server(store: Store) -> None:
         assert re.fullmatch(r"[0-9a-f]{40}", sha), name
 
 
+def test_no_lua_script_spells_a_key_name() -> None:
+    # Every key a script touches comes from orchestrator/keys.py (the generated ``K`` prelude)
+    spelled = re.compile(r"(P|ARGV\[1\])\s*\.\.\s*'")
+    found = [
+        f"{path.relative_to(PACKAGE_DIR)}:{n}"
+        for path in sorted(PACKAGE_DIR.glob("**/*.lua"))
+        for n, line in enumerate(path.read_text().splitlines(), start=1)
+        if spelled.search(line.split("--")[0])
+    ]
+    assert found == []
+
+
+def test_the_key_prelude_builds_the_keys_python_builds(store: Store) -> None:
+    from orchestrator.keys import lua_prelude
+
+    lua = (
+        lua_prelude() + "return {K.turn('t1'), K.archived, K.index('all'), K.index('active', 'c')}"
+    )
+    k = store.keys
+    expected = [k.turn("t1"), k.archived, k.index("all"), k.index("active", "c")]
+    assert store.redis.eval(lua, 0, k.prefix) == expected
+
+
 def test_every_script_the_code_runs_exists_as_a_lua_file() -> None:
     pattern = re.compile(r"""\.run\(\s*["'](\w+)["']""")
     used: set[str] = set()
