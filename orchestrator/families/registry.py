@@ -107,24 +107,26 @@ class FamilySpec:
 
 
 _REGISTRY: dict[str, FamilySpec] = {}
-_version = [0]
+_version = 0
 
 
 def register(spec: FamilySpec) -> FamilySpec:
     """Add a family; registry order is the order families are listed, read and stopped in.
     Raises ``ValueError`` when the name is taken."""
+    global _version
     if spec.name in _REGISTRY:
         raise ValueError(f"family {spec.name!r} is already registered")
     _REGISTRY[spec.name] = spec
-    _version[0] += 1
+    _version += 1
     return spec
 
 
 def unregister(name: str) -> None:
     """Remove a family (tests that register one of their own)."""
+    global _version
     get(name)
     del _REGISTRY[name]
-    _version[0] += 1
+    _version += 1
 
 
 def get(name: object) -> FamilySpec:
@@ -151,7 +153,7 @@ def names() -> list[str]:
 
 def version() -> int:
     """Changes whenever the registry does (scripts built from it are rebuilt)."""
-    return _version[0]
+    return _version
 
 
 def lua_rules() -> str:
