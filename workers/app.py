@@ -4,11 +4,10 @@ Importing this module does not import any task code; workers load the task modul
 ``include``, while the API only sends tasks by name (``workers.dispatch``).
 
 Queues, task modules and queue lists per family come from the family registry
-(``orchestrator.families``). Every worker lists its control
-queue before its work queue and the Redis transport polls them in that order
-(``queue_order_strategy: priority``), so a stop never waits behind queued work. Steps are
-acknowledged late and rejected on worker loss, so a step whose worker died is redelivered and
-meets the gate again.
+(``orchestrator.families``). Every worker lists its control queue before its work queue and
+the Redis transport polls them in that order (``queue_order_strategy: priority``), so a stop
+never waits behind queued work. Steps are acknowledged late and rejected on worker loss, so a
+step whose worker died is redelivered and meets the gate again.
 """
 
 from __future__ import annotations
