@@ -19,6 +19,8 @@ from rich.console import Console
 from rich.table import Column, Table
 
 from orchestrator.errors import FleetError, SessionActive
+from orchestrator.families import get as family_spec
+from orchestrator.families import names as family_names
 
 app = typer.Typer(
     help="agent-fleet: a control plane for agent sessions on Celery and Redis.",
@@ -31,11 +33,8 @@ console = Console()
 err = Console(stderr=True)
 
 
-class FamilyName(StrEnum):
-    turn = "turn"
-    job = "job"
-    subagent = "subagent"
-    reminder = "reminder"
+#: ``--family`` choices: the registered families (orchestrator/families).
+FamilyName = StrEnum("FamilyName", {name: name for name in family_names()})  # type: ignore[misc]
 
 
 def _interrupt(signum: int, frame: object) -> None:
@@ -55,7 +54,7 @@ def _fail(exc: FleetError) -> None:
     err.print(f"[red]error[/red] ({exc.code}): {exc.message}")
     if isinstance(exc, SessionActive):
         for item in exc.items:
-            err.print(f"  - {item.family.value:9} {item.id}  {item.label}")
+            err.print(f"  - {item.family:9} {item.id}  {item.label}")
     raise typer.Exit(2)
 
 
@@ -70,7 +69,6 @@ def worker(
 ) -> None:
     """Run a Celery worker for one family (a real process; stop with Ctrl-C)."""
     from api.context import redis_url
-    from orchestrator.families import Family
     from orchestrator.logs import resolve_format
     from orchestrator.settings import get_settings
 
@@ -83,9 +81,9 @@ def worker(
     from workers.app import worker_queues
 
     celery_app.conf.broker_url = url
-    if family.value == Family.JOB.value:
+    if family_spec(family.value).host_stops:  # it owns what runs on its host: hold the name
         _hold_job_host(host)
-    queues = worker_queues(Family(family.value), host)
+    queues = worker_queues(family.value, host)
     # JSON logs: no start-up banner among the JSON lines (workers/logs.py formats them).
     quiet = ["--quiet"] if resolve_format(settings.log_format, sys.stderr) == "json" else []
     celery_app.worker_main(
@@ -171,7 +169,7 @@ def up(
             # serving every family; its jobs died with it and their leases lapse.
             for w in fleet.restart_dead():
                 err.print(
-                    f"[yellow]worker {w.family.value}@{w.host} had exited; restarted "
+                    f"[yellow]worker {w.family}@{w.host} had exited; restarted "
                     f"(log {w.log_path})[/yellow]"
                 )
     except KeyboardInterrupt:
@@ -319,7 +317,7 @@ def activity(session_id: str, as_json: bool = typer.Option(False, "--json")) -> 
     if not items:
         console.print("no live activity")
     for item in items:
-        console.print(f"{item.family.value:9} {item.id}  {item.label}")
+        console.print(f"{item.family:9} {item.id}  {item.label}")
 
 
 @app.command()
@@ -454,10 +452,10 @@ def _confirmation(
     if items:
         console.print(f"{session_id} has live work:")
         for item in items:
-            console.print(f"  - {item.family.value:9} {item.id}  {item.label}")
+            console.print(f"  - {item.family:9} {item.id}  {item.label}")
         if not typer.confirm(f"Stop these {len(items)} item(s) and archive?", default=False):
             raise typer.Exit(1)
-    return [(item.family.value, item.id) for item in items]
+    return [(item.family, item.id) for item in items]
 
 
 @app.command()

@@ -102,7 +102,7 @@ def _print_human(result: BulkResult) -> None:
         for item in refused[:_LISTED]:
             console.print(f"  {item.session_id}")
             for a in item.activity or []:
-                console.print(f"    - {a.family.value:9} {a.id}  {a.label}")
+                console.print(f"    - {a.family:9} {a.id}  {a.label}")
     missing = [i.session_id for i in result.results if i.outcome == "not_found"]
     if missing:
         console.print("not found: " + ", ".join(missing[:_LISTED]))
@@ -228,5 +228,5 @@ def run_auto(
         if len(would) > _LISTED:
             console.print(f"... and {len(would) - _LISTED} more (--json lists all)")
     for item in busy[:_LISTED]:
-        families = sorted({a.family.value for a in item.activity or []})
+        families = sorted({a.family for a in item.activity or []})
         console.print(f"  busy: {item.session_id} ({', '.join(families) or 'live work'})")

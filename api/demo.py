@@ -98,7 +98,7 @@ def scenario(store: Store, dispatcher: Any, tl: Timeline) -> None:
     items = _until(four_families, 30, "live work in all four families")
     tl.ok("live work in all four families:")
     for item in items:
-        tl.detail(f"{item.family.value:9} {item.label}")
+        tl.detail(f"{item.family:9} {item.label}")
     job = next(i for i in items if i.family is Family.JOB)
     # The census counts a job from the moment it is stored; its pid exists once a worker runs it.
     job_pid = int(
@@ -116,8 +116,8 @@ def scenario(store: Store, dispatcher: Any, tl: Timeline) -> None:
         archive.archive(store, dispatcher, sid)
         raise Expectation("archive without stopActivity was not refused")
     except SessionActive as refused:
-        families = sorted({i.family.value for i in refused.items})
-        if families != sorted(f.value for f in Family):
+        families = sorted({str(i.family) for i in refused.items})
+        if families != sorted(Family):
             raise Expectation(f"refusal named {families}, not all four families") from None
         tl.ok(
             f"archive refused (session_active); it names {len(refused.items)} live items: "
@@ -205,7 +205,7 @@ def run_demo(console: Console) -> int:
     try:
         fleet.start()
         fleet.wait_ready(90)
-        tl.say(f"workers ready: {', '.join(f'{w.family.value}@{w.host}' for w in fleet.workers)}")
+        tl.say(f"workers ready: {', '.join(f'{w.family}@{w.host}' for w in fleet.workers)}")
         scenario(store, CeleryDispatcher(app), tl)
     except (Expectation, RuntimeError) as exc:
         tl.say(f"[red]✗ {exc}[/red]")

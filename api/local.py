@@ -17,18 +17,17 @@ from pathlib import Path
 
 import redis
 
-from orchestrator.families import Family
+from orchestrator.families import get as family_spec
+from orchestrator.families import names as family_names
 from orchestrator.keys import Keys
 from orchestrator.processes import die_with_parent
-
-FAMILIES = [Family.TURN, Family.JOB, Family.SUBAGENT, Family.REMINDER]
 
 
 @dataclass
 class WorkerProcess:
     """One worker: its family, host name, process and log file."""
 
-    family: Family
+    family: str  #: a registered family's name
     host: str
     process: subprocess.Popen[bytes]
     log_path: Path
@@ -51,7 +50,7 @@ class LocalFleet:
     extra_env: dict[str, str] = field(default_factory=dict)
     workers: list[WorkerProcess] = field(default_factory=list)
 
-    def env(self, host: str, family: Family) -> dict[str, str]:
+    def env(self, host: str, family: str) -> dict[str, str]:
         """Environment of a worker process."""
         env = dict(os.environ)
         env.update(self.extra_env)
@@ -60,7 +59,7 @@ class LocalFleet:
                 "FLEET_REDIS_URL": self.redis_url,
                 "FLEET_KEY_PREFIX": self.key_prefix,
                 "FLEET_HOSTNAME": host,
-                "FLEET_WORKER_FAMILY": family.value,
+                "FLEET_WORKER_FAMILY": str(family),
                 "PYTHONUNBUFFERED": "1",
             }
         )
@@ -72,19 +71,20 @@ class LocalFleet:
             return [self.hostname]
         return [f"{self.hostname}-{i + 1}" for i in range(self.job_hosts)]
 
-    def start(self, families: list[Family] | None = None) -> LocalFleet:
+    def start(self, families: list[str] | None = None) -> LocalFleet:
         """Start one worker per family (``job_hosts`` for jobs). Returns self."""
         logs = self.state_dir / "logs"
         logs.mkdir(parents=True, exist_ok=True)
-        for family in families or FAMILIES:
-            hosts = self.job_host_names() if family is Family.JOB else [self.hostname]
+        for family in families or family_names():
+            spec = family_spec(family)
+            hosts = self.job_host_names() if spec.host_stops else [self.hostname]
             for host in hosts:
                 self.start_worker(family, host)
         return self
 
-    def start_worker(self, family: Family, host: str, *, append: bool = True) -> WorkerProcess:
+    def start_worker(self, family: str, host: str, *, append: bool = True) -> WorkerProcess:
         """Start one ``fleet worker`` process for ``family`` on ``host``."""
-        log_path = self.state_dir / "logs" / f"{family.value}@{host}.log"
+        log_path = self.state_dir / "logs" / f"{family}@{host}.log"
         log_path.parent.mkdir(parents=True, exist_ok=True)
         cmd = [
             sys.executable,
@@ -92,7 +92,7 @@ class LocalFleet:
             "api.cli",
             "worker",
             "--family",
-            family.value,
+            str(family),
             "--host",
             host,
             "--concurrency",
@@ -138,7 +138,7 @@ class LocalFleet:
                             f"worker {w.family}@{w.host} exited with "
                             f"{w.process.returncode}:\n{self.tail(w)}"
                         )
-                    key = keys.worker_heartbeat(w.family.value, f"{w.family.value}@{w.host}")
+                    key = keys.worker_heartbeat(str(w.family), f"{w.family}@{w.host}")
                     if not client.exists(key):
                         missing.append(w)
                 if not missing:

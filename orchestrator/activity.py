@@ -9,151 +9,63 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
 
-from orchestrator import metrics
+from orchestrator import families, metrics
 from orchestrator.errors import FleetError, StoreUnavailable
-from orchestrator.families import Dispatcher, Family, send_step
+from orchestrator.families import Dispatcher, Family
+from orchestrator.families.items import ActivityItem, shorten
 from orchestrator.sessions import check_session_id, get_session
 from orchestrator.store import Store, iso, retried
 
 log = logging.getLogger(__name__)
 
-_LABEL_TEXT = 60
+__all__ = ["ActivityItem", "census", "census_many", "merge_items", "own_items", "shorten"]
 
 
-@dataclass(frozen=True)
-class ActivityItem:
-    """One live item: ``family``, ``id`` (turn/job/reminder id, or the descendant session id
-    for ``subagent``), a human ``label``, the ``session_id`` that owns it, and for jobs the
-    ``host`` running the process. A ``subagent`` item also carries, in ``parts``, the
-    descendant's own live items the census found (never on the wire: a stop names exactly
-    these, so a late one leaves alone what the descendant started since)."""
-
-    family: Family
-    id: str
-    label: str
-    session_id: str
-    host: str | None = None
-    parts: tuple[ActivityItem, ...] = field(default=(), compare=False, repr=False)
-
-    def to_wire(self) -> dict[str, Any]:
-        """``{"family", "id", "label", "sessionId", "host"?}``."""
-        out: dict[str, Any] = {
-            "family": self.family.value,
-            "id": self.id,
-            "label": self.label,
-            "sessionId": self.session_id,
-        }
-        if self.host:
-            out["host"] = self.host
-        return out
-
-
-def shorten(text: str, limit: int = _LABEL_TEXT) -> str:
-    """The first line of ``text``, cut to ``limit`` characters with an ellipsis."""
-    first = text.strip().splitlines()[0] if text.strip() else ""
-    return first if len(first) <= limit else first[: limit - 1] + "…"
-
-
-#: A session's own live items, and the ids of its turns and jobs whose owner vanished.
-Own = tuple[list[ActivityItem], list[str], list[str]]
+#: A session's own live items, and per family the ids of items whose owner vanished.
+Own = tuple[list[ActivityItem], dict[str, list[str]]]
 
 
 @retried
 def _read_own_many(store: Store, sids: list[str]) -> dict[str, Own]:
-    """For each session: its own live items, plus the ids of turns and jobs whose owner
-    vanished. Two pipelined round trips whatever the number of sessions (one when none of
-    them has any live-work entry)."""
-    k = store.keys
-    pipe = store.redis.pipeline(transaction=False)
-    for sid in sids:
-        pipe.zrange(k.live_turns(sid), 0, -1)
-        pipe.smembers(k.live_jobs(sid))
-        pipe.smembers(k.live_reminders(sid))
-    listed = pipe.execute()
-    entries: list[tuple[str, list[str], list[str], list[str]]] = []
-    pipe = store.redis.pipeline(transaction=False)
-    for i, sid in enumerate(sids):
-        turn_ids, job_ids, reminder_ids = listed[3 * i : 3 * i + 3]
-        job_ids, reminder_ids = sorted(job_ids), sorted(reminder_ids)
-        entries.append((sid, turn_ids, job_ids, reminder_ids))
-        for tid in turn_ids:
-            pipe.hmget(k.turn(tid), "state", "prompt")
-            pipe.exists(k.step_lease(tid))
-        for jid in job_ids:
-            pipe.hmget(k.job(jid), "state", "label", "host", "pid")
-            pipe.exists(k.job_lease(jid))
-        for rid in reminder_ids:
-            pipe.hmget(k.reminder(rid), "prompt", "dueAt")
-    rows = pipe.execute() if len(pipe) else []
-
+    """For each session: its own live items, plus per family the ids of items whose owner
+    vanished. One script call whatever the number of sessions: ``census.lua`` applies each
+    family's liveness rule (its Lua, the one place it is written) and returns the live rows,
+    which each family's registry entry turns into items."""
+    # Called directly (not through Store.run) so that ``retried`` sees redis-py's own
+    # transient errors: the script only reads, re-running it is harmless.
+    rows = store.script("census")(keys=[], args=[store.keys.prefix, *sids]) if sids else []
     out: dict[str, Own] = {}
-    pos = 0
-    for sid, turn_ids, job_ids, reminder_ids in entries:
+    for sid, per_family in zip(sids, rows, strict=True):
         items: list[ActivityItem] = []
-        stale_turns: list[str] = []
-        stale_jobs: list[str] = []
-        for tid in turn_ids:
-            (state, prompt), leased = rows[pos], rows[pos + 1]
-            pos += 2
-            if state in ("queued", "running") or (state == "cancelling" and leased):
-                label = f'turn "{shorten(prompt or "")}" ({state})'
-                items.append(ActivityItem(Family.TURN, tid, label, sid))
-            elif state == "cancelling":
-                stale_turns.append(tid)
-        for jid in job_ids:
-            (state, label, host, pid), leased = rows[pos], rows[pos + 1]
-            pos += 2
-            if state in ("starting", "running") and leased:
-                where = f" on {host} (pid {pid})" if host and pid else " (starting)"
-                items.append(
-                    ActivityItem(Family.JOB, jid, f"job {label}{where}", sid, host or None)
-                )
-            elif state in ("starting", "running"):
-                stale_jobs.append(jid)
-        for rid in reminder_ids:
-            prompt, due = rows[pos]
-            pos += 1
-            label = f'reminder "{shorten(prompt or "")}" due {due}'
-            items.append(ActivityItem(Family.REMINDER, rid, label, sid))
-        out[sid] = (items, stale_turns, stale_jobs)
+        stale: dict[str, list[str]] = {}
+        for name, live, vanished in per_family:
+            spec = families.get(name)
+            if spec.item is None:
+                raise ValueError(f"family {name!r} has a liveness rule but no item builder")
+            items.extend(spec.item(sid, row[0], list(row[1:])) for row in live)
+            if vanished:
+                stale[spec.name] = list(vanished)
+        out[sid] = (items, stale)
     return out
 
 
-def _read_own(store: Store, sid: str) -> Own:
-    """The session's own live items, plus the ids of turns and jobs whose owner vanished."""
-    return _read_own_many(store, [sid])[sid]
-
-
 def _own(store: Store, sid: str, dispatcher: Dispatcher | None) -> list[ActivityItem]:
-    items, stale_turns, stale_jobs = _read_own(store, sid)
-    _settle_stale(store, dispatcher, sid, stale_turns if dispatcher else [], stale_jobs)
+    items, stale = _read_own_many(store, [sid])[sid]
+    _settle_stale(store, dispatcher, sid, stale)
     return items
 
 
 def _settle_stale(
-    store: Store, dispatcher: Dispatcher | None, sid: str, turns: list[str], jobs: list[str]
+    store: Store, dispatcher: Dispatcher | None, sid: str, stale: dict[str, list[str]]
 ) -> None:
-    """Records whose owner vanished (lease lapsed) are settled so they never block archive.
-    A turn settled here may let the next queued turn run: its first step is sent."""
-    ms = store.now_ms()
-    for tid in turns:
-        result = store.run(
-            "turn_finish", [tid, "cancelled", "cancelled", "", ms, iso(ms), "cancelling"]
-        )
-        log.info(
-            "turn %s: settled as cancelled (its worker is gone)",
-            tid,
-            extra={"session_id": sid, "turn_id": tid},
-        )
-        if dispatcher is not None and result[0] == "finished" and result[1]:
-            send_step(dispatcher, sid, result[1], 0)
-    for jid in jobs:
-        store.run("job_end", [jid, "lost", "", iso(ms), "starting,running"])
-        log.warning("job %s: marked lost (its lease lapsed; the owning worker is gone)", jid)
+    """Items whose owner vanished (a lease lapsed) are settled by their family so they never
+    block archive (``FamilySpec.settle``; a family may need ``dispatcher`` to settle)."""
+    for name, ids in stale.items():
+        settle = families.get(name).settle
+        if settle is not None:
+            settle(store, dispatcher, sid, ids)
 
 
 def census(
@@ -252,8 +164,9 @@ def census_many(
     settle: bool = True,
 ) -> dict[str, list[ActivityItem]]:
     """``census`` of many sessions at once (bulk operations), in a few pipelined round trips
-    per batch: one per tree level to find descendants, then two for every session's own
-    records; a batch of idle sessions without subagents costs three. The ids are not checked
+    per batch: one per tree level to find descendants, then one script call
+    (``census.lua``) for every session's own records; a batch of idle sessions without
+    subagents costs two. The ids are not checked
     (callers pass stored sessions). With ``settle=False`` nothing is written (a dry run):
     records whose owner vanished are left as they are (they do not count as live either way).
     """
@@ -264,9 +177,9 @@ def census_many(
     everyone = list(dict.fromkeys([*roots, *(d for r in roots for d in tree[r])]))
     own_rows = _read_own_many(store, everyone)
     own: dict[str, list[ActivityItem]] = {}
-    for sid, (items, stale_turns, stale_jobs) in own_rows.items():
-        if settle and (stale_turns or stale_jobs):
-            _settle_stale(store, dispatcher, sid, stale_turns if dispatcher else [], stale_jobs)
+    for sid, (items, stale) in own_rows.items():
+        if settle and stale:
+            _settle_stale(store, dispatcher, sid, stale)
         own[sid] = items
     out: dict[str, list[ActivityItem]] = {}
     for root in roots:
@@ -277,8 +190,11 @@ def census_many(
                 continue
             counts: dict[str, int] = {}
             for item in mine:
-                counts[item.family.value] = counts.get(item.family.value, 0) + 1
-            summary = ", ".join(f"{n} {fam}{'s' if n > 1 else ''}" for fam, n in counts.items())
+                counts[item.family] = counts.get(item.family, 0) + 1
+            summary = ", ".join(
+                f"{n} {spec.plural if n > 1 else spec.display}"
+                for spec, n in ((families.get(fam), n) for fam, n in counts.items())
+            )
             items.append(
                 ActivityItem(
                     Family.SUBAGENT,

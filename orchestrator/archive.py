@@ -109,7 +109,7 @@ def archive(
     try:
         result = _archive(store, dispatcher, sid, stop_activity, binding)
     except SessionActive as refused:
-        families = sorted({item.family.value for item in refused.items})
+        families = sorted({item.family for item in refused.items})
         metrics.incr_many(
             store,
             [(metrics.ARCHIVES, ("refused",), 1)]
@@ -135,7 +135,7 @@ def archive(
             "stop",
             "partial" if failures else "sent",
             stopped=len(result.stopped),
-            families=sorted({item.family.value for item in result.stopped}),
+            families=sorted({item.family for item in result.stopped}),
             stopFailures=failures,
         )
     return result
@@ -231,7 +231,7 @@ def _archive(
 def _unconfirmed(items: list[ActivityItem], binding: str) -> bool:
     """Whether the census names an item the binding does not (as the script decided)."""
     confirmed = set(json.loads(binding)) if binding else set()
-    return any(f"{item.family.value}:{item.id}" not in confirmed for item in items)
+    return any(f"{item.family}:{item.id}" not in confirmed for item in items)
 
 
 def unarchive(store: Store, session_id: str) -> int:

@@ -1,9 +1,10 @@
 """Bulk archive: many sessions in one request, and the auto-archive policy built on it.
 
-A bulk archive names sessions (at most ``MAX_IDS``) or selects them with a filter (cwd, last
-activity older than ``idleSince``, a title search; at most ``FLEET_BULK_FILTER_MAX``), then
-archives them in batches of ``BATCH_SIZE``. Each session gets what ``archive.archive`` gives
-one session (the same live-work check and subtree transition, written atomically by
+A bulk archive names sessions (at most ``MAX_IDS``) or selects them with a filter
+(``orchestrator/bulk_select.py``: cwd, last activity older than ``idleSince``, a title
+search; at most ``FLEET_BULK_FILTER_MAX``), then archives them in batches of
+``BATCH_SIZE``. Each session gets what ``archive.archive`` gives one session (the same
+live-work check and subtree transition, written atomically by
 ``scripts/bulk_archive.lua``), so the outcome of a bulk request is the outcome of that many
 single archives run in order:
 
@@ -38,35 +39,45 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import datetime
 from typing import Any
 
 from orchestrator import audit, events, metrics
 from orchestrator.activity import ActivityItem, census_many, merge_items
+from orchestrator.bulk_select import (
+    BulkFilter,
+    auto_candidates,
+    parse_instant,
+    roots_first,
+    select,
+)
 from orchestrator.errors import InvalidParams, TooManySessions
 from orchestrator.families import Dispatcher
-from orchestrator.sessions import (
-    SESSION_ID_RE,
-    check_cwd,
-    cwd_hash,
-    normalize_query,
-    title_matches,
-)
+from orchestrator.sessions import SESSION_ID_RE
 from orchestrator.settings import get_settings
 from orchestrator.stops import StopReport, dispatch_stops_many
-from orchestrator.store import Store, iso, new_id, retried
+from orchestrator.store import Store, iso, new_id
 from orchestrator.turns import stopped_by_archive
 
 log = logging.getLogger(__name__)
+
+__all__ = [
+    "BulkFilter",
+    "BulkItem",
+    "BulkResult",
+    "auto_archive",
+    "auto_candidates",
+    "bulk_archive",
+    "parse_instant",
+    "roots_first",
+    "select",
+]
 
 #: Most session ids one bulk request may name.
 MAX_IDS = 10_000
 #: Sessions per batch: one Lua script, one census round, one stop message per family.
 BATCH_SIZE = 500
-#: Index entries read per round trip while a filter selects.
-_SCAN_CHUNK = 1_000
 #: How often a refusal whose census found nothing is tried again (as ``archive.archive``).
 _REFUSAL_RECHECKS = 3
 
@@ -85,17 +96,6 @@ _RECORDED_IN_SCRIPT = frozenset({"archived", "already_archived", "skipped"})
 
 #: ``progress(done_batches, total_batches)``; called once before the first batch.
 Progress = Callable[[int, int], None]
-
-
-@dataclass(frozen=True)
-class BulkFilter:
-    """What a filter selects among sessions that are not archived: ``cwd`` (exact absolute
-    path), ``idle_since`` (ISO 8601 with an offset or ``Z``: last activity strictly older),
-    ``q`` (case-insensitive substring of the title). At least one is required."""
-
-    cwd: str | None = None
-    idle_since: str | None = None
-    q: str | None = None
 
 
 @dataclass
@@ -145,145 +145,6 @@ class BulkResult:
                 "failed": [{"family": f, "error": e} for f, e in self.stop_report.failed],
             },
         }
-
-
-def parse_instant(value: object, param: str) -> int:
-    """Epoch milliseconds of an ISO 8601 date-time that carries a UTC offset (``Z`` or
-    ``+02:00``). Raises ``InvalidParams`` naming ``param`` otherwise (a date alone, a time
-    without an offset, anything not a string or ``datetime``)."""
-    if isinstance(value, datetime):
-        moment = value
-    elif isinstance(value, str):
-        try:
-            moment = datetime.fromisoformat(value.strip())
-        except ValueError:
-            raise InvalidParams(
-                f"{param} must be an ISO 8601 date-time such as 2026-01-31T12:00:00Z "
-                f"(got {value[:60]!r}).",
-                {"param": param},
-            ) from None
-    else:
-        raise InvalidParams(f"{param} must be an ISO 8601 date-time string.", {"param": param})
-    if moment.tzinfo is None or moment.utcoffset() is None:
-        raise InvalidParams(
-            f"{param} must carry a UTC offset or Z (got {str(value)[:60]!r}).", {"param": param}
-        )
-    return int(moment.timestamp() * 1000)
-
-
-# -- selection --------------------------------------------------------------------------------
-def _index_key(store: Store, cwd: str | None) -> str:
-    return store.keys.index("active", None if cwd is None else cwd_hash(cwd))
-
-
-@retried
-def _chunk(
-    store: Store, key: str, below: str, offset: int, fields: tuple[str, ...]
-) -> list[tuple[str, list[str | None]]]:
-    ids: list[str] = store.redis.zrangebyscore(key, "-inf", below, start=offset, num=_SCAN_CHUNK)
-    if not ids or not fields:
-        return [(sid, []) for sid in ids]
-    pipe = store.redis.pipeline(transaction=False)
-    for sid in ids:
-        pipe.hmget(store.keys.session(sid), *fields)
-    return list(zip(ids, pipe.execute(), strict=True))
-
-
-def _scan(
-    store: Store, key: str, below: str, fields: tuple[str, ...]
-) -> Iterator[tuple[str, list[str | None]]]:
-    """Sessions of an index with score (last activity, epoch ms) below ``below`` (a ZRANGE
-    bound such as ``(1700000000000`` or ``+inf``), oldest first, with the hash ``fields``."""
-    offset = 0
-    while True:
-        rows = _chunk(store, key, below, offset, fields)
-        yield from rows
-        if len(rows) < _SCAN_CHUNK:
-            return
-        offset += len(rows)
-
-
-@retried
-def _depths(store: Store, ids: list[str]) -> list[int]:
-    pipe = store.redis.pipeline(transaction=False)
-    for sid in ids:
-        pipe.llen(store.keys.lineage(sid))
-    return [int(n) for n in pipe.execute()]
-
-
-def roots_first(store: Store, ids: list[str]) -> list[str]:
-    """``ids`` ordered by lineage depth (a stable sort: ties keep their order), so an
-    ancestor comes before its descendants and archives them in its own transition."""
-    depth: dict[str, int] = {}
-    for start in range(0, len(ids), _SCAN_CHUNK):
-        part = ids[start : start + _SCAN_CHUNK]
-        depth.update(zip(part, _depths(store, part), strict=True))
-    return sorted(ids, key=lambda sid: depth[sid])
-
-
-def _too_many(limit: int) -> TooManySessions:
-    return TooManySessions(
-        f"The filter selects more than {limit} sessions, the most one bulk archive may "
-        "select (FLEET_BULK_FILTER_MAX); nothing was archived. Narrow the filter (cwd, "
-        "idleSince, q), or archive in steps (an older idleSince first).",
-        {"param": "filter", "max": limit, "setting": "FLEET_BULK_FILTER_MAX"},
-    )
-
-
-def select(store: Store, flt: BulkFilter, *, limit: int | None = None) -> list[str]:
-    """Ids of the sessions (not archived, not deleted) ``flt`` selects, ancestors first.
-
-    Raises ``InvalidParams`` for an empty filter or a bad criterion; ``TooManySessions``
-    when more than ``limit`` (default ``FLEET_BULK_FILTER_MAX``) match; ``StoreUnavailable``.
-    """
-    if flt.cwd is None and flt.idle_since is None and flt.q is None:
-        raise InvalidParams(
-            "filter needs at least one of cwd, idleSince, q (an empty filter would select "
-            "every session).",
-            {"param": "filter"},
-        )
-    cap = get_settings().bulk_filter_max if limit is None else limit
-    cwd = None if flt.cwd is None else check_cwd(flt.cwd)
-    needle = normalize_query(flt.q)
-    if flt.q is not None and needle is None:
-        raise InvalidParams("filter.q must not be blank.", {"param": "filter.q"})
-    below = "+inf" if flt.idle_since is None else f"({parse_instant(flt.idle_since, 'idleSince')}"
-    found: list[str] = []
-    fields = ("title",) if needle is not None else ()
-    for sid, values in _scan(store, _index_key(store, cwd), below, fields):
-        if needle is not None and not title_matches(values[0], needle):
-            continue
-        found.append(sid)
-        if len(found) > cap:
-            raise _too_many(cap)
-    return roots_first(store, found)
-
-
-def auto_candidates(
-    store: Store,
-    *,
-    idle_seconds: float,
-    now: int | None = None,
-    cwd: str | None = None,
-    limit: int | None = None,
-) -> tuple[list[str], int]:
-    """Sessions (not archived) idle longer than ``idle_seconds`` by the policy's clock,
-    max(``updatedAt``, ``unarchivedAt``), oldest activity first, at most ``limit`` (default
-    ``FLEET_BULK_FILTER_MAX``; the rest wait for the next run), ancestors first. Returns the
-    ids and the cutoff (epoch ms) the clock must be older than."""
-    cutoff = (store.now_ms() if now is None else now) - int(idle_seconds * 1000)
-    cap = get_settings().bulk_filter_max if limit is None else limit
-    where = None if cwd is None else check_cwd(cwd)
-    found: list[str] = []
-    for sid, (unarchived,) in _scan(
-        store, _index_key(store, where), f"({cutoff}", ("unarchivedMs",)
-    ):
-        if int(unarchived or 0) >= cutoff:
-            continue  # unarchived by hand since: idle only from then on
-        found.append(sid)
-        if len(found) >= cap:
-            break
-    return roots_first(store, found), cutoff
 
 
 # -- archiving ----------------------------------------------------------------------------------
@@ -409,7 +270,7 @@ class _Run:
         families = Counter(
             family
             for item in items
-            for family in {a.family.value for a in item.activity or []}
+            for family in {a.family for a in item.activity or []}
             if item.outcome == "refused" and "refused" in self.recorded
         )
         for family, n in families.items():

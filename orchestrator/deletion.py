@@ -130,7 +130,7 @@ def _wait_quiet(store: Store, dispatcher: Dispatcher, session_id: str, seconds: 
 def _refused(
     store: Store, session_id: str, items: list[ActivityItem], stop_activity: bool
 ) -> NoReturn:
-    families = sorted({item.family.value for item in items})
+    families = sorted({item.family for item in items})
     audit.record(
         store,
         session_id,

@@ -4,7 +4,7 @@ seen within the TTL."""
 
 from __future__ import annotations
 
-from orchestrator.families import Family
+from orchestrator import families
 from orchestrator.store import Store, retried
 
 
@@ -12,7 +12,7 @@ from orchestrator.store import Store, retried
 def live_workers(store: Store) -> dict[str, list[str]]:
     """``{family: [node, ...]}`` for every family (an empty list when none is seen), nodes
     sorted (``turn@host``). Raises ``StoreUnavailable``."""
-    out: dict[str, list[str]] = {family.value: [] for family in Family}
+    out: dict[str, list[str]] = {family: [] for family in families.names()}
     # One SCAN for all families: the heartbeat keys differ only after "worker:<family>:".
     probe = store.keys.worker_heartbeat("*", "*")
     base = probe[: probe.index("*")]

@@ -1,9 +1,10 @@
 """Every Redis key agent-fleet writes, named in one place.
 
 All keys start with the configured prefix (``FLEET_KEY_PREFIX``, default ``fleet:``). The type
-and meaning of each key is given next to its builder. Lua scripts that walk a lineage build child
-keys from the same prefix (see ``orchestrator/scripts``), so the two must agree; the templates
-below are the single source the scripts are given through their ``prefix`` argument.
+and meaning of each key is given next to its builder. The Lua scripts never spell a key: each
+runs after ``lua_prelude``, generated from these builders (``K.turn(tid)``, ``K.archived``),
+with the prefix as its first argument, so the builders below are the one source of every key
+name in Python and in Lua.
 
 Single-instance Redis is assumed: scripts touch keys they derive at run time, which Redis
 Cluster would not allow.
@@ -11,6 +12,8 @@ Cluster would not allow.
 
 from __future__ import annotations
 
+import functools
+import inspect
 from dataclasses import dataclass
 
 #: Session states an index is kept for.
@@ -198,3 +201,53 @@ class Keys:
     def audit_all(self) -> str:
         """STREAM: every session's lifecycle changes, capped at ``FLEET_AUDIT_MAX_GLOBAL``."""
         return f"{self.prefix}audit"
+
+
+# -- the scripts' view of this schema --------------------------------------------------------
+_PREFIX_MARK = "\x01"
+_ARG_MARKS = ("\x02", "\x03", "\x04")
+
+
+def _lua_template(text: str, args: tuple[str, ...]) -> str:
+    """A key built from sentinels as a Lua expression over ``P`` and ``args``."""
+    assert text.startswith(_PREFIX_MARK)
+    parts, rest = ["P"], text[len(_PREFIX_MARK) :]
+    while rest:
+        at = [(rest.index(m), m) for m in _ARG_MARKS if m in rest]
+        if not at:
+            parts.append(repr(rest))
+            break
+        pos, mark = min(at)
+        if pos:
+            parts.append(repr(rest[:pos]))
+        parts.append(args[_ARG_MARKS.index(mark)])
+        rest = rest[pos + 1 :]
+    return " .. ".join(parts)
+
+
+@functools.cache
+def lua_prelude() -> str:
+    """Lua that defines ``K``, one builder per key of ``Keys`` over the prefix ``P``
+    (``ARGV[1]``): ``K.turn(tid)``, ``K.archived``, ``K.index(state, cwd_hash)`` (``nil``
+    for the unnarrowed index). ``orchestrator.store`` puts it before every script, so the
+    scripts take every key name from this module instead of rebuilding it."""
+    probe = Keys(_PREFIX_MARK)
+    lines = ["local P = ARGV[1]", "local K = {}"]
+    for name, member in inspect.getmembers(Keys):
+        if name.startswith("_") or name == "prefix":
+            continue
+        if isinstance(member, property):
+            lines.append(f"K.{name} = {_lua_template(getattr(probe, name), ())}")
+            continue
+        params = list(inspect.signature(member).parameters.values())[1:]
+        names = tuple(f"a{i}" for i in range(len(params)))
+        full = _lua_template(getattr(probe, name)(*_ARG_MARKS[: len(params)]), names)
+        required = [p for p in params if p.default is inspect.Parameter.empty]
+        body = f"return {full}"
+        if len(required) < len(params):
+            short = _lua_template(
+                getattr(probe, name)(*_ARG_MARKS[: len(required)]), names[: len(required)]
+            )
+            body = f"if {names[len(required)]} == nil then return {short} end {body}"
+        lines.append(f"K.{name} = function({', '.join(names)}) {body} end")
+    return "\n".join(lines) + "\n"

@@ -176,7 +176,7 @@ def _candidates(
 
 
 def _families(items: list[ActivityItem]) -> list[str]:
-    return sorted({item.family.value for item in items})
+    return sorted({item.family for item in items})
 
 
 def _settle_quiet(store: Store, sid: str, h: dict[str, Any], report: Report) -> None:

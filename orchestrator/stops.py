@@ -6,13 +6,13 @@ keeps the other families from being asked (seed 004: stops are requested, not wa
 from __future__ import annotations
 
 import logging
-from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
-from orchestrator import metrics
-from orchestrator.activity import ActivityItem
-from orchestrator.families import Dispatcher, Family, Task, control_queue, send_all
+from orchestrator import families, metrics
+from orchestrator.families import Dispatcher, FamilySpec, send_all
+from orchestrator.families.items import ActivityItem
+from orchestrator.families.subagent import subagent_plan
 from orchestrator.store import Store
 
 log = logging.getLogger(__name__)
@@ -27,88 +27,55 @@ class StopReport:
     failed: list[tuple[str, str]] = field(default_factory=list)
 
 
+#: One stop message's worth of items: the family, its queue, the items by session.
+_Group = tuple[FamilySpec, str, dict[str, list[ActivityItem]]]
+
+__all__ = [
+    "StopMessage",
+    "StopReport",
+    "dispatch_stops",
+    "dispatch_stops_many",
+    "stop_messages",
+    "stop_messages_many",
+    "subagent_plan",
+]
+
+
 @dataclass(frozen=True)
 class StopMessage:
     """One stop request: the ``family`` it stops, how many items (``count``), and the task
     name, arguments and queue it is sent as."""
 
-    family: Family
+    family: str
     count: int
     task: str
     args: list[Any]
     queue: str
 
 
-def job_stop_batches(items: list[ActivityItem]) -> dict[str, list[ActivityItem]]:
-    """Group job items by the queue their stop must go to (the owning host's, or the shared
-    one for jobs no worker has taken yet)."""
-    by_queue: dict[str, list[ActivityItem]] = defaultdict(list)
-    for item in items:
-        by_queue[control_queue(Family.JOB, item.host)].append(item)
-    return dict(by_queue)
-
-
-def subagent_plan(item: ActivityItem) -> dict[str, list[Any]]:
-    """What a ``subagent`` stop does to one descendant: exactly the live items its census
-    found, ``{"turns": [turnId, ...], "jobs": [[jobId, host or null], ...], "reminders":
-    [reminderId, ...]}``, so a stop that arrives late touches nothing started since."""
-    plan: dict[str, list[Any]] = {"turns": [], "jobs": [], "reminders": []}
-    for part in item.parts:
-        if part.family is Family.TURN:
-            plan["turns"].append(part.id)
-        elif part.family is Family.JOB:
-            plan["jobs"].append([part.id, part.host])
-        elif part.family is Family.REMINDER:
-            plan["reminders"].append(part.id)
-    return plan
+def _groups(items_by_session: dict[str, list[ActivityItem]]) -> list[_Group]:
+    """Items grouped by (family, stop queue), in registry order, then by session. Raises
+    ``UnknownFamily`` for an item of no registered family (it is never sent elsewhere)."""
+    grouped: dict[tuple[str, str], dict[str, list[ActivityItem]]] = {}
+    for sid, items in items_by_session.items():
+        for item in items:
+            spec = families.get(item.family)
+            group = grouped.setdefault((spec.name, spec.stop_queue(item)), {})
+            group.setdefault(sid, []).append(item)
+    order = {name: i for i, name in enumerate(families.names())}
+    keys = sorted(grouped, key=lambda key: order[key[0]])  # stable: queues keep their order
+    return [(families.get(name), queue, grouped[(name, queue)]) for name, queue in keys]
 
 
 def stop_messages(session_id: str, items: list[ActivityItem]) -> list[StopMessage]:
-    """The stop requests for ``items``: one per family, and one per owning host for jobs."""
-    by_family: dict[Family, list[ActivityItem]] = defaultdict(list)
-    for item in items:
-        by_family[item.family].append(item)
-    out: list[StopMessage] = []
-    turns = by_family.get(Family.TURN, [])
-    if turns:
-        out.append(
-            StopMessage(
-                Family.TURN,
-                len(turns),
-                Task.TURN_STOP,
-                [session_id, [t.id for t in turns]],
-                control_queue(Family.TURN),
-            )
-        )
-    for queue, jobs in job_stop_batches(by_family.get(Family.JOB, [])).items():
-        out.append(
-            StopMessage(
-                Family.JOB, len(jobs), Task.JOB_STOP, [session_id, [j.id for j in jobs]], queue
-            )
-        )
-    subagents = by_family.get(Family.SUBAGENT, [])
-    if subagents:
-        out.append(
-            StopMessage(
-                Family.SUBAGENT,
-                len(subagents),
-                Task.SUBAGENT_STOP,
-                [session_id, {a.id: subagent_plan(a) for a in subagents}],
-                control_queue(Family.SUBAGENT),
-            )
-        )
-    reminders = by_family.get(Family.REMINDER, [])
-    if reminders:
-        out.append(
-            StopMessage(
-                Family.REMINDER,
-                len(reminders),
-                Task.REMINDER_STOP,
-                [session_id, [r.id for r in reminders]],
-                control_queue(Family.REMINDER),
-            )
-        )
-    return out
+    """The stop requests for ``items``: one per family (``FamilySpec.stop_task``, arguments
+    ``[sessionId, payload]``), and one per owning host for families whose stops go to the
+    host. Raises ``UnknownFamily`` for an item of no registered family."""
+    return [
+        StopMessage(spec.name, len(mine), spec.stop_task, [session_id, spec.payload(mine)], queue)
+        for spec, queue, by_session in _groups({session_id: items})
+        for mine in by_session.values()
+    ]
 
 
 def dispatch_stops(
@@ -119,15 +86,16 @@ def dispatch_stops(
     store: Store | None = None,
 ) -> StopReport:
     """Ask each family with live items to stop them. The requests are sent and never awaited;
-    a failed one is logged and reported, and never keeps the others from being sent. Never
-    raises. With ``store``, each request is counted (``fleet_stop_dispatches``/
-    ``fleet_stop_failures`` by family, in one round trip)."""
+    a failed one is logged and reported, and never keeps the others from being sent. Raises
+    only ``UnknownFamily``, for an item of no registered family, before anything is sent.
+    With ``store``, each request is counted (``fleet_stop_dispatches``/``fleet_stop_failures``
+    by family, in one round trip)."""
     report = StopReport()
     messages = stop_messages(session_id, items)
     errors = send_all(dispatcher, [(m.task, m.args, m.queue) for m in messages])
     counts: list[tuple[metrics.Counter, tuple[str, ...], int]] = []
     for message, error in zip(messages, errors, strict=True):
-        family = message.family.value
+        family = str(message.family)
         if error is None:
             report.sent[family] = report.sent.get(family, 0) + message.count
             counts.append((metrics.STOP_DISPATCHES, (family,), 1))
@@ -152,59 +120,22 @@ def dispatch_stops(
 
 def stop_messages_many(items_by_session: dict[str, list[ActivityItem]]) -> list[StopMessage]:
     """The stop requests of a bulk batch: ONE message per family carrying every session of
-    the batch (jobs: one per owning host's queue), instead of one per session.
-
-    ``turn.stop_many``/``job.stop_many``/``reminder.stop_many`` take ``{sessionId: [ids]}``
-    (turn, job, reminder ids); ``subagent.stop_many`` takes ``{sessionId: {descendantId:
-    plan}}`` (``subagent_plan``). Each item is keyed by the session it was found for (the
-    archived one; a subagent item names the descendant and the items of it to stop)."""
-    turns: dict[str, list[str]] = defaultdict(list)
-    jobs: dict[str, dict[str, list[str]]] = defaultdict(lambda: defaultdict(list))
-    subagents: dict[str, dict[str, dict[str, list[Any]]]] = defaultdict(dict)
-    reminders: dict[str, list[str]] = defaultdict(list)
-    for sid, items in items_by_session.items():
-        for item in items:
-            if item.family is Family.TURN:
-                turns[sid].append(item.id)
-            elif item.family is Family.JOB:
-                jobs[control_queue(Family.JOB, item.host)][sid].append(item.id)
-            elif item.family is Family.SUBAGENT:
-                subagents[sid][item.id] = subagent_plan(item)
-            else:
-                reminders[sid].append(item.id)
-    out: list[StopMessage] = []
-    if turns:
-        count = sum(len(v) for v in turns.values())
-        out.append(
-            StopMessage(
-                Family.TURN, count, Task.TURN_STOP_MANY, [dict(turns)], control_queue(Family.TURN)
-            )
+    the batch (per owning host's queue for families whose stops go to the host), instead of
+    one per session: ``FamilySpec.stop_many_task`` with ``[{sessionId: payload}]``, the
+    payload of the family's single stop (ids; for subagents ``{descendantId: plan}``,
+    ``subagent_plan``). Each item is keyed by the session it was found for (the archived one;
+    a subagent item names the descendant and the items of it to stop). Raises
+    ``UnknownFamily`` for an item of no registered family."""
+    return [
+        StopMessage(
+            spec.name,
+            sum(len(mine) for mine in by_session.values()),
+            spec.stop_many_task,
+            [{sid: spec.payload(mine) for sid, mine in by_session.items()}],
+            queue,
         )
-    for queue, by_session in jobs.items():
-        count = sum(len(v) for v in by_session.values())
-        out.append(StopMessage(Family.JOB, count, Task.JOB_STOP_MANY, [dict(by_session)], queue))
-    if subagents:
-        count = sum(len(v) for v in subagents.values())
-        out.append(
-            StopMessage(
-                Family.SUBAGENT,
-                count,
-                Task.SUBAGENT_STOP_MANY,
-                [dict(subagents)],
-                control_queue(Family.SUBAGENT),
-            )
-        )
-    if reminders:
-        out.append(
-            StopMessage(
-                Family.REMINDER,
-                sum(len(v) for v in reminders.values()),
-                Task.REMINDER_STOP_MANY,
-                [dict(reminders)],
-                control_queue(Family.REMINDER),
-            )
-        )
-    return out
+        for spec, queue, by_session in _groups(items_by_session)
+    ]
 
 
 def dispatch_stops_many(
@@ -215,13 +146,13 @@ def dispatch_stops_many(
     report: StopReport | None = None,
 ) -> StopReport:
     """``dispatch_stops`` for a bulk batch: one message per family (per host for jobs) for
-    all the sessions in ``items_by_session``. Never waits, never raises; failures are logged
-    and reported (added to ``report`` when given)."""
+    all the sessions in ``items_by_session``. Never waits; raises only ``UnknownFamily``
+    (before anything is sent); failures are logged and reported (added to ``report`` when given)."""
     report = report if report is not None else StopReport()
     messages = stop_messages_many(items_by_session)
     errors = send_all(dispatcher, [(m.task, m.args, m.queue) for m in messages])
     for message, error in zip(messages, errors, strict=True):
-        family = message.family.value
+        family = str(message.family)
         if error is None:
             report.sent[family] = report.sent.get(family, 0) + message.count
             if store is not None:

@@ -21,7 +21,7 @@ from redis.commands.core import Script
 from tenacity import retry, retry_if_exception_type, stop_after_delay, wait_exponential
 
 from orchestrator.errors import StoreUnavailable
-from orchestrator.keys import Keys
+from orchestrator.keys import Keys, lua_prelude
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -110,7 +110,7 @@ class Store:
             socket_connect_timeout=connect_timeout,
             health_check_interval=10,
         )
-        self._scripts: dict[str, Script] = {}
+        self._scripts: dict[tuple[str, int], Script] = {}
         self._waitaof: bool | None = None
 
     def now_ms(self) -> int:
@@ -121,13 +121,20 @@ class Store:
         return _server_ms(self)
 
     def script(self, name: str) -> Script:
-        """Return the Lua script ``orchestrator/scripts/<name>.lua`` registered on the client."""
-        found = self._scripts.get(name)
+        """Return the Lua script ``orchestrator/scripts/<name>.lua`` registered on the client,
+        after its prelude: the key builders ``K`` (``keys.lua_prelude``), ``_lib.lua`` and each
+        registered family's liveness rule (``orchestrator.families``), so every script reads
+        key names from ``orchestrator/keys.py`` and one liveness rule per family."""
+        from orchestrator.families import registry
+
+        key = (name, registry.version())
+        found = self._scripts.get(key)
         if found is None:
             lib = (_SCRIPTS_DIR / "_lib.lua").read_text(encoding="utf-8")
             body = (_SCRIPTS_DIR / f"{name}.lua").read_text(encoding="utf-8")
-            found = self.redis.register_script(lib + "\n" + body)
-            self._scripts[name] = found
+            source = "\n".join([lua_prelude(), lib, registry.lua_rules(), body])
+            found = self.redis.register_script(source)
+            self._scripts[key] = found
         return found
 
     def run(self, name: str, args: list[Any], *, durable: bool = False) -> Any:

@@ -1,9 +1,9 @@
 """Stopping subagents: every descendant with live work, at any depth, is stopped the way its
 parent would stop it (its turns cancelled, its reminders deleted, its jobs stopped on their
 hosts). A stop names, per descendant, exactly the items the census found
-(``stops.subagent_plan``), so a stop that arrives late (after an unarchive) leaves alone what
-the descendant started since. Each descendant is handled on its own, so one that fails does
-not keep the others running.
+(``families.subagent.subagent_plan``), so a stop that arrives late (after an unarchive)
+leaves alone what the descendant started since. Each descendant is handled on its own, so
+one that fails does not keep the others running.
 """
 
 from __future__ import annotations
@@ -11,33 +11,33 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from orchestrator.activity import ActivityItem
-from orchestrator.families import Dispatcher, Family
-from orchestrator.reminders import stop_reminders
+from orchestrator import families
+from orchestrator.families import Dispatcher
+from orchestrator.families.items import ActivityItem
 from orchestrator.stops import dispatch_stops
 from orchestrator.store import Store
-from orchestrator.turns import cancel_turns
 
 log = logging.getLogger(__name__)
 
 
-def _ids(plan: dict[str, Any], key: str) -> list[str]:
-    return [i for i in plan.get(key) or [] if isinstance(i, str)]
-
-
 def _stop_one(store: Store, dispatcher: Dispatcher, child: str, plan: dict[str, Any]) -> str:
-    turns = cancel_turns(store, dispatcher, child, _ids(plan, "turns"))
-    reminders = stop_reminders(store, child, _ids(plan, "reminders"))
-    jobs = [
-        ActivityItem(Family.JOB, entry[0], "", child, entry[1] or None)
-        for entry in plan.get("jobs") or []
-        if isinstance(entry, list) and len(entry) == 2 and isinstance(entry[0], str)
-    ]
-    report = dispatch_stops(dispatcher, child, jobs, store=store)
-    outcome = (
-        f"{len(turns)} turn(s) cancelled, {reminders} reminder(s) "
-        f"deleted, {len(jobs)} job stop(s) sent"
-    )
+    """Each family's part of the plan: stopped here when the family can (``stop_here``),
+    otherwise sent as the family's stop (to the owning host for jobs)."""
+    phrases: list[str] = []
+    sent: list[ActivityItem] = []
+    for spec in families.families():
+        entries = plan.get(spec.plural)
+        if spec.lua is None or not isinstance(entries, list):
+            continue
+        if spec.stop_here is not None:
+            phrases.append(spec.stop_here(store, dispatcher, child, entries))
+            continue
+        items = [spec.from_plan(child, e) for e in entries] if spec.from_plan else []
+        mine = [item for item in items if item is not None]
+        sent.extend(mine)
+        phrases.append(f"{len(mine)} {spec.name} stop(s) sent")
+    report = dispatch_stops(dispatcher, child, sent, store=store)
+    outcome = ", ".join(phrases)
     if report.failed:
         outcome += f", {len(report.failed)} dispatch failure(s)"
     return outcome

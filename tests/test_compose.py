@@ -17,6 +17,8 @@ from typing import Any
 import pytest
 import typer
 
+from orchestrator.families import names as family_names
+
 yaml = pytest.importorskip("yaml", reason="pyyaml is needed to parse docker-compose.yml")
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -25,15 +27,9 @@ DOCKERFILE = ROOT / "Dockerfile"
 DOCKERIGNORE = ROOT / ".dockerignore"
 README = ROOT / "README.md"
 
-EXPECTED_SERVICES = {
-    "redis",
-    "api",
-    "worker-turn",
-    "worker-job",
-    "worker-subagent",
-    "worker-reminder",
-    "flower",
-}
+# One worker service per registered family (orchestrator/families).
+WORKER_FAMILIES = set(family_names())
+EXPECTED_SERVICES = {"redis", "api", "flower", *(f"worker-{name}" for name in WORKER_FAMILIES)}
 # The commands the CLI documents; the compose file may only use these.
 DOCUMENTED_COMMANDS = {
     "up",
@@ -46,7 +42,6 @@ DOCUMENTED_COMMANDS = {
     "acp",
     "flower",
 }
-WORKER_FAMILIES = {"turn", "job", "subagent", "reminder"}
 # Recent typer vendors click (``typer._click``): take its exception classes from typer's own.
 ClickException: type[Exception] = next(
     c for c in typer.BadParameter.__mro__ if c.__name__ == "ClickException"

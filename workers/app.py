@@ -3,11 +3,11 @@
 Importing this module does not import any task code; workers load the task modules through
 ``include``, while the API only sends tasks by name (``workers.dispatch``).
 
-Queues per family are listed in ``orchestrator.families``. Every worker lists its control
-queue before its work queue and the Redis transport polls them in that order
-(``queue_order_strategy: priority``), so a stop never waits behind queued work. Steps are
-acknowledged late and rejected on worker loss, so a step whose worker died is redelivered and
-meets the gate again.
+Queues, task modules and queue lists per family come from the family registry
+(``orchestrator.families``). Every worker lists its control queue before its work queue and
+the Redis transport polls them in that order (``queue_order_strategy: priority``), so a stop
+never waits behind queued work. Steps are acknowledged late and rejected on worker loss, so a
+step whose worker died is redelivered and meets the gate again.
 """
 
 from __future__ import annotations
@@ -17,14 +17,12 @@ import os
 from celery import Celery
 from kombu.entity import Queue
 
-from orchestrator.families import MAINTENANCE_QUEUE, Family, control_queue, work_queue
+from orchestrator import families
+from orchestrator.families import Family
 from orchestrator.settings import FleetSettings, get_settings
 
 TASK_MODULES = [
-    "workers.tasks.turn",
-    "workers.tasks.job",
-    "workers.tasks.subagent",
-    "workers.tasks.reminder",
+    *(spec.task_module for spec in families.families()),
     "workers.tasks.maintenance",
     "workers.tasks.ops",
     "workers.heartbeat",
@@ -39,30 +37,15 @@ TASK_MODULES = [
 
 
 def static_queues() -> list[Queue]:
-    """Every queue whose name does not depend on a host."""
-    names = [
-        control_queue(Family.TURN),
-        work_queue(Family.TURN),
-        control_queue(Family.JOB),
-        work_queue(Family.JOB),
-        control_queue(Family.SUBAGENT),
-        control_queue(Family.REMINDER),
-        work_queue(Family.REMINDER),
-        MAINTENANCE_QUEUE,
-    ]
+    """Every queue whose name does not depend on a host, each family's in registry order."""
+    names = dict.fromkeys(q for spec in families.families() for q in spec.static_queues())
     return [Queue(name, routing_key=name) for name in names]
 
 
-def worker_queues(family: Family, host: str) -> list[str]:
-    """The queues a worker of ``family`` consumes, control queues first."""
-    if family is Family.JOB:
-        return [control_queue(Family.JOB, host), control_queue(Family.JOB), work_queue(Family.JOB)]
-    if family is Family.SUBAGENT:
-        return [control_queue(Family.SUBAGENT)]
-    if family is Family.REMINDER:
-        # Reminder workers also run the fleet's scheduled maintenance (``archive.auto``).
-        return [control_queue(family), work_queue(family), MAINTENANCE_QUEUE]
-    return [control_queue(family), work_queue(family)]
+def worker_queues(family: str, host: str) -> list[str]:
+    """The queues a worker of ``family`` on ``host`` consumes, control queues first (its
+    registry entry's ``worker_queues``). Raises ``UnknownFamily``."""
+    return families.get(family).worker_queues(host)
 
 
 def configure(app: Celery, settings: FleetSettings) -> None:
@@ -91,7 +74,7 @@ def configure(app: Celery, settings: FleetSettings) -> None:
             "unacked_restore_throttle": 1,
         },
         task_queues=static_queues(),
-        task_default_queue=work_queue(Family.TURN),
+        task_default_queue=families.work_queue(Family.TURN),
         task_create_missing_queues=True,
         task_ignore_result=True,
         task_acks_late=True,

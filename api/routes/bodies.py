@@ -7,11 +7,12 @@ answer 422, never coerced). No route takes a boolean in its query string, where 
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictBool, StrictStr
 
 from orchestrator import archive, bulk, turns
+from orchestrator.families import names as family_names
 
 #: The most turns a cancel may name.
 MAX_TURN_IDS = 1000
@@ -78,13 +79,19 @@ class BulkArchiveBody(_Strict):
     dryRun: StrictBool = Field(default=False, description="Compute the outcomes and write nothing.")
 
 
+def _registered_family(name: str) -> str:
+    if name not in family_names():
+        raise ValueError(f"family must be one of {', '.join(family_names())}")
+    return name
+
+
 class ConfirmedItem(BaseModel):
     """One item the user confirmed stopping: a refusal's ``activity`` item, sent back as it
     came (its other fields are ignored)."""
 
     model_config = ConfigDict(extra="ignore")
 
-    family: Literal["turn", "job", "subagent", "reminder"]
+    family: Annotated[StrictStr, AfterValidator(_registered_family)]
     id: Annotated[StrictStr, Field(max_length=200)]
 
 

@@ -24,7 +24,7 @@ import httpx
 
 from api.embedded import EmbeddedRedis
 from api.local import LocalFleet, WorkerProcess
-from orchestrator.families import Family
+from orchestrator.families import names as family_names
 from orchestrator.processes import die_with_parent
 
 #: Settings every soak process gets: short enough that a lost step or a dead worker is
@@ -317,4 +317,4 @@ def unrecoverable_lines(path: Path, limit: int = 3) -> list[str]:
     return found[-limit:]
 
 
-FAMILIES = [f.value for f in Family]
+FAMILIES = [str(name) for name in family_names()]

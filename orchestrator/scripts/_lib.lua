@@ -1,8 +1,8 @@
--- Shared helpers, prepended to every script by orchestrator.store. Key templates mirror
--- orchestrator/keys.py; `P` is the key prefix, always ARGV[1].
-local P = ARGV[1]
+-- Shared helpers, prepended to every script by orchestrator.store, after the prelude
+-- orchestrator/keys.py generates: `K` holds every key builder (K.turn(tid), K.archived), `P`
+-- is the key prefix (ARGV[1]). No script spells a key name itself.
 
-local function skey(sid) return P .. 'session:' .. sid end
+local function skey(sid) return K.session(sid) end
 
 -- The server's clock in epoch milliseconds (scripts replicate their effects, so TIME is safe).
 local function server_ms()
@@ -38,14 +38,11 @@ local function gate_refusal(sid)
   local deleted = redis.call('HGET', skey(sid), 'deleted')
   if not deleted then return 'missing' end
   if deleted ~= '0' then return 'deleted' end
-  if redis.call('SISMEMBER', P .. 'archived', sid) == 1 then return 'archived' end
+  if redis.call('SISMEMBER', K.archived, sid) == 1 then return 'archived' end
   return false
 end
 
-local function idx(state, cwd_hash)
-  if cwd_hash then return P .. 'idx:cwd:' .. cwd_hash .. ':' .. state end
-  return P .. 'idx:' .. state
-end
+local function idx(state, cwd_hash) return K.index(state, cwd_hash) end
 
 -- Move a session between the listing indexes of two states, keeping its score.
 local function move_index(sid, from, to)
@@ -61,7 +58,7 @@ end
 -- turn running, so a stopped or archived turn's step lands nothing). '' guards nothing.
 local function turn_runs(tid)
   if not tid or tid == '' then return true end
-  return redis.call('HGET', P .. 'turn:' .. tid, 'state') == 'running'
+  return redis.call('HGET', K.turn(tid), 'state') == 'running'
 end
 
 -- The fencing rule of a step (orchestrator/fencing.py): whether the copy of tid's current
@@ -72,10 +69,10 @@ end
 -- then finds the lease and is dropped as 'inflight'. Once another copy began, the old one
 -- owns nothing, ever.
 local function holds_step(tid, token)
-  local lk = P .. 'turn:lease:' .. tid
+  local lk = K.step_lease(tid)
   local lease = redis.call('GET', lk)
   if lease then return lease == token end
-  local h = redis.call('HMGET', P .. 'turn:' .. tid, 'stepToken', 'stepLeaseMs')
+  local h = redis.call('HMGET', K.turn(tid), 'stepToken', 'stepLeaseMs')
   if not h[1] or h[1] ~= token then return false end
   redis.call('SET', lk, token, 'PX', tonumber(h[2]) or 5000)
   return true
@@ -109,68 +106,50 @@ local function subtree(sid)
     i = i + 1
     -- A deleted session is left out, but its descendants are still walked.
     if redis.call('HGET', skey(s), 'deleted') == '0' then out[#out + 1] = s end
-    for _, c in ipairs(redis.call('SMEMBERS', P .. 'children:' .. s)) do queue[#queue + 1] = c end
+    for _, c in ipairs(redis.call('SMEMBERS', K.children(s))) do queue[#queue + 1] = c end
   end
   return out
 end
 
 -- Nearest archived session among sid and its ancestors, or false.
 local function archived_in_lineage(sid)
-  if redis.call('SISMEMBER', P .. 'archived', sid) == 1 then return sid end
-  for _, a in ipairs(redis.call('LRANGE', P .. 'lineage:' .. sid, 0, -1)) do
-    if redis.call('SISMEMBER', P .. 'archived', a) == 1 then return a end
+  if redis.call('SISMEMBER', K.archived, sid) == 1 then return sid end
+  for _, a in ipairs(redis.call('LRANGE', K.lineage(sid), 0, -1)) do
+    if redis.call('SISMEMBER', K.archived, a) == 1 then return a end
   end
   return false
 end
 
--- Whether job jid counts as live: starting or running, its lease present (a job whose
--- worker vanished stops counting once the lease lapses).
-local function job_live(jid)
-  local st = redis.call('HGET', P .. 'job:' .. jid, 'state')
-  return (st == 'starting' or st == 'running') and redis.call('EXISTS', P .. 'job:lease:' .. jid) == 1
+-- The activity families whose items a session owns, in registry order
+-- (orchestrator/families). Each registers its liveness rule here, the one place it is written,
+-- from its own Lua (put after this library by orchestrator.store):
+--   family(name, {ids = function(sid) -> item ids, verdict = function(id) -> 'live' | 'stale'
+--     | false, hash = function(id) -> key, fields = {hash fields the census labels with}})
+-- 'stale': the item's owner vanished (a lease lapsed); it does not count, and the census
+-- settles it.
+local FAMILIES = {}
+local function family(name, spec)
+  spec.name = name
+  FAMILIES[#FAMILIES + 1] = spec
 end
 
--- How many members of the job-id set key count as live (job_live).
-local function count_live_jobs(key)
-  local n = 0
-  for _, j in ipairs(redis.call('SMEMBERS', key)) do
-    if job_live(j) then n = n + 1 end
-  end
-  return n
-end
-
--- Whether turn tid counts as live: queued, running, or cancelling with a step in flight.
-local function turn_live(tid)
-  local st = redis.call('HGET', P .. 'turn:' .. tid, 'state')
-  return st == 'queued' or st == 'running'
-    or (st == 'cancelling' and redis.call('EXISTS', P .. 'turn:lease:' .. tid) == 1)
-end
-
--- Whether the session itself has live work (its own turns, jobs, reminders).
+-- Whether the session itself has live work (its own items of any family).
 local function has_live(sid)
-  for _, t in ipairs(redis.call('ZRANGE', P .. 'turns:live:' .. sid, 0, -1)) do
-    if turn_live(t) then return true end
-  end
-  if redis.call('SCARD', P .. 'reminders:live:' .. sid) > 0 then return true end
-  for _, j in ipairs(redis.call('SMEMBERS', P .. 'jobs:live:' .. sid)) do
-    if job_live(j) then return true end
+  for _, f in ipairs(FAMILIES) do
+    for _, id in ipairs(f.ids(sid)) do
+      if f.verdict(id) == 'live' then return true end
+    end
   end
   return false
 end
 
--- The session's own live items as 'family:id' strings, by the census's rule
--- (orchestrator/activity.py): turns queued, running, or cancelling with a step in flight;
--- jobs starting or running under a lease; every stored reminder.
+-- The session's own live items as 'family:id' strings (what census.lua reports).
 local function live_items(sid)
   local out = {}
-  for _, t in ipairs(redis.call('ZRANGE', P .. 'turns:live:' .. sid, 0, -1)) do
-    if turn_live(t) then out[#out + 1] = 'turn:' .. t end
-  end
-  for _, j in ipairs(redis.call('SMEMBERS', P .. 'jobs:live:' .. sid)) do
-    if job_live(j) then out[#out + 1] = 'job:' .. j end
-  end
-  for _, r in ipairs(redis.call('SMEMBERS', P .. 'reminders:live:' .. sid)) do
-    out[#out + 1] = 'reminder:' .. r
+  for _, f in ipairs(FAMILIES) do
+    for _, id in ipairs(f.ids(sid)) do
+      if f.verdict(id) == 'live' then out[#out + 1] = f.name .. ':' .. id end
+    end
   end
   return out
 end
@@ -178,22 +157,22 @@ end
 -- Move a turn to a terminal state; if it was the session's running turn, promote the oldest
 -- queued turn (unless no_promote: an archive starts nothing). Returns the promoted id or ''.
 local function finish_turn(tid, state, reason, err, ms, iso_time, no_promote)
-  local tk = P .. 'turn:' .. tid
+  local tk = K.turn(tid)
   local sid = redis.call('HGET', tk, 'sessionId')
   redis.call('HSET', tk, 'state', state, 'stopReason', reason, 'error', err, 'endedAt', iso_time)
-  redis.call('DEL', P .. 'turn:lease:' .. tid)
-  redis.call('ZREM', P .. 'turns:live:' .. sid, tid)
-  redis.call('ZREM', P .. 'turns:inflight', tid)
-  local active_key = P .. 'turn:active:' .. sid
+  redis.call('DEL', K.step_lease(tid))
+  redis.call('ZREM', K.live_turns(sid), tid)
+  redis.call('ZREM', K.turns_inflight, tid)
+  local active_key = K.active_turn(sid)
   if redis.call('GET', active_key) ~= tid then return '' end
   redis.call('DEL', active_key)
   touch(sid, ms, iso_time)
   if no_promote then return '' end
-  for _, nxt in ipairs(redis.call('ZRANGE', P .. 'turns:live:' .. sid, 0, -1)) do
-    if redis.call('HGET', P .. 'turn:' .. nxt, 'state') == 'queued' then
-      redis.call('HSET', P .. 'turn:' .. nxt, 'state', 'running')
+  for _, nxt in ipairs(redis.call('ZRANGE', K.live_turns(sid), 0, -1)) do
+    if redis.call('HGET', K.turn(nxt), 'state') == 'queued' then
+      redis.call('HSET', K.turn(nxt), 'state', 'running')
       redis.call('SET', active_key, nxt)
-      redis.call('ZADD', P .. 'turns:inflight', server_ms(), nxt)
+      redis.call('ZADD', K.turns_inflight, server_ms(), nxt)
       return nxt
     end
   end
@@ -205,9 +184,9 @@ end
 local function note_open_call(tid, update_json)
   local u = cjson.decode(update_json)
   if u.sessionUpdate == 'tool_call' and u.status == 'in_progress' then
-    redis.call('HSET', P .. 'turn:' .. tid, 'openCall', u.toolCallId)
+    redis.call('HSET', K.turn(tid), 'openCall', u.toolCallId)
   elseif u.sessionUpdate == 'tool_call_update' then
-    redis.call('HDEL', P .. 'turn:' .. tid, 'openCall')
+    redis.call('HDEL', K.turn(tid), 'openCall')
   end
 end
 
@@ -216,13 +195,13 @@ end
 -- (the step's own settlement is refused by then).
 -- Returns the settlement written (JSON) or ''.
 local function settle_open_call(tid, sid)
-  local call = redis.call('HGET', P .. 'turn:' .. tid, 'openCall')
+  local call = redis.call('HGET', K.turn(tid), 'openCall')
   if not call then return '' end
-  redis.call('HDEL', P .. 'turn:' .. tid, 'openCall')
+  redis.call('HDEL', K.turn(tid), 'openCall')
   local settlement = cjson.encode({
     sessionUpdate = 'tool_call_update', turnId = tid, toolCallId = call, status = 'cancelled',
     content = {{type = 'content', content = {type = 'text', text = 'stopped by the archive'}}}})
-  redis.call('RPUSH', P .. 'history:' .. sid, settlement)
+  redis.call('RPUSH', K.history(sid), settlement)
   return settlement
 end
 
@@ -235,12 +214,12 @@ end
 local function stop_turns_for_archive(sid, out)
   local ms = server_ms()
   local now = iso_ms(ms)
-  for _, t in ipairs(redis.call('ZRANGE', P .. 'turns:live:' .. sid, 0, -1)) do
-    local h = redis.call('HMGET', P .. 'turn:' .. t, 'state', 'label')
+  for _, t in ipairs(redis.call('ZRANGE', K.live_turns(sid), 0, -1)) do
+    local h = redis.call('HMGET', K.turn(t), 'state', 'label')
     local to = nil
-    if h[1] == 'running' and redis.call('EXISTS', P .. 'turn:lease:' .. t) == 1 then
+    if h[1] == 'running' and redis.call('EXISTS', K.step_lease(t)) == 1 then
       to = 'cancelling'
-      redis.call('HSET', P .. 'turn:' .. t, 'state', to)
+      redis.call('HSET', K.turn(t), 'state', to)
     elseif h[1] == 'queued' or h[1] == 'running' then
       to = 'cancelled'
       -- stopReason as turns.STOP_REASON[cancelled]

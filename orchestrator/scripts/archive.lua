@@ -47,7 +47,7 @@ local n, turns, archived = 0, {}, {}
 for _, s in ipairs(nodes) do
   if redis.call('HGET', skey(s), 'archived') ~= '1' then
     redis.call('HSET', skey(s), 'archived', '1', 'archivedAt', now, 'archiveTxn', txn)
-    redis.call('SADD', P .. 'archived', s)
+    redis.call('SADD', K.archived, s)
     move_index(s, 'active', 'archived')
     if stop == '1' then stop_turns_for_archive(s, turns) end
     n = n + 1

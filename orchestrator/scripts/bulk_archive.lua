@@ -74,7 +74,7 @@ for i = FIRST, #ARGV do
             -- An idle subtree is quiet from its archive on (what archive.py records with
             -- mark_quiet); a busy one is marked by the census after its stops.
             if busy == 0 then redis.call('HSET', skey(s), 'quietAt', now, 'quietTxn', txn) end
-            redis.call('SADD', P .. 'archived', s)
+            redis.call('SADD', K.archived, s)
             move_index(s, 'active', 'archived')
             if stop == '1' then stop_turns_for_archive(s, turns) end
           end

@@ -19,17 +19,17 @@ if parent ~= '' then
   if redis.call('EXISTS', pk) == 0 or redis.call('HGET', pk, 'deleted') ~= '0' then
     return {'parent_not_found'}
   end
-  local depth = redis.call('LLEN', P .. 'lineage:' .. parent)
+  local depth = redis.call('LLEN', K.lineage(parent))
   if depth + 1 > tonumber(ARGV[10]) then return {'limit', 'depth', depth} end
   local live = 0
-  for _, c in ipairs(redis.call('SMEMBERS', P .. 'children:' .. parent)) do
+  for _, c in ipairs(redis.call('SMEMBERS', K.children(parent))) do
     if redis.call('HGET', skey(c), 'deleted') == '0' and has_live(c) then live = live + 1 end
   end
   if live >= tonumber(ARGV[11]) then return {'limit', 'children', live} end
-  redis.call('RPUSH', P .. 'lineage:' .. sid, parent)
-  local anc = redis.call('LRANGE', P .. 'lineage:' .. parent, 0, -1)
-  for _, a in ipairs(anc) do redis.call('RPUSH', P .. 'lineage:' .. sid, a) end
-  redis.call('SADD', P .. 'children:' .. parent, sid)
+  redis.call('RPUSH', K.lineage(sid), parent)
+  local anc = redis.call('LRANGE', K.lineage(parent), 0, -1)
+  for _, a in ipairs(anc) do redis.call('RPUSH', K.lineage(sid), a) end
+  redis.call('SADD', K.children(parent), sid)
   -- A child born under an archived lineage joins that archive transition, so it is hidden
   -- with its ancestor and restored with it.
   local holder = archived_in_lineage(parent)
@@ -45,7 +45,7 @@ redis.call('HSET', k, 'sessionId', sid, 'cwd', cwd, 'cwdHash', cwd_hash, 'parent
 local state = 'active'
 if archived == '1' then
   state = 'archived'
-  redis.call('SADD', P .. 'archived', sid)
+  redis.call('SADD', K.archived, sid)
 end
 redis.call('ZADD', idx('all'), ms, sid)
 redis.call('ZADD', idx(state), ms, sid)

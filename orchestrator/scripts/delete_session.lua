@@ -13,7 +13,7 @@ if ARGV[4] == '1' then
 end
 local h = redis.call('HMGET', k, 'cwdHash')
 redis.call('HSET', k, 'deleted', '1', 'deletedAt', ARGV[3])
-redis.call('SREM', P .. 'archived', sid)
+redis.call('SREM', K.archived, sid)
 for _, st in ipairs({'all', 'active', 'archived'}) do
   redis.call('ZREM', idx(st), sid)
   redis.call('ZREM', idx(st, h[1]), sid)

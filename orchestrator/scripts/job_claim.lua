@@ -7,7 +7,7 @@
 -- Returns 'ok' | 'refused:<holder>' | 'refused:<limit message>' | the job's state when it is
 -- not starting
 local jid, host, lease_ms, now = ARGV[2], ARGV[3], ARGV[4], ARGV[5]
-local jk = P .. 'job:' .. jid
+local jk = K.job(jid)
 local h = redis.call('HMGET', jk, 'state', 'sessionId')
 if not h[1] then return 'missing' end
 if h[1] ~= 'starting' then return h[1] end
@@ -17,7 +17,7 @@ if holder or redis.call('HGET', skey(h[2]), 'deleted') ~= '0' then
   answer = holder or h[2]
   reason = 'archived:' .. answer
 else
-  local hk = P .. 'jobs:host:' .. host
+  local hk = K.host_jobs(host)
   local live = 0
   for _, j in ipairs(redis.call('SMEMBERS', hk)) do
     if job_live(j) then live = live + 1 else redis.call('SREM', hk, j) end
@@ -29,11 +29,11 @@ else
 end
 if reason then
   redis.call('HSET', jk, 'state', 'refused', 'endedAt', now, 'reason', reason)
-  redis.call('SREM', P .. 'jobs:live:' .. h[2], jid)
-  redis.call('DEL', P .. 'job:lease:' .. jid)
+  redis.call('SREM', K.live_jobs(h[2]), jid)
+  redis.call('DEL', K.job_lease(jid))
   return 'refused:' .. answer
 end
 redis.call('HSET', jk, 'state', 'running', 'host', host, 'instance', ARGV[6] or '', 'startedAt', now)
-redis.call('SET', P .. 'job:lease:' .. jid, host, 'PX', lease_ms)
-redis.call('SADD', P .. 'jobs:host:' .. host, jid)
+redis.call('SET', K.job_lease(jid), host, 'PX', lease_ms)
+redis.call('SADD', K.host_jobs(host), jid)
 return 'ok'

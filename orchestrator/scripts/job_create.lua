@@ -6,11 +6,11 @@
 -- Returns 'ok' | 'stopped' | 'limit:<live jobs>'
 local jid, sid = ARGV[2], ARGV[3]
 if not step_owns(ARGV[8], ARGV[9]) then return 'stopped' end
-local live = count_live_jobs(P .. 'jobs:live:' .. sid)
+local live = count_live_jobs(K.live_jobs(sid))
 if live >= tonumber(ARGV[10]) then return 'limit:' .. live end
-redis.call('HSET', P .. 'job:' .. jid, 'jobId', jid, 'sessionId', sid, 'label', ARGV[4],
+redis.call('HSET', K.job(jid), 'jobId', jid, 'sessionId', sid, 'label', ARGV[4],
   'seconds', ARGV[5], 'state', 'starting', 'host', '', 'instance', '', 'pid', '', 'pidStart', '',
   'createdAt', ARGV[6], 'startedAt', '', 'endedAt', '', 'exitCode', '')
-redis.call('SADD', P .. 'jobs:live:' .. sid, jid)
-redis.call('SET', P .. 'job:lease:' .. jid, 'starting', 'PX', ARGV[7])
+redis.call('SADD', K.live_jobs(sid), jid)
+redis.call('SET', K.job_lease(jid), 'starting', 'PX', ARGV[7])
 return 'ok'

@@ -3,7 +3,7 @@
 -- routed by host name, so one live worker per name. Taken when free (or lapsed), renewed when
 -- held by the same instance, refused when another instance holds it.
 -- Returns {'ok'} | {'held', holderInstance, holderPid, holderSince}
-local k = P .. 'job:host:' .. ARGV[2]
+local k = K.job_host(ARGV[2])
 local h = redis.call('HMGET', k, 'instance', 'pid', 'since')
 if h[1] and h[1] ~= ARGV[3] then return {'held', h[1], h[2] or '', h[3] or ''} end
 if not h[1] then

@@ -6,9 +6,9 @@
 -- Returns 'ok' | 'lapsed' (running, lease gone) | 'other' (claimed by another instance) |
 -- the job's state when it is not running | 'missing'
 local jid = ARGV[2]
-local h = redis.call('HMGET', P .. 'job:' .. jid, 'state', 'instance')
+local h = redis.call('HMGET', K.job(jid), 'state', 'instance')
 if not h[1] then return 'missing' end
 if h[1] ~= 'running' then return h[1] end
 if h[2] ~= ARGV[3] then return 'other' end
-if redis.call('PEXPIRE', P .. 'job:lease:' .. jid, ARGV[4]) == 0 then return 'lapsed' end
+if redis.call('PEXPIRE', K.job_lease(jid), ARGV[4]) == 0 then return 'lapsed' end
 return 'ok'

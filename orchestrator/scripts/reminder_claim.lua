@@ -8,13 +8,13 @@
 -- Two pollers never claim the same one at once. Returns a flat list: rid, sid, prompt, ...
 local now = server_ms()
 local limit, refire = tonumber(ARGV[2]), tonumber(ARGV[3])
-local firing = P .. 'reminders:firing'
+local firing = K.reminders_firing
 local out = {}
 local function take(set, n)
   if n <= 0 then return end
   for _, rid in ipairs(redis.call('ZRANGEBYSCORE', set, '-inf', now, 'LIMIT', 0, n)) do
     redis.call('ZREM', set, rid)
-    local rk = P .. 'reminder:' .. rid
+    local rk = K.reminder(rid)
     local h = redis.call('HMGET', rk, 'sessionId', 'prompt', 'state')
     if h[1] and (h[3] == 'armed' or h[3] == 'firing') then
       redis.call('HSET', rk, 'state', 'firing')
@@ -25,5 +25,5 @@ local function take(set, n)
   end
 end
 take(firing, limit)
-take(P .. 'reminders:due', limit - #out / 3)
+take(K.reminders_due, limit - #out / 3)
 return out

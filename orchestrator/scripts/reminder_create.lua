@@ -8,11 +8,11 @@
 -- Returns the due time (epoch ms) | 'stopped' | 'limit:<live reminders>'
 local rid, sid = ARGV[2], ARGV[3]
 if not step_owns(ARGV[9], ARGV[10]) then return 'stopped' end
-local live = redis.call('SCARD', P .. 'reminders:live:' .. sid)
+local live = redis.call('SCARD', K.live_reminders(sid))
 if live >= tonumber(ARGV[11]) then return 'limit:' .. live end
 local due = server_ms() + tonumber(ARGV[6])
-redis.call('HSET', P .. 'reminder:' .. rid, 'reminderId', rid, 'sessionId', sid,
+redis.call('HSET', K.reminder(rid), 'reminderId', rid, 'sessionId', sid,
   'prompt', ARGV[4], 'label', ARGV[5], 'dueAt', ARGV[7], 'createdAt', ARGV[8], 'state', 'armed')
-redis.call('ZADD', P .. 'reminders:due', due, rid)
-redis.call('SADD', P .. 'reminders:live:' .. sid, rid)
+redis.call('ZADD', K.reminders_due, due, rid)
+redis.call('SADD', K.live_reminders(sid), rid)
 return due

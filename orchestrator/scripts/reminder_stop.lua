@@ -6,12 +6,12 @@ local sid = ARGV[2]
 local deleted = 0
 for i = 3, #ARGV do
   local rid = ARGV[i]
-  local rk = P .. 'reminder:' .. rid
+  local rk = K.reminder(rid)
   local h = redis.call('HMGET', rk, 'sessionId', 'state')
   if h[1] == sid and (h[2] == 'armed' or h[2] == 'firing') then
-    redis.call('ZREM', P .. 'reminders:due', rid)
-    redis.call('ZREM', P .. 'reminders:firing', rid)
-    redis.call('SREM', P .. 'reminders:live:' .. sid, rid)
+    redis.call('ZREM', K.reminders_due, rid)
+    redis.call('ZREM', K.reminders_firing, rid)
+    redis.call('SREM', K.live_reminders(sid), rid)
     redis.call('HSET', rk, 'state', 'deleted')
     deleted = deleted + 1
   end

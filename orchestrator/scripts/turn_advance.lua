@@ -5,15 +5,15 @@
 -- that superseded it.
 -- Returns 'ok' | 'superseded' | the turn's state when it is no longer running.
 local tid, token = ARGV[2], ARGV[4] or ''
-local tk = P .. 'turn:' .. tid
+local tk = K.turn(tid)
 local st = redis.call('HGET', tk, 'state')
 if (st == 'running' or st == 'cancelling') and not holds_step(tid, token) then
   return 'superseded'
 end
-redis.call('DEL', P .. 'turn:lease:' .. tid)
+redis.call('DEL', K.step_lease(tid))
 if st ~= 'running' then return st or 'missing' end
 -- The step is done with: no late poll of this copy may re-take a lease for the next one.
 redis.call('HDEL', tk, 'stepToken')
 redis.call('HSET', tk, 'step', ARGV[3])
-redis.call('ZADD', P .. 'turns:inflight', server_ms(), tid)
+redis.call('ZADD', K.turns_inflight, server_ms(), tid)
 return 'ok'

@@ -10,7 +10,7 @@
 --   {'stale'} (a duplicate of a step already run) | {'inflight'} (a duplicate of a step
 --   running now) | {state} (the turn is no longer running) | {'missing'}
 local tid, index, lease_ms, token = ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4]), ARGV[5]
-local tk = P .. 'turn:' .. tid
+local tk = K.turn(tid)
 local h = redis.call('HMGET', tk, 'state', 'step', 'sessionId', 'prompt', 'said')
 if not h[1] then return {'missing'} end
 if h[1] ~= 'running' and h[1] ~= 'queued' and h[1] ~= 'cancelling' then return {h[1]} end
@@ -25,18 +25,18 @@ end
 if h[1] ~= 'running' then return {h[1]} end
 if tonumber(h[2]) ~= index then return {'stale'} end
 -- A redelivered copy of a step another worker is still running is dropped.
-if redis.call('EXISTS', P .. 'turn:lease:' .. tid) == 1 then return {'inflight'} end
+if redis.call('EXISTS', K.step_lease(tid)) == 1 then return {'inflight'} end
 -- A copy that began before and whose lease lapsed is superseded from here on.
-redis.call('SET', P .. 'turn:lease:' .. tid, token, 'PX', lease_ms)
+redis.call('SET', K.step_lease(tid), token, 'PX', lease_ms)
 redis.call('HSET', tk, 'stepToken', token, 'stepLeaseMs', lease_ms)
-redis.call('RPUSH', P .. 'modelreq:' .. h[3],
+redis.call('RPUSH', K.model_requests(h[3]),
   cjson.encode({turnId = tid, step = index, at = iso_ms(ms)}))
-redis.call('ZADD', P .. 'turns:inflight', ms, tid)
+redis.call('ZADD', K.turns_inflight, ms, tid)
 local said = ''
 if index == 0 and h[5] ~= '1' then
   said = cjson.encode({sessionUpdate = 'user_message_chunk', turnId = tid,
     content = {type = 'text', text = h[4] or ''}})
-  redis.call('RPUSH', P .. 'history:' .. h[3], said)
+  redis.call('RPUSH', K.history(h[3]), said)
   redis.call('HSET', tk, 'said', '1')
 end
 return {'ok', said}

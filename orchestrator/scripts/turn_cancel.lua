@@ -10,7 +10,7 @@ local running = {}
 local sid = ARGV[4]
 for i = 5, #ARGV do
   local tid = ARGV[i]
-  local h = redis.call('HMGET', P .. 'turn:' .. tid, 'state', 'sessionId')
+  local h = redis.call('HMGET', K.turn(tid), 'state', 'sessionId')
   local st = h[1]
   if h[2] ~= sid then
     out[#out + 1] = tid; out[#out + 1] = 'missing'
@@ -24,8 +24,8 @@ for i = 5, #ARGV do
   end
 end
 for _, tid in ipairs(running) do
-  if redis.call('EXISTS', P .. 'turn:lease:' .. tid) == 1 then
-    redis.call('HSET', P .. 'turn:' .. tid, 'state', 'cancelling')
+  if redis.call('EXISTS', K.step_lease(tid)) == 1 then
+    redis.call('HSET', K.turn(tid), 'state', 'cancelling')
     out[#out + 1] = tid; out[#out + 1] = 'cancelling'
   else
     local nxt = finish_turn(tid, 'cancelled', 'cancelled', '', ms, now)

@@ -16,15 +16,15 @@ local k = skey(sid)
 -- nothing. Otherwise it is spent here ('fired', turnId) and the turn below is created.
 local rid = ARGV[10] or ''
 if rid ~= '' then
-  local rk = P .. 'reminder:' .. rid
+  local rk = K.reminder(rid)
   local r = redis.call('HMGET', rk, 'state', 'turnId', 'sessionId')
   if r[2] then return {'duplicate', r[2]} end
   if r[1] ~= 'armed' and r[1] ~= 'firing' then return {'stopped'} end
   local gone = redis.call('HGET', k, 'deleted') ~= '0'
   local holder = (not gone) and archived_in_lineage(sid)
-  redis.call('ZREM', P .. 'reminders:due', rid)
-  redis.call('ZREM', P .. 'reminders:firing', rid)
-  redis.call('SREM', P .. 'reminders:live:' .. r[3], rid)
+  redis.call('ZREM', K.reminders_due, rid)
+  redis.call('ZREM', K.reminders_firing, rid)
+  redis.call('SREM', K.live_reminders(r[3]), rid)
   if gone then redis.call('HSET', rk, 'state', 'dropped'); return {'not_found'} end
   if holder then redis.call('HSET', rk, 'state', 'refused'); return {'archived', holder} end
   redis.call('HSET', rk, 'state', 'fired', 'turnId', tid)
@@ -36,19 +36,19 @@ end
 local holder = archived_in_lineage(sid)
 if holder then return {'archived', holder} end
 if not step_owns(ARGV[9], ARGV[11]) then return {'stopped'} end
-local active_key = P .. 'turn:active:' .. sid
+local active_key = K.active_turn(sid)
 local state = 'queued'
 if redis.call('EXISTS', active_key) == 0 then state = 'running' end
-redis.call('HSET', P .. 'turn:' .. tid, 'turnId', tid, 'sessionId', sid, 'state', state,
+redis.call('HSET', K.turn(tid), 'turnId', tid, 'sessionId', sid, 'state', state,
   'prompt', prompt, 'label', label, 'source', source, 'step', 0, 'stopReason', '',
   'error', '', 'createdAt', now, 'endedAt', '')
 -- Ordered by a per-session sequence, not the clock: prompts sent within one millisecond
 -- still run in the order they arrived.
-redis.call('ZADD', P .. 'turns:live:' .. sid, redis.call('INCR', P .. 'turn:seq:' .. sid), tid)
+redis.call('ZADD', K.live_turns(sid), redis.call('INCR', K.turn_seq(sid)), tid)
 touch(sid, ms, now)
 if state == 'running' then
   redis.call('SET', active_key, tid)
-  redis.call('ZADD', P .. 'turns:inflight', server_ms(), tid)
+  redis.call('ZADD', K.turns_inflight, server_ms(), tid)
   return {'run'}
 end
 return {'queued'}

@@ -6,7 +6,7 @@
 -- Returns {'finished', promotedTid|''} | {'noop', currentState} | {'superseded'}
 local tid, state, reason, err = ARGV[2], ARGV[3], ARGV[4], ARGV[5]
 local ms, now, allowed, token = tonumber(ARGV[6]), ARGV[7], ARGV[8], ARGV[9] or ''
-local st = redis.call('HGET', P .. 'turn:' .. tid, 'state')
+local st = redis.call('HGET', K.turn(tid), 'state')
 if not st or not string.find(',' .. allowed .. ',', ',' .. st .. ',', 1, true) then
   return {'noop', st or 'missing'}
 end

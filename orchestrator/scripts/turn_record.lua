@@ -7,11 +7,11 @@
 -- The turn's open tool call is noted (note_open_call) so an archive can settle it.
 -- Returns 1 when appended, 0 when the turn stopped, -1 when the copy is superseded.
 local tid, settle, token = ARGV[2], ARGV[4] == '1', ARGV[5] or ''
-local h = redis.call('HMGET', P .. 'turn:' .. tid, 'state', 'sessionId')
+local h = redis.call('HMGET', K.turn(tid), 'state', 'sessionId')
 if h[1] ~= 'running' then
   if not (settle and h[1] == 'cancelling' and not gate_refusal(h[2])) then return 0 end
 end
 if token ~= '' and not holds_step(tid, token) then return -1 end
-redis.call('RPUSH', P .. 'history:' .. h[2], ARGV[3])
+redis.call('RPUSH', K.history(h[2]), ARGV[3])
 note_open_call(tid, ARGV[3])
 return 1

@@ -14,8 +14,8 @@
 --   | {'cancelled', sid, promotedTid|''}
 local tid, stuck_ms, max_resumes = ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
 local failed_reason, cancelled_reason = ARGV[5], ARGV[6]
-local inflight = P .. 'turns:inflight'
-local tk = P .. 'turn:' .. tid
+local inflight = K.turns_inflight
+local tk = K.turn(tid)
 
 local score = redis.call('ZSCORE', inflight, tid)
 if not score then return {'gone'} end
@@ -27,7 +27,7 @@ if state ~= 'running' and state ~= 'cancelling' then
 end
 local now = server_ms()
 if now - tonumber(score) < stuck_ms then return {'fresh'} end
-if redis.call('EXISTS', P .. 'turn:lease:' .. tid) == 1 then return {'leased'} end
+if redis.call('EXISTS', K.step_lease(tid)) == 1 then return {'leased'} end
 local sid, step = h[3], h[2] or '0'
 
 if state == 'cancelling' then
@@ -48,7 +48,7 @@ if losses > max_resumes then
   -- The error is the turn's last message, as for a model failure; never in an archived
   -- lineage's conversation, which stays as its archive left it.
   if not archived_in_lineage(sid) then
-    redis.call('RPUSH', P .. 'history:' .. sid, cjson.encode({
+    redis.call('RPUSH', K.history(sid), cjson.encode({
       sessionUpdate = 'agent_message_chunk', turnId = tid,
       content = {type = 'text', text = 'error: ' .. err}}))
     wrote = '1'

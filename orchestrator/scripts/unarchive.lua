@@ -16,8 +16,8 @@ if redis.call('EXISTS', k) == 0 or redis.call('HGET', k, 'deleted') ~= '0' then
   return {'not_found'}
 end
 if redis.call('HGET', k, 'archived') ~= '1' then return {'not_archived'} end
-for _, a in ipairs(redis.call('LRANGE', P .. 'lineage:' .. sid, 0, -1)) do
-  if redis.call('SISMEMBER', P .. 'archived', a) == 1 then return {'ancestor', a} end
+for _, a in ipairs(redis.call('LRANGE', K.lineage(sid), 0, -1)) do
+  if redis.call('SISMEMBER', K.archived, a) == 1 then return {'ancestor', a} end
 end
 local txn = redis.call('HGET', k, 'archiveTxn')
 local n, restored = 0, {}
@@ -26,7 +26,7 @@ for _, s in ipairs(subtree(sid)) do
   if h[1] == '1' and h[2] == txn then
     redis.call('HSET', skey(s), 'archived', '0', 'archivedAt', '', 'archiveTxn', '',
       'unarchivedAt', now_iso, 'unarchivedMs', now_ms)
-    redis.call('SREM', P .. 'archived', s)
+    redis.call('SREM', K.archived, s)
     move_index(s, 'archived', 'active')
     n = n + 1
     restored[n] = s

@@ -15,7 +15,7 @@ from workers.runtime import get_runtime
 def stop(session_id: str, plans: dict[str, Any]) -> dict[str, Any]:
     """Stop, in the named descendants of a session (any depth), exactly the items their
     census found: ``{descendantId: {"turns", "jobs", "reminders"}}``
-    (``orchestrator.stops.subagent_plan``)."""
+    (``orchestrator.families.subagent.subagent_plan``)."""
     rt = get_runtime()
     outcomes = stop_subagents(rt.store, rt.dispatcher, session_id, plans)
     note_quiet(rt.store, session_id)

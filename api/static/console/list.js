@@ -3,8 +3,8 @@ import { api } from "./api.js";
 import { archiveFlow, deleteFlow, restore } from "./lifecycle.js";
 import { $, enc, hub, meta, state, titleOf } from "./shared.js";
 import { timeEl } from "./time.js";
-
-const FAMILY_NAMES = { turn: "turn", job: "job", subagent: "subagent", reminder: "reminder" };
+// The activity families' labels, from the family registry (served by api/console.py).
+import { FAMILIES } from "/console/families.js";
 
 let loadSeq = 0;
 
@@ -49,11 +49,12 @@ function statusText(items) {
   const counts = {};
   for (const it of items) counts[it.family] = (counts[it.family] || 0) + 1;
   const parts = [];
-  if (counts.turn) parts.push("turn running");
-  if (counts.job) parts.push(`${counts.job} job${counts.job > 1 ? "s" : ""}`);
-  if (counts.subagent) parts.push(`${counts.subagent} subagent${counts.subagent > 1 ? "s" : ""}`);
-  if (counts.reminder) parts.push(`${counts.reminder} reminder${counts.reminder > 1 ? "s" : ""}`);
-  for (const f of Object.keys(counts)) if (!FAMILY_NAMES[f]) parts.push(`${counts[f]} ${f}`);
+  const known = Object.keys(FAMILIES);
+  for (const f of [...known, ...Object.keys(counts).filter((f) => !FAMILIES[f])]) {
+    const n = counts[f];
+    const fam = FAMILIES[f] || { display: f, plural: f };
+    if (n) parts.push(fam.status || `${n} ${n > 1 ? fam.plural : fam.display}`);
+  }
   return [parts.join(" · "), true];
 }
 

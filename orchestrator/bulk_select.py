@@ -1,0 +1,170 @@
+"""Bulk selection: which sessions a bulk archive's filter, or the auto-archive policy, picks.
+
+A filter (cwd, last activity older than ``idleSince``, a title search) scans the listing
+index of sessions that are not archived, oldest activity first, in chunks of ``_SCAN_CHUNK``
+index entries, and returns at most ``FLEET_BULK_FILTER_MAX`` ids, ancestors first (by
+lineage depth), so a selected subtree is archived in its root's transition.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import datetime
+
+from orchestrator.errors import InvalidParams, TooManySessions
+from orchestrator.sessions import check_cwd, cwd_hash, normalize_query, title_matches
+from orchestrator.settings import get_settings
+from orchestrator.store import Store, retried
+
+#: Index entries read per round trip while a filter selects.
+_SCAN_CHUNK = 1_000
+
+
+@dataclass(frozen=True)
+class BulkFilter:
+    """What a filter selects among sessions that are not archived: ``cwd`` (exact absolute
+    path), ``idle_since`` (ISO 8601 with an offset or ``Z``: last activity strictly older),
+    ``q`` (case-insensitive substring of the title). At least one is required."""
+
+    cwd: str | None = None
+    idle_since: str | None = None
+    q: str | None = None
+
+
+def parse_instant(value: object, param: str) -> int:
+    """Epoch milliseconds of an ISO 8601 date-time that carries a UTC offset (``Z`` or
+    ``+02:00``). Raises ``InvalidParams`` naming ``param`` otherwise (a date alone, a time
+    without an offset, anything not a string or ``datetime``)."""
+    if isinstance(value, datetime):
+        moment = value
+    elif isinstance(value, str):
+        try:
+            moment = datetime.fromisoformat(value.strip())
+        except ValueError:
+            raise InvalidParams(
+                f"{param} must be an ISO 8601 date-time such as 2026-01-31T12:00:00Z "
+                f"(got {value[:60]!r}).",
+                {"param": param},
+            ) from None
+    else:
+        raise InvalidParams(f"{param} must be an ISO 8601 date-time string.", {"param": param})
+    if moment.tzinfo is None or moment.utcoffset() is None:
+        raise InvalidParams(
+            f"{param} must carry a UTC offset or Z (got {str(value)[:60]!r}).", {"param": param}
+        )
+    return int(moment.timestamp() * 1000)
+
+
+def _index_key(store: Store, cwd: str | None) -> str:
+    return store.keys.index("active", None if cwd is None else cwd_hash(cwd))
+
+
+@retried
+def _chunk(
+    store: Store, key: str, below: str, offset: int, fields: tuple[str, ...]
+) -> list[tuple[str, list[str | None]]]:
+    ids: list[str] = store.redis.zrangebyscore(key, "-inf", below, start=offset, num=_SCAN_CHUNK)
+    if not ids or not fields:
+        return [(sid, []) for sid in ids]
+    pipe = store.redis.pipeline(transaction=False)
+    for sid in ids:
+        pipe.hmget(store.keys.session(sid), *fields)
+    return list(zip(ids, pipe.execute(), strict=True))
+
+
+def _scan(
+    store: Store, key: str, below: str, fields: tuple[str, ...]
+) -> Iterator[tuple[str, list[str | None]]]:
+    """Sessions of an index with score (last activity, epoch ms) below ``below`` (a ZRANGE
+    bound such as ``(1700000000000`` or ``+inf``), oldest first, with the hash ``fields``."""
+    offset = 0
+    while True:
+        rows = _chunk(store, key, below, offset, fields)
+        yield from rows
+        if len(rows) < _SCAN_CHUNK:
+            return
+        offset += len(rows)
+
+
+@retried
+def _depths(store: Store, ids: list[str]) -> list[int]:
+    pipe = store.redis.pipeline(transaction=False)
+    for sid in ids:
+        pipe.llen(store.keys.lineage(sid))
+    return [int(n) for n in pipe.execute()]
+
+
+def roots_first(store: Store, ids: list[str]) -> list[str]:
+    """``ids`` ordered by lineage depth (a stable sort: ties keep their order), so an
+    ancestor comes before its descendants and archives them in its own transition."""
+    depth: dict[str, int] = {}
+    for start in range(0, len(ids), _SCAN_CHUNK):
+        part = ids[start : start + _SCAN_CHUNK]
+        depth.update(zip(part, _depths(store, part), strict=True))
+    return sorted(ids, key=lambda sid: depth[sid])
+
+
+def _too_many(limit: int) -> TooManySessions:
+    return TooManySessions(
+        f"The filter selects more than {limit} sessions, the most one bulk archive may "
+        "select (FLEET_BULK_FILTER_MAX); nothing was archived. Narrow the filter (cwd, "
+        "idleSince, q), or archive in steps (an older idleSince first).",
+        {"param": "filter", "max": limit, "setting": "FLEET_BULK_FILTER_MAX"},
+    )
+
+
+def select(store: Store, flt: BulkFilter, *, limit: int | None = None) -> list[str]:
+    """Ids of the sessions (not archived, not deleted) ``flt`` selects, ancestors first.
+
+    Raises ``InvalidParams`` for an empty filter or a bad criterion; ``TooManySessions``
+    when more than ``limit`` (default ``FLEET_BULK_FILTER_MAX``) match; ``StoreUnavailable``.
+    """
+    if flt.cwd is None and flt.idle_since is None and flt.q is None:
+        raise InvalidParams(
+            "filter needs at least one of cwd, idleSince, q (an empty filter would select "
+            "every session).",
+            {"param": "filter"},
+        )
+    cap = get_settings().bulk_filter_max if limit is None else limit
+    cwd = None if flt.cwd is None else check_cwd(flt.cwd)
+    needle = normalize_query(flt.q)
+    if flt.q is not None and needle is None:
+        raise InvalidParams("filter.q must not be blank.", {"param": "filter.q"})
+    below = "+inf" if flt.idle_since is None else f"({parse_instant(flt.idle_since, 'idleSince')}"
+    found: list[str] = []
+    fields = ("title",) if needle is not None else ()
+    for sid, values in _scan(store, _index_key(store, cwd), below, fields):
+        if needle is not None and not title_matches(values[0], needle):
+            continue
+        found.append(sid)
+        if len(found) > cap:
+            raise _too_many(cap)
+    return roots_first(store, found)
+
+
+def auto_candidates(
+    store: Store,
+    *,
+    idle_seconds: float,
+    now: int | None = None,
+    cwd: str | None = None,
+    limit: int | None = None,
+) -> tuple[list[str], int]:
+    """Sessions (not archived) idle longer than ``idle_seconds`` by the policy's clock,
+    max(``updatedAt``, ``unarchivedAt``), oldest activity first, at most ``limit`` (default
+    ``FLEET_BULK_FILTER_MAX``; the rest wait for the next run), ancestors first. Returns the
+    ids and the cutoff (epoch ms) the clock must be older than."""
+    cutoff = (store.now_ms() if now is None else now) - int(idle_seconds * 1000)
+    cap = get_settings().bulk_filter_max if limit is None else limit
+    where = None if cwd is None else check_cwd(cwd)
+    found: list[str] = []
+    for sid, (unarchived,) in _scan(
+        store, _index_key(store, where), f"({cutoff}", ("unarchivedMs",)
+    ):
+        if int(unarchived or 0) >= cutoff:
+            continue  # unarchived by hand since: idle only from then on
+        found.append(sid)
+        if len(found) >= cap:
+            break
+    return roots_first(store, found), cutoff

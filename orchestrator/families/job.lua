@@ -1,0 +1,27 @@
+-- The job family's liveness rule: starting or running under a lease (a job whose worker
+-- vanished stops counting once the lease lapses: 'stale').
+local function job_verdict(jid)
+  local st = redis.call('HGET', K.job(jid), 'state')
+  if st ~= 'starting' and st ~= 'running' then return false end
+  return redis.call('EXISTS', K.job_lease(jid)) == 1 and 'live' or 'stale'
+end
+
+local function job_live(jid) return job_verdict(jid) == 'live' end
+
+-- How many members of the job-id set key count as live (job_live).
+local function count_live_jobs(key)
+  local n = 0
+  for _, j in ipairs(redis.call('SMEMBERS', key)) do
+    if job_live(j) then n = n + 1 end
+  end
+  return n
+end
+
+family('job', {
+  ids = function(sid)
+    local ids = redis.call('SMEMBERS', K.live_jobs(sid))
+    table.sort(ids)
+    return ids
+  end,
+  verdict = job_verdict, hash = K.job, fields = {'label', 'host', 'pid'},
+})

@@ -1,0 +1,63 @@
+"""The ``job`` family: a background process a session owns on some host. Its stops go to the
+owning host's control queue (``job.ctl.<host>``), or to ``job.ctl`` for a job no worker has
+taken yet."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from orchestrator.families.base import Dispatcher, Family, Task
+from orchestrator.families.items import ActivityItem
+from orchestrator.families.registry import FamilySpec, register
+
+if TYPE_CHECKING:
+    from orchestrator.store import Store
+
+log = logging.getLogger(__name__)
+
+
+def _item(sid: str, jid: str, fields: list[str | None]) -> ActivityItem:
+    label, host, pid = fields
+    where = f" on {host} (pid {pid})" if host and pid else " (starting)"
+    return ActivityItem(Family.JOB, jid, f"job {label}{where}", sid, host or None)
+
+
+def _settle(store: Store, dispatcher: Dispatcher | None, sid: str, jids: list[str]) -> None:
+    """A job whose lease lapsed is marked ``lost`` (its owning worker is gone)."""
+    from orchestrator.store import iso
+
+    ms = store.now_ms()
+    for jid in jids:
+        store.run("job_end", [jid, "lost", "", iso(ms), "starting,running"])
+        log.warning("job %s: marked lost (its lease lapsed; the owning worker is gone)", jid)
+
+
+def _plan_entry(item: ActivityItem) -> Any:
+    return [item.id, item.host]
+
+
+def _from_plan(sid: str, entry: Any) -> ActivityItem | None:
+    if isinstance(entry, list) and len(entry) == 2 and isinstance(entry[0], str):
+        return ActivityItem(Family.JOB, entry[0], "", sid, entry[1] or None)
+    return None
+
+
+SPEC = register(
+    FamilySpec(
+        name=Family.JOB,
+        display="job",
+        plural="jobs",
+        task_module="workers.tasks.job",
+        stop_task=Task.JOB_STOP,
+        stop_many_task=Task.JOB_STOP_MANY,
+        work_queue="job",
+        host_stops=True,
+        lua=Path(__file__).with_name("job.lua"),
+        item=_item,
+        settle=_settle,
+        plan_entry=_plan_entry,
+        from_plan=_from_plan,
+    )
+)

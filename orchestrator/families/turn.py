@@ -1,0 +1,77 @@
+"""The ``turn`` family: a running or queued turn (a chain of model steps)."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from orchestrator.families.base import Dispatcher, Family, Task
+from orchestrator.families.items import ActivityItem, shorten
+from orchestrator.families.registry import FamilySpec, register
+
+if TYPE_CHECKING:
+    from orchestrator.store import Store
+
+log = logging.getLogger(__name__)
+
+
+def _item(sid: str, tid: str, fields: list[str | None]) -> ActivityItem:
+    state, prompt = fields
+    return ActivityItem(Family.TURN, tid, f'turn "{shorten(prompt or "")}" ({state})', sid)
+
+
+def send_step(dispatcher: Dispatcher, session_id: str, turn_id: str, index: int) -> None:
+    """Send step ``index`` of a turn to the turn queue."""
+    dispatcher.send(Task.TURN_STEP, [session_id, turn_id, index], Family.TURN.value)
+
+
+def _settle(store: Store, dispatcher: Dispatcher | None, sid: str, tids: list[str]) -> None:
+    """A turn left ``cancelling`` by a dead worker ends ``cancelled``; settled only with a
+    dispatcher, since the session's next queued turn may then start (its first step is sent)."""
+    if dispatcher is None:
+        return
+    from orchestrator.store import iso
+
+    ms = store.now_ms()
+    for tid in tids:
+        result = store.run(
+            "turn_finish", [tid, "cancelled", "cancelled", "", ms, iso(ms), "cancelling"]
+        )
+        log.info(
+            "turn %s: settled as cancelled (its worker is gone)",
+            tid,
+            extra={"session_id": sid, "turn_id": tid},
+        )
+        if result[0] == "finished" and result[1]:
+            send_step(dispatcher, sid, result[1], 0)
+
+
+def _stop_here(store: Store, dispatcher: Dispatcher, sid: str, entries: list[Any]) -> str:
+    from orchestrator.turns import cancel_turns
+
+    done = cancel_turns(store, dispatcher, sid, [t for t in entries if isinstance(t, str)])
+    return f"{len(done)} turn(s) cancelled"
+
+
+def _from_plan(sid: str, entry: Any) -> ActivityItem | None:
+    return ActivityItem(Family.TURN, entry, "", sid) if isinstance(entry, str) else None
+
+
+SPEC = register(
+    FamilySpec(
+        name=Family.TURN,
+        display="turn",
+        plural="turns",
+        task_module="workers.tasks.turn",
+        stop_task=Task.TURN_STOP,
+        stop_many_task=Task.TURN_STOP_MANY,
+        work_queue="turn",
+        lua=Path(__file__).with_name("turn.lua"),
+        item=_item,
+        settle=_settle,
+        from_plan=_from_plan,
+        stop_here=_stop_here,
+        status="turn running",
+    )
+)
