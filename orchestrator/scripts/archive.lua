@@ -52,7 +52,7 @@ for _, s in ipairs(nodes) do
     if stop == '1' then stop_turns_for_archive(s, turns) end
     n = n + 1
     archived[#archived + 1] = s
-    archived[#archived + 1] = redis.call('LLEN', P .. 'history:' .. s)
+    archived[#archived + 1] = redis.call('LLEN', K.history(s))
   end
 end
 -- The detail in audit.detail_json's form (compact, keys sorted).
