@@ -1,0 +1,54 @@
+"""What every ``fleet`` command shares: the typer app, the consoles and the error printer."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import NoReturn
+
+import typer
+from rich.console import Console
+
+from orchestrator.errors import FleetError, SessionActive
+
+app = typer.Typer(
+    help="agent-fleet: a control plane for agent sessions on Celery and Redis.",
+    no_args_is_help=True,
+    add_completion=False,
+)
+sessions_app = typer.Typer(help="List and create sessions.", no_args_is_help=True)
+app.add_typer(sessions_app, name="sessions")
+console = Console()
+err = Console(stderr=True)
+
+
+class FamilyName(StrEnum):
+    turn = "turn"
+    job = "job"
+    subagent = "subagent"
+    reminder = "reminder"
+
+
+def interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
+@app.callback()
+def _every_command() -> None:
+    # What a command changes is audited as done by "cli" (``fleet api`` and ``fleet acp``
+    # name their own actors per request or connection).
+    from orchestrator import audit
+
+    audit.set_default_actor("cli")
+
+
+def fail(exc: FleetError) -> NoReturn:
+    """Print a refused request (code and message, the live items of a ``SessionActive``) and
+    exit 2."""
+    err.print(f"[red]error[/red] ({exc.code}): {exc.message}")
+    if isinstance(exc, SessionActive):
+        for item in exc.items:
+            err.print(f"  - {item.family.value:9} {item.id}  {item.label}")
+    raise typer.Exit(2)
+
+
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
