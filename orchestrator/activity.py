@@ -9,47 +9,18 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
 
 from orchestrator import metrics
 from orchestrator.errors import FleetError, StoreUnavailable
 from orchestrator.families import Dispatcher, Family, send_step
+from orchestrator.items import ActivityItem as ActivityItem  # the census returns them
 from orchestrator.sessions import check_session_id, get_session
 from orchestrator.store import Store, iso, retried
 
 log = logging.getLogger(__name__)
 
 _LABEL_TEXT = 60
-
-
-@dataclass(frozen=True)
-class ActivityItem:
-    """One live item: ``family``, ``id`` (turn/job/reminder id, or the descendant session id
-    for ``subagent``), a human ``label``, the ``session_id`` that owns it, and for jobs the
-    ``host`` running the process. A ``subagent`` item also carries, in ``parts``, the
-    descendant's own live items the census found (never on the wire: a stop names exactly
-    these, so a late one leaves alone what the descendant started since)."""
-
-    family: Family
-    id: str
-    label: str
-    session_id: str
-    host: str | None = None
-    parts: tuple[ActivityItem, ...] = field(default=(), compare=False, repr=False)
-
-    def to_wire(self) -> dict[str, Any]:
-        """``{"family", "id", "label", "sessionId", "host"?}``."""
-        out: dict[str, Any] = {
-            "family": self.family.value,
-            "id": self.id,
-            "label": self.label,
-            "sessionId": self.session_id,
-        }
-        if self.host:
-            out["host"] = self.host
-        return out
 
 
 def shorten(text: str, limit: int = _LABEL_TEXT) -> str:
