@@ -1,28 +1,32 @@
-"""Shared wiring for the interfaces: one store and one dispatcher per process."""
+"""Shared wiring for the interfaces: one store and one dispatcher per process.
+
+The dispatcher is built by a factory (``api.wiring.celery_dispatcher`` unless an entry point
+or a test hands another to ``use_dispatcher_factory``), so the interfaces reach the workers
+only through the domain's ``Dispatcher`` protocol.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import lru_cache
 
-from orchestrator.settings import get_settings
+from api.wiring import CeleryDispatcher, celery_dispatcher
+from orchestrator.settings import FleetSettings, MissingRedisUrl, get_settings
 from orchestrator.store import Store
-from workers.app import app
-from workers.dispatch import CeleryDispatcher
+
+#: Builds the process's dispatcher from its settings.
+DispatcherFactory = Callable[[FleetSettings], CeleryDispatcher]
+
+_factory: DispatcherFactory = celery_dispatcher
 
 
 def redis_url() -> str:
-    """The configured Redis URL; raises ``SystemExit`` with a hint when none is set."""
-    url = get_settings().redis_url
-    if not url:
-        raise SystemExit(
-            "FLEET_REDIS_URL is not set. Point it at your Redis (redis://host:6379/0), or use "
-            "`fleet up` / `fleet demo`, which start an embedded Redis."
-        )
-    if not url.startswith(("redis://", "rediss://", "unix://")):
-        raise SystemExit(
-            f"FLEET_REDIS_URL must start with redis://, rediss:// or unix:// (got {url!r})."
-        )
-    return url
+    """The configured Redis URL; raises ``SystemExit`` with a hint when none is set (or it is
+    not a Redis URL)."""
+    try:
+        return get_settings().require_redis_url()
+    except MissingRedisUrl as exc:
+        raise SystemExit(str(exc)) from None
 
 
 @lru_cache(maxsize=1)
@@ -34,5 +38,12 @@ def store() -> Store:
 @lru_cache(maxsize=1)
 def dispatcher() -> CeleryDispatcher:
     """The process's dispatcher (sends by task name; imports no task code)."""
-    app.conf.broker_url = redis_url()
-    return CeleryDispatcher(app)
+    redis_url()
+    return _factory(get_settings())
+
+
+def use_dispatcher_factory(factory: DispatcherFactory) -> None:
+    """Build the process's dispatcher with ``factory`` from now on."""
+    global _factory
+    _factory = factory
+    dispatcher.cache_clear()

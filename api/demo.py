@@ -18,7 +18,6 @@ Exits 0 only if every expectation held.
 from __future__ import annotations
 
 import json
-import os
 import time
 import uuid
 from collections.abc import Callable
@@ -27,13 +26,15 @@ from typing import Any
 
 import psutil
 from rich.console import Console
+from tenacity import RetryCallState, Retrying, retry_if_result, stop_after_delay, wait_fixed
 
 from api.embedded import resolve_redis_url
 from api.local import LocalFleet
+from api.wiring import celery_dispatcher
 from orchestrator import activity, archive, sessions, turns
 from orchestrator.errors import SessionActive, SessionArchived
 from orchestrator.families import Family
-from orchestrator.settings import get_settings
+from orchestrator.settings import FleetSettings
 from orchestrator.store import Store
 
 PARENT_PROMPT = "\n".join(
@@ -69,14 +70,19 @@ class Timeline:
 
 
 def _until(predicate: Callable[[], Any], timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise Expectation(f"timed out after {timeout:g}s waiting for {what}")
-        time.sleep(0.05)
+    """``predicate()``'s first truthy value, polled every 50 ms; raises ``Expectation`` after
+    ``timeout`` seconds."""
+
+    def timed_out(_: RetryCallState) -> Any:
+        raise Expectation(f"timed out after {timeout:g}s waiting for {what}")
+
+    polls = Retrying(
+        stop=stop_after_delay(timeout),
+        wait=wait_fixed(0.05),
+        retry=retry_if_result(lambda value: not value),
+        retry_error_callback=timed_out,
+    )
+    return polls(predicate)
 
 
 def _model_requests(store: Store, sid: str) -> int:
@@ -180,7 +186,7 @@ def scenario(store: Store, dispatcher: Any, tl: Timeline) -> None:
 
 def run_demo(console: Console) -> int:
     """Run the scenario; return the process exit code (0 only if every expectation held)."""
-    settings = get_settings()
+    settings = FleetSettings()
     try:
         url, embedded = resolve_redis_url(settings)
     except RuntimeError as exc:
@@ -190,13 +196,8 @@ def run_demo(console: Console) -> int:
     prefix = settings.key_prefix
     if embedded is None:
         prefix = f"{settings.key_prefix}demo-{uuid.uuid4().hex[:8]}:"
-    os.environ["FLEET_REDIS_URL"] = url
-    os.environ["FLEET_KEY_PREFIX"] = prefix
-    from workers.app import app, configure
-    from workers.dispatch import CeleryDispatcher
-
-    get_settings.cache_clear()
-    configure(app, get_settings())
+    # The workers get the URL and the prefix on their command line's environment.
+    settings = settings.model_copy(update={"redis_url": url, "key_prefix": prefix})
     tl = Timeline(console)
     where = f"embedded Redis at {url}" if embedded else f"{url} (prefix {prefix!r})"
     tl.say(f"Redis: {where}")
@@ -206,7 +207,7 @@ def run_demo(console: Console) -> int:
         fleet.start()
         fleet.wait_ready(90)
         tl.say(f"workers ready: {', '.join(f'{w.family.value}@{w.host}' for w in fleet.workers)}")
-        scenario(store, CeleryDispatcher(app), tl)
+        scenario(store, celery_dispatcher(settings), tl)
     except (Expectation, RuntimeError) as exc:
         tl.say(f"[red]✗ {exc}[/red]")
         console.print(f"[red]demo failed[/red]; worker logs in {fleet.state_dir / 'logs'}")

@@ -16,6 +16,7 @@ from typing import Any
 
 import httpx
 import redis
+from tenacity import RetryCallState, Retrying, retry_if_result, stop_after_delay, wait_fixed
 
 Row = tuple[str, str, str, str]
 
@@ -65,25 +66,13 @@ def environment(url: str | None) -> Iterator[tuple[str, str]]:
 
 
 def configure(url: str, prefix: str) -> tuple[Any, Any]:
-    """Point this process's settings and Celery app at the run's Redis; return (store,
-    dispatcher)."""
-    os.environ["FLEET_REDIS_URL"] = url
-    os.environ["FLEET_KEY_PREFIX"] = prefix
-    from orchestrator.settings import get_settings
-
-    get_settings.cache_clear()
+    """The store and a dispatcher (its own Celery app) for the run's Redis and prefix."""
+    from api.wiring import celery_dispatcher
+    from orchestrator.settings import FleetSettings
     from orchestrator.store import Store
-    from workers.app import app
-    from workers.app import configure as configure_app
-    from workers.dispatch import CeleryDispatcher
 
-    # Each benchmark has its own Redis: drop connections to the previous one.
-    if app._pool is not None:
-        app._pool.force_close_all()
-        app._pool = None
-    app.amqp._producer_pool = None
-    configure_app(app, get_settings())
-    return Store(url, prefix), CeleryDispatcher(app)
+    settings = FleetSettings(redis_url=url, key_prefix=prefix)
+    return Store(url, prefix), celery_dispatcher(settings)
 
 
 def seed_busy(store: Any, n: int) -> list[str]:
@@ -149,8 +138,13 @@ def _ok(url: str) -> bool:
 
 def until(predicate: Callable[[], Any], timeout: float) -> None:
     """Wait until ``predicate()`` is truthy; raises ``TimeoutError`` after ``timeout`` s."""
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"benchmark setup did not converge in {timeout}s")
-        time.sleep(0.05)
+
+    def timed_out(_: RetryCallState) -> None:
+        raise TimeoutError(f"benchmark setup did not converge in {timeout}s")
+
+    Retrying(
+        stop=stop_after_delay(timeout),
+        wait=wait_fixed(0.05),
+        retry=retry_if_result(lambda value: not value),
+        retry_error_callback=timed_out,
+    )(predicate)

@@ -97,10 +97,10 @@ def store() -> Iterator[Any]:
 @pytest.fixture(scope="session")
 def dispatcher() -> Any:
     """A Celery dispatcher publishing to this run's queues (by task name)."""
-    from workers.app import app
-    from workers.dispatch import CeleryDispatcher
+    from api.wiring import celery_dispatcher
+    from orchestrator.settings import FleetSettings
 
-    return CeleryDispatcher(app)
+    return celery_dispatcher(FleetSettings(redis_url=REDIS_URL, key_prefix=_PREFIX))
 
 
 @pytest.fixture

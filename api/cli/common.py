@@ -9,6 +9,7 @@ import typer
 from rich.console import Console
 
 from orchestrator.errors import FleetError, SessionActive
+from orchestrator.settings import FleetSettings, MissingRedisUrl
 
 app = typer.Typer(
     help="agent-fleet: a control plane for agent sessions on Celery and Redis.",
@@ -49,6 +50,17 @@ def fail(exc: FleetError) -> NoReturn:
         for item in exc.items:
             err.print(f"  - {item.family.value:9} {item.id}  {item.label}")
     raise typer.Exit(2)
+
+
+def settings_with_redis() -> FleetSettings:
+    """The settings of this command, read once from the environment, with a Redis URL: without
+    one (or with one of another scheme) the command ends with what to do (``SystemExit``)."""
+    settings = FleetSettings()
+    try:
+        settings.require_redis_url()
+    except MissingRedisUrl as exc:
+        raise SystemExit(str(exc)) from None
+    return settings
 
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")

@@ -10,7 +10,15 @@ import time
 
 import typer
 
-from api.cli.common import LOOPBACK, FamilyName, app, console, err, interrupt
+from api.cli.common import (
+    LOOPBACK,
+    FamilyName,
+    app,
+    console,
+    err,
+    interrupt,
+    settings_with_redis,
+)
 
 
 @app.command()
@@ -23,22 +31,19 @@ def worker(
     loglevel: str = typer.Option("INFO", help="Celery log level."),
 ) -> None:
     """Run a Celery worker for one family (a real process; stop with Ctrl-C)."""
-    from api.context import redis_url
     from orchestrator.families import Family
     from orchestrator.logs import resolve_format
-    from orchestrator.settings import get_settings
+    from workers.app import create_app, worker_queues
+    from workers.runtime import install
 
-    url = redis_url()
-    settings = get_settings()
-    host = host or os.environ.get("FLEET_HOSTNAME") or settings.hostname
-    os.environ["FLEET_WORKER_FAMILY"] = family.value
-    os.environ["FLEET_HOSTNAME"] = host
-    from workers.app import app as celery_app
-    from workers.app import worker_queues
-
-    celery_app.conf.broker_url = url
+    settings = settings_with_redis().model_copy(
+        update={"worker_family": family.value, **({"hostname": host} if host else {})}
+    )
+    host = settings.hostname
+    celery_app = create_app(settings)
+    install(settings, celery_app)
     if family.value == Family.JOB.value:
-        _hold_job_host(host)
+        _hold_job_host()
     queues = worker_queues(Family(family.value), host)
     # JSON logs: no start-up banner among the JSON lines (workers/logs.py formats them).
     quiet = ["--quiet"] if resolve_format(settings.log_format, sys.stderr) == "json" else []
@@ -63,7 +68,7 @@ def worker(
     )
 
 
-def _hold_job_host(host: str) -> None:
+def _hold_job_host() -> None:
     """A job worker takes its host name before consuming: with another live job worker on the
     same name (stops are routed by name), it exits 1 naming that worker."""
     from orchestrator.errors import HostHeld
@@ -87,10 +92,10 @@ def up(
     from api.local import LocalFleet
     from orchestrator.logs import configure as configure_logging
     from orchestrator.processes import die_with_parent
-    from orchestrator.settings import get_settings
+    from orchestrator.settings import FleetSettings
 
     configure_logging()
-    settings = get_settings()
+    settings = FleetSettings()
     try:
         url, embedded = resolve_redis_url(settings)
     except RuntimeError as exc:
@@ -159,12 +164,9 @@ def serve_api(
     """Serve the HTTP API (FastAPI on uvicorn)."""
     import uvicorn
 
-    from api.context import redis_url
     from orchestrator.logs import configure as configure_logging
-    from orchestrator.settings import get_settings
 
-    redis_url()
-    settings = get_settings()
+    settings = settings_with_redis()
     configure_logging()
     bind = api_bind_address(host or settings.api_host, settings.api_token)
     uvicorn.run(
@@ -198,20 +200,16 @@ def beat(
     per fleet."""
     from pathlib import Path
 
-    from api.context import redis_url
-    from orchestrator.settings import get_settings
+    from workers.app import create_app
     from workers.beat import beat_schedule
 
-    url = redis_url()
-    settings = get_settings()
+    settings = settings_with_redis()
     age = idle_seconds or settings.auto_archive_idle_seconds
     every = interval or settings.auto_archive_interval_seconds
     if every <= 0:
         err.print("[red]error[/red]: the auto-archive interval must be positive.")
         raise typer.Exit(2)
-    from workers.app import app as celery_app
-
-    celery_app.conf.broker_url = url
+    celery_app = create_app(settings)
     reconcile_every = settings.reconcile_interval_seconds
     celery_app.conf.beat_schedule = beat_schedule(age, every, reconcile_every)
     path = Path(schedule_file) if schedule_file else settings.state_dir / "celerybeat-schedule"
@@ -234,20 +232,17 @@ def flower(
 ) -> None:
     """Run Flower against the configured broker (basic auth from FLEET_FLOWER_BASIC_AUTH,
     ``user:password``; required unless bound to loopback)."""
-    from api.context import redis_url
-    from orchestrator.settings import get_settings
+    from workers.app import create_app
 
-    url = redis_url()
-    auth = get_settings().flower_basic_auth
+    settings = settings_with_redis()
+    auth = settings.flower_basic_auth
     if not auth and address not in LOOPBACK:
         err.print(
             "[red]error[/red]: set FLEET_FLOWER_BASIC_AUTH=user:password to serve Flower "
             "beyond loopback."
         )
         raise typer.Exit(2)
-    from workers.app import app as celery_app
-
-    celery_app.conf.broker_url = url
+    celery_app = create_app(settings)
     argv = ["flower", f"--port={port}", f"--address={address}"]
     if auth:
         argv.append(f"--basic-auth={auth}")
