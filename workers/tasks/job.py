@@ -8,7 +8,7 @@ from typing import Any
 from celery import shared_task
 from celery.signals import worker_ready, worker_shutdown
 
-from orchestrator import activity, jobs
+from orchestrator import activity, jobstops
 from workers.bulk import STOP_THREADS, each_session
 from workers.runtime import get_runtime, supervisor
 
@@ -55,7 +55,7 @@ def stop(session_id: str, job_ids: list[str]) -> dict[str, Any]:
     others = [j for j in job_ids if j not in local]
     if others:
         outcomes.update(
-            jobs.stop_unclaimed(
+            jobstops.stop_unclaimed(
                 rt.store,
                 rt.dispatcher,
                 session_id,
