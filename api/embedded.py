@@ -28,17 +28,17 @@ import signal
 import socket
 import subprocess
 import threading
-import time
 from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import IO, TYPE_CHECKING
+from typing import IO, TYPE_CHECKING, Literal
 
 import psutil
 import redis
 import redis.exceptions
 from redis.backoff import NoBackoff
 from redis.retry import Retry
+from tenacity import RetryCallState, Retrying, retry_if_result, stop_after_delay, wait_fixed
 
 from orchestrator.processes import die_with_parent
 
@@ -322,7 +322,6 @@ class EmbeddedRedis:
         """Poll PING until it answers; ``None`` on success, else ``(port_taken, message)``."""
         process = self._process
         assert process is not None
-        deadline = time.monotonic() + self._startup_timeout
         client = redis.Redis(
             host=self._host,
             port=port,
@@ -332,33 +331,42 @@ class EmbeddedRedis:
             # each refused connection to seconds while the server is still binding.
             retry=Retry(NoBackoff(), 0),
         )
+
+        def attempt() -> tuple[bool, str] | None | Literal[False]:
+            """One poll: the outcome, or False to poll again."""
+            code = process.poll()
+            if code is not None:
+                log = _tail(self.log_path)
+                new_log = self._log_since(log_start)
+                port_taken = "address already in use" in new_log.lower()
+                return port_taken, (
+                    f"redis-server ({executable!r}) exited with code {code} during "
+                    f"startup on {self._host}:{port}; last lines of {self.log_path}:\n{log}"
+                )
+            try:
+                return None if client.ping() else False
+            # BusyLoadingError (replaying a large append-only file) is a ConnectionError.
+            except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError):
+                return False
+
+        def timed_out(_: RetryCallState) -> tuple[bool, str]:
+            return False, (
+                f"redis-server ({executable!r}) did not answer PING on "
+                f"{self._host}:{port} within {self._startup_timeout:g} s; last lines "
+                f"of {self.log_path}:\n{_tail(self.log_path)}"
+            )
+
+        polls = Retrying(
+            stop=stop_after_delay(self._startup_timeout),
+            wait=wait_fixed(_POLL_SECONDS),
+            retry=retry_if_result(lambda outcome: outcome is False),
+            retry_error_callback=timed_out,
+        )
         try:
-            while True:
-                code = process.poll()
-                if code is not None:
-                    log = _tail(self.log_path)
-                    new_log = self._log_since(log_start)
-                    port_taken = "address already in use" in new_log.lower()
-                    return port_taken, (
-                        f"redis-server ({executable!r}) exited with code {code} during "
-                        f"startup on {self._host}:{port}; last lines of {self.log_path}:\n{log}"
-                    )
-                try:
-                    if client.ping():
-                        return None
-                except redis.exceptions.BusyLoadingError:
-                    pass  # replaying a large append-only file; keep waiting
-                except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError):
-                    pass
-                if time.monotonic() >= deadline:
-                    return False, (
-                        f"redis-server ({executable!r}) did not answer PING on "
-                        f"{self._host}:{port} within {self._startup_timeout:g} s; last lines "
-                        f"of {self.log_path}:\n{_tail(self.log_path)}"
-                    )
-                time.sleep(_POLL_SECONDS)
+            outcome = polls(attempt)
         finally:
             client.close()
+        return None if outcome is False else outcome
 
     def _log_size(self) -> int:
         try:
