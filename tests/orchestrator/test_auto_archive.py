@@ -19,7 +19,7 @@ import redis
 from typer.testing import CliRunner
 
 from orchestrator import archive, bulk, reminders, sessions, turns
-from orchestrator.errors import InvalidParams
+from orchestrator.errors import InvalidParams, StoreUnavailable
 from orchestrator.families import MAINTENANCE_QUEUE, Family, Task
 from orchestrator.store import Store, iso, now_ms
 from tests.helpers import RecordingDispatcher, wait_for
@@ -56,11 +56,29 @@ def test_unarchive_records_when_each_restored_session_was_unarchived(
     root, child = (s.session_id for s in chain(store, 1, cwd))
     archive.archive(store, recorder, root)
     ms = bulk.parse_instant(when, "when")
-    assert store.run("unarchive", [root, ms])[0] == "unarchived"
+    assert store.run("unarchive", [root, ms, iso(ms)])[0] == "unarchived"
     for sid in (root, child):
         h = store.redis.hgetall(store.keys.session(sid))
         assert h["unarchivedAt"] == when == iso(ms)
         assert int(h["unarchivedMs"]) == ms
+
+
+def test_the_unarchive_script_takes_its_time_from_the_caller_only(
+    store: Store, recorder: RecordingDispatcher, cwd: str
+) -> None:
+    # Given an archived session
+    root, _ = (s.session_id for s in chain(store, 1, cwd))
+    archive.archive(store, recorder, root)
+    # When the script is run without the time, it refuses (no clock or calendar of its own)
+    with pytest.raises(StoreUnavailable, match="nowMs and nowIso are required"):
+        store.run("unarchive", [root])
+    assert store.redis.hget(store.keys.session(root), "archived") == "1"
+    # And archive.unarchive passes Redis's own clock
+    before = store.now_ms()
+    assert archive.unarchive(store, root) == 2
+    h = store.redis.hgetall(store.keys.session(root))
+    assert before <= int(h["unarchivedMs"]) <= store.now_ms()
+    assert h["unarchivedAt"] == iso(int(h["unarchivedMs"]))
 
 
 def test_unarchive_without_a_time_uses_the_server_clock(
@@ -203,7 +221,10 @@ def test_beat_schedules_archive_auto_on_the_maintenance_queue() -> None:
 
 
 def test_reminder_workers_consume_the_maintenance_queue_and_run_archive_auto() -> None:
-    from workers.app import app, static_queues, worker_queues
+    from orchestrator.settings import FleetSettings
+    from workers.app import create_app, static_queues, worker_queues
+
+    app = create_app(FleetSettings())
 
     assert worker_queues(Family.REMINDER, "h")[-1] == "maintenance"
     assert "maintenance" not in worker_queues(Family.TURN, "h")
