@@ -34,6 +34,7 @@ from api.wiring import celery_dispatcher
 from orchestrator import activity, archive, sessions, turns
 from orchestrator.errors import SessionActive, SessionArchived
 from orchestrator.families import Family
+from orchestrator.items import ActivityItem
 from orchestrator.settings import FleetSettings
 from orchestrator.store import Store
 
@@ -96,15 +97,7 @@ def scenario(store: Store, dispatcher: Any, tl: Timeline) -> None:
     tl.say(f"created session [bold]{sid}[/bold]")
     tid = turns.start_turn(store, dispatcher, sid, PARENT_PROMPT)
     tl.say(f"prompted turn {tid}: spawn a subagent, run a job, set a reminder, keep thinking")
-
-    def four_families() -> list[activity.ActivityItem] | None:
-        items = activity.census(store, sid)
-        return items if {i.family for i in items} == set(Family) else None
-
-    items = _until(four_families, 30, "live work in all four families")
-    tl.ok("live work in all four families:")
-    for item in items:
-        tl.detail(f"{item.family.value:9} {item.label}")
+    items = _busy_in_four_families(store, sid, tl)
     job = next(i for i in items if i.family is Family.JOB)
     # The census counts a job from the moment it is stored; its pid exists once a worker runs it.
     job_pid = int(
@@ -118,6 +111,42 @@ def scenario(store: Store, dispatcher: Any, tl: Timeline) -> None:
     reminder = next(i for i in items if i.family is Family.REMINDER).id
     child_turns = store.redis.zrange(store.keys.live_turns(child), 0, -1)
 
+    _archive_is_refused(store, dispatcher, sid, tl)
+    started = time.monotonic()
+    result = archive.archive(store, dispatcher, sid, stop_activity=True)
+    took_ms = (time.monotonic() - started) * 1000
+    if result.outcome != "archived":
+        raise Expectation(f"archive with stopActivity answered {result.outcome}")
+    tl.ok(
+        f"archive with stopActivity returned in {took_ms:.1f} ms; stops sent: "
+        + json.dumps(result.stop_report.sent)
+    )
+    requests_at_archive = {s: _model_requests(store, s) for s in (sid, child)}
+    drained_at = _until(
+        lambda: not activity.census(store, sid) and time.monotonic(), 15, "the activity to drain"
+    )
+    tl.ok(f"activity drained to zero {drained_at - started:.2f} s after the archive")
+    _everything_stopped(store, tl, job_pid, reminder, child, [*child_turns], tid)
+    _gate_refuses_a_late_wake_up(store, dispatcher, child, tl)
+    _unarchive_restores_nothing(store, sid, tl, requests_at_archive)
+
+
+def _busy_in_four_families(store: Store, sid: str, tl: Timeline) -> list[ActivityItem]:
+    """Wait for live work in all four families; print and return it."""
+
+    def four_families() -> list[ActivityItem] | None:
+        items = activity.census(store, sid)
+        return items if {i.family for i in items} == set(Family) else None
+
+    items: list[ActivityItem] = _until(four_families, 30, "live work in all four families")
+    tl.ok("live work in all four families:")
+    for item in items:
+        tl.detail(f"{item.family.value:9} {item.label}")
+    return items
+
+
+def _archive_is_refused(store: Store, dispatcher: Any, sid: str, tl: Timeline) -> None:
+    """A plain archive is refused, naming every family."""
     try:
         archive.archive(store, dispatcher, sid)
         raise Expectation("archive without stopActivity was not refused")
@@ -130,21 +159,17 @@ def scenario(store: Store, dispatcher: Any, tl: Timeline) -> None:
             + ", ".join(families)
         )
 
-    started = time.monotonic()
-    result = archive.archive(store, dispatcher, sid, stop_activity=True)
-    took_ms = (time.monotonic() - started) * 1000
-    if result.outcome != "archived":
-        raise Expectation(f"archive with stopActivity answered {result.outcome}")
-    tl.ok(
-        f"archive with stopActivity returned in {took_ms:.1f} ms; stops sent: "
-        + json.dumps(result.stop_report.sent)
-    )
-    requests_at_archive = {s: _model_requests(store, s) for s in (sid, child)}
 
-    drained_at = _until(
-        lambda: not activity.census(store, sid) and time.monotonic(), 15, "the activity to drain"
-    )
-    tl.ok(f"activity drained to zero {drained_at - started:.2f} s after the archive")
+def _everything_stopped(
+    store: Store,
+    tl: Timeline,
+    job_pid: int,
+    reminder: str,
+    child: str,
+    child_turns: list[str],
+    tid: str,
+) -> None:
+    """The job's process is gone, the reminder deleted, every turn cancelled."""
     if psutil.pid_exists(job_pid) and psutil.Process(job_pid).status() != psutil.STATUS_ZOMBIE:
         raise Expectation(f"job process {job_pid} is still running")
     tl.ok(f"job process {job_pid} is gone")
@@ -162,6 +187,8 @@ def scenario(store: Store, dispatcher: Any, tl: Timeline) -> None:
         raise Expectation(f"parent turn is {parent_turn and parent_turn.state.value}")
     tl.ok("parent turn cancelled")
 
+
+def _gate_refuses_a_late_wake_up(store: Store, dispatcher: Any, child: str, tl: Timeline) -> None:
     try:
         late = turns.start_turn(store, dispatcher, child, "say I woke up late", source="reminder")
     except SessionArchived:
@@ -169,12 +196,16 @@ def scenario(store: Store, dispatcher: Any, tl: Timeline) -> None:
     else:
         raise Expectation(f"a late wake-up of the archived subagent was stored (turn {late})")
 
+
+def _unarchive_restores_nothing(
+    store: Store, sid: str, tl: Timeline, requests_at_archive: dict[str, int]
+) -> None:
     restored = archive.unarchive(store, sid)
     tl.say(f"unarchived {sid} ({restored} sessions restored)")
     time.sleep(1.5)  # let any wrongly restarted work show itself
     if activity.census(store, sid):
         raise Expectation("unarchive restarted work")
-    after = {s: _model_requests(store, s) for s in (sid, child)}
+    after = {s: _model_requests(store, s) for s in requests_at_archive}
     if after != requests_at_archive:
         raise Expectation(f"model requests after the archive: {requests_at_archive} -> {after}")
     tl.ok("unarchive restored nothing: no live work, no model request since the archive")

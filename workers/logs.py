@@ -44,6 +44,12 @@ class TaskContext(logging.Filter):
 @setup_logging.connect
 def _setup(loglevel: Any = None, **_: Any) -> None:
     settings = installed_settings()
-    family = settings.worker_family if settings is not None else None
-    configure(level=loglevel or logging.INFO, filters=[TaskContext(family or None)])
+    if settings is None:  # a worker started without an entry point: nothing to go by
+        configure(level=loglevel or logging.INFO)
+    else:
+        configure(
+            settings.log_format or None,
+            level=loglevel or logging.INFO,
+            filters=[TaskContext(settings.worker_family or None)],
+        )
     audit.set_default_actor("worker")

@@ -94,8 +94,8 @@ def up(
     from orchestrator.processes import die_with_parent
     from orchestrator.settings import FleetSettings
 
-    configure_logging()
     settings = FleetSettings()
+    configure_logging(settings.log_format or None)
     try:
         url, embedded = resolve_redis_url(settings)
     except RuntimeError as exc:
@@ -167,7 +167,7 @@ def serve_api(
     from orchestrator.logs import configure as configure_logging
 
     settings = settings_with_redis()
-    configure_logging()
+    configure_logging(settings.log_format or None)
     bind = api_bind_address(host or settings.api_host, settings.api_token)
     uvicorn.run(
         "api.rest:create_app",
