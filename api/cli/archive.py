@@ -52,34 +52,15 @@ def archive(
     2 the request was refused.
     """
     if bulk or auto:
-        from api.cli.bulk import run_auto, run_bulk
+        from api.cli.bulk import Selection, run_auto, run_bulk
 
+        given = Selection(ids or [], ids_file, cwd, idle_since, q, stop, dry_run, as_json)
         if auto:
-            run_auto(
-                ids=ids or [],
-                bulk=bulk,
-                ids_file=ids_file,
-                cwd=cwd,
-                idle_since=idle_since,
-                q=q,
-                stop=stop,
-                dry_run=dry_run,
-                as_json=as_json,
-                idle_seconds=idle_seconds,
-            )
-            return
-        run_bulk(
-            ids=ids or [],
-            ids_file=ids_file,
-            cwd=cwd,
-            idle_since=idle_since,
-            q=q,
-            stop=stop,
-            dry_run=dry_run,
-            as_json=as_json,
-        )
+            run_auto(given, bulk=bulk, idle_seconds=idle_seconds)
+        else:
+            run_bulk(given)
         return
-    given = {
+    flags = {
         "--ids-file": ids_file is not None,
         "--cwd": cwd is not None,
         "--idle-since": idle_since is not None,
@@ -87,7 +68,7 @@ def archive(
         "--dry-run": dry_run,
         "--idle-seconds": bool(idle_seconds),
     }
-    _archive_one(_one_session(ids, given), stop, confirmed, as_json)
+    _archive_one(_one_session(ids, flags), stop, confirmed, as_json)
 
 
 def _one_session(ids: list[str] | None, given: dict[str, bool]) -> str:

@@ -72,16 +72,16 @@ def _without_fleet_env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if not k.startswith("FLEET_")}
 
 
+def _run(argv: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """``python argv...`` from the project root, its output captured."""
+    return subprocess.run(
+        [sys.executable, *argv], env=env, cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
+
+
 def test_celery_dash_a_refuses_to_start_without_a_redis_url() -> None:
     # celery's own command line, as a deployment would run it, with no FLEET_REDIS_URL
-    proc = subprocess.run(
-        [sys.executable, "-m", "celery", "-A", "workers.main", "inspect", "ping"],
-        env=_without_fleet_env(),
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    proc = _run(["-m", "celery", "-A", "workers.main", "inspect", "ping"], _without_fleet_env())
     assert proc.returncode != 0
     assert "FLEET_REDIS_URL is not set" in proc.stdout + proc.stderr
 
@@ -94,21 +94,12 @@ def test_celery_dash_a_finds_the_app_built_from_the_environment(
         "import workers.main as m, workers.runtime as r;"
         "print(m.app.conf.broker_url, r.installed_settings().key_prefix)"
     )
-    proc = subprocess.run(
-        [sys.executable, "-c", code], env=env, cwd=ROOT, capture_output=True, text=True, timeout=60
-    )
+    proc = _run(["-c", code], env)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split() == [redis_url, key_prefix]
 
 
 def test_fleet_worker_refuses_to_start_without_a_redis_url() -> None:
-    proc = subprocess.run(
-        [sys.executable, "-m", "api.cli", "worker", "--family", "turn"],
-        env=_without_fleet_env(),
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    proc = _run(["-m", "api.cli", "worker", "--family", "turn"], _without_fleet_env())
     assert proc.returncode != 0
     assert "FLEET_REDIS_URL is not set" in proc.stderr
