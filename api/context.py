@@ -32,6 +32,8 @@ def redis_url() -> str:
 @lru_cache(maxsize=1)
 def store() -> Store:
     """The process's store."""
+    # No settings= yet: its store.settings stay the environment's (get_settings), which the
+    # REST tests re-read between cases until create_app takes its settings.
     return Store(redis_url(), get_settings().key_prefix)
 
 

@@ -233,7 +233,7 @@ def run_demo(console: Console) -> int:
     where = f"embedded Redis at {url}" if embedded else f"{url} (prefix {prefix!r})"
     tl.say(f"Redis: {where}")
     fleet = LocalFleet(url, prefix, settings.state_dir / "demo", hostname=settings.hostname)
-    store = Store(url, prefix)
+    store = Store(url, prefix, settings=settings)
     try:
         fleet.start()
         fleet.wait_ready(90)

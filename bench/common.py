@@ -72,7 +72,7 @@ def configure(url: str, prefix: str) -> tuple[Any, Any]:
     from orchestrator.store import Store
 
     settings = FleetSettings(redis_url=url, key_prefix=prefix)
-    return Store(url, prefix), celery_dispatcher(settings)
+    return Store(url, prefix, settings=settings), celery_dispatcher(settings)
 
 
 def seed_busy(store: Any, n: int) -> list[str]:

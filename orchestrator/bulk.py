@@ -54,7 +54,6 @@ from orchestrator.sessions import (
     normalize_query,
     title_matches,
 )
-from orchestrator.settings import get_settings
 from orchestrator.stops import StopReport, dispatch_stops_many
 from orchestrator.store import Store, iso, new_id, retried
 from orchestrator.turns import stopped_by_archive
@@ -242,7 +241,7 @@ def select(store: Store, flt: BulkFilter, *, limit: int | None = None) -> list[s
             "every session).",
             {"param": "filter"},
         )
-    cap = get_settings().bulk_filter_max if limit is None else limit
+    cap = store.settings.bulk_filter_max if limit is None else limit
     cwd = None if flt.cwd is None else check_cwd(flt.cwd)
     needle = normalize_query(flt.q)
     if flt.q is not None and needle is None:
@@ -272,7 +271,7 @@ def auto_candidates(
     ``FLEET_BULK_FILTER_MAX``; the rest wait for the next run), ancestors first. Returns the
     ids and the cutoff (epoch ms) the clock must be older than."""
     cutoff = (store.now_ms() if now is None else now) - int(idle_seconds * 1000)
-    cap = get_settings().bulk_filter_max if limit is None else limit
+    cap = store.settings.bulk_filter_max if limit is None else limit
     where = None if cwd is None else check_cwd(cwd)
     found: list[str] = []
     for sid, (unarchived,) in _scan(
@@ -518,7 +517,7 @@ def auto_archive(
     no live work; busy ones come back ``refused`` and are left alone (nothing is stopped).
     ``cwd`` narrows the run to one directory. Raises ``InvalidParams`` when the policy is off
     (0 seconds); ``StoreUnavailable``."""
-    age = get_settings().auto_archive_idle_seconds if idle_seconds is None else idle_seconds
+    age = store.settings.auto_archive_idle_seconds if idle_seconds is None else idle_seconds
     if not age or age <= 0:
         raise InvalidParams(
             "Auto-archive is off: set FLEET_AUTO_ARCHIVE_IDLE_SECONDS to an age in seconds.",

@@ -105,7 +105,7 @@ def create_job(
     ``FLEET_MAX_JOBS_PER_SESSION`` live jobs (counted in the script that stores the job),
     ``StoreUnavailable``."""
     jid = new_id("job")
-    maximum = limits.JOBS_PER_SESSION.maximum()
+    maximum = limits.JOBS_PER_SESSION.maximum(store.settings)
     args = [jid, session_id, label, seconds, iso(store.now_ms()), START_TIMEOUT_MS]
     stored = store.run("job_create", [*args, *StepGuard.argv(guard), maximum])
     if stored == "stopped":
@@ -224,7 +224,7 @@ class JobSupervisor:
     def _claim_args(self) -> list[object]:
         """``job_claim.lua``'s lease, time, this worker's instance and the per-host limit
         (``FLEET_MAX_JOBS_PER_HOST``)."""
-        maximum = limits.JOBS_PER_HOST.maximum()
+        maximum = limits.JOBS_PER_HOST.maximum(self.store.settings)
         return [
             self.lease_ms,
             iso(self.store.now_ms()),

@@ -104,6 +104,25 @@ def dispatcher() -> Any:
 
 
 @pytest.fixture
+def store_with() -> Iterator[Any]:
+    """``store_with(**fields)``: a store on the test Redis and prefix whose settings are this
+    run's with ``fields`` on top (``store_with(bulk_filter_max=3)``), for one test: the domain
+    reads its settings from the store, so nothing process-wide is changed or reset."""
+    from orchestrator.settings import FleetSettings
+    from orchestrator.store import Store
+
+    made: list[Store] = []
+
+    def make(**fields: Any) -> Store:
+        made.append(Store(REDIS_URL, _PREFIX, settings=FleetSettings(**fields)))
+        return made[-1]
+
+    yield make
+    for s in made:
+        s.close()
+
+
+@pytest.fixture
 def recorder() -> RecordingDispatcher:
     """A fresh ``RecordingDispatcher``."""
     return RecordingDispatcher()

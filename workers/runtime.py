@@ -79,7 +79,7 @@ def get_runtime() -> Runtime:
             settings, app = _installed
             _runtime = Runtime(
                 settings=settings,
-                store=Store(settings.require_redis_url(), settings.key_prefix),
+                store=Store(settings.require_redis_url(), settings.key_prefix, settings=settings),
                 dispatcher=CeleryDispatcher(app),
                 model=ScriptedModel(),
                 host=settings.hostname,

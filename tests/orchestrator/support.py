@@ -78,7 +78,7 @@ def deliver(store: Store, recorder: RecordingDispatcher, messages: list[Any]) ->
 
 def claim_job(store: Store, job_id: str, host: str = "hostA") -> str:
     """Take a starting job as a job worker on ``host`` would (no process is started)."""
-    cap = limits.JOBS_PER_HOST.maximum()
+    cap = limits.JOBS_PER_HOST.maximum(store.settings)
     template = limits.JOBS_PER_HOST.template(cap)
     args = [job_id, host, 5000, "2026-01-01T00:00:00Z", f"{host}/test", cap, template]
     result: str = store.run("job_claim", args)

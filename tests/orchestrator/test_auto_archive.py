@@ -191,19 +191,15 @@ def test_an_idle_subtree_is_archived_in_its_roots_transition(
 
 
 def test_the_policy_is_off_at_zero(
-    store: Store, recorder: RecordingDispatcher, monkeypatch: pytest.MonkeyPatch
+    store: Store, recorder: RecordingDispatcher, store_with: Any
 ) -> None:
     with pytest.raises(InvalidParams) as caught:
         bulk.auto_archive(store, recorder, idle_seconds=0)
     assert "FLEET_AUTO_ARCHIVE_IDLE_SECONDS" in caught.value.message
-    # The default comes from the setting, which is off unless configured
-    monkeypatch.delenv("FLEET_AUTO_ARCHIVE_IDLE_SECONDS", raising=False)
-    bulk.get_settings.cache_clear()
-    try:
-        with pytest.raises(InvalidParams):
-            bulk.auto_archive(store, recorder, cwd="/tmp/fleet-auto-off")
-    finally:
-        bulk.get_settings.cache_clear()
+    # The default comes from the store's settings, where it is off
+    off = store_with(auto_archive_idle_seconds=0)
+    with pytest.raises(InvalidParams):
+        bulk.auto_archive(off, recorder, cwd="/tmp/fleet-auto-off")
 
 
 # --------------------------------------------------------------------------- scheduling
