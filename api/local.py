@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import redis
+from tenacity import RetryError, Retrying, retry_if_result, stop_after_delay, wait_fixed
 
 from orchestrator.families import get as family_spec
 from orchestrator.families import names as family_names
@@ -59,7 +60,6 @@ class LocalFleet:
                 "FLEET_REDIS_URL": self.redis_url,
                 "FLEET_KEY_PREFIX": self.key_prefix,
                 "FLEET_HOSTNAME": host,
-                "FLEET_WORKER_FAMILY": str(family),
                 "PYTHONUNBUFFERED": "1",
             }
         )
@@ -128,28 +128,31 @@ class LocalFleet:
         ``RuntimeError`` with the log tail of a worker that died or never got ready."""
         client = redis.Redis.from_url(self.redis_url, decode_responses=True)
         keys = Keys(self.key_prefix)
-        deadline = time.monotonic() + timeout
-        try:
-            while True:
-                missing = []
-                for w in self.workers:
-                    if w.process.poll() is not None:
-                        raise RuntimeError(
-                            f"worker {w.family}@{w.host} exited with "
-                            f"{w.process.returncode}:\n{self.tail(w)}"
-                        )
-                    key = keys.worker_heartbeat(str(w.family), f"{w.family}@{w.host}")
-                    if not client.exists(key):
-                        missing.append(w)
-                if not missing:
-                    return
-                if time.monotonic() > deadline:
-                    w = missing[0]
+
+        def missing() -> list[WorkerProcess]:
+            """The workers with no heartbeat yet; raises for one that exited."""
+            out = []
+            for w in self.workers:
+                if w.process.poll() is not None:
                     raise RuntimeError(
-                        f"worker {w.family}@{w.host} not ready after "
-                        f"{timeout:.0f}s:\n{self.tail(w)}"
+                        f"worker {w.family}@{w.host} exited with "
+                        f"{w.process.returncode}:\n{self.tail(w)}"
                     )
-                time.sleep(0.1)
+                key = keys.worker_heartbeat(str(w.family), f"{w.family}@{w.host}")
+                if not client.exists(key):
+                    out.append(w)
+            return out
+
+        polls = Retrying(
+            stop=stop_after_delay(timeout), wait=wait_fixed(0.1), retry=retry_if_result(bool)
+        )
+        try:
+            polls(missing)
+        except RetryError as exc:
+            w = exc.last_attempt.result()[0]
+            raise RuntimeError(
+                f"worker {w.family}@{w.host} not ready after {timeout:.0f}s:\n{self.tail(w)}"
+            ) from None
         finally:
             client.close()
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import httpx
 
-from bench.run import Row, api_server, configure, seed_busy
+from bench.common import Row, api_server, configure, seed_busy
 
 
 def _seed_idle(store: Any, cwd: str, count: int, batch: int = 1000) -> None:

@@ -22,132 +22,28 @@ import argparse
 import os
 import platform
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
-import uuid
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import httpx
 import redis
 
-Row = tuple[str, str, str, str]
-
-
-def pct(values: list[float], q: float) -> float:
-    """The ``q`` quantile (0..1) of ``values``, nearest rank."""
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, max(0, round(q * len(ordered)) - 1))]
-
-
-def ms(seconds: float) -> str:
-    return f"{seconds * 1000:.3f} ms"
-
-
-def timed(fn: Callable[[], Any], n: int) -> list[float]:
-    out = []
-    for _ in range(n):
-        t0 = time.perf_counter()
-        fn()
-        out.append(time.perf_counter() - t0)
-    return out
-
-
-class NullDispatcher:
-    """Seeds state without sending anything."""
-
-    def send(self, task: str, args: list[Any], queue: str) -> None:
-        return None
-
-
-@contextmanager
-def environment(url: str | None) -> Iterator[tuple[str, str]]:
-    """(redis url, key prefix) for a run; a private embedded server unless ``url``."""
-    prefix = f"bench-{uuid.uuid4().hex[:8]}:"
-    if url:
-        try:
-            yield url, prefix
-        finally:
-            client = redis.Redis.from_url(url)
-            for key in client.scan_iter(match=f"{prefix}*", count=5000):
-                client.delete(key)
-        return
-    from api.embedded import EmbeddedRedis
-
-    with EmbeddedRedis(Path(tempfile.mkdtemp(prefix="fleet-bench-"))) as server:
-        yield server.url, prefix
-
-
-def configure(url: str, prefix: str) -> tuple[Any, Any]:
-    """Point this process's settings and Celery app at the run's Redis; return (store,
-    dispatcher)."""
-    os.environ["FLEET_REDIS_URL"] = url
-    os.environ["FLEET_KEY_PREFIX"] = prefix
-    from orchestrator.settings import get_settings
-
-    get_settings.cache_clear()
-    from orchestrator.store import Store
-    from workers.app import app
-    from workers.app import configure as configure_app
-    from workers.dispatch import CeleryDispatcher
-
-    # Each benchmark has its own Redis: drop connections to the previous one.
-    if app._pool is not None:
-        app._pool.force_close_all()
-        app._pool = None
-    app.amqp._producer_pool = None
-    configure_app(app, get_settings())
-    return Store(url, prefix), CeleryDispatcher(app)
-
-
-def seed_busy(store: Any, n: int) -> list[str]:
-    """``n`` sessions with stored live work in all four families (no workers needed)."""
-    from orchestrator import jobs, reminders, sessions, turns
-    from orchestrator.store import iso, now_ms
-
-    null = NullDispatcher()
-    ids = []
-    for _ in range(n):
-        sid = sessions.create_session(store, "/bench/busy").session_id
-        turns.start_turn(store, null, sid, "think 600")
-        jid = jobs.create_job(store, null, sid, 600, "sleep 600s")
-        claim = [jid, "bench-host", 600_000, iso(now_ms()), "bench-host/bench", n, "limit %d"]
-        store.run("job_claim", claim)
-        reminders.create_reminder(store, sid, 3600, "say later")
-        child = sessions.create_session(store, "/bench/busy", parent_id=sid).session_id
-        turns.start_turn(store, null, child, "think 600", source="subagent")
-        ids.append(sid)
-    return ids
-
-
-@contextmanager
-def api_server(url: str, prefix: str) -> Iterator[str]:
-    """The HTTP API (uvicorn, in its own process) on a free port; yields its base URL."""
-    port = _free_port()
-    env = dict(os.environ, FLEET_REDIS_URL=url, FLEET_KEY_PREFIX=prefix, FLEET_API_TOKEN="")
-    cmd = [
-        sys.executable,
-        "-m",
-        "uvicorn",
-        "api.rest:create_app",
-        "--factory",
-        "--port",
-        str(port),
-        "--log-level",
-        "warning",
-    ]
-    api = subprocess.Popen(cmd, env=env)
-    try:
-        base = f"http://127.0.0.1:{port}"
-        _until(lambda: _ok(base + "/health"), 30)
-        yield base
-    finally:
-        api.terminate()
-        api.wait(10)
+from bench.bulk import bench_bulk
+from bench.common import (
+    Row,
+    api_server,
+    configure,
+    environment,
+    ms,
+    pct,
+    seed_busy,
+    timed,
+    until,
+)
 
 
 # --------------------------------------------------------------------------- 1
@@ -225,7 +121,7 @@ def bench_drain(url: str, prefix: str, n: int) -> list[Row]:
         ids = [sessions.create_session(store, "/bench/drain").session_id for _ in range(n)]
         for sid in ids:
             turns.start_turn(store, dispatcher, sid, BUSY_PROMPT)
-        _until(
+        until(
             lambda: all({i.family for i in activity.census(store, s)} == set(Family) for s in ids),
             120,
         )
@@ -365,7 +261,7 @@ def bench_throughput(url: str, prefix: str, n: int) -> list[Row]:
             for _ in range(n):
                 dispatcher.send("ops.ping", [sid, counter, gated], "turn")
             key = store.keys.ops_counter(counter)
-            _until(lambda key=key: int(store.redis.get(key) or 0) >= n, 300)
+            until(lambda key=key: int(store.redis.get(key) or 0) >= n, 300)
             rates[label] = n / (time.perf_counter() - t0)
     finally:
         fleet.stop()
@@ -384,30 +280,6 @@ def bench_throughput(url: str, prefix: str, n: int) -> list[Row]:
             f"{ratio:.2f} of ungated; goal >= 0.8: " + ("met" if ratio >= 0.8 else "MISSED"),
         ),
     ]
-
-
-# --------------------------------------------------------------------------- helpers
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _ok(url: str) -> bool:
-    try:
-        return httpx.get(url, timeout=0.5).status_code == 200
-    except httpx.HTTPError:
-        return False
-
-
-def _until(predicate: Callable[[], Any], timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"benchmark setup did not converge in {timeout}s")
-        time.sleep(0.05)
 
 
 def main() -> int:
@@ -430,12 +302,7 @@ def main() -> int:
         ),
         (6, lambda u, p: bench_throughput(u, p, 500 if q else 3000)),
     ]
-    try:
-        from bench.bulk import bench_bulk
-
-        plan.insert(2, (3, lambda u, p: bench_bulk(u, p, quick=q)))
-    except ImportError:
-        pass
+    plan.insert(2, (3, lambda u, p: bench_bulk(u, p, quick=q)))
     rows: list[Row] = []
     for number, fn in plan:
         if only and number not in only:

@@ -14,7 +14,7 @@ from datetime import datetime
 from orchestrator import families, metrics
 from orchestrator.errors import FleetError, StoreUnavailable
 from orchestrator.families import Dispatcher, Family
-from orchestrator.families.items import ActivityItem, shorten
+from orchestrator.items import ActivityItem, shorten
 from orchestrator.sessions import check_session_id, get_session
 from orchestrator.store import Store, iso, retried
 

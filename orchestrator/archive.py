@@ -242,7 +242,8 @@ def unarchive(store: Store, session_id: str) -> int:
     Raises ``SessionNotFound``, ``AncestorArchived``, ``StoreUnavailable``.
     """
     sid = check_session_id(session_id)
-    result = store.run("unarchive", [sid], durable=True)
+    ms = store.now_ms()
+    result = store.run("unarchive", [sid, ms, iso(ms)], durable=True)
     outcome = result[0]
     if outcome == "not_found":
         raise SessionNotFound(sid)

@@ -29,7 +29,6 @@ from contextvars import ContextVar
 from typing import Any
 
 from orchestrator.errors import InvalidParams
-from orchestrator.settings import get_settings
 from orchestrator.store import Store, iso, retried
 
 log = logging.getLogger(__name__)
@@ -99,7 +98,7 @@ def script_recorder(store: Store, action: str, detail: dict[str, Any], **extra: 
     ``_lib.lua``): ``{auditAll, auditSession (per-session key prefix), maxSession, maxGlobal,
     action, actor, detail (stored form), **extra}``. The entry then commits with the change,
     with the fields and trimming of ``record``."""
-    settings = get_settings()
+    settings = store.settings
     k = store.keys
     return json.dumps(
         {
@@ -126,7 +125,7 @@ def record_many(
     a warning; never raises for a store failure)."""
     if not entries:
         return []
-    settings = get_settings()
+    settings = store.settings
     who = actor or current_actor()
     k = store.keys
     try:

@@ -55,7 +55,6 @@ from orchestrator.bulk_select import (
 from orchestrator.errors import InvalidParams, TooManySessions
 from orchestrator.families import Dispatcher
 from orchestrator.sessions import SESSION_ID_RE
-from orchestrator.settings import get_settings
 from orchestrator.stops import StopReport, dispatch_stops_many
 from orchestrator.store import Store, iso, new_id
 from orchestrator.turns import stopped_by_archive
@@ -379,7 +378,7 @@ def auto_archive(
     no live work; busy ones come back ``refused`` and are left alone (nothing is stopped).
     ``cwd`` narrows the run to one directory. Raises ``InvalidParams`` when the policy is off
     (0 seconds); ``StoreUnavailable``."""
-    age = get_settings().auto_archive_idle_seconds if idle_seconds is None else idle_seconds
+    age = store.settings.auto_archive_idle_seconds if idle_seconds is None else idle_seconds
     if not age or age <= 0:
         raise InvalidParams(
             "Auto-archive is off: set FLEET_AUTO_ARCHIVE_IDLE_SECONDS to an age in seconds.",

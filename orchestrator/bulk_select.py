@@ -14,7 +14,6 @@ from datetime import datetime
 
 from orchestrator.errors import InvalidParams, TooManySessions
 from orchestrator.sessions import check_cwd, cwd_hash, normalize_query, title_matches
-from orchestrator.settings import get_settings
 from orchestrator.store import Store, retried
 
 #: Index entries read per round trip while a filter selects.
@@ -126,7 +125,7 @@ def select(store: Store, flt: BulkFilter, *, limit: int | None = None) -> list[s
             "every session).",
             {"param": "filter"},
         )
-    cap = get_settings().bulk_filter_max if limit is None else limit
+    cap = store.settings.bulk_filter_max if limit is None else limit
     cwd = None if flt.cwd is None else check_cwd(flt.cwd)
     needle = normalize_query(flt.q)
     if flt.q is not None and needle is None:
@@ -156,7 +155,7 @@ def auto_candidates(
     ``FLEET_BULK_FILTER_MAX``; the rest wait for the next run), ancestors first. Returns the
     ids and the cutoff (epoch ms) the clock must be older than."""
     cutoff = (store.now_ms() if now is None else now) - int(idle_seconds * 1000)
-    cap = get_settings().bulk_filter_max if limit is None else limit
+    cap = store.settings.bulk_filter_max if limit is None else limit
     where = None if cwd is None else check_cwd(cwd)
     found: list[str] = []
     for sid, (unarchived,) in _scan(

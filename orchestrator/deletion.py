@@ -28,7 +28,6 @@ from orchestrator.archive import Confirmed, archive
 from orchestrator.errors import InvalidParams, SessionActive, SessionNotFound
 from orchestrator.families import Dispatcher
 from orchestrator.sessions import SESSION_ID_RE, write_delete
-from orchestrator.settings import get_settings
 from orchestrator.stops import StopReport
 from orchestrator.store import Store
 
@@ -94,7 +93,7 @@ def delete(
         except SessionNotFound:
             return result
         result.stopped, result.stop_report = archived.stopped, archived.stop_report
-        wait = get_settings().delete_stop_wait_seconds if wait_seconds is None else wait_seconds
+        wait = store.settings.delete_stop_wait_seconds if wait_seconds is None else wait_seconds
         _wait_quiet(store, dispatcher, session_id, wait)
     elif confirmed is not None:
         raise InvalidParams(

@@ -25,10 +25,9 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from orchestrator.activity import ActivityItem
+from orchestrator.items import ActivityItem
 
 
 class FleetError(Exception):

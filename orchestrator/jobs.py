@@ -27,14 +27,15 @@ import subprocess
 import threading
 import time
 from collections.abc import Callable
+from concurrent import futures
 from dataclasses import dataclass
 from enum import StrEnum
 
 from orchestrator import jobwatch, limits
 from orchestrator.errors import TurnStopped
-from orchestrator.families import Dispatcher, Family, Task, control_queue, work_queue
+from orchestrator.families import Dispatcher, Family, Task, work_queue
 from orchestrator.fencing import StepGuard
-from orchestrator.ownership import kill_if_ours, new_instance, process_start
+from orchestrator.ownership import new_instance, process_start
 from orchestrator.processes import die_with_parent
 from orchestrator.store import Store, iso, new_id, retried
 
@@ -61,7 +62,7 @@ class JobState(StrEnum):
 # store's translation and bounded retry, so a Redis failure is StoreUnavailable, never a raw
 # redis-py error; a task that meets it is retried (workers/retry.py).
 @retried
-def _job_fields(store: Store, job_id: str, *fields: str) -> list[str | None]:
+def job_fields(store: Store, job_id: str, *fields: str) -> list[str | None]:
     found: list[str | None] = store.redis.hmget(store.keys.job(job_id), *fields)
     return found
 
@@ -70,6 +71,21 @@ def _job_fields(store: Store, job_id: str, *fields: str) -> list[str | None]:
 def _record_pid(store: Store, job_id: str, pid: int, started: float | None) -> None:
     fields = {"pid": pid, "pidStart": "" if started is None else repr(started)}
     store.redis.hset(store.keys.job(job_id), mapping=fields)
+
+
+def end_job(
+    store: Store,
+    job_id: str,
+    state: JobState,
+    exit_code: str = "",
+    *,
+    was: JobState = JobState.RUNNING,
+    reason: str = "",
+) -> str:
+    """Record a job ended in ``state`` if it is still ``was`` (``job_end.lua``, at Redis's
+    time). Returns ``ok``, or the job's state when it was not ``was``."""
+    args = [job_id, state.value, exit_code, iso(store.now_ms()), was.value, reason]
+    return str(store.run("job_end", args))
 
 
 def create_job(
@@ -89,7 +105,7 @@ def create_job(
     ``FLEET_MAX_JOBS_PER_SESSION`` live jobs (counted in the script that stores the job),
     ``StoreUnavailable``."""
     jid = new_id("job")
-    maximum = limits.JOBS_PER_SESSION.maximum()
+    maximum = limits.JOBS_PER_SESSION.maximum(store.settings)
     args = [jid, session_id, label, seconds, iso(store.now_ms()), START_TIMEOUT_MS]
     stored = store.run("job_create", [*args, *StepGuard.argv(guard), maximum])
     if stored == "stopped":
@@ -136,9 +152,11 @@ class JobSupervisor:
         self.grace = grace_seconds
         self.command = command or (lambda seconds: ["sleep", f"{seconds:g}"])
         self._running: dict[str, _Running] = {}
-        self._pending: set[str] = set()  # claimed here, process not forked yet
+        #: Claimed here, process not forked yet: each job's fork, resolved with its pid (or
+        #: the fork's error) by the supervisor thread, cancelled when the claim failed.
+        self._pending: dict[str, futures.Future[int]] = {}
         self._lock = threading.Lock()
-        self._requests: list[tuple[str, str, float, threading.Event, list[object]]] = []
+        self._requests: list[tuple[str, str, float]] = []
         self._wake = threading.Condition()
         self._stop = threading.Event()
         self._watchdog: subprocess.Popen[bytes] | None = None
@@ -153,18 +171,17 @@ class JobSupervisor:
         starting."""
         # Counted as ours before the claim is visible, so a stop that sees the claim also
         # sees the job here and waits for its fork instead of treating it as an orphan.
+        fork: futures.Future[int] = futures.Future()
         with self._lock:
-            self._pending.add(job_id)
+            self._pending[job_id] = fork
         try:
             claimed = self.store.run("job_claim", [job_id, self.host, *self._claim_args()])
-            seconds = float(_job_fields(self.store, job_id, "seconds")[0] or 0)
+            seconds = float(job_fields(self.store, job_id, "seconds")[0] or 0)
         except BaseException:
-            with self._lock:
-                self._pending.discard(job_id)
+            self._settle(job_id)
             raise
         if claimed != "ok":
-            with self._lock:
-                self._pending.discard(job_id)
+            self._settle(job_id)
             log.info(
                 "job %s not started: %s",
                 job_id,
@@ -172,29 +189,42 @@ class JobSupervisor:
                 extra={"session_id": session_id, "family": "job"},
             )
             return str(claimed)
-        done = threading.Event()
-        box: list[object] = []
         with self._wake:
-            self._requests.append((session_id, job_id, seconds, done, box))
+            self._requests.append((session_id, job_id, seconds))
             self._wake.notify()
-        done.wait(10)
-        if box and isinstance(box[0], Exception):
-            self.store.run(
-                "job_end", [job_id, JobState.FAILED.value, "", iso(self.store.now_ms()), "running"]
-            )
+        try:
+            fork.result(timeout=10)
+        except futures.TimeoutError:  # the supervisor thread is slow: it forks it later
+            return "running"
+        except OSError as exc:
+            end_job(self.store, job_id, JobState.FAILED)
             log.warning(
                 "job %s failed to start: %s",
                 job_id,
-                box[0],
+                exc,
                 extra={"session_id": session_id, "family": "job"},
             )
             return "failed"
         return "running"
 
+    def _settle(self, job_id: str, pid: int | None = None, error: OSError | None = None) -> None:
+        """The job is no longer pending: its fork gave ``pid`` or failed with ``error``, or
+        (neither) its claim failed."""
+        with self._lock:
+            fork = self._pending.pop(job_id, None)
+        if fork is None:
+            return
+        if error is not None:
+            fork.set_exception(error)
+        elif pid is not None:
+            fork.set_result(pid)
+        else:
+            fork.cancel()
+
     def _claim_args(self) -> list[object]:
         """``job_claim.lua``'s lease, time, this worker's instance and the per-host limit
         (``FLEET_MAX_JOBS_PER_HOST``)."""
-        maximum = limits.JOBS_PER_HOST.maximum()
+        maximum = limits.JOBS_PER_HOST.maximum(self.store.settings)
         return [
             self.lease_ms,
             iso(self.store.now_ms()),
@@ -209,19 +239,17 @@ class JobSupervisor:
         ``{jobId: outcome}``; never raises for one job's failure."""
         outcomes: dict[str, str] = {}
         victims: list[_Running] = []
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            with self._lock:
-                if not self._pending.intersection(job_ids):
-                    break
-            time.sleep(0.01)  # a stop racing the fork: let the process exist, then stop it
+        with self._lock:
+            forks = [self._pending[jid] for jid in job_ids if jid in self._pending]
+        # A stop racing the fork: let the process exist, then stop it.
+        futures.wait(forks, timeout=10)
         with self._lock:
             for jid in job_ids:
                 run = self._running.get(jid)
                 if run is not None and run.session_id == session_id:
                     victims.append(run)
                 else:
-                    [state] = _job_fields(self.store, jid, "state")
+                    [state] = job_fields(self.store, jid, "state")
                     outcomes[jid] = f"not here ({state})"
         for run in victims:
             try:
@@ -239,7 +267,7 @@ class JobSupervisor:
     def owned(self) -> set[str]:
         """Ids of the jobs this supervisor runs or is about to fork."""
         with self._lock:
-            return set(self._running) | self._pending
+            return set(self._running) | set(self._pending)
 
     def pids(self) -> dict[str, int]:
         """``{jobId: pid}`` of the processes running here."""
@@ -283,23 +311,14 @@ class JobSupervisor:
                 proc.wait(5)
         with self._lock:
             self._running.pop(run.job_id, None)
-        self.store.run(
-            "job_end",
-            [
-                run.job_id,
-                JobState.STOPPED.value,
-                str(proc.returncode),
-                iso(self.store.now_ms()),
-                "running",
-            ],
-        )
+        end_job(self.store, run.job_id, JobState.STOPPED, str(proc.returncode))
         log.info("job %s stopped (pid %d)", run.job_id, proc.pid, extra=extra)
         return "stopped"
 
     def _spawn_pending(self) -> None:
         with self._wake:
             pending, self._requests = self._requests, []
-        for session_id, job_id, seconds, done, box in pending:
+        for session_id, job_id, seconds in pending:
             try:
                 proc = subprocess.Popen(
                     self.command(seconds),
@@ -309,14 +328,10 @@ class JobSupervisor:
                     preexec_fn=die_with_parent(),
                 )
             except OSError as exc:
-                with self._lock:
-                    self._pending.discard(job_id)
-                box.append(exc)
-                done.set()
+                self._settle(job_id, error=exc)
                 continue
             with self._lock:
                 self._running[job_id] = _Running(job_id, session_id, proc)
-                self._pending.discard(job_id)
             _record_pid(self.store, job_id, proc.pid, process_start(proc.pid))
             log.info(
                 "job %s running as pid %d for %gs",
@@ -325,7 +340,7 @@ class JobSupervisor:
                 seconds,
                 extra={"session_id": session_id, "family": "job"},
             )
-            done.set()
+            self._settle(job_id, pid=proc.pid)
 
     def _renew(self, run: _Running) -> None:
         """Renew the lease of a running job (``job_renew.lua``). When refused (the lease
@@ -340,8 +355,7 @@ class JobSupervisor:
             os.killpg(run.process.pid, signal.SIGKILL)
         run.process.wait(5)
         reason = f"its lease was not renewable ({renewed}): killed by its worker on resuming"
-        ms = self.store.now_ms()
-        self.store.run("job_end", [run.job_id, JobState.LOST.value, "", iso(ms), "running", reason])
+        end_job(self.store, run.job_id, JobState.LOST, reason=reason)
         log.warning(
             "job %s: %s",
             run.job_id,
@@ -360,10 +374,7 @@ class JobSupervisor:
             with self._lock:
                 if run.stopping or self._running.pop(run.job_id, None) is None:
                     continue  # being stopped right now; _terminate records it
-            self.store.run(
-                "job_end",
-                [run.job_id, JobState.EXITED.value, str(code), iso(self.store.now_ms()), "running"],
-            )
+            end_job(self.store, run.job_id, JobState.EXITED, str(code))
             log.info(
                 "job %s exited with %d",
                 run.job_id,
@@ -389,75 +400,3 @@ class JobSupervisor:
                     last_reap = time.monotonic()
             except Exception as exc:  # a Redis blip must not kill the supervisor
                 log.warning("job supervisor: %s", exc)
-
-
-def stop_unclaimed(
-    store: Store,
-    dispatcher: Dispatcher,
-    session_id: str,
-    job_ids: list[str],
-    *,
-    local_host: str,
-    local_instance: str,
-) -> dict[str, str]:
-    """Stop jobs not supervised by the caller (worker instance ``local_instance`` on
-    ``local_host``): still ``starting`` -> ``stopped`` (the worker that takes one later finds
-    it stopped); running on another host -> the stop is forwarded to that host's queue;
-    claimed by this instance -> left to it (it is ending here); claimed by an earlier worker of
-    this host (an orphan) -> ``_stop_orphan``. Returns ``{jobId: outcome}``."""
-    outcomes: dict[str, str] = {}
-    for jid in job_ids:
-        result = store.run(
-            "job_end",
-            [jid, JobState.STOPPED.value, "", iso(store.now_ms()), JobState.STARTING.value],
-        )
-        if result == "ok":
-            outcomes[jid] = "stopped before it started"
-            continue
-        if result != JobState.RUNNING.value:
-            outcomes[jid] = str(result)
-            continue
-        host, instance, pid, started = _job_fields(
-            store, jid, "host", "instance", "pid", "pidStart"
-        )
-        if host and host != local_host:
-            dispatcher.send(Task.JOB_STOP, [session_id, [jid]], control_queue(Family.JOB, host))
-            outcomes[jid] = f"forwarded to {host}"
-        elif instance == local_instance:
-            outcomes[jid] = "not here (running: ending on this worker)"
-        else:
-            outcomes[jid] = _stop_orphan(store, session_id, jid, pid, started)
-    return outcomes
-
-
-def _stop_orphan(
-    store: Store, session_id: str, jid: str, pid: str | None, started: str | None
-) -> str:
-    """A job left running by an earlier worker of this host: with no pid recorded it just
-    ends ``stopped``; its process group is killed only if its pid still names the process
-    that started at ``pidStart``; otherwise the pid is not ours (reused, or another pid
-    namespace), nothing is signalled and the job is recorded ``lost``."""
-    extra = {"session_id": session_id, "family": "job"}
-    if not pid:  # its worker died between the claim and the fork: there is nothing to signal
-        store.run(
-            "job_end",
-            [jid, JobState.STOPPED.value, "", iso(store.now_ms()), JobState.RUNNING.value],
-        )
-        return "stopped (no process was recorded)"
-    if kill_if_ours(int(pid), started):
-        store.run(
-            "job_end",
-            [jid, JobState.STOPPED.value, "", iso(store.now_ms()), JobState.RUNNING.value],
-        )
-        log.warning("job %s: orphan of an earlier worker killed (pid %s)", jid, pid, extra=extra)
-        return "orphan killed"
-    store.run(
-        "job_end", [jid, JobState.LOST.value, "", iso(store.now_ms()), JobState.RUNNING.value]
-    )
-    log.warning(
-        "job %s: recorded lost, nothing signalled (pid %s is not its process here)",
-        jid,
-        pid,
-        extra=extra,
-    )
-    return "lost (its process is not here)"

@@ -32,7 +32,6 @@ from orchestrator.activity import shorten
 from orchestrator.errors import TurnStopped
 from orchestrator.families import Dispatcher, Family, Task, send_all, work_queue
 from orchestrator.fencing import StepGuard
-from orchestrator.settings import get_settings
 from orchestrator.store import Store, iso, new_id
 
 log = logging.getLogger(__name__)
@@ -68,7 +67,7 @@ def create_reminder(
     rid = new_id("rem")
     now = store.now_ms()
     delay = max(0, int(seconds * 1000))
-    maximum = limits.REMINDERS_PER_SESSION.maximum()
+    maximum = limits.REMINDERS_PER_SESSION.maximum(store.settings)
     stored = store.run(
         "reminder_create",
         [
@@ -96,7 +95,7 @@ def claim_due(
     """Atomically claim up to ``limit`` reminders: those whose earlier claim was not turned
     into a turn within its deadline, then those due now. Each becomes ``firing`` with a
     deadline ``refire_seconds`` (default ``reminder_refire_seconds``) from now."""
-    seconds = get_settings().reminder_refire_seconds if refire_seconds is None else refire_seconds
+    seconds = store.settings.reminder_refire_seconds if refire_seconds is None else refire_seconds
     flat = store.run("reminder_claim", [limit, int(seconds * 1000)])
     return [DueReminder(flat[i], flat[i + 1], flat[i + 2]) for i in range(0, len(flat), 3)]
 

@@ -84,7 +84,10 @@ def create_session(
         check_session_id(parent_id)
     sid = new_id("sess")
     ms = store.now_ms()
-    caps = [limits.SUBAGENT_DEPTH.maximum(), limits.SUBAGENTS_PER_SESSION.maximum()]
+    caps = [
+        limits.SUBAGENT_DEPTH.maximum(store.settings),
+        limits.SUBAGENTS_PER_SESSION.maximum(store.settings),
+    ]
     args = [sid, cwd, cwd_hash(cwd), parent_id or "", ms, iso(ms), *StepGuard.argv(guard)]
     result = store.run("create_session", [*args, *caps], durable=True)
     if result[0] == "stopped":

@@ -15,6 +15,11 @@ from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
+class MissingRedisUrl(ValueError):
+    """No ``FLEET_REDIS_URL`` (or one of another scheme) where a process needs Redis: every
+    command but ``fleet up`` and ``fleet demo`` refuses to start without one."""
+
+
 class FleetSettings(BaseSettings):
     """Process configuration (pydantic-settings, environment prefix ``FLEET_``)."""
 
@@ -31,6 +36,9 @@ class FleetSettings(BaseSettings):
     state_dir: Path = Field(default_factory=lambda: Path.cwd() / ".fleet")
     #: Name of this host as job workers report it; stops for a job are routed to it.
     hostname: str = Field(default_factory=socket.gethostname)
+    #: The family a worker process serves (``turn``, ``job``, ``subagent``, ``reminder``);
+    #: ``fleet worker --family`` sets it, empty outside workers.
+    worker_family: str = ""
     #: Seconds a job process gets between SIGTERM and SIGKILL when it is stopped.
     job_kill_grace_seconds: float = 2.0
     #: Seconds a job's liveness lease lasts; a job worker refreshes it while the process runs,
@@ -116,8 +124,25 @@ class FleetSettings(BaseSettings):
     #: Audit entries kept in the fleet-wide trail (``GET /audit``).
     audit_max_global: int = Field(default=100_000, ge=1)
 
+    def require_redis_url(self) -> str:
+        """``redis_url``, checked: raises ``MissingRedisUrl`` (with what to do) when it is
+        unset or not a ``redis://``, ``rediss://`` or ``unix://`` URL."""
+        url = self.redis_url
+        if not url:
+            raise MissingRedisUrl(
+                "FLEET_REDIS_URL is not set. Point it at your Redis (redis://host:6379/0), or "
+                "use `fleet up` / `fleet demo`, which start an embedded Redis."
+            )
+        if not url.startswith(("redis://", "rediss://", "unix://")):
+            raise MissingRedisUrl(
+                f"FLEET_REDIS_URL must start with redis://, rediss:// or unix:// (got {url!r})."
+            )
+        return url
+
 
 @lru_cache(maxsize=1)
 def get_settings() -> FleetSettings:
-    """Return the process-wide settings, read once from the environment."""
+    """The settings of the environment, read once per process: the accessor of the modules
+    that are not handed a ``FleetSettings`` by their entry point yet (entry points build their
+    own ``FleetSettings()`` and pass it down)."""
     return FleetSettings()

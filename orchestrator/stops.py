@@ -11,8 +11,8 @@ from typing import Any
 
 from orchestrator import families, metrics
 from orchestrator.families import Dispatcher, FamilySpec, send_all
-from orchestrator.families.items import ActivityItem
 from orchestrator.families.subagent import subagent_plan
+from orchestrator.items import ActivityItem
 from orchestrator.store import Store
 
 log = logging.getLogger(__name__)

@@ -22,6 +22,7 @@ from tenacity import retry, retry_if_exception_type, stop_after_delay, wait_expo
 
 from orchestrator.errors import StoreUnavailable
 from orchestrator.keys import Keys, lua_prelude
+from orchestrator.settings import FleetSettings, get_settings
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -98,9 +99,11 @@ class Store:
         *,
         socket_timeout: float = 2.0,
         connect_timeout: float = 1.0,
+        settings: FleetSettings | None = None,
     ) -> None:
         self.url = url
         self.keys = Keys(prefix)
+        self._settings = settings
         # Typed as Any: redis-py annotates replies as unions over sync/async and bytes/str
         # modes; with decode_responses=True they are str, and callers check what they read.
         self.redis: Any = redis.Redis.from_url(
@@ -112,6 +115,14 @@ class Store:
         )
         self._scripts: dict[tuple[str, int], Script] = {}
         self._waitaof: bool | None = None
+
+    @property
+    def settings(self) -> FleetSettings:
+        """The settings of the process this store serves, as its entry point read them and
+        passed them in (``settings=``); the environment's (``get_settings``) when none was
+        given. The domain reads its limits, caps and waits here, so a process (or a test) with
+        its own settings needs no process-global reset."""
+        return self._settings if self._settings is not None else get_settings()
 
     def now_ms(self) -> int:
         """The Redis server's clock (``TIME``) in integer epoch milliseconds: the one clock

@@ -13,7 +13,7 @@ from typing import Any
 
 from orchestrator import families
 from orchestrator.families import Dispatcher
-from orchestrator.families.items import ActivityItem
+from orchestrator.items import ActivityItem
 from orchestrator.stops import dispatch_stops
 from orchestrator.store import Store
 

@@ -33,7 +33,6 @@ from typing import Any
 
 from orchestrator import activity, events, metrics
 from orchestrator.families import Dispatcher, send_step
-from orchestrator.settings import get_settings
 from orchestrator.store import Store, retried
 from orchestrator.turns import STOP_REASON, TurnState
 
@@ -184,7 +183,7 @@ def sweep(
     (at most ``limit``), and resumed, ended or dropped (``sweep_turn``). Counts what it did in
     ``fleet_turn_sweeps{action}``. Raises ``StoreUnavailable`` (turns examined before the
     failure keep what was done to them)."""
-    settings = get_settings()
+    settings = store.settings
     stuck_ms = int(1000 * (settings.turn_stuck_seconds if stuck_seconds is None else stuck_seconds))
     most = settings.turn_max_resumes if max_resumes is None else max_resumes
     report = SweepReport()

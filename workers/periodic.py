@@ -11,7 +11,6 @@ the next tick.
 from __future__ import annotations
 
 import logging
-import os
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -19,6 +18,7 @@ from typing import Any
 
 from celery.signals import worker_ready, worker_shutdown
 
+from orchestrator.settings import FleetSettings
 from workers.runtime import Runtime, get_runtime
 
 log = logging.getLogger(__name__)
@@ -27,12 +27,12 @@ log = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class Loop:
     """A loop: the ``family`` whose workers run it, its thread ``name``, the seconds between
-    two passes (``interval``: read when the thread starts; 0 or less turns the loop off) and
-    one pass (``run``)."""
+    two passes (``interval``: read from the worker's settings when the thread starts; 0 or
+    less turns the loop off) and one pass (``run``)."""
 
     family: str
     name: str
-    interval: Callable[[], float]
+    interval: Callable[[FleetSettings], float]
     run: Callable[[Runtime], None]
 
 
@@ -40,10 +40,10 @@ _LOOPS: list[Loop] = []
 
 
 def every(
-    family: str, name: str, interval: Callable[[], float]
+    family: str, name: str, interval: Callable[[FleetSettings], float]
 ) -> Callable[[Callable[[Runtime], None]], Callable[[Runtime], None]]:
-    """Register the decorated pass to run every ``interval()`` seconds in each worker of
-    ``family`` (``FLEET_WORKER_FAMILY``)."""
+    """Register the decorated pass to run every ``interval(settings)`` seconds in each worker
+    of ``family`` (the worker's ``settings.worker_family``)."""
 
     def register(run: Callable[[Runtime], None]) -> Callable[[Runtime], None]:
         _LOOPS.append(Loop(family, name, interval, run))
@@ -62,10 +62,9 @@ def _forever(loop: Loop, rt: Runtime, period: float) -> None:
 
 @worker_ready.connect
 def _start(**_: Any) -> None:
-    family = os.environ.get("FLEET_WORKER_FAMILY")
     rt = get_runtime()
     for loop in _LOOPS:
-        period = loop.interval() if loop.family == family else 0
+        period = loop.interval(rt.settings) if loop.family == rt.settings.worker_family else 0
         if period > 0:
             threading.Thread(
                 target=_forever, args=(loop, rt, period), name=loop.name, daemon=True

@@ -1,22 +1,26 @@
-"""Per-process runtime for tasks: the store, the dispatcher, the model and, in job workers,
-the job supervisor. Built once per worker process, on first use."""
+"""Per-process runtime for tasks: the settings, the store, the dispatcher, the model and, in
+job workers, the job supervisor.
+
+The worker's entry point (``fleet worker``, or ``workers.main`` for ``celery -A``) reads its
+``FleetSettings`` once, builds the Celery app from them and hands both to ``install``; the
+runtime is built from them on first use, and every task, loop and signal handler of the
+process reads its settings from it."""
 
 from __future__ import annotations
 
 import logging
-import os
 import threading
 from dataclasses import dataclass, field
 
+from celery import Celery
 from tenacity import Retrying, before_sleep_log, retry_if_exception_type, wait_exponential
 
 from orchestrator.errors import StoreUnavailable
 from orchestrator.jobs import JobSupervisor
 from orchestrator.model import Model, ScriptedModel
 from orchestrator.ownership import HostLease
-from orchestrator.settings import get_settings
+from orchestrator.settings import FleetSettings
 from orchestrator.store import Store
-from workers.app import app
 from workers.dispatch import CeleryDispatcher
 
 log = logging.getLogger(__name__)
@@ -24,9 +28,10 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class Runtime:
-    """What tasks need: ``store``, ``dispatcher``, ``model``, ``host`` and (job workers only)
-    ``supervisor``."""
+    """What tasks need: ``settings``, ``store``, ``dispatcher``, ``model``, ``host`` and (job
+    workers only) ``supervisor``."""
 
+    settings: FleetSettings
     store: Store
     dispatcher: CeleryDispatcher
     model: Model
@@ -40,22 +45,44 @@ class Runtime:
     stopping: threading.Event = field(default_factory=threading.Event)
 
 
+_installed: tuple[FleetSettings, Celery] | None = None
 _runtime: Runtime | None = None
 _lock = threading.Lock()
 
 
+def install(settings: FleetSettings, app: Celery) -> None:
+    """Hand this worker process its settings and its Celery app (built from them by
+    ``workers.app.create_app``); called once by the entry point, before the worker starts."""
+    global _installed, _runtime
+    with _lock:
+        _installed = (settings, app)
+        _runtime = None
+
+
+def installed_settings() -> FleetSettings | None:
+    """The settings ``install`` was given, or None before (or outside) a worker."""
+    installed = _installed
+    return installed[0] if installed is not None else None
+
+
 def get_runtime() -> Runtime:
-    """The process's runtime, created on first call."""
+    """The process's runtime, created on first call from what ``install`` was given. Raises
+    ``RuntimeError`` in a process whose entry point installed nothing."""
     global _runtime
     with _lock:
         if _runtime is None:
-            settings = get_settings()
-            url = app.conf.broker_url
+            if _installed is None:
+                raise RuntimeError(
+                    "no worker settings installed: start workers with `fleet worker` or "
+                    "`celery -A workers.main worker`"
+                )
+            settings, app = _installed
             _runtime = Runtime(
-                store=Store(url, settings.key_prefix),
+                settings=settings,
+                store=Store(settings.require_redis_url(), settings.key_prefix, settings=settings),
                 dispatcher=CeleryDispatcher(app),
                 model=ScriptedModel(),
-                host=os.environ.get("FLEET_HOSTNAME") or settings.hostname,
+                host=settings.hostname,
             )
         return _runtime
 
@@ -71,7 +98,7 @@ def hold_job_host() -> HostLease:
     one lease per ``FLEET_JOB_LEASE_SECONDS``). Raises ``HostHeld`` naming the live worker
     that holds it; waits as long as Redis cannot be reached."""
     rt = get_runtime()
-    lease = HostLease(rt.store, rt.host, lease_ms=int(get_settings().job_lease_seconds * 1000))
+    lease = HostLease(rt.store, rt.host, lease_ms=int(rt.settings.job_lease_seconds * 1000))
     # A worker (re)started while Redis is down or loading waits for it, as Celery waits for
     # its broker at start-up (broker_connection_retry_on_startup), instead of exiting.
     for attempt in Retrying(
@@ -91,7 +118,7 @@ def supervisor() -> JobSupervisor:
     rt = get_runtime()
     with _lock:
         if rt.supervisor is None:
-            settings = get_settings()
+            settings = rt.settings
             rt.supervisor = JobSupervisor(
                 rt.store,
                 rt.host,

@@ -8,17 +8,22 @@ from __future__ import annotations
 import logging
 
 from orchestrator import sweeper
-from orchestrator.settings import get_settings
 from workers.periodic import every
 from workers.runtime import Runtime
 
 log = logging.getLogger(__name__)
 
 
-@every("turn", "turn-sweeper", lambda: get_settings().turn_sweep_interval_seconds)
+@every("turn", "turn-sweeper", lambda s: s.turn_sweep_interval_seconds)
 def sweep_turns(rt: Runtime) -> None:
     """One sweeper pass; logs what it changed."""
-    report = sweeper.sweep(rt.store, rt.dispatcher)
+    settings = rt.settings
+    report = sweeper.sweep(
+        rt.store,
+        rt.dispatcher,
+        stuck_seconds=settings.turn_stuck_seconds,
+        max_resumes=settings.turn_max_resumes,
+    )
     if any(report.totals.values()):
         log.info(
             "turn sweep: %s",

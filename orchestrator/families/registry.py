@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from orchestrator.errors import InvalidParams
-from orchestrator.families.items import ActivityItem
+from orchestrator.items import ActivityItem
 
 if TYPE_CHECKING:
     from orchestrator.families.base import Dispatcher

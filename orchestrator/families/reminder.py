@@ -7,8 +7,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from orchestrator.families.base import MAINTENANCE_QUEUE, Dispatcher, Family, Task
-from orchestrator.families.items import ActivityItem, shorten
 from orchestrator.families.registry import FamilySpec, register
+from orchestrator.items import ActivityItem, shorten
 
 if TYPE_CHECKING:
     from orchestrator.store import Store

@@ -7,8 +7,8 @@ from __future__ import annotations
 from typing import Any
 
 from orchestrator.families.base import Family, Task
-from orchestrator.families.items import ActivityItem
 from orchestrator.families.registry import FamilySpec, families, get, register
+from orchestrator.items import ActivityItem
 
 
 def subagent_plan(item: ActivityItem) -> dict[str, list[Any]]:

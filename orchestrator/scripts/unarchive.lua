@@ -1,16 +1,16 @@
--- ARGV: prefix, sid[, nowMs]
+-- ARGV: prefix, sid, nowMs, nowIso
 -- Restores the session and exactly the descendants its archive transition archived, and
--- stamps each restored session with unarchivedAt (ISO 8601) / unarchivedMs: the auto-archive
--- policy's idle clock is max(updatedAt, unarchivedAt), so a session an operator unarchived by
--- hand is not archived again until it has been idle that long since. Without nowMs the
--- server's clock is used (TIME; scripts replicate their effects).
+-- stamps each restored session with unarchivedAt (nowIso, ISO 8601) / unarchivedMs (nowMs):
+-- the auto-archive policy's idle clock is max(updatedAt, unarchivedAt), so a session an
+-- operator unarchived by hand is not archived again until it has been idle that long since.
+-- Every caller passes the time (Redis TIME, read through Store.now_ms).
 -- Returns {'not_found'} | {'not_archived'} | {'ancestor', id} | {'unarchived', n, restored}:
 -- restored lists the ids of the sessions it unarchived, the session first.
 local sid = ARGV[2]
-local now_ms = tonumber(ARGV[3])
-if not now_ms then now_ms = server_ms() end
-
-local now_iso = iso_ms(now_ms)
+local now_ms, now_iso = tonumber(ARGV[3]), ARGV[4]
+if not now_ms or not now_iso or now_iso == '' then
+  return redis.error_reply('unarchive: nowMs and nowIso are required')
+end
 local k = skey(sid)
 if redis.call('EXISTS', k) == 0 or redis.call('HGET', k, 'deleted') ~= '0' then
   return {'not_found'}

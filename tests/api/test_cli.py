@@ -1,4 +1,4 @@
-"""The ``fleet`` command line (``api/cli.py``) in process with typer's ``CliRunner``, against the
+"""The ``fleet`` command line (``api/cli/``) in process with typer's ``CliRunner``, against the
 real test Redis (conftest sets ``FLEET_REDIS_URL`` and ``FLEET_KEY_PREFIX``). ``api/context.py``
 caches the store and dispatcher per process, which is fine: the environment is fixed for the run.
 """

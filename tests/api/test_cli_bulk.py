@@ -1,4 +1,4 @@
-"""``fleet archive --bulk`` (``api/cli.py``, ``api/cli_bulk.py``) in process with typer's
+"""``fleet archive --bulk`` (``api/cli/archive.py``, ``api/cli/bulk.py``) in process with typer's
 ``CliRunner``, against the real test Redis; the CLI talks to the orchestrator directly."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import pytest
 from click.testing import Result
 from typer.testing import CliRunner
 
-import api.cli_bulk
+import api.cli.bulk
 from api.cli import app
 from orchestrator import reminders, sessions
 from orchestrator.store import Store, iso, now_ms
@@ -108,13 +108,13 @@ def test_refused_sessions_are_listed_with_their_live_items_and_exit_1(store: Sto
 
 def test_a_progress_bar_follows_the_batches(store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
     seen: list[tuple[int, int]] = []
-    original = api.cli_bulk._Bar.__call__
+    original = api.cli.bulk._Bar.__call__
 
     def spy(self: Any, done: int, total: int) -> None:
         seen.append((done, total))
         original(self, done, total)
 
-    monkeypatch.setattr(api.cli_bulk._Bar, "__call__", spy)
+    monkeypatch.setattr(api.cli.bulk._Bar, "__call__", spy)
     ids = [_new(store, _cwd()) for _ in range(3)]
     assert _run("archive", "--bulk", *ids).exit_code == 0
     assert seen == [(0, 1), (1, 1)]

@@ -10,7 +10,7 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-from orchestrator import jobs, limits, reminders, sessions, subagents, turns
+from orchestrator import jobstops, limits, reminders, sessions, subagents, turns
 from orchestrator.families import Task
 from orchestrator.sessions import Session
 from orchestrator.store import Store
@@ -60,7 +60,7 @@ def deliver(store: Store, recorder: RecordingDispatcher, messages: list[Any]) ->
             turns.cancel_turns(store, recorder, args[0], list(args[1]))
         elif task == Task.JOB_STOP:
             host = queue.removeprefix("job.ctl.") if queue != "job.ctl" else "no-such-host"
-            jobs.stop_unclaimed(
+            jobstops.stop_unclaimed(
                 store,
                 recorder,
                 args[0],
@@ -78,7 +78,7 @@ def deliver(store: Store, recorder: RecordingDispatcher, messages: list[Any]) ->
 
 def claim_job(store: Store, job_id: str, host: str = "hostA") -> str:
     """Take a starting job as a job worker on ``host`` would (no process is started)."""
-    cap = limits.JOBS_PER_HOST.maximum()
+    cap = limits.JOBS_PER_HOST.maximum(store.settings)
     template = limits.JOBS_PER_HOST.template(cap)
     args = [job_id, host, 5000, "2026-01-01T00:00:00Z", f"{host}/test", cap, template]
     result: str = store.run("job_claim", args)

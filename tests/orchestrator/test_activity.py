@@ -6,7 +6,7 @@ import logging
 
 import pytest
 
-from orchestrator import activity, jobs, reminders, sessions, turns
+from orchestrator import activity, jobs, jobstops, reminders, sessions, turns
 from orchestrator.activity import ActivityItem, census, shorten
 from orchestrator.errors import SessionNotFound
 from orchestrator.families import Family
@@ -127,7 +127,7 @@ def test_finished_turns_and_ended_jobs_are_not_live(
     tid = turns.start_turn(store, recorder, s.session_id, "say hi")
     turns.finish(store, recorder, tid, turns.TurnState.COMPLETED)
     jid = jobs.create_job(store, recorder, s.session_id, 1, "sleep 1s")
-    jobs.stop_unclaimed(
+    jobstops.stop_unclaimed(
         store, recorder, s.session_id, [jid], local_host="hostA", local_instance="hostA/here"
     )
 

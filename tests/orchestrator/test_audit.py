@@ -5,14 +5,12 @@ change it records."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
 from orchestrator import archive, audit, metrics, sessions, titles, turns
 from orchestrator.errors import AncestorArchived, InvalidParams, SessionActive
-from orchestrator.settings import get_settings
 from orchestrator.store import Store
 from tests.helpers import RecordingDispatcher
 
@@ -24,15 +22,6 @@ def trail(store: Store, sid: str | None, count: int = 50) -> list[dict[str, Any]
 def summary(entries: list[dict[str, Any]]) -> list[tuple[str, str, str]]:
     """(action, outcome, actor) of each entry, newest first."""
     return [(e["action"], e["outcome"], e["actor"]) for e in entries]
-
-
-@pytest.fixture
-def caps(monkeypatch: pytest.MonkeyPatch) -> Iterator[pytest.MonkeyPatch]:
-    """Lets a test set FLEET_AUDIT_* caps; the settings are re-read before and after."""
-    get_settings.cache_clear()
-    yield monkeypatch
-    monkeypatch.undo()
-    get_settings.cache_clear()
 
 
 def test_archive_and_unarchive_are_recorded_newest_first_with_actor_and_outcome(
@@ -198,13 +187,9 @@ def test_a_bad_page_request_raises_invalid_params(
         audit.read(store, None, count, before)
 
 
-def test_the_trails_are_capped_by_configuration(
-    store: Store, cwd: str, caps: pytest.MonkeyPatch
-) -> None:
+def test_the_trails_are_capped_by_configuration(store_with: Any, cwd: str) -> None:
     # Given caps of 3 entries per session and 7 fleet-wide
-    caps.setenv("FLEET_AUDIT_MAX_PER_SESSION", "3")
-    caps.setenv("FLEET_AUDIT_MAX_GLOBAL", "7")
-    get_settings.cache_clear()
+    store = store_with(audit_max_per_session=3, audit_max_global=7)
     # When a session gets ten entries
     sid = sessions.create_session(store, cwd).session_id
     for n in range(10):

@@ -19,7 +19,7 @@ import redis
 from typer.testing import CliRunner
 
 from orchestrator import archive, bulk, reminders, sessions, turns
-from orchestrator.errors import InvalidParams
+from orchestrator.errors import InvalidParams, StoreUnavailable
 from orchestrator.families import MAINTENANCE_QUEUE, Family, Task
 from orchestrator.store import Store, iso, now_ms
 from tests.helpers import RecordingDispatcher, wait_for
@@ -56,11 +56,29 @@ def test_unarchive_records_when_each_restored_session_was_unarchived(
     root, child = (s.session_id for s in chain(store, 1, cwd))
     archive.archive(store, recorder, root)
     ms = bulk.parse_instant(when, "when")
-    assert store.run("unarchive", [root, ms])[0] == "unarchived"
+    assert store.run("unarchive", [root, ms, iso(ms)])[0] == "unarchived"
     for sid in (root, child):
         h = store.redis.hgetall(store.keys.session(sid))
         assert h["unarchivedAt"] == when == iso(ms)
         assert int(h["unarchivedMs"]) == ms
+
+
+def test_the_unarchive_script_takes_its_time_from_the_caller_only(
+    store: Store, recorder: RecordingDispatcher, cwd: str
+) -> None:
+    # Given an archived session
+    root, _ = (s.session_id for s in chain(store, 1, cwd))
+    archive.archive(store, recorder, root)
+    # When the script is run without the time, it refuses (no clock or calendar of its own)
+    with pytest.raises(StoreUnavailable, match="nowMs and nowIso are required"):
+        store.run("unarchive", [root])
+    assert store.redis.hget(store.keys.session(root), "archived") == "1"
+    # And archive.unarchive passes Redis's own clock
+    before = store.now_ms()
+    assert archive.unarchive(store, root) == 2
+    h = store.redis.hgetall(store.keys.session(root))
+    assert before <= int(h["unarchivedMs"]) <= store.now_ms()
+    assert h["unarchivedAt"] == iso(int(h["unarchivedMs"]))
 
 
 def test_unarchive_without_a_time_uses_the_server_clock(
@@ -173,19 +191,15 @@ def test_an_idle_subtree_is_archived_in_its_roots_transition(
 
 
 def test_the_policy_is_off_at_zero(
-    store: Store, recorder: RecordingDispatcher, monkeypatch: pytest.MonkeyPatch
+    store: Store, recorder: RecordingDispatcher, store_with: Any
 ) -> None:
     with pytest.raises(InvalidParams) as caught:
         bulk.auto_archive(store, recorder, idle_seconds=0)
     assert "FLEET_AUTO_ARCHIVE_IDLE_SECONDS" in caught.value.message
-    # The default comes from the setting, which is off unless configured
-    monkeypatch.delenv("FLEET_AUTO_ARCHIVE_IDLE_SECONDS", raising=False)
-    bulk.get_settings.cache_clear()
-    try:
-        with pytest.raises(InvalidParams):
-            bulk.auto_archive(store, recorder, cwd="/tmp/fleet-auto-off")
-    finally:
-        bulk.get_settings.cache_clear()
+    # The default comes from the store's settings, where it is off
+    off = store_with(auto_archive_idle_seconds=0)
+    with pytest.raises(InvalidParams):
+        bulk.auto_archive(off, recorder, cwd="/tmp/fleet-auto-off")
 
 
 # --------------------------------------------------------------------------- scheduling
@@ -203,7 +217,10 @@ def test_beat_schedules_archive_auto_on_the_maintenance_queue() -> None:
 
 
 def test_reminder_workers_consume_the_maintenance_queue_and_run_archive_auto() -> None:
-    from workers.app import app, static_queues, worker_queues
+    from orchestrator.settings import FleetSettings
+    from workers.app import create_app, static_queues, worker_queues
+
+    app = create_app(FleetSettings())
 
     assert worker_queues(Family.REMINDER, "h")[-1] == "maintenance"
     assert "maintenance" not in worker_queues(Family.TURN, "h")

@@ -540,7 +540,7 @@ def test_more_than_ten_thousand_ids_are_refused_before_anything_is_written(
 
 
 def test_a_filter_selecting_more_than_the_maximum_is_refused_and_writes_nothing(
-    store: Store, recorder: RecordingDispatcher, cwd: str, monkeypatch: pytest.MonkeyPatch
+    store: Store, recorder: RecordingDispatcher, cwd: str, store_with: Any
 ) -> None:
     ids = [new(store, cwd) for _ in range(4)]
     with pytest.raises(TooManySessions) as caught:
@@ -549,14 +549,8 @@ def test_a_filter_selecting_more_than_the_maximum_is_refused_and_writes_nothing(
     assert "FLEET_BULK_FILTER_MAX" in caught.value.message
     assert not any(read(store, sid).archived for sid in ids)
     # The configured maximum is the default
-    monkeypatch.setenv("FLEET_BULK_FILTER_MAX", "3")
-    bulk.get_settings.cache_clear()
-    try:
-        with pytest.raises(TooManySessions):
-            bulk.bulk_archive(store, recorder, flt=bulk.BulkFilter(cwd=cwd))
-    finally:
-        monkeypatch.delenv("FLEET_BULK_FILTER_MAX")
-        bulk.get_settings.cache_clear()
+    with pytest.raises(TooManySessions):
+        bulk.bulk_archive(store_with(bulk_filter_max=3), recorder, flt=bulk.BulkFilter(cwd=cwd))
     assert bulk.bulk_archive(store, recorder, flt=bulk.BulkFilter(cwd=cwd)).totals["archived"] == 4
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from orchestrator import archive, jobs, sessions
+from orchestrator import archive, jobs, jobstops, sessions
 from orchestrator.activity import census
 from orchestrator.jobs import JobState
 from orchestrator.store import Store
@@ -99,7 +99,7 @@ def test_stop_unclaimed_stops_a_starting_job_before_any_worker_takes_it(
     jid = jobs.create_job(store, recorder, sid, 30, "sleep 30s")
     mark = len(recorder.sent)
     # When it is stopped by a worker that does not supervise it
-    outcome = jobs.stop_unclaimed(
+    outcome = jobstops.stop_unclaimed(
         store, recorder, sid, [jid], local_host="hostA", local_instance="hostA/here"
     )
     # Then it ends stopped, is no longer live, and a worker taking it later starts nothing
@@ -117,7 +117,7 @@ def test_stop_unclaimed_forwards_the_stop_of_a_job_running_on_another_host(
     claim_job(store, jid, "hostB")
     mark = len(recorder.sent)
 
-    outcome = jobs.stop_unclaimed(
+    outcome = jobstops.stop_unclaimed(
         store, recorder, sid, [jid], local_host="hostA", local_instance="hostA/here"
     )
 
@@ -134,7 +134,7 @@ def test_stop_unclaimed_ends_a_local_orphan_recorded_without_a_process(
     jid = jobs.create_job(store, recorder, sid, 30, "sleep 30s")
     claim_job(store, jid, "hostA")
 
-    outcome = jobs.stop_unclaimed(
+    outcome = jobstops.stop_unclaimed(
         store, recorder, sid, [jid], local_host="hostA", local_instance="hostA/here"
     )
 
@@ -147,11 +147,11 @@ def test_stop_unclaimed_reports_jobs_that_already_ended(
     store: Store, recorder: RecordingDispatcher, sid: str
 ) -> None:
     jid = jobs.create_job(store, recorder, sid, 30, "sleep 30s")
-    jobs.stop_unclaimed(
+    jobstops.stop_unclaimed(
         store, recorder, sid, [jid], local_host="hostA", local_instance="hostA/here"
     )
 
-    again = jobs.stop_unclaimed(
+    again = jobstops.stop_unclaimed(
         store, recorder, sid, [jid, "job_nope"], local_host="hostA", local_instance="hostA/here"
     )
 

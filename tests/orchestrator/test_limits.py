@@ -8,31 +8,33 @@ workers over the per-session job cap.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import pytest
 
 from orchestrator import jobs, reminders, sessions
 from orchestrator.errors import LimitReached
 from orchestrator.jobs import JobState
-from orchestrator.settings import FleetSettings, get_settings
+from orchestrator.settings import FleetSettings
 from orchestrator.store import Store, iso, now_ms
 from tests.helpers import RecordingDispatcher
 from tests.orchestrator.support import chain, claim_job
 
 
 @pytest.fixture
-def limit(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[[str, int], None]]:
-    """Sets one ``FLEET_MAX_*`` variable for the test; the settings are re-read before and
-    after."""
+def store(store_with: Callable[..., Store]) -> Store:
+    """This module's store: the run's settings, its own copy, which ``limit`` changes."""
+    return store_with()
+
+
+@pytest.fixture
+def limit(store: Store) -> Callable[[str, int], None]:
+    """Sets one ``FLEET_MAX_*`` limit in the settings of this test's store."""
 
     def set_limit(name: str, value: int) -> None:
-        monkeypatch.setenv(name, str(value))
-        get_settings.cache_clear()
+        setattr(store.settings, name.removeprefix("FLEET_").lower(), value)
 
-    yield set_limit
-    monkeypatch.undo()
-    get_settings.cache_clear()
+    return set_limit
 
 
 def end_job(store: Store, jid: str) -> None:

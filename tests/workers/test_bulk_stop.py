@@ -132,8 +132,10 @@ def test_one_failing_session_never_keeps_the_others_of_a_batch_running(threads: 
 
 
 def test_the_bulk_stop_tasks_are_registered_by_name() -> None:
-    from workers.app import app
+    from orchestrator.settings import FleetSettings
+    from workers.app import create_app
 
+    app = create_app(FleetSettings())
     app.loader.import_default_modules()
     for name in (
         Task.TURN_STOP_MANY,

@@ -108,15 +108,14 @@ def test_a_job_no_worker_has_taken_yet_is_stopped_before_it_starts_and_never_sta
 
 
 def test_a_stop_that_races_the_fork_of_a_job_process_still_ends_the_process(
-    fleet: Any, store: Any, sessions: Any
+    fleet: Any, store: Any, sessions: Any, worker_runtime: Any
 ) -> None:
     # Given this process acting as a job worker (the real job.stop task code and a real
     # JobSupervisor), whose fork of a claimed job is held back until released
     from orchestrator.jobs import JobSupervisor
-    from workers.runtime import get_runtime
     from workers.tasks import job as job_tasks
 
-    rt = get_runtime()
+    rt = worker_runtime
     release = threading.Event()
 
     def held_command(seconds: float) -> list[str]:

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import logging
-import os
 from typing import Any
 
+from celery import shared_task
 from celery.signals import worker_ready, worker_shutdown
 
-from orchestrator import activity, jobs
-from workers.app import app
+from orchestrator import activity, jobstops
 from workers.bulk import STOP_THREADS, each_session
 from workers.runtime import get_runtime, supervisor
 
@@ -17,7 +16,7 @@ log = logging.getLogger(__name__)
 
 
 def _is_job_worker() -> bool:
-    return os.environ.get("FLEET_WORKER_FAMILY") == "job"
+    return get_runtime().settings.worker_family == "job"
 
 
 @worker_ready.connect
@@ -35,7 +34,7 @@ def _stop_supervisor(**_: Any) -> None:
         rt.host_lease.release()
 
 
-@app.task(name="job.run", acks_late=True)
+@shared_task(name="job.run", acks_late=True)
 def run(session_id: str, job_id: str) -> dict[str, Any]:
     """Take a starting job and run its process on this host."""
     return {
@@ -45,7 +44,7 @@ def run(session_id: str, job_id: str) -> dict[str, Any]:
     }
 
 
-@app.task(name="job.stop", acks_late=True)
+@shared_task(name="job.stop", acks_late=True)
 def stop(session_id: str, job_ids: list[str]) -> dict[str, Any]:
     """Stop the named jobs: those running here are terminated; those no worker has taken are
     marked stopped; those another host took meanwhile are forwarded to it."""
@@ -56,7 +55,7 @@ def stop(session_id: str, job_ids: list[str]) -> dict[str, Any]:
     others = [j for j in job_ids if j not in local]
     if others:
         outcomes.update(
-            jobs.stop_unclaimed(
+            jobstops.stop_unclaimed(
                 rt.store,
                 rt.dispatcher,
                 session_id,
@@ -69,7 +68,7 @@ def stop(session_id: str, job_ids: list[str]) -> dict[str, Any]:
     return {"sessionId": session_id, "jobs": outcomes}
 
 
-@app.task(name="job.stop_many", acks_late=True)
+@shared_task(name="job.stop_many", acks_late=True)
 def stop_many(stops: dict[str, list[str]]) -> dict[str, Any]:
     """Bulk form of ``job.stop`` (one message per host queue per bulk-archive batch):
     ``{sessionId: [jobIds]}``. Each session is stopped on its own; one that fails is logged

@@ -8,10 +8,10 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from celery import shared_task
+
 from orchestrator import bulk, reconcile
 from orchestrator.errors import InvalidParams
-from orchestrator.settings import get_settings
-from workers.app import app
 from workers.periodic import every
 from workers.runtime import Runtime, get_runtime
 
@@ -21,14 +21,15 @@ log = logging.getLogger(__name__)
 _LISTED = 100
 
 
-@app.task(name="archive.auto", acks_late=True)
+@shared_task(name="archive.auto", acks_late=True)
 def auto(idle_seconds: float | None = None, cwd: str | None = None) -> dict[str, Any]:
     """Archive sessions idle longer than ``idle_seconds`` (default: this worker's
     ``FLEET_AUTO_ARCHIVE_IDLE_SECONDS``) with no live work; ``cwd`` narrows the run to one
     directory. Overlapping runs are harmless: each session is checked and written atomically."""
     rt = get_runtime()
     try:
-        result = bulk.auto_archive(rt.store, rt.dispatcher, idle_seconds=idle_seconds, cwd=cwd)
+        age = rt.settings.auto_archive_idle_seconds if idle_seconds is None else idle_seconds
+        result = bulk.auto_archive(rt.store, rt.dispatcher, idle_seconds=age, cwd=cwd)
     except InvalidParams as exc:
         log.info("auto-archive skipped: %s", exc.message)
         return {"outcome": "off", "message": exc.message}
@@ -36,7 +37,7 @@ def auto(idle_seconds: float | None = None, cwd: str | None = None) -> dict[str,
     return {"outcome": "ran", "totals": result.totals, "archived": archived[:_LISTED]}
 
 
-@app.task(name="archive.reconcile", acks_late=True)
+@shared_task(name="archive.reconcile", acks_late=True)
 def reconcile_archives(interval_seconds: float | None = None) -> dict[str, Any]:
     """One pass of the archive reconciler with this worker's ``FLEET_RECONCILE_*`` settings;
     a session flagged with a hazard is retried every 10 x ``interval_seconds`` (beat passes
@@ -45,7 +46,7 @@ def reconcile_archives(interval_seconds: float | None = None) -> dict[str, Any]:
     return _reconcile(get_runtime(), interval_seconds).to_wire()
 
 
-@every("reminder", "archive-reconciler", lambda: get_settings().reconcile_loop_seconds)
+@every("reminder", "archive-reconciler", lambda s: s.reconcile_loop_seconds)
 def reconcile_loop(rt: Runtime) -> None:
     """The reconciler as a loop of every reminder worker, so an archive whose stops were lost
     converges with no scheduler deployed (``FLEET_RECONCILE_LOOP_SECONDS``; 0 leaves it to
@@ -54,7 +55,7 @@ def reconcile_loop(rt: Runtime) -> None:
 
 
 def _reconcile(rt: Runtime, interval_seconds: float | None) -> reconcile.Report:
-    settings = get_settings()
+    settings = rt.settings
     interval = interval_seconds or settings.reconcile_interval_seconds
     report = reconcile.reconcile(
         rt.store,

@@ -8,14 +8,15 @@ from __future__ import annotations
 
 from typing import Any
 
+from celery import shared_task
+
 from orchestrator.errors import FleetError
 from orchestrator.gate import StepRefused, admit
 from orchestrator.store import translated
-from workers.app import app
 from workers.runtime import get_runtime
 
 
-@app.task(name="ops.ping")
+@shared_task(name="ops.ping")
 def ping(session_id: str | None, counter: str, gated: bool = False) -> dict[str, Any]:
     """Increment the counter ``Keys.ops_counter(counter)``; with ``gated``, ask the gate for
     ``session_id`` first and count only admitted pings."""

@@ -6,10 +6,10 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from celery import shared_task
+
 from orchestrator import activity, reminders, turns
 from orchestrator.errors import FleetError, StoreUnavailable
-from orchestrator.settings import get_settings
-from workers.app import app
 from workers.bulk import each_session
 from workers.periodic import every
 from workers.runtime import Runtime, get_runtime
@@ -17,13 +17,13 @@ from workers.runtime import Runtime, get_runtime
 log = logging.getLogger(__name__)
 
 
-@every("reminder", "reminder-poller", lambda: get_settings().reminder_poll_seconds)
+@every("reminder", "reminder-poller", lambda s: s.reminder_poll_seconds)
 def poll_reminders(rt: Runtime) -> None:
     """Claim due reminders (and those whose fire was not confirmed) and send their fires."""
     reminders.poll_once(rt.store, rt.dispatcher)
 
 
-@app.task(name="reminder.fire", acks_late=True)
+@shared_task(name="reminder.fire", acks_late=True)
 def fire(session_id: str, reminder_id: str, prompt: str) -> dict[str, Any]:
     """Turn a claimed reminder into its one turn (created at most once per reminder, however
     often this is delivered); its first step meets the gate like any other. A fire that could
@@ -50,7 +50,7 @@ def fire(session_id: str, reminder_id: str, prompt: str) -> dict[str, Any]:
     return {**out, "turnId": tid} if tid else {**out, "outcome": "stopped"}
 
 
-@app.task(name="reminder.stop", acks_late=True)
+@shared_task(name="reminder.stop", acks_late=True)
 def stop(session_id: str, reminder_ids: list[str] | None = None) -> dict[str, Any]:
     """Delete exactly the named reminders of the session (those still armed or firing). A
     message of the old form names none and deletes nothing: the reconciler stops again what
@@ -67,7 +67,7 @@ def stop(session_id: str, reminder_ids: list[str] | None = None) -> dict[str, An
     return {"sessionId": session_id, "deleted": deleted}
 
 
-@app.task(name="reminder.stop_many", acks_late=True)
+@shared_task(name="reminder.stop_many", acks_late=True)
 def stop_many(stops: dict[str, list[str]]) -> dict[str, Any]:
     """Bulk form of ``reminder.stop`` (one message per bulk-archive batch): ``{sessionId:
     [reminderIds]}``. Each session is handled on its own; one that fails is logged and the

@@ -4,14 +4,15 @@ from __future__ import annotations
 
 from typing import Any
 
+from celery import shared_task
+
 from orchestrator.activity import note_quiet
 from orchestrator.subagents import stop_subagents
-from workers.app import app
 from workers.bulk import STOP_THREADS, each_session
 from workers.runtime import get_runtime
 
 
-@app.task(name="subagent.stop", acks_late=True)
+@shared_task(name="subagent.stop", acks_late=True)
 def stop(session_id: str, plans: dict[str, Any]) -> dict[str, Any]:
     """Stop, in the named descendants of a session (any depth), exactly the items their
     census found: ``{descendantId: {"turns", "jobs", "reminders"}}``
@@ -22,7 +23,7 @@ def stop(session_id: str, plans: dict[str, Any]) -> dict[str, Any]:
     return {"sessionId": session_id, "subagents": outcomes}
 
 
-@app.task(name="subagent.stop_many", acks_late=True)
+@shared_task(name="subagent.stop_many", acks_late=True)
 def stop_many(stops: dict[str, dict[str, Any]]) -> dict[str, Any]:
     """Bulk form of ``subagent.stop`` (one message per bulk-archive batch): ``{sessionId:
     {descendantId: plan}}``. Each session is handled on its own; one that fails is logged and the

@@ -4,16 +4,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from celery import Task
+from celery import Task, shared_task
 from celery.exceptions import Ignore
 
 from orchestrator import activity, steps, tools, turns
-from workers.app import app
 from workers.bulk import each_session
 from workers.runtime import get_runtime
 
 
-@app.task(name="turn.step", bind=True, acks_late=True)
+@shared_task(name="turn.step", bind=True, acks_late=True)
 def step(self: Task, session_id: str, turn_id: str, index: int) -> dict[str, Any]:
     """Run step ``index`` of a turn. A step the gate refuses ends the turn ``blocked`` and the
     task ends in the custom state ``REFUSED`` (a ``task-refused`` event, then ``Ignore``); a
@@ -42,7 +41,7 @@ def step(self: Task, session_id: str, turn_id: str, index: int) -> dict[str, Any
     return {"sessionId": session_id, "turnId": turn_id, "step": index, "outcome": outcome}
 
 
-@app.task(name="turn.stop", acks_late=True)
+@shared_task(name="turn.stop", acks_late=True)
 def stop(session_id: str, turn_ids: list[str]) -> dict[str, Any]:
     """Cancel exactly the named turns of a session."""
     rt = get_runtime()
@@ -51,7 +50,7 @@ def stop(session_id: str, turn_ids: list[str]) -> dict[str, Any]:
     return {"sessionId": session_id, "turns": outcomes}
 
 
-@app.task(name="turn.stop_many", acks_late=True)
+@shared_task(name="turn.stop_many", acks_late=True)
 def stop_many(stops: dict[str, list[str]]) -> dict[str, Any]:
     """Bulk form of ``turn.stop`` (one message per bulk-archive batch): ``{sessionId:
     [turnIds]}``. Each session is stopped on its own; one that fails is logged and the others

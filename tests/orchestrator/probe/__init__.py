@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.families import FamilySpec
-from orchestrator.families.items import ActivityItem
+from orchestrator.items import ActivityItem
 from orchestrator.store import Store
 
 NAME = "probe"

@@ -1,4 +1,5 @@
-"""What the census finds: one live item of a family, and the label helper."""
+"""The census's item type, a leaf of the domain: the error tree (``SessionActive`` carries
+items), the census and every family's module share it without importing each other."""
 
 from __future__ import annotations
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -129,81 +130,76 @@ def _finish(result: BulkResult, as_json: bool, *, strict: bool) -> None:
         raise typer.Exit(1)
 
 
-def run_bulk(
-    *,
-    ids: list[str],
-    ids_file: str | None,
-    cwd: str | None,
-    idle_since: str | None,
-    q: str | None,
-    stop: bool,
-    dry_run: bool,
-    as_json: bool,
-) -> None:
+@dataclass(frozen=True)
+class Selection:
+    """What ``fleet archive --bulk`` or ``--auto`` was given: session ``ids`` and
+    ``ids_file``, the filter (``cwd``, ``idle_since``, ``q``), and ``stop``, ``dry_run`` and
+    ``as_json``."""
+
+    ids: list[str]
+    ids_file: str | None
+    cwd: str | None
+    idle_since: str | None
+    q: str | None
+    stop: bool
+    dry_run: bool
+    as_json: bool
+
+
+def run_bulk(given: Selection) -> None:
     """``fleet archive --bulk``."""
     from api.context import dispatcher, store
     from orchestrator.bulk import BulkFilter, bulk_archive
 
-    named = list(ids) + (read_ids(ids_file) if ids_file is not None else [])
-    filtered = cwd is not None or idle_since is not None or q is not None
+    named = list(given.ids) + (read_ids(given.ids_file) if given.ids_file is not None else [])
+    filtered = given.cwd is not None or given.idle_since is not None or given.q is not None
     if named and filtered:
         _usage("give session ids (or --ids-file) or a filter (--cwd, --idle-since, --q), not both.")
-    if not named and not filtered and ids_file is None:
+    if not named and not filtered and given.ids_file is None:
         _usage("--bulk needs session ids, --ids-file, or a filter (--cwd, --idle-since, --q).")
     try:
-        with _Bar("dry run" if dry_run else "archiving") as bar:
+        with _Bar("dry run" if given.dry_run else "archiving") as bar:
             result = bulk_archive(
                 store(),
                 dispatcher(),
                 session_ids=None if filtered else named,
-                flt=BulkFilter(cwd, idle_since, q) if filtered else None,
-                stop_activity=stop,
-                dry_run=dry_run,
+                flt=BulkFilter(given.cwd, given.idle_since, given.q) if filtered else None,
+                stop_activity=given.stop,
+                dry_run=given.dry_run,
                 progress=bar,
             )
     except FleetError as exc:
         _fail(exc)
-    _finish(result, as_json, strict=True)
+    _finish(result, given.as_json, strict=True)
 
 
-def run_auto(
-    *,
-    ids: list[str],
-    bulk: bool,
-    ids_file: str | None,
-    cwd: str | None,
-    idle_since: str | None,
-    q: str | None,
-    stop: bool,
-    dry_run: bool,
-    as_json: bool,
-    idle_seconds: float,
-) -> None:
+def run_auto(given: Selection, *, bulk: bool, idle_seconds: float) -> None:
     """``fleet archive --auto [--dry-run] [--cwd DIR] [--idle-seconds N]``: one run of the
     auto-archive policy; a dry run prints the sessions it would archive."""
     from api.context import dispatcher, store
     from orchestrator.bulk import auto_archive
     from orchestrator.sessions import get_session
 
-    if bulk or ids or ids_file is not None or idle_since is not None or q is not None or stop:
+    bulk_only = given.ids_file is not None or given.idle_since is not None or given.q is not None
+    if bulk or given.ids or bulk_only or given.stop:
         _usage(
             "--auto selects by idle age (--idle-seconds, --cwd) and never stops work; it takes "
             "no ids, --bulk, --idle-since, --q or --stop."
         )
     try:
-        with _Bar("auto-archive dry run" if dry_run else "auto-archive") as bar:
+        with _Bar("auto-archive dry run" if given.dry_run else "auto-archive") as bar:
             result = auto_archive(
                 store(),
                 dispatcher(),
                 idle_seconds=idle_seconds or None,
-                dry_run=dry_run,
-                cwd=cwd,
+                dry_run=given.dry_run,
+                cwd=given.cwd,
                 progress=bar,
             )
     except FleetError as exc:
         _fail(exc)
-    if as_json or not dry_run:
-        _finish(result, as_json, strict=False)
+    if given.as_json or not given.dry_run:
+        _finish(result, given.as_json, strict=False)
         return
     would = [i.session_id for i in result.results if i.outcome == "archived"]
     busy = [i for i in result.results if i.outcome == "refused"]

@@ -1,0 +1,28 @@
+"""The ``fleet`` command line (typer), one module per group of commands.
+
+``fleet up`` and ``fleet demo`` start an embedded Redis when ``FLEET_REDIS_URL`` is unset;
+every other command needs ``FLEET_REDIS_URL``.
+
+- ``sessions``: ``sessions ls|new``, ``prompt``, ``activity``, ``audit``;
+- ``archive`` and ``bulk``: ``archive`` (one session, ``--bulk``, ``--auto``), ``unarchive``;
+- ``processes``: ``worker``, ``up``, ``api``, ``beat``, ``flower``, ``acp``, ``demo``;
+- ``ops``: ``reconcile``, ``sweep``.
+
+A new command goes in the module of its group, decorated with ``@app.command()`` from
+``api.cli.common``; importing the module here registers it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from api.cli import archive, ops, processes, sessions
+from api.cli.common import app
+from api.cli.processes import api_bind_address
+
+__all__ = ["app", "api_bind_address", "main", "archive", "ops", "processes", "sessions"]
+
+
+def main() -> Any:
+    """Console-script entry point."""
+    return app()

@@ -1,0 +1,150 @@
+"""``fleet archive`` (one session, or many with ``--bulk``/``--auto``) and ``fleet unarchive``."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import typer
+
+from api.cli.common import app, console, err, fail
+from orchestrator.errors import FleetError
+
+
+@app.command()
+def archive(
+    ids: list[str] | None = typer.Argument(
+        None, help="Session id (several with --bulk).", show_default=False
+    ),
+    stop: bool = typer.Option(False, "--stop", help="Stop live work, then archive."),
+    confirmed: list[str] | None = typer.Option(
+        None,
+        "--confirmed",
+        help="With --stop: an item confirmed for stopping, FAMILY:ID (repeat it); anything "
+        "else live refuses the archive (activity_changed) and nothing is written.",
+        show_default=False,
+    ),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON (for scripts)."),
+    bulk: bool = typer.Option(False, "--bulk", help="Archive many: ids, --ids-file or a filter."),
+    ids_file: str | None = typer.Option(
+        None, "--ids-file", help="--bulk: a file of session ids, one a line ('-': stdin)."
+    ),
+    cwd: str | None = typer.Option(None, "--cwd", help="--bulk/--auto filter: this directory."),
+    idle_since: str | None = typer.Option(
+        None, "--idle-since", help="--bulk filter: last activity before this ISO 8601 time."
+    ),
+    q: str | None = typer.Option(None, "--q", help="--bulk filter: title contains this text."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Show what would happen; write nothing."),
+    auto: bool = typer.Option(
+        False, "--auto", help="Run the auto-archive policy once (idle sessions, no live work)."
+    ),
+    idle_seconds: float = typer.Option(
+        0, "--idle-seconds", help="--auto: idle age (default FLEET_AUTO_ARCHIVE_IDLE_SECONDS)."
+    ),
+) -> None:
+    """Archive a session. Refused while it has live work unless --stop is given. With --stop
+    on a terminal, the live items are listed and the archive stops exactly what was confirmed:
+    if other work started meanwhile, nothing is written and the new list is printed.
+
+    --bulk archives many sessions in batches (ids, --ids-file, or a filter of --cwd,
+    --idle-since, --q) with a progress bar; --auto runs the auto-archive policy once. Both
+    take --dry-run and --json. Exit status: 0 done, 1 some sessions refused or not found,
+    2 the request was refused.
+    """
+    if bulk or auto:
+        from api.cli.bulk import Selection, run_auto, run_bulk
+
+        given = Selection(ids or [], ids_file, cwd, idle_since, q, stop, dry_run, as_json)
+        if auto:
+            run_auto(given, bulk=bulk, idle_seconds=idle_seconds)
+        else:
+            run_bulk(given)
+        return
+    flags = {
+        "--ids-file": ids_file is not None,
+        "--cwd": cwd is not None,
+        "--idle-since": idle_since is not None,
+        "--q": q is not None,
+        "--dry-run": dry_run,
+        "--idle-seconds": bool(idle_seconds),
+    }
+    _archive_one(_one_session(ids, flags), stop, confirmed, as_json)
+
+
+def _one_session(ids: list[str] | None, given: dict[str, bool]) -> str:
+    """The one session id a plain ``fleet archive`` takes; exits 2 naming the bulk-only
+    options given (``given``: option name -> whether it was given) or a wrong count of ids."""
+    extra = [name for name, present in given.items() if present]
+    if extra or len(ids or []) != 1:
+        err.print(
+            "[red]error[/red]: give one session id"
+            + (f" ({', '.join(extra)} needs --bulk or --auto)" if extra else "")
+            + "; several sessions or a filter need --bulk."
+        )
+        raise typer.Exit(2)
+    return (ids or [""])[0]
+
+
+def _archive_one(session_id: str, stop: bool, confirmed: list[str] | None, as_json: bool) -> None:
+    """Archive one session (``--stop``: stop its live work, bound to what was confirmed) and
+    print the outcome; a refusal exits 2."""
+    from api.context import dispatcher, store
+    from orchestrator.archive import archive as do_archive
+
+    try:
+        binding = _confirmation(session_id, stop, confirmed, as_json)
+        result = do_archive(
+            store(), dispatcher(), session_id, stop_activity=stop, confirmed=binding
+        )
+    except FleetError as exc:
+        fail(exc)
+    if as_json:
+        print(json.dumps(result.to_wire(), indent=2))
+        return
+    console.print(
+        f"{session_id}: {result.outcome.replace('_', ' ')}"
+        + (f", stop sent for {len(result.stopped)} item(s)" if result.stopped else "")
+    )
+
+
+def _confirmation(
+    session_id: str, stop: bool, given: list[str] | None, as_json: bool
+) -> list[tuple[str, str]] | None:
+    """What ``fleet archive --stop`` is bound to: the ``--confirmed FAMILY:ID`` items, or on
+    a terminal (without ``--json``) the live items shown and confirmed here; None (stop
+    everything live) for a script that names none. Raises ``InvalidParams`` for a malformed
+    item or --confirmed without --stop; exits 1 when the user declines."""
+    from api.context import dispatcher, store
+    from orchestrator.activity import census
+    from orchestrator.errors import InvalidParams
+
+    if given:
+        pairs = [tuple(item.partition(":")[::2]) for item in given]
+        if not stop or any(not family or not item_id for family, item_id in pairs):
+            raise InvalidParams(
+                "--confirmed takes FAMILY:ID items and needs --stop.", {"param": "confirmed"}
+            )
+        return [(family, item_id) for family, item_id in pairs]
+    if not stop or as_json or not sys.stdin.isatty():
+        return None
+    items = census(store(), session_id, dispatcher())
+    if items:
+        console.print(f"{session_id} has live work:")
+        for item in items:
+            console.print(f"  - {item.family:9} {item.id}  {item.label}")
+        if not typer.confirm(f"Stop these {len(items)} item(s) and archive?", default=False):
+            raise typer.Exit(1)
+    return [(item.family, item.id) for item in items]
+
+
+@app.command()
+def unarchive(session_id: str) -> None:
+    """Unarchive a session (restores nothing that was stopped)."""
+    from api.context import store
+    from orchestrator.archive import unarchive as do_unarchive
+
+    try:
+        n = do_unarchive(store(), session_id)
+    except FleetError as exc:
+        fail(exc)
+    console.print(f"{session_id}: " + ("unarchived" if n else "was not archived"))

@@ -1,0 +1,270 @@
+"""The fleet's long-running processes: ``fleet worker``, ``fleet up``, ``fleet api``,
+``fleet beat``, ``fleet flower``, ``fleet acp`` and ``fleet demo``."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+
+import typer
+
+from api.cli.common import (
+    LOOPBACK,
+    FamilyName,
+    app,
+    console,
+    err,
+    interrupt,
+    settings_with_redis,
+)
+
+
+@app.command()
+def worker(
+    family: FamilyName = typer.Option(..., help="Which family this worker serves."),
+    host: str = typer.Option(
+        "", help="Host name reported for jobs (default: FLEET_HOSTNAME or the machine's name)."
+    ),
+    concurrency: int = typer.Option(0, help="Worker threads (default FLEET_WORKER_CONCURRENCY)."),
+    loglevel: str = typer.Option("INFO", help="Celery log level."),
+) -> None:
+    """Run a Celery worker for one family (a real process; stop with Ctrl-C)."""
+    from orchestrator.families import get as family_spec
+    from orchestrator.logs import resolve_format
+    from workers.app import create_app, worker_queues
+    from workers.runtime import install
+
+    settings = settings_with_redis().model_copy(
+        update={"worker_family": family.value, **({"hostname": host} if host else {})}
+    )
+    host = settings.hostname
+    celery_app = create_app(settings)
+    install(settings, celery_app)
+    if family_spec(family.value).host_stops:  # it owns what runs on its host: hold the name
+        _hold_job_host()
+    queues = worker_queues(family.value, host)
+    # JSON logs: no start-up banner among the JSON lines (workers/logs.py formats them).
+    quiet = ["--quiet"] if resolve_format(settings.log_format, sys.stderr) == "json" else []
+    celery_app.worker_main(
+        [
+            *quiet,
+            "worker",
+            "-n",
+            f"{family.value}@{host}",
+            "-Q",
+            ",".join(queues),
+            "--pool",
+            "threads",
+            "-c",
+            str(concurrency or settings.worker_concurrency),
+            "-l",
+            loglevel,
+            "-E",
+            "--without-gossip",
+            "--without-mingle",
+        ]
+    )
+
+
+def _hold_job_host() -> None:
+    """A job worker takes its host name before consuming: with another live job worker on the
+    same name (stops are routed by name), it exits 1 naming that worker."""
+    from orchestrator.errors import HostHeld
+    from workers.runtime import hold_job_host
+
+    try:
+        hold_job_host()
+    except HostHeld as exc:
+        typer.echo(f"fleet worker: {exc.message}", err=True)
+        raise typer.Exit(1) from None
+
+
+@app.command()
+def up(
+    hosts: int = typer.Option(1, min=1, help="How many job workers, each with its own host name."),
+    api: bool = typer.Option(True, help="Also serve the HTTP API."),
+) -> None:
+    """Run the whole fleet locally until Ctrl-C: Redis (embedded if FLEET_REDIS_URL is unset),
+    one worker per family, and the API."""
+    from api.embedded import resolve_redis_url
+    from api.local import LocalFleet
+    from orchestrator.logs import configure as configure_logging
+    from orchestrator.processes import die_with_parent
+    from orchestrator.settings import FleetSettings
+
+    settings = FleetSettings()
+    configure_logging(settings.log_format or None)
+    try:
+        url, embedded = resolve_redis_url(settings)
+    except RuntimeError as exc:
+        err.print(f"[red]error[/red]: {exc}")
+        raise typer.Exit(2) from None
+    fleet = LocalFleet(
+        url, settings.key_prefix, settings.state_dir, hostname=settings.hostname, job_hosts=hosts
+    )
+    api_proc = None
+    try:
+        fleet.start()
+        fleet.wait_ready()
+        console.print(
+            f"[green]fleet up[/green] on {url} (prefix {settings.key_prefix!r}); "
+            f"{len(fleet.workers)} workers, logs in {settings.state_dir / 'logs'}"
+        )
+        console.print(f"job workers on {', '.join(fleet.job_host_names())}")
+        if api:
+            import subprocess
+
+            env = dict(os.environ, FLEET_REDIS_URL=url)
+            api_proc = subprocess.Popen(
+                [sys.executable, "-m", "api.cli", "api"],
+                env=env,
+                preexec_fn=die_with_parent(signal.SIGTERM, new_session=False),
+            )
+            console.print(f"API on http://{settings.api_host}:{settings.api_port}")
+        signal.signal(signal.SIGTERM, interrupt)
+        while True:
+            time.sleep(1)
+            # A worker that died (crash, OOM, kill -9) is replaced, so the fleet keeps
+            # serving every family; its jobs died with it and their leases lapse.
+            for w in fleet.restart_dead():
+                err.print(
+                    f"[yellow]worker {w.family}@{w.host} had exited; restarted "
+                    f"(log {w.log_path})[/yellow]"
+                )
+    except KeyboardInterrupt:
+        pass
+    finally:
+        if api_proc is not None:
+            api_proc.terminate()
+            api_proc.wait(10)
+        fleet.stop()
+        if embedded is not None:
+            embedded.stop()
+
+
+def api_bind_address(requested: str, token: str) -> str:
+    """The address the API may bind: any with a token configured; loopback only without one
+    (said on stderr, since anyone who can reach the port could archive sessions)."""
+    if token or requested in LOOPBACK:
+        return requested
+    err.print(
+        f"[yellow]FLEET_API_TOKEN is not set: binding to 127.0.0.1 instead of {requested}. "
+        "Set a token to serve the API beyond this machine.[/yellow]"
+    )
+    return "127.0.0.1"
+
+
+@app.command("api")
+def serve_api(
+    host: str = typer.Option("", help="Bind address (default FLEET_API_HOST)."),
+    port: int = typer.Option(0, help="Port (default FLEET_API_PORT)."),
+) -> None:
+    """Serve the HTTP API (FastAPI on uvicorn)."""
+    import uvicorn
+
+    from orchestrator.logs import configure as configure_logging
+
+    settings = settings_with_redis()
+    configure_logging(settings.log_format or None)
+    bind = api_bind_address(host or settings.api_host, settings.api_token)
+    uvicorn.run(
+        "api.rest:create_app",
+        factory=True,
+        host=bind,
+        port=port or settings.api_port,
+        log_level="info",
+        # uvicorn's own loggers propagate to the root handler (FLEET_LOG_FORMAT) instead of
+        # getting a format of their own.
+        log_config=None,
+    )
+
+
+@app.command()
+def beat(
+    idle_seconds: float = typer.Option(
+        0, help="Auto-archive idle age (default FLEET_AUTO_ARCHIVE_IDLE_SECONDS; 0: off)."
+    ),
+    interval: float = typer.Option(
+        0, help="Seconds between runs (default FLEET_AUTO_ARCHIVE_INTERVAL_SECONDS)."
+    ),
+    schedule_file: str = typer.Option(
+        "", help="Beat's schedule state file (default FLEET_STATE_DIR/celerybeat-schedule)."
+    ),
+    loglevel: str = typer.Option("INFO", help="Celery log level."),
+) -> None:
+    """Run Celery beat: schedules the archive reconciler (archive.reconcile every
+    FLEET_RECONCILE_INTERVAL_SECONDS) and, when it is on, the auto-archive policy
+    (archive.auto), both on the maintenance queue (run by reminder workers). Run one beat
+    per fleet."""
+    from pathlib import Path
+
+    from workers.app import create_app
+    from workers.beat import beat_schedule
+
+    settings = settings_with_redis()
+    age = idle_seconds or settings.auto_archive_idle_seconds
+    every = interval or settings.auto_archive_interval_seconds
+    if every <= 0:
+        err.print("[red]error[/red]: the auto-archive interval must be positive.")
+        raise typer.Exit(2)
+    celery_app = create_app(settings)
+    reconcile_every = settings.reconcile_interval_seconds
+    celery_app.conf.beat_schedule = beat_schedule(age, every, reconcile_every)
+    path = Path(schedule_file) if schedule_file else settings.state_dir / "celerybeat-schedule"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if age > 0:
+        console.print(
+            f"beat: archive.auto every {every:g}s (sessions idle > {age:g}s) on the "
+            "maintenance queue"
+        )
+    else:
+        console.print("beat: auto-archive is off (FLEET_AUTO_ARCHIVE_IDLE_SECONDS=0)")
+    console.print(f"beat: archive.reconcile every {reconcile_every:g}s on the maintenance queue")
+    celery_app.start(["beat", "-s", str(path), "-l", loglevel])
+
+
+@app.command()
+def flower(
+    port: int = typer.Option(5555, help="Port of Flower's web UI and HTTP API."),
+    address: str = typer.Option("127.0.0.1", help="Bind address."),
+) -> None:
+    """Run Flower against the configured broker (basic auth from FLEET_FLOWER_BASIC_AUTH,
+    ``user:password``; required unless bound to loopback)."""
+    from workers.app import create_app
+
+    settings = settings_with_redis()
+    auth = settings.flower_basic_auth
+    if not auth and address not in LOOPBACK:
+        err.print(
+            "[red]error[/red]: set FLEET_FLOWER_BASIC_AUTH=user:password to serve Flower "
+            "beyond loopback."
+        )
+        raise typer.Exit(2)
+    celery_app = create_app(settings)
+    argv = ["flower", f"--port={port}", f"--address={address}"]
+    if auth:
+        argv.append(f"--basic-auth={auth}")
+    celery_app.start(argv)
+
+
+@app.command()
+def acp() -> None:
+    """Speak ACP (JSON-RPC, one message per line) on stdin/stdout: an editor's agent command."""
+    import logging
+
+    from api.acp_stdio import main as acp_main
+    from orchestrator.logs import configure as configure_logging
+
+    configure_logging(level=logging.WARNING)
+    acp_main()
+
+
+@app.command()
+def demo() -> None:
+    """Run a real fleet scenario end to end and print its timeline; exit 0 only if every
+    expectation held."""
+    from api.demo import run_demo
+
+    raise typer.Exit(run_demo(console))

@@ -1,0 +1,150 @@
+"""What every benchmark shares: a private Redis per run, the store and dispatcher pointed at
+it, the seeding of busy sessions, the HTTP API in its own process, and the figures' format."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+import redis
+from tenacity import RetryCallState, Retrying, retry_if_result, stop_after_delay, wait_fixed
+
+Row = tuple[str, str, str, str]
+
+
+def pct(values: list[float], q: float) -> float:
+    """The ``q`` quantile (0..1) of ``values``, nearest rank."""
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, round(q * len(ordered)) - 1))]
+
+
+def ms(seconds: float) -> str:
+    return f"{seconds * 1000:.3f} ms"
+
+
+def timed(fn: Callable[[], Any], n: int) -> list[float]:
+    out = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        fn()
+        out.append(time.perf_counter() - t0)
+    return out
+
+
+class NullDispatcher:
+    """Seeds state without sending anything."""
+
+    def send(self, task: str, args: list[Any], queue: str) -> None:
+        return None
+
+
+@contextmanager
+def environment(url: str | None) -> Iterator[tuple[str, str]]:
+    """(redis url, key prefix) for a run; a private embedded server unless ``url``."""
+    prefix = f"bench-{uuid.uuid4().hex[:8]}:"
+    if url:
+        try:
+            yield url, prefix
+        finally:
+            client = redis.Redis.from_url(url)
+            for key in client.scan_iter(match=f"{prefix}*", count=5000):
+                client.delete(key)
+        return
+    from api.embedded import EmbeddedRedis
+
+    with EmbeddedRedis(Path(tempfile.mkdtemp(prefix="fleet-bench-"))) as server:
+        yield server.url, prefix
+
+
+def configure(url: str, prefix: str) -> tuple[Any, Any]:
+    """The store and a dispatcher (its own Celery app) for the run's Redis and prefix."""
+    from api.wiring import celery_dispatcher
+    from orchestrator.settings import FleetSettings
+    from orchestrator.store import Store
+
+    settings = FleetSettings(redis_url=url, key_prefix=prefix)
+    return Store(url, prefix, settings=settings), celery_dispatcher(settings)
+
+
+def seed_busy(store: Any, n: int) -> list[str]:
+    """``n`` sessions with stored live work in all four families (no workers needed)."""
+    from orchestrator import jobs, reminders, sessions, turns
+    from orchestrator.store import iso, now_ms
+
+    null = NullDispatcher()
+    ids = []
+    for _ in range(n):
+        sid = sessions.create_session(store, "/bench/busy").session_id
+        turns.start_turn(store, null, sid, "think 600")
+        jid = jobs.create_job(store, null, sid, 600, "sleep 600s")
+        claim = [jid, "bench-host", 600_000, iso(now_ms()), "bench-host/bench", n, "limit %d"]
+        store.run("job_claim", claim)
+        reminders.create_reminder(store, sid, 3600, "say later")
+        child = sessions.create_session(store, "/bench/busy", parent_id=sid).session_id
+        turns.start_turn(store, null, child, "think 600", source="subagent")
+        ids.append(sid)
+    return ids
+
+
+@contextmanager
+def api_server(url: str, prefix: str) -> Iterator[str]:
+    """The HTTP API (uvicorn, in its own process) on a free port; yields its base URL."""
+    port = _free_port()
+    env = dict(os.environ, FLEET_REDIS_URL=url, FLEET_KEY_PREFIX=prefix, FLEET_API_TOKEN="")
+    cmd = [
+        sys.executable,
+        "-m",
+        "uvicorn",
+        "api.rest:create_app",
+        "--factory",
+        "--port",
+        str(port),
+        "--log-level",
+        "warning",
+    ]
+    api = subprocess.Popen(cmd, env=env)
+    try:
+        base = f"http://127.0.0.1:{port}"
+        until(lambda: _ok(base + "/health"), 30)
+        yield base
+    finally:
+        api.terminate()
+        api.wait(10)
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _ok(url: str) -> bool:
+    try:
+        return httpx.get(url, timeout=0.5).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def until(predicate: Callable[[], Any], timeout: float) -> None:
+    """Wait until ``predicate()`` is truthy; raises ``TimeoutError`` after ``timeout`` s."""
+
+    def timed_out(_: RetryCallState) -> None:
+        raise TimeoutError(f"benchmark setup did not converge in {timeout}s")
+
+    Retrying(
+        stop=stop_after_delay(timeout),
+        wait=wait_fixed(0.05),
+        retry=retry_if_result(lambda value: not value),
+        retry_error_callback=timed_out,
+    )(predicate)
