@@ -30,7 +30,6 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from orchestrator import audit, events, metrics
-from orchestrator.activity import ActivityItem, shorten
 from orchestrator.errors import (
     InvalidParams,
     SessionArchived,
@@ -38,8 +37,9 @@ from orchestrator.errors import (
     StepSuperseded,
     TurnStopped,
 )
-from orchestrator.families import Dispatcher, Family, send_step
+from orchestrator.families.base import Dispatcher, Family, send_step
 from orchestrator.fencing import StepGuard
+from orchestrator.items import ActivityItem, shorten
 from orchestrator.sessions import SESSION_ID_RE, check_session_id, check_utf8
 from orchestrator.store import Store, iso, new_id, retried
 

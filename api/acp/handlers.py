@@ -7,16 +7,29 @@ the JSON-RPC layer maps them to codes through ``api/errors.py``.
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from api.acp import params as p
+from api.acp.prompts import Prompts
 from api.acp.rpc import INVALID_REQUEST, Method, RpcError
-from api.acp.stream import call_store
+from api.acp.stream import Streams, call_store
 from orchestrator import activity, archive, audit, deletion, sessions, titles, turns
 from orchestrator.errors import InvalidParams, SessionArchived
+from orchestrator.families import Dispatcher
+from orchestrator.store import Store
 
-if TYPE_CHECKING:
-    from api.acp.connection import AcpConnection
+
+class AcpConnection(Protocol):
+    """What a handler uses of the connection it serves (``connection.AcpConnection``)."""
+
+    store: Store
+    dispatcher: Dispatcher
+    prompts: Prompts
+    streams: Streams
+
+    async def cancel_turns(self, sid: str, turn_ids: list[str] | None = None) -> int: ...
+
+    async def cancel_request(self, request_id: Any) -> None: ...
 
 PROTOCOL_VERSION = 1
 #: Page size of ``session/list``.

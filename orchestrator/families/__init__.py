@@ -35,6 +35,7 @@ from orchestrator.families.base import (
     Message,
     Task,
     send_all,
+    send_step,
 )
 from orchestrator.families.registry import (
     FamilySpec,
@@ -51,7 +52,6 @@ from orchestrator.families.registry import (
 for _name in Family:
     importlib.import_module(f"orchestrator.families.{_name}")
 
-from orchestrator.families.turn import send_step  # noqa: E402
 
 __all__ = [
     "MAINTENANCE_QUEUE",

@@ -83,3 +83,8 @@ class BatchDispatcher(Dispatcher, Protocol):
         """Publish every ``(task, args, queue)`` message; return, per message, the error that
         kept it from being published or ``None``. Never raises."""
         ...
+
+
+def send_step(dispatcher: Dispatcher, session_id: str, turn_id: str, index: int) -> None:
+    """Send step ``index`` of a turn to the turn queue."""
+    dispatcher.send(Task.TURN_STEP, [session_id, turn_id, index], Family.TURN.value)

@@ -12,23 +12,19 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from orchestrator.errors import InvalidParams
 from orchestrator.items import ActivityItem
-
-if TYPE_CHECKING:
-    from orchestrator.families.base import Dispatcher
-    from orchestrator.store import Store
 
 #: Builds a census item from a live row of the family's Lua rule: (session id, item id,
 #: the values of the rule's ``fields``).
 ItemBuilder = Callable[[str, str, list[str | None]], ActivityItem]
 #: Settles items whose owner vanished: (store, dispatcher or None, session id, item ids).
-Settler = Callable[["Store", "Dispatcher | None", str, list[str]], None]
+Settler = Callable[..., None]
 #: Stops a descendant's items in the subagent worker itself: (store, dispatcher, session id,
 #: plan entries) -> an outcome phrase such as ``2 turn(s) cancelled``.
-LocalStop = Callable[["Store", "Dispatcher", str, list[Any]], str]
+LocalStop = Callable[..., str]
 
 
 class UnknownFamily(InvalidParams):

@@ -6,7 +6,7 @@ import logging
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from orchestrator.families.base import Dispatcher, Family, Task
+from orchestrator.families.base import Dispatcher, Family, Task, send_step
 from orchestrator.families.registry import FamilySpec, register
 from orchestrator.items import ActivityItem, shorten
 
@@ -19,11 +19,6 @@ log = logging.getLogger(__name__)
 def _item(sid: str, tid: str, fields: list[str | None]) -> ActivityItem:
     state, prompt = fields
     return ActivityItem(Family.TURN, tid, f'turn "{shorten(prompt or "")}" ({state})', sid)
-
-
-def send_step(dispatcher: Dispatcher, session_id: str, turn_id: str, index: int) -> None:
-    """Send step ``index`` of a turn to the turn queue."""
-    dispatcher.send(Task.TURN_STEP, [session_id, turn_id, index], Family.TURN.value)
 
 
 def _settle(store: Store, dispatcher: Dispatcher | None, sid: str, tids: list[str]) -> None:
