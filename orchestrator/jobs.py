@@ -79,9 +79,12 @@ def create_job(
     seconds: float,
     label: str,
     *,
+    command: str = "",
     guard: StepGuard | None = None,
 ) -> str:
-    """Store a starting job and send it to the job queue. Returns the job id.
+    """Store a starting job and send it to the job queue. Returns the job id. With
+    ``command`` the job runs it with ``/bin/sh`` and is stopped after ``seconds``; without,
+    it runs the supervisor's own command for ``seconds`` (``sleep``).
 
     With ``guard`` (the copy of the step that asks for the job) nothing is stored once its turn
     no longer runs or that copy no longer owns the step (``orchestrator/fencing.py``): raises
@@ -91,7 +94,7 @@ def create_job(
     jid = new_id("job")
     maximum = limits.JOBS_PER_SESSION.maximum()
     args = [jid, session_id, label, seconds, iso(store.now_ms()), START_TIMEOUT_MS]
-    stored = store.run("job_create", [*args, *StepGuard.argv(guard), maximum])
+    stored = store.run("job_create", [*args, *StepGuard.argv(guard), maximum, command])
     if stored == "stopped":
         raise TurnStopped(guard.turn_id if guard else "")
     limits.check_reply(limits.JOBS_PER_SESSION, maximum, stored)
@@ -138,7 +141,7 @@ class JobSupervisor:
         self._running: dict[str, _Running] = {}
         self._pending: set[str] = set()  # claimed here, process not forked yet
         self._lock = threading.Lock()
-        self._requests: list[tuple[str, str, float, threading.Event, list[object]]] = []
+        self._requests: list[tuple[str, str, float, str, threading.Event, list[object]]] = []
         self._wake = threading.Condition()
         self._stop = threading.Event()
         self._watchdog: subprocess.Popen[bytes] | None = None
@@ -157,7 +160,8 @@ class JobSupervisor:
             self._pending.add(job_id)
         try:
             claimed = self.store.run("job_claim", [job_id, self.host, *self._claim_args()])
-            seconds = float(_job_fields(self.store, job_id, "seconds")[0] or 0)
+            raw, command = _job_fields(self.store, job_id, "seconds", "command")
+            seconds = float(raw or 0)
         except BaseException:
             with self._lock:
                 self._pending.discard(job_id)
@@ -175,7 +179,7 @@ class JobSupervisor:
         done = threading.Event()
         box: list[object] = []
         with self._wake:
-            self._requests.append((session_id, job_id, seconds, done, box))
+            self._requests.append((session_id, job_id, seconds, command or "", done, box))
             self._wake.notify()
         done.wait(10)
         if box and isinstance(box[0], Exception):
@@ -299,10 +303,12 @@ class JobSupervisor:
     def _spawn_pending(self) -> None:
         with self._wake:
             pending, self._requests = self._requests, []
-        for session_id, job_id, seconds, done, box in pending:
+        for session_id, job_id, seconds, command, done, box in pending:
+            # A stored command runs under coreutils' timeout, which stops it after seconds.
+            argv = ["timeout", f"{seconds:g}", "/bin/sh", "-c", command] if command else None
             try:
                 proc = subprocess.Popen(
-                    self.command(seconds),
+                    argv or self.command(seconds),
                     stdin=subprocess.DEVNULL,
                     stdout=subprocess.DEVNULL,
                     stderr=subprocess.DEVNULL,

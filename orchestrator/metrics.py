@@ -97,6 +97,23 @@ ARCHIVE_QUIET = Histogram(
     (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0),
 )
 
+MODEL_TOKENS = Counter(
+    "fleet_model_tokens",
+    "Tokens model steps read (input) and wrote (output), as the model server reported them.",
+    ("direction",),
+)
+MODEL_REQUESTS = Counter(
+    "fleet_model_requests",
+    "Model steps by outcome: ok, cancelled (stopped while it ran) or failed (the model "
+    "server refused or could not be reached after its retries).",
+    ("outcome",),
+)
+MODEL_REQUEST_SECONDS = Histogram(
+    "fleet_model_request_seconds",
+    "Seconds a model step's request took (with its retries, to the last streamed byte).",
+    (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0),
+)
+
 COUNTERS = (
     ARCHIVES,
     ARCHIVE_REFUSALS,
@@ -106,8 +123,10 @@ COUNTERS = (
     WAKEUPS_REFUSED,
     ARCHIVE_HAZARDS,
     TURN_SWEEPS,
+    MODEL_TOKENS,
+    MODEL_REQUESTS,
 )
-HISTOGRAMS = (ARCHIVE_QUIET,)
+HISTOGRAMS = (ARCHIVE_QUIET, MODEL_REQUEST_SECONDS)
 
 
 def _bucket_field(bound: float) -> str:

@@ -13,14 +13,16 @@ import json
 import math
 import re
 import unicodedata
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
 from orchestrator import audit, limits, untrusted
 from orchestrator.errors import InputRejected, InvalidParams, SessionNotFound, TurnStopped
 from orchestrator.fencing import StepGuard
+from orchestrator.model import check_model
 from orchestrator.store import Store, iso, new_id, retried
+from orchestrator.usage import usage_of
 
 #: Session ids (ours are ``sess_<hex>``; clients may only pass ids in this alphabet, so an id
 #: can never reach a Redis key name with a separator or a glob in it).
@@ -98,6 +100,10 @@ class Session:
     #: The reconciler's archive hazard (``{since, attempts, families}``): live work it could
     #: not stop after ``FLEET_RECONCILE_MAX_ATTEMPTS`` re-dispatches; ``None`` otherwise.
     archive_hazard: dict[str, Any] | None = None
+    #: The model name the session asked for (``""``: the backend's default).
+    model: str = ""
+    #: Model tokens of all its turns: ``{"inputTokens", "outputTokens"}``.
+    usage: dict[str, int] = field(default_factory=lambda: {"inputTokens": 0, "outputTokens": 0})
 
     @classmethod
     def from_hash(cls, h: dict[str, str]) -> Session:
@@ -121,6 +127,8 @@ class Session:
                 else None
             ),
             archive_hazard=_hazard(h),
+            model=h.get("model", ""),
+            usage=usage_of(h),
         )
 
     def to_info(self) -> dict[str, Any]:
@@ -144,6 +152,9 @@ class Session:
             meta["titleSource"] = self.title_source
         if self.archive_hazard is not None:
             meta["archiveHazard"] = self.archive_hazard
+        if self.model:
+            meta["model"] = self.model
+        meta["usage"] = dict(self.usage)
         info["_meta"] = {"agentFleet": meta}
         return info
 
@@ -199,9 +210,16 @@ def check_utf8(text: str, param: str) -> str:
 
 
 def create_session(
-    store: Store, cwd: str, parent_id: str | None = None, *, guard: StepGuard | None = None
+    store: Store,
+    cwd: str,
+    parent_id: str | None = None,
+    *,
+    guard: StepGuard | None = None,
+    model: str | None = None,
 ) -> Session:
-    """Create a session in ``cwd`` (absolute), optionally as a subagent of ``parent_id``.
+    """Create a session in ``cwd`` (absolute), optionally as a subagent of ``parent_id``,
+    asking for ``model`` (a model name for the backend, ``FLEET_MODEL``; a subagent given none
+    takes its parent's).
 
     A child created under an archived lineage is born archived, in its ancestor's archive
     transition (so it is hidden and gated with it, and restored with it). With ``guard`` (the
@@ -216,11 +234,12 @@ def create_session(
     check_cwd(cwd)
     if parent_id is not None:
         check_session_id(parent_id)
+    model = check_model(model)
     sid = new_id("sess")
     ms = store.now_ms()
     caps = [limits.SUBAGENT_DEPTH.maximum(), limits.SUBAGENTS_PER_SESSION.maximum()]
     args = [sid, cwd, cwd_hash(cwd), parent_id or "", ms, iso(ms), *StepGuard.argv(guard)]
-    result = store.run("create_session", [*args, *caps], durable=True)
+    result = store.run("create_session", [*args, *caps, model], durable=True)
     if result[0] == "stopped":
         raise TurnStopped(guard.turn_id if guard else "")
     if result[0] == "parent_not_found":

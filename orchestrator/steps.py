@@ -20,14 +20,17 @@ import contextlib
 import json
 import logging
 import threading
+import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
-from orchestrator import events, metrics
+from orchestrator import chat, events, metrics, toolbox, usage
 from orchestrator.errors import SessionArchived, SessionNotFound, StepSuperseded, StoreUnavailable
 from orchestrator.families import Dispatcher, send_step
 from orchestrator.fencing import StepGuard, new_token
 from orchestrator.gate import StepRefused, refusal
-from orchestrator.model import Model, ModelAction, ModelError, StepRequest, prompt_lines
+from orchestrator.model import Model, ModelError, StepAnswer, StepRequest, StopReason, ToolCall
+from orchestrator.settings import get_settings
 from orchestrator.store import Store, retried
 from orchestrator.titles import generated_title, set_title
 from orchestrator.turns import (
@@ -100,10 +103,30 @@ class _StepWatch:
                 return
 
 
-#: Runs a tool call: (store, dispatcher, session id, the step copy's guard, action, cancel) ->
+#: Runs a tool call: (store, dispatcher, session id, the step copy's guard, call, cancel) ->
 #: the result text, or ``None`` when the call was aborted (``cancel`` set, or the turn no
 #: longer runs); raises ``StepSuperseded`` when another copy of the step began.
-ToolRunner = Callable[[Store, Dispatcher, str, StepGuard, ModelAction, threading.Event], str | None]
+ToolRunner = Callable[[Store, Dispatcher, str, StepGuard, ToolCall, threading.Event], str | None]
+
+
+@dataclass(frozen=True)
+class _Ran:
+    """A step that ran to its end: ``stop`` ends the turn, ``None`` asks for another step."""
+
+    stop: StopReason | None
+
+
+class _Emit:
+    """The ``emit`` a model step streams its text to: each piece becomes an
+    ``agent_message_chunk``; ``dropped`` once one could not land (the turn stopped)."""
+
+    def __init__(self, store: Store, session_id: str, guard: StepGuard) -> None:
+        self.store, self.session_id, self.guard = store, session_id, guard
+        self.dropped = False
+
+    def __call__(self, text: str) -> None:
+        if not self.dropped and not _say(self.store, self.session_id, self.guard, text):
+            self.dropped = True
 
 
 def run_step(
@@ -234,16 +257,35 @@ def _act(
     guard: StepGuard,
     index: int,
     cancel: threading.Event,
-) -> str | None:
-    """The model request and what it asks for. Returns the step's result text, or ``None``
-    when it was aborted (``cancel``) or its turn no longer runs (its output is dropped)."""
+) -> _Ran | None:
+    """The model request and the tool calls it asks for. Returns how the step ended, or
+    ``None`` when it was aborted (``cancel``) or its turn no longer runs (its output is
+    dropped). Raises ``ModelError`` (counted as a failed request)."""
     sid, tid = turn.session_id, turn.turn_id
-    action = model.step(StepRequest(sid, tid, index, prompt_lines(turn.prompt)), cancel)
-    if cancel.is_set():
+    request = StepRequest(
+        sid,
+        tid,
+        index,
+        chat.conversation(store, sid),
+        toolbox.offered_specs(),
+        _session_field(store, sid, "model") or "",
+    )
+    emit = _Emit(store, sid, guard)
+    started = time.monotonic()
+    try:
+        answer = model.step(request, cancel, emit)
+    except ModelError:
+        usage.record(store, sid, tid, StepAnswer().usage, "failed", time.monotonic() - started)
+        raise
+    aborted = cancel.is_set() or emit.dropped or answer.stop is StopReason.CANCELLED
+    outcome = "cancelled" if aborted else "ok"
+    usage.record(store, sid, tid, answer.usage, outcome, time.monotonic() - started)
+    if aborted:
         return None
-    if action.kind == "tool":
-        return tools(store, dispatcher, sid, guard, action, cancel)
-    return action.text if _say(store, sid, guard, action.text) else None
+    for call in answer.tool_calls:
+        if tools(store, dispatcher, sid, guard, call, cancel) is None:
+            return None
+    return _Ran(answer.stop)
 
 
 def _after_step(
@@ -252,7 +294,7 @@ def _after_step(
     turn: Turn,
     guard: StepGuard,
     index: int,
-    result: str | None,
+    result: _Ran | None,
     watch: _StepWatch,
 ) -> str:
     """Dispatch the next step, hand this one on, or end the turn (each only while this copy
@@ -269,16 +311,20 @@ def _after_step(
     if result is None or watch.stopped:
         finish(store, dispatcher, tid, TurnState.CANCELLED, token=token)
         return "cancelled"
-    if index + 1 < max(1, len(prompt_lines(turn.prompt))):
-        if _advance(store, guard, index + 1) == "ok":
-            send_step(dispatcher, sid, tid, index + 1)
-            return "ran"
+    stop = result.stop
+    if stop is None:
+        if index + 1 < get_settings().max_turn_requests:
+            if _advance(store, guard, index + 1) == "ok":
+                send_step(dispatcher, sid, tid, index + 1)
+                return "ran"
+            finish(store, dispatcher, tid, TurnState.CANCELLED, token=token)
+            return "cancelled"
+        stop = StopReason.MAX_TURN_REQUESTS
+    ended = finish(store, dispatcher, tid, TurnState.COMPLETED, token=token, stop_reason=stop)
+    if not ended:
         finish(store, dispatcher, tid, TurnState.CANCELLED, token=token)
         return "cancelled"
-    if not finish(store, dispatcher, tid, TurnState.COMPLETED, token=token):
-        finish(store, dispatcher, tid, TurnState.CANCELLED, token=token)
-        return "cancelled"
-    _after_completion(store, dispatcher, turn, result)
+    _after_completion(store, dispatcher, turn)
     return "completed"
 
 
@@ -304,7 +350,7 @@ def _generate_title(store: Store, session_id: str, prompt: str) -> None:
         log.warning("no title generated: %s", exc, extra={"session_id": session_id})
 
 
-def _after_completion(store: Store, dispatcher: Dispatcher, turn: Turn, result: str | None) -> None:
+def _after_completion(store: Store, dispatcher: Dispatcher, turn: Turn) -> None:
     """A subagent's finished turn wakes its parent with a short report (a turn of its own,
     which meets the gate like any other)."""
     if turn.source != "subagent":
