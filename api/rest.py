@@ -37,6 +37,9 @@ class CreateSession(_Strict):
 
     cwd: StrictStr = Field(description="Absolute working directory.")
     parentId: StrictStr | None = Field(default=None, description="Parent session (subagent).")
+    model: StrictStr | None = Field(
+        default=None, description="Model name for FLEET_MODEL's backend (default: its own)."
+    )
 
 
 class PromptBody(_Strict):
@@ -228,7 +231,7 @@ def create_app() -> FastAPI:
     @app.post("/sessions", status_code=201, dependencies=auth, tags=["sessions"])
     def create(body: CreateSession) -> dict[str, Any]:
         """Create a session (a subagent session with ``parentId``)."""
-        return sessions.create_session(store(), body.cwd, body.parentId).to_info()
+        return sessions.create_session(store(), body.cwd, body.parentId, model=body.model).to_info()
 
     @app.get("/sessions", dependencies=auth, tags=["sessions"])
     def list_(
