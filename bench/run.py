@@ -14,6 +14,8 @@ is used and removed afterwards. Figures are wall-clock medians and 99th percenti
 4. archive response -> empty census, 50 busy sessions on real workers
 5. session/list page latency at 10k and 100k sessions (half archived)
 6. step throughput through the gate vs the same workers running ungated no-op tasks
+7. a model step through the fleet vs the same request straight through the SDK
+   (``bench/model.py``)
 """
 
 from __future__ import annotations
@@ -410,6 +412,12 @@ def _until(predicate: Callable[[], Any], timeout: float) -> None:
         time.sleep(0.05)
 
 
+def _bench_model(url: str, prefix: str, n: int) -> list[Row]:
+    from bench.model import bench_model_step
+
+    return bench_model_step(url, prefix, n)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="smaller sizes")
@@ -429,6 +437,7 @@ def main() -> int:
             ),
         ),
         (6, lambda u, p: bench_throughput(u, p, 500 if q else 3000)),
+        (7, lambda u, p: _bench_model(u, p, 50 if q else 300)),
     ]
     try:
         from bench.bulk import bench_bulk

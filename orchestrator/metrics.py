@@ -17,6 +17,7 @@ import logging
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from orchestrator.store import Store, retried
 
@@ -161,17 +162,29 @@ def incr_many(store: Store, counts: Sequence[tuple[Counter, tuple[str, ...], int
         log.debug("metrics not counted: %s", exc)
 
 
+def queue_incr(pipe: Any, store: Store, counter: Counter, labels: tuple[str, ...], by: int) -> None:
+    """Add an increment of ``counter`` to a redis-py pipeline (executed by the caller)."""
+    if len(labels) != len(counter.labels):
+        raise ValueError(f"{counter.name} takes labels {counter.labels}, got {labels}")
+    pipe.hincrby(store.keys.metric(counter.name), _SEP.join(labels), by)
+
+
+def queue_observe(pipe: Any, store: Store, histogram: Histogram, seconds: float) -> None:
+    """Add one observation of ``seconds`` (negative counts as 0) to a redis-py pipeline."""
+    value = max(0.0, seconds)
+    bound = next((b for b in histogram.buckets if value <= b), math.inf)
+    key = store.keys.metric(histogram.name)
+    pipe.hincrby(key, _bucket_field(bound), 1)
+    pipe.hincrbyfloat(key, "sum", value)
+    pipe.hincrby(key, "count", 1)
+
+
 def observe(store: Store, histogram: Histogram, seconds: float) -> None:
     """Record one observation of ``seconds`` (negative values count as 0). Never raises for a
     Redis failure (logged at debug)."""
-    value = max(0.0, seconds)
-    bound = next((b for b in histogram.buckets if value <= b), math.inf)
     try:
         pipe = store.redis.pipeline(transaction=True)
-        key = store.keys.metric(histogram.name)
-        pipe.hincrby(key, _bucket_field(bound), 1)
-        pipe.hincrbyfloat(key, "sum", value)
-        pipe.hincrby(key, "count", 1)
+        queue_observe(pipe, store, histogram, seconds)
         pipe.execute()
     except Exception as exc:  # best effort, as for counters
         log.debug("metric %s not observed: %s", histogram.name, exc)

@@ -53,14 +53,22 @@ CANCEL_POLL = 0.05
 
 
 class _StepWatch:
-    """Keeps this copy's lease alive and sets ``cancel`` once the turn stops running
+    """Keeps this copy's lease alive, lands streamed text held back (``tick``), and sets
+    ``cancel`` once the turn stops running
     (``stopped``), another copy of the step began (``superseded``) or the worker starts to shut
     down (``handed_off``), polling the store every ``CANCEL_POLL`` s: a stop is seen through the
     store, whatever message its worker consumes.
     """
 
-    def __init__(self, store: Store, guard: StepGuard, stopping: threading.Event | None) -> None:
+    def __init__(
+        self,
+        store: Store,
+        guard: StepGuard,
+        stopping: threading.Event | None,
+        tick: Callable[[], None],
+    ) -> None:
         self.store = store
+        self.tick = tick
         self.guard = guard
         self.stopping = stopping
         self.cancel = threading.Event()
@@ -82,6 +90,10 @@ class _StepWatch:
     def _run(self) -> None:
         since_refresh = 0.0
         while not self._done.wait(CANCEL_POLL):
+            try:
+                self.tick()
+            except (StepSuperseded, StoreUnavailable) as exc:  # seen by the poll below
+                log.debug("held-back text of %s not landed: %s", self.guard.turn_id, exc)
             if self.stopping is not None and self.stopping.is_set():
                 self.handed_off = True
                 self.cancel.set()
@@ -117,15 +129,36 @@ class _Ran:
 
 
 class _Emit:
-    """The ``emit`` a model step streams its text to: each piece becomes an
-    ``agent_message_chunk``; ``dropped`` once one could not land (the turn stopped)."""
+    """The ``emit`` a model step streams its text to. The first piece becomes an
+    ``agent_message_chunk`` at once; pieces arriving faster than every ``CANCEL_POLL`` s are
+    joined into one chunk, landed by the next piece after that time, the step watch's tick or
+    the step's end (``flush``), so a token stream does not cost one conversation entry and
+    one write per token. ``dropped`` once a chunk could not land (the turn stopped)."""
 
     def __init__(self, store: Store, session_id: str, guard: StepGuard) -> None:
         self.store, self.session_id, self.guard = store, session_id, guard
         self.dropped = False
+        self._pending: str | None = None
+        self._landed = 0.0  # monotonic time of the last chunk landed (0: none yet)
+        self._lock = threading.Lock()
 
     def __call__(self, text: str) -> None:
-        if not self.dropped and not _say(self.store, self.session_id, self.guard, text):
+        with self._lock:
+            self._pending = (self._pending or "") + text
+            if time.monotonic() - self._landed >= CANCEL_POLL:
+                self._land()
+
+    def flush(self) -> None:
+        """Land the text held back, if any."""
+        with self._lock:
+            self._land()
+
+    def _land(self) -> None:
+        text, self._pending = self._pending, None
+        if text is None or self.dropped:
+            return
+        self._landed = time.monotonic()
+        if not _say(self.store, self.session_id, self.guard, text):
             self.dropped = True
 
 
@@ -208,9 +241,10 @@ def _run_begun(
         return "missing"
     if index == 0 and turn.source == "prompt":
         _generate_title(store, turn.session_id, turn.prompt)
-    with _StepWatch(store, guard, stopping) as watch:
+    emit = _Emit(store, turn.session_id, guard)
+    with _StepWatch(store, guard, stopping, emit.flush) as watch:
         try:
-            result = _act(store, dispatcher, model, tools, turn, guard, index, watch.cancel)
+            result = _act(store, dispatcher, model, tools, turn, emit, index, watch.cancel)
         except ModelError as exc:
             _say(store, turn.session_id, guard, f"error: {exc}")
             finish(store, dispatcher, guard.turn_id, TurnState.FAILED, str(exc), token=guard.token)
@@ -254,7 +288,7 @@ def _act(
     model: Model,
     tools: ToolRunner,
     turn: Turn,
-    guard: StepGuard,
+    emit: _Emit,
     index: int,
     cancel: threading.Event,
 ) -> _Ran | None:
@@ -270,20 +304,21 @@ def _act(
         toolbox.offered_specs(),
         _session_field(store, sid, "model") or "",
     )
-    emit = _Emit(store, sid, guard)
     started = time.monotonic()
     try:
         answer = model.step(request, cancel, emit)
     except ModelError:
         usage.record(store, sid, tid, StepAnswer().usage, "failed", time.monotonic() - started)
+        emit.flush()
         raise
+    emit.flush()
     aborted = cancel.is_set() or emit.dropped or answer.stop is StopReason.CANCELLED
     outcome = "cancelled" if aborted else "ok"
     usage.record(store, sid, tid, answer.usage, outcome, time.monotonic() - started)
     if aborted:
         return None
     for call in answer.tool_calls:
-        if tools(store, dispatcher, sid, guard, call, cancel) is None:
+        if tools(store, dispatcher, sid, emit.guard, call, cancel) is None:
             return None
     return _Ran(answer.stop)
 

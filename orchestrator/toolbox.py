@@ -19,6 +19,7 @@ model sees (``ToolArgumentsError``), never a crash.
 
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import dataclass
 from typing import Any
@@ -79,8 +80,8 @@ class Tool:
     family: Family
 
     def spec(self) -> ToolSpec:
-        """The tool as a model sees it (JSON Schema of its arguments)."""
-        return ToolSpec(self.name, self.description, self.arguments.model_json_schema())
+        """The tool as a model sees it (JSON Schema of its arguments; built once)."""
+        return _spec(self)
 
 
 TOOLS: dict[str, Tool] = {
@@ -113,6 +114,11 @@ TOOLS: dict[str, Tool] = {
         ),
     )
 }
+
+
+@functools.cache
+def _spec(tool: Tool) -> ToolSpec:
+    return ToolSpec(tool.name, tool.description, tool.arguments.model_json_schema())
 
 
 class ToolArgumentsError(Exception):

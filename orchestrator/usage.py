@@ -22,23 +22,22 @@ def record(
     store: Store, session_id: str, turn_id: str, usage: Usage, outcome: str, seconds: float
 ) -> None:
     """Count one model step: ``outcome`` (``ok``, ``cancelled``, ``failed``), how long it took
-    (seconds) and its ``usage``, added to the turn's and the session's totals."""
-    counts: list[tuple[metrics.Counter, tuple[str, ...], int]] = [
-        (metrics.MODEL_REQUESTS, (outcome,), 1)
-    ]
-    if usage.input_tokens:
-        counts.append((metrics.MODEL_TOKENS, ("input",), usage.input_tokens))
-    if usage.output_tokens:
-        counts.append((metrics.MODEL_TOKENS, ("output",), usage.output_tokens))
-    metrics.incr_many(store, counts)
-    metrics.observe(store, metrics.MODEL_REQUEST_SECONDS, seconds)
-    if not (usage.input_tokens or usage.output_tokens):
-        return
+    (seconds) and its ``usage``, added to the turn's and the session's totals; one round
+    trip."""
     try:
-        args = [session_id, turn_id, usage.input_tokens, usage.output_tokens]
-        store.run("usage_add", args)
+        pipe = store.redis.pipeline(transaction=False)
+        metrics.queue_incr(pipe, store, metrics.MODEL_REQUESTS, (outcome,), 1)
+        metrics.queue_observe(pipe, store, metrics.MODEL_REQUEST_SECONDS, seconds)
+        if usage.input_tokens or usage.output_tokens:
+            tokens = (("input", usage.input_tokens), ("output", usage.output_tokens))
+            for direction, count in tokens:
+                metrics.queue_incr(pipe, store, metrics.MODEL_TOKENS, (direction,), count)
+            args: list[str | int] = [store.keys.prefix, session_id, turn_id]
+            args += [usage.input_tokens, usage.output_tokens]
+            store.script("usage_add")(keys=[], args=args, client=pipe)
+        pipe.execute()
     except Exception as exc:  # best effort: usage never fails the step it counts
-        log.warning("usage of turn %s not stored: %s", turn_id, exc)
+        log.warning("usage of turn %s not counted: %s", turn_id, exc)
 
 
 def usage_of(h: dict[str, str]) -> dict[str, int]:
