@@ -39,7 +39,7 @@ from orchestrator.model import (
 )
 
 #: How often the closer looks at ``cancel`` while a request streams (seconds).
-_CLOSE_POLL = 0.01
+_CLOSE_POLL = 0.005
 _FINISH = {
     "stop": StopReason.END_TURN,
     "length": StopReason.MAX_TOKENS,

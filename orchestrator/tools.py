@@ -27,6 +27,7 @@ import logging
 import os
 import signal
 import subprocess
+import tempfile
 import threading
 import time
 from typing import IO, Any
@@ -55,9 +56,11 @@ from orchestrator.turns import record_update, start_turn
 log = logging.getLogger(__name__)
 
 
-def _drain(pipe: IO[bytes], keep: int, box: bytearray) -> None:
-    """Read ``pipe`` to its end, keeping its first ``keep`` bytes in ``box``."""
+def _drain(pipe: IO[bytes], keep: int, box: bytearray, total: list[int]) -> None:
+    """Read ``pipe`` to its end, keeping its first ``keep`` bytes in ``box`` and counting all
+    of them in ``total[0]``."""
     while chunk := pipe.read(65536):
+        total[0] += len(chunk)
         if len(box) < keep:
             box.extend(chunk[: keep - len(box)])
 
@@ -76,10 +79,19 @@ def _kill_group(proc: subprocess.Popen[bytes]) -> None:
 
 def _shell(args: ShellArgs, cwd: str, cancel: threading.Event) -> tuple[str, str]:
     """Run ``args.command`` with ``/bin/sh`` in ``cwd`` inside the turn, as the worker's user;
-    kill its process group at its timeout or once ``cancel`` is set. Returns (status, text):
-    the exit status and the first ``FLEET_TOOL_OUTPUT_MAX_BYTES`` of its output."""
-    if not os.path.isdir(cwd):
-        return "failed", f"shell: the session's cwd {cwd} is not a directory on this worker"
+    where ``cwd`` is not a directory on this worker, in an empty temporary one (removed after,
+    and said in the result) rather than anywhere that holds files. Returns (status, text)."""
+    if os.path.isdir(cwd):
+        return _run_shell(args, cwd, cancel, "")
+    with tempfile.TemporaryDirectory(prefix="fleet-shell-") as scratch:
+        note = f"(the session's cwd {cwd} is not a directory on this worker: ran in {scratch})\n"
+        return _run_shell(args, scratch, cancel, note)
+
+
+def _run_shell(args: ShellArgs, cwd: str, cancel: threading.Event, note: str) -> tuple[str, str]:
+    """Kill the command's process group at its timeout or once ``cancel`` is set. Returns
+    (status, text): the exit status and the first ``FLEET_TOOL_OUTPUT_MAX_BYTES`` of its
+    output (stdout and stderr), after ``note``."""
     keep = get_settings().tool_output_max_bytes
     proc = subprocess.Popen(
         ["/bin/sh", "-c", args.command],
@@ -90,9 +102,10 @@ def _shell(args: ShellArgs, cwd: str, cancel: threading.Event) -> tuple[str, str
         # Its own process group, and it dies with the worker thread running the step.
         preexec_fn=die_with_parent(),
     )
-    output = bytearray()
+    output, total = bytearray(), [0]
     assert proc.stdout is not None
-    reader = threading.Thread(target=_drain, args=(proc.stdout, keep, output), daemon=True)
+    drain = (proc.stdout, keep, output, total)
+    reader = threading.Thread(target=_drain, args=drain, daemon=True)
     reader.start()
     started, why = time.monotonic(), ""
     try:
@@ -113,7 +126,9 @@ def _shell(args: ShellArgs, cwd: str, cancel: threading.Event) -> tuple[str, str
         if proc.poll() is None:
             proc.kill()
     reader.join(2)
-    text = output.decode("utf-8", "replace")
+    text = note + output.decode("utf-8", "replace")
+    if total[0] > keep:
+        text += f"\n(output cut to its first {keep} of {total[0]} bytes)"
     if why == "cancelled":
         return "cancelled", f"$ {args.command}: cancelled"
     if why:
