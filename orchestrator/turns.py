@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import json
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
 
 from orchestrator import audit, events, metrics
@@ -42,6 +42,7 @@ from orchestrator.families import Dispatcher, Family, send_step
 from orchestrator.fencing import StepGuard
 from orchestrator.sessions import SESSION_ID_RE, check_session_id, check_utf8
 from orchestrator.store import Store, iso, new_id, retried
+from orchestrator.usage import usage_of
 
 log = logging.getLogger(__name__)
 
@@ -107,15 +108,19 @@ class Turn:
     step: int
     stop_reason: str
     error: str
+    #: Model tokens of its steps: ``{"inputTokens", "outputTokens"}``.
+    usage: dict[str, int] = field(default_factory=lambda: {"inputTokens": 0, "outputTokens": 0})
 
     def to_wire(self) -> dict[str, object]:
-        """``{"turnId", "sessionId", "state", "source", "step", "stopReason"?, "error"?}``."""
+        """``{"turnId", "sessionId", "state", "source", "step", "usage", "stopReason"?,
+        "error"?}``."""
         out: dict[str, object] = {
             "turnId": self.turn_id,
             "sessionId": self.session_id,
             "state": self.state.value,
             "source": self.source,
             "step": self.step,
+            "usage": dict(self.usage),
         }
         if self.stop_reason:
             out["stopReason"] = self.stop_reason
@@ -142,6 +147,7 @@ def get_turn(store: Store, turn_id: str) -> Turn | None:
         int(h.get("step", "0")),
         h.get("stopReason", ""),
         h.get("error", ""),
+        usage_of(h),
     )
 
 

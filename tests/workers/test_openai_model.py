@@ -92,6 +92,7 @@ def test_a_plain_answer_streams_as_chunks_and_its_usage_is_stored_and_counted(
     turn = _ended(private, tid)
 
     assert (turn.state.value, turn.stop_reason) == ("completed", "end_turn")
+    assert turn.usage == {"inputTokens": 12, "outputTokens": 9}
     chunks = _of(private, sid, tid, "agent_message_chunk")
     assert len(chunks) > 1  # streamed in pieces, each its own update
     assert _said(private, sid, tid) == "Hello from the fixture server, in several pieces."
