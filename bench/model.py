@@ -5,6 +5,8 @@ The same streamed chat-completion request, against the same local OpenAI-compati
 ``openai`` SDK, and as a whole model step of a one-step turn (``steps.run_step`` with the
 ``openai`` model: the gate and step start, the conversation read, the streamed chunks recorded
 and published, usage and metrics, the turn's end). Printed: both medians and their ratio.
+Beside them: from an archive's answer (its commit) to the server seeing the held stream's
+connection close, for a step whose answer the server holds open (the server's own clock).
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 import json
 import statistics
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -50,6 +53,7 @@ def bench_model_step(url: str, prefix: str, n: int) -> list[Row]:
         fixtures.mkdir()
         reply = {"replies": [{"text": ANSWER, "usage": [20, 12]}]}
         (fixtures / "bench.json").write_text(json.dumps(reply))
+        (fixtures / "hold.json").write_text(json.dumps({"replies": [{"hold": "thinking"}]}))
         with serve(fixtures, Path(tmp) / "requests.jsonl") as served:
             client = openai.OpenAI(base_url=served.base_url, api_key="bench", max_retries=0)
             model = OpenAIModel(base_url=served.base_url, api_key="bench", model="bench")
@@ -71,6 +75,8 @@ def bench_model_step(url: str, prefix: str, n: int) -> list[Row]:
             for _ in range(n):
                 direct.append(_direct(client, prompt))
                 fleet.append(fleet_step(prompt))
+            held = OpenAIModel(base_url=served.base_url, api_key="bench", model="hold")
+            closes = [_stop_to_close(store, held, served, tmp) for _ in range(max(5, n // 10))]
     d, f = statistics.median(direct), statistics.median(fleet)
     return [
         (
@@ -85,4 +91,39 @@ def bench_model_step(url: str, prefix: str, n: int) -> list[Row]:
             f"median {ms(f)}",
             f"ratio {f / d:.2f} (overhead {ms(f - d)} per step)",
         ),
+        (
+            "7 archive answered -> the server sees the held stream close",
+            f"n={len(closes)}",
+            f"median {ms(statistics.median(closes))}, max {ms(max(closes))}",
+            "<= 50 ms (the step's stop poll)",
+        ),
     ]
+
+
+def _stop_to_close(store: Any, model: Any, served: Any, cwd: str) -> float:
+    """Seconds from an archive's answer to the server logging the held stream closed."""
+    from orchestrator import steps, tools, turns
+    from orchestrator.archive import archive
+    from orchestrator.sessions import create_session
+
+    null = NullDispatcher()
+    sid = create_session(store, cwd).session_id
+    prompt = f"hold {sid}"
+    tid = turns.start_turn(store, null, sid, prompt)
+    args = (store, null, model, tools.run_tool, sid, tid, 0)
+    runner = threading.Thread(target=steps.run_step, args=args)
+    runner.start()
+    _until(lambda: store.redis.llen(store.keys.history(sid)) >= 2)  # the first words landed
+    archive(store, null, sid, stop_activity=True)
+    archived = time.time()
+    _until(lambda: served.records("closed", prompt))
+    runner.join(10)
+    return float(served.records("closed", prompt)[0]["at"]) - archived
+
+
+def _until(predicate: Any, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise TimeoutError("benchmark 7: condition not reached")
+        time.sleep(0.001)
