@@ -138,7 +138,7 @@ class Handler(BaseHTTPRequestHandler):
         sock: socket.socket = self.connection
         deadline = time.monotonic() + HOLD_MAX
         while time.monotonic() < deadline:
-            readable, _, _ = select.select([sock], [], [], 0.01)
+            readable, _, _ = select.select([sock], [], [], 0.002)
             if readable:
                 try:
                     if sock.recv(1, socket.MSG_PEEK) == b"":
