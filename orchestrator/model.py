@@ -103,11 +103,18 @@ class Usage:
     output_tokens: int = 0
 
 
+def _always() -> bool:
+    return True
+
+
 @dataclass(frozen=True)
 class StepRequest:
     """What a model step sees: the session, the turn, the step index (0-based), the
     conversation (oldest first, ending with what the turn said so far), the tools on offer and
-    the model the session named (``""``: the backend's default)."""
+    the model the session named (``""``: the backend's default). ``may_send`` reads the store
+    afresh: whether this step may still send a request to a model server (its turn runs and
+    this copy owns it); a backend calls it right before each request it sends, so none
+    starts once a stop (an archive) has committed, without waiting for the step's next poll."""
 
     session_id: str
     turn_id: str
@@ -115,6 +122,7 @@ class StepRequest:
     conversation: Sequence[Message]
     tools: Sequence[ToolSpec]
     model: str = ""
+    may_send: Callable[[], bool] = _always
 
 
 @dataclass(frozen=True)

@@ -7,10 +7,12 @@ and the finish reason maps to ACP's stop reasons (``stop`` -> ``end_turn``, ``le
 ``max_tokens``, ``content_filter`` or a refusal -> ``refusal``; tool calls: another step).
 
 A stop (``cancel``) shuts the request's socket down within ``_CLOSE_POLL`` s, so the server
-sees the connection close. A 429, a 5xx or a connection error before any text was streamed is
-tried again, at most ``FLEET_OPENAI_MAX_RETRIES`` times, with exponential back-off (tenacity)
-that a stop cuts short; no retry starts once ``cancel`` is set. Any other error status raises
-``ModelError`` with the provider's message (the turn ends ``failed``).
+sees the connection close. Before each request it sends, the step's ``may_send`` reads the
+store, so no request (first or retry) starts once a stop has committed. A 429, a 5xx or a
+connection error before any text was streamed is tried again, at most
+``FLEET_OPENAI_MAX_RETRIES`` times, with exponential back-off (tenacity) that a stop cuts
+short. Any other error status raises ``ModelError`` with the provider's message (the turn ends
+``failed``).
 """
 
 from __future__ import annotations
@@ -152,6 +154,8 @@ class OpenAIModel:
         try:
             for attempt in retrying:
                 with attempt:
+                    if not request.may_send():
+                        raise _Cancelled
                     return self._request(body, cancel, emit)
         except _Cancelled:
             return StepAnswer(stop=StopReason.CANCELLED)

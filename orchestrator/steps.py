@@ -296,6 +296,11 @@ def _act(
     ``None`` when it was aborted (``cancel``) or its turn no longer runs (its output is
     dropped). Raises ``ModelError`` (counted as a failed request)."""
     sid, tid = turn.session_id, turn.turn_id
+    guard = emit.guard
+
+    def may_send() -> bool:
+        return bool(store.run("turn_watch", [tid, "", guard.token]) == TurnState.RUNNING.value)
+
     request = StepRequest(
         sid,
         tid,
@@ -303,6 +308,7 @@ def _act(
         chat.conversation(store, sid),
         toolbox.offered_specs(),
         _session_field(store, sid, "model") or "",
+        may_send,
     )
     started = time.monotonic()
     try:
@@ -318,7 +324,7 @@ def _act(
     if aborted:
         return None
     for call in answer.tool_calls:
-        if tools(store, dispatcher, sid, emit.guard, call, cancel) is None:
+        if tools(store, dispatcher, sid, guard, call, cancel) is None:
             return None
     return _Ran(answer.stop)
 
