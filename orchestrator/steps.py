@@ -2,10 +2,13 @@
 
 A step asks the gate and begins in one script (``turn_begin_step.lua``: no step is admitted
 once an archive commits; a refused step ends its turn ``blocked`` with no model request), then
-makes its model request and the tool call it asks for under a ``_StepWatch``, which keeps the
-step's lease alive and polls the turn's state every ``CANCEL_POLL`` s: a stop (a user cancel,
-an archive) is seen through the store within that time, whatever message its worker consumes,
-the model request is aborted and its output dropped. Every write of the step is conditional
+asks the model (``orchestrator/model.py``: it sees the conversation and the tools on offer,
+streams its text and answers tool calls and whether the turn ends) and runs the tool calls,
+under a ``_StepWatch``, which keeps the step's lease alive and polls the turn's state every
+``CANCEL_POLL`` s: a stop (a user cancel, an archive) is seen through the store within that
+time, whatever message its worker consumes, the model request is aborted and its output
+dropped. The turn goes on with another step until the model ends it or it reaches
+``FLEET_MAX_TURN_REQUESTS`` steps (stop reason ``max_turn_requests``). Every write of the step is conditional
 on its turn still running (``turns.record_update``, the guarded tool launches, the turn's
 advance and end) and on this copy still owning the step: each copy begins with a fresh fencing
 token (``orchestrator/fencing.py``), so a copy whose worker froze past its lease while another
