@@ -9,12 +9,13 @@ under a ``_StepWatch``, which keeps the step's lease alive and polls the turn's 
 time, whatever message its worker consumes, the model request is aborted and its output
 dropped. The turn goes on with another step until the model ends it or it reaches
 ``FLEET_MAX_TURN_REQUESTS`` steps (stop reason ``max_turn_requests``). Every write of the
-step is conditional on its turn still running (``turns.record_update``, the guarded tool launches, the turn's
-advance and end) and on this copy still owning the step: each copy begins with a fresh fencing
-token (``orchestrator/fencing.py``), so a copy whose worker froze past its lease while another
-copy began writes nothing more; its watch sees it superseded, cancels it and drops its output
-(outcome ``superseded``). A worker that starts shutting down hands its step on: the request
-is aborted, the lease dropped and the same step sent again, so another worker runs it.
+step is conditional on its turn still running (``turns.record_update``, the guarded tool
+launches, the turn's advance and end) and on this copy still owning the step: each copy
+begins with a fresh fencing token (``orchestrator/fencing.py``), so a copy whose worker froze
+past its lease while another copy began writes nothing more; its watch sees it superseded,
+cancels it and drops its output (outcome ``superseded``). A worker that starts shutting down
+hands its step on: the request is aborted, the lease dropped and the same step sent again, so
+another worker runs it.
 """
 
 from __future__ import annotations
