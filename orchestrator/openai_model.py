@@ -218,7 +218,9 @@ class _Reader:
                 self.emitted = True
                 self.emit(text)
             for tc in delta.tool_calls or []:
-                slot = self.calls.setdefault(tc.index, ["", ""])
+                # Some servers send each call whole and leave its index out.
+                index = tc.index if isinstance(tc.index, int) else len(self.calls)
+                slot = self.calls.setdefault(index, ["", ""])
                 if tc.function is not None:
                     slot[0] += tc.function.name or ""
                     slot[1] += tc.function.arguments or ""
