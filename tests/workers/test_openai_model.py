@@ -264,3 +264,21 @@ def test_the_step_limit_ends_a_turn_with_max_turn_requests(
     assert (turn.state.value, turn.stop_reason) == ("completed", "max_turn_requests")
     assert len(server.records(prompt=prompt)) == MAX_STEPS
     assert len(_of(private, sid, tid, "tool_call_update")) == MAX_STEPS
+
+
+def test_an_archive_during_a_retry_back_off_sends_no_further_request(
+    private: PrivateFleet, server: Served, tmp_path: Path
+) -> None:
+    # Given a turn whose first request met a 429 (its retry waits its back-off)
+    sid, tid, prompt = _turn(private, tmp_path, "ratelimit")
+    wait_for(lambda: server.records(prompt=prompt), 30, message="the first request")
+
+    # When the session is archived (stopping its work)
+    archive(private.store, private.dispatcher, sid, stop_activity=True)
+    mark = f"archived-{sid}"
+    server.mark(mark)
+
+    # Then the turn ends and no request of it reached the server after the archive
+    _ended(private, tid)
+    after = [r for r in server.since_mark(mark) if r.get("prompt") == prompt]
+    assert [r for r in after if r["event"] == "request"] == []
