@@ -14,6 +14,8 @@ is used and removed afterwards. Figures are wall-clock medians and 99th percenti
 4. archive response -> empty census, 50 busy sessions on real workers
 5. session/list page latency at 10k and 100k sessions (half archived)
 6. step throughput through the gate vs the same workers running ungated no-op tasks
+7. a model step through the fleet vs the same request straight through the SDK
+   (``bench/model.py``)
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ from bench.common import (
     timed,
     until,
 )
+from bench.model import bench_model_step
 
 
 # --------------------------------------------------------------------------- 1
@@ -301,6 +304,7 @@ def main() -> int:
             ),
         ),
         (6, lambda u, p: bench_throughput(u, p, 500 if q else 3000)),
+        (7, lambda u, p: bench_model_step(u, p, 50 if q else 300)),
     ]
     plan.insert(2, (3, lambda u, p: bench_bulk(u, p, quick=q)))
     rows: list[Row] = []

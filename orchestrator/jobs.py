@@ -95,9 +95,12 @@ def create_job(
     seconds: float,
     label: str,
     *,
+    command: str = "",
     guard: StepGuard | None = None,
 ) -> str:
-    """Store a starting job and send it to the job queue. Returns the job id.
+    """Store a starting job and send it to the job queue. Returns the job id. With
+    ``command`` the job runs it with ``/bin/sh`` and is stopped after ``seconds``; without,
+    it runs the supervisor's own command for ``seconds`` (``sleep``).
 
     With ``guard`` (the copy of the step that asks for the job) nothing is stored once its turn
     no longer runs or that copy no longer owns the step (``orchestrator/fencing.py``): raises
@@ -107,7 +110,7 @@ def create_job(
     jid = new_id("job")
     maximum = limits.JOBS_PER_SESSION.maximum(store.settings)
     args = [jid, session_id, label, seconds, iso(store.now_ms()), START_TIMEOUT_MS]
-    stored = store.run("job_create", [*args, *StepGuard.argv(guard), maximum])
+    stored = store.run("job_create", [*args, *StepGuard.argv(guard), maximum, command])
     if stored == "stopped":
         raise TurnStopped(guard.turn_id if guard else "")
     limits.check_reply(limits.JOBS_PER_SESSION, maximum, stored)
@@ -156,7 +159,8 @@ class JobSupervisor:
         #: the fork's error) by the supervisor thread, cancelled when the claim failed.
         self._pending: dict[str, futures.Future[int]] = {}
         self._lock = threading.Lock()
-        self._requests: list[tuple[str, str, float]] = []
+        #: (session id, job id, seconds, command or ''), waiting for the supervisor thread.
+        self._requests: list[tuple[str, str, float, str]] = []
         self._wake = threading.Condition()
         self._stop = threading.Event()
         self._watchdog: subprocess.Popen[bytes] | None = None
@@ -176,7 +180,8 @@ class JobSupervisor:
             self._pending[job_id] = fork
         try:
             claimed = self.store.run("job_claim", [job_id, self.host, *self._claim_args()])
-            seconds = float(job_fields(self.store, job_id, "seconds")[0] or 0)
+            raw, command = job_fields(self.store, job_id, "seconds", "command")
+            seconds = float(raw or 0)
         except BaseException:
             self._settle(job_id)
             raise
@@ -190,7 +195,7 @@ class JobSupervisor:
             )
             return str(claimed)
         with self._wake:
-            self._requests.append((session_id, job_id, seconds))
+            self._requests.append((session_id, job_id, seconds, command or ""))
             self._wake.notify()
         try:
             fork.result(timeout=10)
@@ -318,10 +323,12 @@ class JobSupervisor:
     def _spawn_pending(self) -> None:
         with self._wake:
             pending, self._requests = self._requests, []
-        for session_id, job_id, seconds in pending:
+        for session_id, job_id, seconds, command in pending:
+            # A stored command runs under coreutils' timeout, which stops it after seconds.
+            argv = ["timeout", f"{seconds:g}", "/bin/sh", "-c", command] if command else None
             try:
                 proc = subprocess.Popen(
-                    self.command(seconds),
+                    argv or self.command(seconds),
                     stdin=subprocess.DEVNULL,
                     stdout=subprocess.DEVNULL,
                     stderr=subprocess.DEVNULL,

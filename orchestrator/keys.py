@@ -34,7 +34,9 @@ class Keys:
         quietTxn (when a census first found it quiet after the archive transition quietTxn);
         reconciler bookkeeping (``orchestrator/reconcile.py``): reconcileTxn (the archive
         transition the attempts count for), reconcileAttempts, reconcileNextMs (epoch ms before
-        which it is not retried) and archiveHazard (JSON {since, attempts, families})."""
+        which it is not retried) and archiveHazard (JSON {since, attempts, families}); model
+        (the model name it asked for, '' for the backend's default); inputTokens and
+        outputTokens (model usage of all its turns, ``orchestrator/usage.py``)."""
         return f"{self.prefix}session:{sid}"
 
     def lineage(self, sid: str) -> str:
@@ -75,7 +77,8 @@ class Keys:
         sweeper's bookkeeping (``orchestrator/sweeper.py``): resumes (times step ``resumeStep``
         was found lost and dispatched again) and resumeStep; the fencing of its current step
         (``orchestrator/fencing.py``): stepToken (the token of the copy that began it last)
-        and stepLeaseMs (that copy's lease length, to re-take a lapsed lease)."""
+        and stepLeaseMs (that copy's lease length, to re-take a lapsed lease); inputTokens and
+        outputTokens (its model usage)."""
         return f"{self.prefix}turn:{tid}"
 
     def live_turns(self, sid: str) -> str:
@@ -109,7 +112,8 @@ class Keys:
         """HASH: jobId, sessionId, label, state (see ``JobState``), seconds, host, instance
         (the worker instance that claimed it, ``orchestrator/ownership.py``), pid, pidStart
         (the process's start time, epoch seconds as psutil reports it), createdAt, startedAt,
-        endedAt, exitCode and, for a job a worker refused to start, reason (why:
+        endedAt, exitCode, command (the shell command a ``start_job`` call gave, '' for the
+        supervisor's own) and, for a job a worker refused to start, reason (why:
         ``archived:<session>`` or the limit's message)."""
         return f"{self.prefix}job:{jid}"
 

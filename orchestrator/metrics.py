@@ -17,6 +17,7 @@ import logging
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from orchestrator.store import Store, retried
 
@@ -97,6 +98,23 @@ ARCHIVE_QUIET = Histogram(
     (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0),
 )
 
+MODEL_TOKENS = Counter(
+    "fleet_model_tokens",
+    "Tokens model steps read (input) and wrote (output), as the model server reported them.",
+    ("direction",),
+)
+MODEL_REQUESTS = Counter(
+    "fleet_model_requests",
+    "Model steps by outcome: ok, cancelled (stopped while it ran) or failed (the model "
+    "server refused or could not be reached after its retries).",
+    ("outcome",),
+)
+MODEL_REQUEST_SECONDS = Histogram(
+    "fleet_model_request_seconds",
+    "Seconds a model step's request took (with its retries, to the last streamed byte).",
+    (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0),
+)
+
 COUNTERS = (
     ARCHIVES,
     ARCHIVE_REFUSALS,
@@ -106,8 +124,10 @@ COUNTERS = (
     WAKEUPS_REFUSED,
     ARCHIVE_HAZARDS,
     TURN_SWEEPS,
+    MODEL_TOKENS,
+    MODEL_REQUESTS,
 )
-HISTOGRAMS = (ARCHIVE_QUIET,)
+HISTOGRAMS = (ARCHIVE_QUIET, MODEL_REQUEST_SECONDS)
 
 
 def _bucket_field(bound: float) -> str:
@@ -142,17 +162,29 @@ def incr_many(store: Store, counts: Sequence[tuple[Counter, tuple[str, ...], int
         log.debug("metrics not counted: %s", exc)
 
 
+def queue_incr(pipe: Any, store: Store, counter: Counter, labels: tuple[str, ...], by: int) -> None:
+    """Add an increment of ``counter`` to a redis-py pipeline (executed by the caller)."""
+    if len(labels) != len(counter.labels):
+        raise ValueError(f"{counter.name} takes labels {counter.labels}, got {labels}")
+    pipe.hincrby(store.keys.metric(counter.name), _SEP.join(labels), by)
+
+
+def queue_observe(pipe: Any, store: Store, histogram: Histogram, seconds: float) -> None:
+    """Add one observation of ``seconds`` (negative counts as 0) to a redis-py pipeline."""
+    value = max(0.0, seconds)
+    bound = next((b for b in histogram.buckets if value <= b), math.inf)
+    key = store.keys.metric(histogram.name)
+    pipe.hincrby(key, _bucket_field(bound), 1)
+    pipe.hincrbyfloat(key, "sum", value)
+    pipe.hincrby(key, "count", 1)
+
+
 def observe(store: Store, histogram: Histogram, seconds: float) -> None:
     """Record one observation of ``seconds`` (negative values count as 0). Never raises for a
     Redis failure (logged at debug)."""
-    value = max(0.0, seconds)
-    bound = next((b for b in histogram.buckets if value <= b), math.inf)
     try:
         pipe = store.redis.pipeline(transaction=True)
-        key = store.keys.metric(histogram.name)
-        pipe.hincrby(key, _bucket_field(bound), 1)
-        pipe.hincrbyfloat(key, "sum", value)
-        pipe.hincrby(key, "count", 1)
+        queue_observe(pipe, store, histogram, seconds)
         pipe.execute()
     except Exception as exc:  # best effort, as for counters
         log.debug("metric %s not observed: %s", histogram.name, exc)

@@ -11,10 +11,11 @@ import hashlib
 import json
 import re
 import unicodedata
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from orchestrator.errors import InvalidParams, SessionNotFound
+from orchestrator.usage import usage_of
 
 #: Session ids (ours are ``sess_<hex>``; clients may only pass ids in this alphabet, so an id
 #: can never reach a Redis key name with a separator or a glob in it).
@@ -55,6 +56,10 @@ class Session:
     #: The reconciler's archive hazard (``{since, attempts, families}``): live work it could
     #: not stop after ``FLEET_RECONCILE_MAX_ATTEMPTS`` re-dispatches; ``None`` otherwise.
     archive_hazard: dict[str, Any] | None = None
+    #: The model name the session asked for (``""``: the backend's default).
+    model: str = ""
+    #: Model tokens of all its turns: ``{"inputTokens", "outputTokens"}``.
+    usage: dict[str, int] = field(default_factory=lambda: {"inputTokens": 0, "outputTokens": 0})
 
     @classmethod
     def from_hash(cls, h: dict[str, str]) -> Session:
@@ -78,6 +83,8 @@ class Session:
                 else None
             ),
             archive_hazard=_hazard(h),
+            model=h.get("model", ""),
+            usage=usage_of(h),
         )
 
     def to_info(self) -> dict[str, Any]:
@@ -101,6 +108,9 @@ class Session:
             meta["titleSource"] = self.title_source
         if self.archive_hazard is not None:
             meta["archiveHazard"] = self.archive_hazard
+        if self.model:
+            meta["model"] = self.model
+        meta["usage"] = dict(self.usage)
         info["_meta"] = {"agentFleet": meta}
         return info
 

@@ -26,6 +26,7 @@ from orchestrator.listing import (
     normalize_query,
     title_matches,
 )
+from orchestrator.model import check_model
 from orchestrator.session_record import (
     MAX_CWD_LENGTH,
     SESSION_ID_RE,
@@ -65,9 +66,16 @@ __all__ = [
 
 
 def create_session(
-    store: Store, cwd: str, parent_id: str | None = None, *, guard: StepGuard | None = None
+    store: Store,
+    cwd: str,
+    parent_id: str | None = None,
+    *,
+    guard: StepGuard | None = None,
+    model: str | None = None,
 ) -> Session:
-    """Create a session in ``cwd`` (absolute), optionally as a subagent of ``parent_id``.
+    """Create a session in ``cwd`` (absolute), optionally as a subagent of ``parent_id``,
+    asking for ``model`` (a model name for the backend, ``FLEET_MODEL``; a subagent given none
+    takes its parent's).
 
     A child created under an archived lineage is born archived, in its ancestor's archive
     transition (so it is hidden and gated with it, and restored with it). With ``guard`` (the
@@ -82,6 +90,7 @@ def create_session(
     check_cwd(cwd)
     if parent_id is not None:
         check_session_id(parent_id)
+    model = check_model(model)
     sid = new_id("sess")
     ms = store.now_ms()
     caps = [
@@ -89,7 +98,7 @@ def create_session(
         limits.SUBAGENTS_PER_SESSION.maximum(store.settings),
     ]
     args = [sid, cwd, cwd_hash(cwd), parent_id or "", ms, iso(ms), *StepGuard.argv(guard)]
-    result = store.run("create_session", [*args, *caps], durable=True)
+    result = store.run("create_session", [*args, *caps, model], durable=True)
     if result[0] == "stopped":
         raise TurnStopped(guard.turn_id if guard else "")
     if result[0] == "parent_not_found":

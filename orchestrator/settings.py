@@ -119,6 +119,27 @@ class FleetSettings(BaseSettings):
     #: Live direct subagents (not deleted, with live work) one session may have; a ``spawn``
     #: beyond is refused.
     max_subagents_per_session: int = Field(default=32, ge=0)
+    #: The model backend turn workers use: ``scripted`` (deterministic, no network) or
+    #: ``openai`` (any OpenAI-compatible Chat Completions server, ``FLEET_OPENAI_*``).
+    model: Literal["scripted", "openai"] = "scripted"
+    #: Base URL of the OpenAI-compatible server (``http://127.0.0.1:11434/v1`` for Ollama);
+    #: empty: the SDK's default (api.openai.com).
+    openai_base_url: str = ""
+    #: API key sent to the server; empty falls back to ``OPENAI_API_KEY``.
+    openai_api_key: str = ""
+    #: Model name asked for when a session names none.
+    openai_model: str = ""
+    #: Times a request that met a 429, a 5xx or a connection error is tried again (with
+    #: exponential back-off from 0.2 s up to 5 s) before its turn ends ``failed``.
+    openai_max_retries: int = Field(default=4, ge=0, le=20)
+    #: Seconds a request may wait for the server's next bytes before it counts as failed.
+    openai_timeout_seconds: float = Field(default=600.0, gt=0)
+    #: Model steps one turn may take; the turn then ends with ``max_turn_requests``.
+    max_turn_requests: int = Field(default=500, ge=1)
+    #: Tools offered to models (comma list of ``orchestrator/toolbox.py`` names).
+    tools: str = "shell,start_job,spawn_subagent,set_reminder"
+    #: Most bytes of a ``shell`` command's output a tool result keeps.
+    tool_output_max_bytes: int = Field(default=16_384, ge=0)
     #: Audit entries kept per session (``fleet audit SESSION``); older ones are trimmed.
     audit_max_per_session: int = Field(default=1000, ge=1)
     #: Audit entries kept in the fleet-wide trail (``GET /audit``).

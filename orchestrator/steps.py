@@ -2,16 +2,20 @@
 
 A step asks the gate and begins in one script (``turn_begin_step.lua``: no step is admitted
 once an archive commits; a refused step ends its turn ``blocked`` with no model request), then
-makes its model request and the tool call it asks for under a ``_StepWatch``, which keeps the
-step's lease alive and polls the turn's state every ``CANCEL_POLL`` s: a stop (a user cancel,
-an archive) is seen through the store within that time, whatever message its worker consumes,
-the model request is aborted and its output dropped. Every write of the step is conditional
-on its turn still running (``turns.record_update``, the guarded tool launches, the turn's
-advance and end) and on this copy still owning the step: each copy begins with a fresh fencing
-token (``orchestrator/fencing.py``), so a copy whose worker froze past its lease while another
-copy began writes nothing more; its watch sees it superseded, cancels it and drops its output
-(outcome ``superseded``). A worker that starts shutting down hands its step on: the request
-is aborted, the lease dropped and the same step sent again, so another worker runs it.
+asks the model (``orchestrator/model.py``: it sees the conversation and the tools on offer,
+streams its text and answers tool calls and whether the turn ends) and runs the tool calls,
+under a ``_StepWatch``, which keeps the step's lease alive and polls the turn's state every
+``CANCEL_POLL`` s: a stop (a user cancel, an archive) is seen through the store within that
+time, whatever message its worker consumes, the model request is aborted and its output
+dropped. The turn goes on with another step until the model ends it or it reaches
+``FLEET_MAX_TURN_REQUESTS`` steps (stop reason ``max_turn_requests``). Every write of the
+step is conditional on its turn still running (``turns.record_update``, the guarded tool
+launches, the turn's advance and end) and on this copy still owning the step: each copy
+begins with a fresh fencing token (``orchestrator/fencing.py``), so a copy whose worker froze
+past its lease while another copy began writes nothing more; its watch sees it superseded,
+cancels it and drops its output (outcome ``superseded``). A worker that starts shutting down
+hands its step on: the request is aborted, the lease dropped and the same step sent again, so
+another worker runs it.
 """
 
 from __future__ import annotations
@@ -20,14 +24,17 @@ import contextlib
 import json
 import logging
 import threading
+import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
-from orchestrator import events, metrics
+from orchestrator import chat, events, metrics, toolbox, usage
 from orchestrator.errors import SessionArchived, SessionNotFound, StepSuperseded, StoreUnavailable
 from orchestrator.families import Dispatcher, send_step
 from orchestrator.fencing import StepGuard, new_token
 from orchestrator.gate import StepRefused, refusal
-from orchestrator.model import Model, ModelAction, ModelError, StepRequest, prompt_lines
+from orchestrator.model import Model, ModelError, StepAnswer, StepRequest, StopReason, ToolCall
+from orchestrator.settings import get_settings
 from orchestrator.store import Store, retried
 from orchestrator.titles import generated_title, set_title
 from orchestrator.turns import (
@@ -50,14 +57,22 @@ CANCEL_POLL = 0.05
 
 
 class _StepWatch:
-    """Keeps this copy's lease alive and sets ``cancel`` once the turn stops running
+    """Keeps this copy's lease alive, lands streamed text held back (``tick``), and sets
+    ``cancel`` once the turn stops running
     (``stopped``), another copy of the step began (``superseded``) or the worker starts to shut
     down (``handed_off``), polling the store every ``CANCEL_POLL`` s: a stop is seen through the
     store, whatever message its worker consumes.
     """
 
-    def __init__(self, store: Store, guard: StepGuard, stopping: threading.Event | None) -> None:
+    def __init__(
+        self,
+        store: Store,
+        guard: StepGuard,
+        stopping: threading.Event | None,
+        tick: Callable[[], None],
+    ) -> None:
         self.store = store
+        self.tick = tick
         self.guard = guard
         self.stopping = stopping
         self.cancel = threading.Event()
@@ -79,6 +94,10 @@ class _StepWatch:
     def _run(self) -> None:
         since_refresh = 0.0
         while not self._done.wait(CANCEL_POLL):
+            try:
+                self.tick()
+            except (StepSuperseded, StoreUnavailable) as exc:  # seen by the poll below
+                log.debug("held-back text of %s not landed: %s", self.guard.turn_id, exc)
             if self.stopping is not None and self.stopping.is_set():
                 self.handed_off = True
                 self.cancel.set()
@@ -100,10 +119,51 @@ class _StepWatch:
                 return
 
 
-#: Runs a tool call: (store, dispatcher, session id, the step copy's guard, action, cancel) ->
+#: Runs a tool call: (store, dispatcher, session id, the step copy's guard, call, cancel) ->
 #: the result text, or ``None`` when the call was aborted (``cancel`` set, or the turn no
 #: longer runs); raises ``StepSuperseded`` when another copy of the step began.
-ToolRunner = Callable[[Store, Dispatcher, str, StepGuard, ModelAction, threading.Event], str | None]
+ToolRunner = Callable[[Store, Dispatcher, str, StepGuard, ToolCall, threading.Event], str | None]
+
+
+@dataclass(frozen=True)
+class _Ran:
+    """A step that ran to its end: ``stop`` ends the turn, ``None`` asks for another step."""
+
+    stop: StopReason | None
+
+
+class _Emit:
+    """The ``emit`` a model step streams its text to. The first piece becomes an
+    ``agent_message_chunk`` at once; pieces arriving faster than every ``CANCEL_POLL`` s are
+    joined into one chunk, landed by the next piece after that time, the step watch's tick or
+    the step's end (``flush``), so a token stream does not cost one conversation entry and
+    one write per token. ``dropped`` once a chunk could not land (the turn stopped)."""
+
+    def __init__(self, store: Store, session_id: str, guard: StepGuard) -> None:
+        self.store, self.session_id, self.guard = store, session_id, guard
+        self.dropped = False
+        self._pending: str | None = None
+        self._landed = 0.0  # monotonic time of the last chunk landed (0: none yet)
+        self._lock = threading.Lock()
+
+    def __call__(self, text: str) -> None:
+        with self._lock:
+            self._pending = (self._pending or "") + text
+            if time.monotonic() - self._landed >= CANCEL_POLL:
+                self._land()
+
+    def flush(self) -> None:
+        """Land the text held back, if any."""
+        with self._lock:
+            self._land()
+
+    def _land(self) -> None:
+        text, self._pending = self._pending, None
+        if text is None or self.dropped:
+            return
+        self._landed = time.monotonic()
+        if not _say(self.store, self.session_id, self.guard, text):
+            self.dropped = True
 
 
 def run_step(
@@ -185,9 +245,10 @@ def _run_begun(
         return "missing"
     if index == 0 and turn.source == "prompt":
         _generate_title(store, turn.session_id, turn.prompt)
-    with _StepWatch(store, guard, stopping) as watch:
+    emit = _Emit(store, turn.session_id, guard)
+    with _StepWatch(store, guard, stopping, emit.flush) as watch:
         try:
-            result = _act(store, dispatcher, model, tools, turn, guard, index, watch.cancel)
+            result = _act(store, dispatcher, model, tools, turn, emit, index, watch.cancel)
         except ModelError as exc:
             _say(store, turn.session_id, guard, f"error: {exc}")
             finish(store, dispatcher, guard.turn_id, TurnState.FAILED, str(exc), token=guard.token)
@@ -231,19 +292,45 @@ def _act(
     model: Model,
     tools: ToolRunner,
     turn: Turn,
-    guard: StepGuard,
+    emit: _Emit,
     index: int,
     cancel: threading.Event,
-) -> str | None:
-    """The model request and what it asks for. Returns the step's result text, or ``None``
-    when it was aborted (``cancel``) or its turn no longer runs (its output is dropped)."""
+) -> _Ran | None:
+    """The model request and the tool calls it asks for. Returns how the step ended, or
+    ``None`` when it was aborted (``cancel``) or its turn no longer runs (its output is
+    dropped). Raises ``ModelError`` (counted as a failed request)."""
     sid, tid = turn.session_id, turn.turn_id
-    action = model.step(StepRequest(sid, tid, index, prompt_lines(turn.prompt)), cancel)
-    if cancel.is_set():
+    guard = emit.guard
+
+    def may_send() -> bool:
+        return bool(store.run("turn_watch", [tid, "", guard.token]) == TurnState.RUNNING.value)
+
+    request = StepRequest(
+        sid,
+        tid,
+        index,
+        chat.conversation(store, sid),
+        toolbox.offered_specs(),
+        _session_field(store, sid, "model") or "",
+        may_send,
+    )
+    started = time.monotonic()
+    try:
+        answer = model.step(request, cancel, emit)
+    except ModelError:
+        usage.record(store, sid, tid, StepAnswer().usage, "failed", time.monotonic() - started)
+        emit.flush()
+        raise
+    emit.flush()
+    aborted = cancel.is_set() or emit.dropped or answer.stop is StopReason.CANCELLED
+    outcome = "cancelled" if aborted else "ok"
+    usage.record(store, sid, tid, answer.usage, outcome, time.monotonic() - started)
+    if aborted:
         return None
-    if action.kind == "tool":
-        return tools(store, dispatcher, sid, guard, action, cancel)
-    return action.text if _say(store, sid, guard, action.text) else None
+    for call in answer.tool_calls:
+        if tools(store, dispatcher, sid, guard, call, cancel) is None:
+            return None
+    return _Ran(answer.stop)
 
 
 def _after_step(
@@ -252,7 +339,7 @@ def _after_step(
     turn: Turn,
     guard: StepGuard,
     index: int,
-    result: str | None,
+    result: _Ran | None,
     watch: _StepWatch,
 ) -> str:
     """Dispatch the next step, hand this one on, or end the turn (each only while this copy
@@ -269,16 +356,20 @@ def _after_step(
     if result is None or watch.stopped:
         finish(store, dispatcher, tid, TurnState.CANCELLED, token=token)
         return "cancelled"
-    if index + 1 < max(1, len(prompt_lines(turn.prompt))):
-        if _advance(store, guard, index + 1) == "ok":
-            send_step(dispatcher, sid, tid, index + 1)
-            return "ran"
+    stop = result.stop
+    if stop is None:
+        if index + 1 < get_settings().max_turn_requests:
+            if _advance(store, guard, index + 1) == "ok":
+                send_step(dispatcher, sid, tid, index + 1)
+                return "ran"
+            finish(store, dispatcher, tid, TurnState.CANCELLED, token=token)
+            return "cancelled"
+        stop = StopReason.MAX_TURN_REQUESTS
+    ended = finish(store, dispatcher, tid, TurnState.COMPLETED, token=token, stop_reason=stop)
+    if not ended:
         finish(store, dispatcher, tid, TurnState.CANCELLED, token=token)
         return "cancelled"
-    if not finish(store, dispatcher, tid, TurnState.COMPLETED, token=token):
-        finish(store, dispatcher, tid, TurnState.CANCELLED, token=token)
-        return "cancelled"
-    _after_completion(store, dispatcher, turn, result)
+    _after_completion(store, dispatcher, turn)
     return "completed"
 
 
@@ -304,7 +395,7 @@ def _generate_title(store: Store, session_id: str, prompt: str) -> None:
         log.warning("no title generated: %s", exc, extra={"session_id": session_id})
 
 
-def _after_completion(store: Store, dispatcher: Dispatcher, turn: Turn, result: str | None) -> None:
+def _after_completion(store: Store, dispatcher: Dispatcher, turn: Turn) -> None:
     """A subagent's finished turn wakes its parent with a short report (a turn of its own,
     which meets the gate like any other)."""
     if turn.source != "subagent":

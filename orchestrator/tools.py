@@ -1,4 +1,5 @@
-"""The tool calls a turn can make, as the turn runtime executes them.
+"""The tool calls a turn makes, as the turn runtime executes them (the tools themselves, their
+argument schemas and families: ``orchestrator/toolbox.py``).
 
 Each call is reported as ACP ``tool_call`` then ``tool_call_update`` (``completed``,
 ``failed``, or ``cancelled`` when the turn was stopped while the tool ran: an in-flight tool
@@ -11,55 +12,146 @@ for it still owning the step (its ``StepGuard``, ``orchestrator/fencing.py``): t
 and jobs, reminders and subagents are stored by scripts that refuse otherwise
 (``TurnStopped``; a superseded copy's conversation write raises ``StepSuperseded``). A launch
 over one of the ``FLEET_MAX_*`` limits (``orchestrator/limits.py``) stores nothing and settles
-its tool call ``failed`` with the limit's message; the turn goes on to its next step.
+its tool call ``failed`` with the limit's message; so does a call the registry cannot parse
+(unknown tool, malformed arguments: ``ToolArgumentsError``). The model sees either as the
+call's result in its next step. The ``tool_call`` update carries the tool's name in
+``_meta.agentFleet.tool`` and its arguments in ``rawInput`` (``orchestrator/chat.py`` reads
+them back into the conversation).
 """
 
 from __future__ import annotations
 
+import contextlib
+import json
 import logging
+import os
 import signal
 import subprocess
+import tempfile
 import threading
+import time
+from typing import IO, Any
 
 from orchestrator.errors import LimitReached, SessionArchived, TurnStopped
 from orchestrator.families import Dispatcher
 from orchestrator.fencing import StepGuard
 from orchestrator.jobs import create_job
-from orchestrator.model import ModelAction
+from orchestrator.model import ToolCall
 from orchestrator.processes import die_with_parent
 from orchestrator.reminders import create_reminder
 from orchestrator.sessions import create_session, get_session
+from orchestrator.settings import get_settings
 from orchestrator.steps import CANCEL_POLL
 from orchestrator.store import Store, new_id
+from orchestrator.toolbox import (
+    SetReminderArgs,
+    ShellArgs,
+    SpawnSubagentArgs,
+    StartJobArgs,
+    ToolArgumentsError,
+    parse_call,
+)
 from orchestrator.turns import record_update, start_turn
 
 log = logging.getLogger(__name__)
 
 
-def _exec(seconds: float, cancel: threading.Event) -> str:
-    """Run a child process for ``seconds`` inside the turn; kill it if the turn is stopped."""
+def _drain(pipe: IO[bytes], keep: int, box: bytearray, total: list[int]) -> None:
+    """Read ``pipe`` to its end, keeping its first ``keep`` bytes in ``box`` and counting all
+    of them in ``total[0]``."""
+    while chunk := pipe.read(65536):
+        total[0] += len(chunk)
+        if len(box) < keep:
+            box.extend(chunk[: keep - len(box)])
+
+
+def _kill_group(proc: subprocess.Popen[bytes]) -> None:
+    """SIGTERM the child's process group, SIGKILL it if it lingers."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(2)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(5)
+
+
+def _shell(args: ShellArgs, cwd: str, cancel: threading.Event) -> tuple[str, str]:
+    """Run ``args.command`` with ``/bin/sh`` in ``cwd`` inside the turn, as the worker's user;
+    where ``cwd`` is not a directory on this worker, in an empty temporary one (removed after,
+    and said in the result) rather than anywhere that holds files. Returns (status, text)."""
+    if os.path.isdir(cwd):
+        return _run_shell(args, cwd, cancel, "")
+    with tempfile.TemporaryDirectory(prefix="fleet-shell-") as scratch:
+        note = f"(the session's cwd {cwd} is not a directory on this worker: ran in {scratch})\n"
+        return _run_shell(args, scratch, cancel, note)
+
+
+def _run_shell(args: ShellArgs, cwd: str, cancel: threading.Event, note: str) -> tuple[str, str]:
+    """Kill the command's process group at its timeout or once ``cancel`` is set. Returns
+    (status, text): the exit status and the first ``FLEET_TOOL_OUTPUT_MAX_BYTES`` of its
+    output (stdout and stderr), after ``note``."""
+    keep = get_settings().tool_output_max_bytes
     proc = subprocess.Popen(
-        ["sleep", f"{seconds:g}"],
+        ["/bin/sh", "-c", args.command],
+        cwd=cwd,
         stdin=subprocess.DEVNULL,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
         # Its own process group, and it dies with the worker thread running the step.
         preexec_fn=die_with_parent(),
     )
+    output, total = bytearray(), [0]
+    assert proc.stdout is not None
+    drain = (proc.stdout, keep, output, total)
+    reader = threading.Thread(target=_drain, args=drain, daemon=True)
+    reader.start()
+    started, why = time.monotonic(), ""
     try:
-        while proc.poll() is None:
-            if cancel.wait(CANCEL_POLL):
-                proc.send_signal(signal.SIGTERM)
-                try:
-                    proc.wait(2)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait(5)
-                return "cancelled"
-        return "completed" if proc.returncode == 0 else f"failed (exit {proc.returncode})"
+        while True:
+            try:
+                proc.wait(CANCEL_POLL)
+                break
+            except subprocess.TimeoutExpired:
+                pass
+            if cancel.is_set():
+                why = "cancelled"
+            elif time.monotonic() - started >= args.timeout_seconds:
+                why = f"timed out after {args.timeout_seconds:g}s"
+            if why:
+                _kill_group(proc)
+                break
     finally:
         if proc.poll() is None:
             proc.kill()
+    reader.join(2)
+    text = note + output.decode("utf-8", "replace")
+    if total[0] > keep:
+        text += f"\n(output cut to its first {keep} of {total[0]} bytes)"
+    if why == "cancelled":
+        return "cancelled", f"$ {args.command}: cancelled"
+    if why:
+        return "failed", f"$ {args.command}: {why}\n{text}"
+    status = "completed" if proc.returncode == 0 else "failed"
+    return status, f"$ {args.command}: exit {proc.returncode}\n{text}"
+
+
+def _title(call: ToolCall, parsed: Any) -> str:
+    if isinstance(parsed, ShellArgs):
+        return parsed.command[:200]
+    if isinstance(parsed, StartJobArgs):
+        return f"background job: {parsed.command[:200]}"
+    if isinstance(parsed, SetReminderArgs):
+        return f"reminder in {parsed.seconds:g}s"
+    return "subagent" if isinstance(parsed, SpawnSubagentArgs) else call.name
+
+
+def _raw_input(call: ToolCall) -> Any:
+    try:
+        return json.loads(call.arguments)
+    except ValueError:
+        return call.arguments
 
 
 def run_tool(
@@ -67,40 +159,44 @@ def run_tool(
     dispatcher: Dispatcher,
     session_id: str,
     guard: StepGuard,
-    action: ModelAction,
+    call: ToolCall,
     cancel: threading.Event,
 ) -> str | None:
     """Execute one tool call for a turn step (the copy of it ``guard`` names). Returns the tool
     result's text, or ``None`` when the call was aborted: the turn no longer runs (nothing was
-    launched) or ``cancel`` was set while an exec child ran (the child is killed).
+    launched) or ``cancel`` was set while a shell child ran (the child is killed).
     Raises ``StepSuperseded`` (another copy of the step began), ``StoreUnavailable``."""
     turn_id, token = guard.turn_id, guard.token
     call_id = new_id("call")
-    title = {
-        "exec": f"exec {action.seconds:g}s",
-        "run": f"background job {action.seconds:g}s",
-        "spawn": "subagent",
-        "remind": f"reminder in {action.seconds:g}s",
-    }[action.tool or ""]
+    try:
+        tool, parsed = parse_call(call)
+        problem = ""
+    except ToolArgumentsError as exc:
+        tool, parsed, problem = None, None, str(exc)
     extra = {"session_id": session_id, "turn_id": turn_id}
     update: dict[str, object] = {
         "sessionUpdate": "tool_call",
         "turnId": turn_id,
         "toolCallId": call_id,
-        "title": title,
+        "title": _title(call, parsed),
         "kind": "execute",
         "status": "in_progress",
+        "rawInput": _raw_input(call),
+        "_meta": {"agentFleet": {"tool": call.name}},
     }
     if not record_update(store, session_id, update, token=token):
-        log.info("tool %s not launched: the turn no longer runs", action.tool, extra=extra)
+        log.info("tool %s not launched: the turn no longer runs", call.name, extra=extra)
         return None
     try:
-        status, text = _launch(store, dispatcher, session_id, guard, action, cancel)
+        if tool is None:
+            status, text = "failed", problem
+        else:
+            status, text = _launch(store, dispatcher, session_id, guard, parsed, cancel)
     except (TurnStopped, SessionArchived):  # archived: the archive stopped this turn too
-        log.info("tool %s not launched: the turn no longer runs", action.tool, extra=extra)
+        log.info("tool %s not launched: the turn no longer runs", call.name, extra=extra)
         return None
     except LimitReached as exc:  # a tool error the turn sees; it goes on to its next step
-        status, text = "failed", f"{action.tool} refused: {exc.message}"
+        status, text = "failed", f"{call.name} refused: {exc.message}"
     settled = record_update(
         store,
         session_id,
@@ -114,7 +210,7 @@ def run_tool(
         settle=status == "cancelled",
         token=token,
     )
-    log.info("tool %s: %s%s", action.tool, text, "" if settled else " (dropped)", extra=extra)
+    log.info("tool %s: %s%s", call.name, text[:200], "" if settled else " (dropped)", extra=extra)
     return None if status == "cancelled" else text
 
 
@@ -123,29 +219,30 @@ def _launch(
     dispatcher: Dispatcher,
     session_id: str,
     guard: StepGuard,
-    action: ModelAction,
+    args: Any,
     cancel: threading.Event,
 ) -> tuple[str, str]:
-    """Run the tool; returns (status, text). Raises ``TurnStopped`` when a launch was refused
-    because the turn no longer runs."""
-    if action.tool == "exec":
-        outcome = _exec(action.seconds, cancel)
-        status = outcome if outcome in ("completed", "cancelled") else "failed"
-        return status, f"exec {action.seconds:g}s: {outcome}"
-    if action.tool == "run":
+    """Run the tool its validated ``args`` name; returns (status, text). Raises
+    ``TurnStopped`` when a launch was refused because the turn no longer runs,
+    ``LimitReached``."""
+    if isinstance(args, ShellArgs):
+        return _shell(args, get_session(store, session_id).cwd, cancel)
+    if isinstance(args, StartJobArgs):
         jid = create_job(
             store,
             dispatcher,
             session_id,
-            action.seconds,
-            f"sleep {action.seconds:g}s",
+            args.timeout_seconds,
+            args.command[:200],
+            command=args.command,
             guard=guard,
         )
         return "completed", f"started job {jid}"
-    if action.tool == "spawn":
+    if isinstance(args, SpawnSubagentArgs):
         parent = get_session(store, session_id)
         child = create_session(store, parent.cwd, parent_id=session_id, guard=guard)
-        start_turn(store, dispatcher, child.session_id, action.text, source="subagent", guard=guard)
+        start_turn(store, dispatcher, child.session_id, args.prompt, source="subagent", guard=guard)
         return "completed", f"started subagent {child.session_id}"
-    rid = create_reminder(store, session_id, action.seconds, action.text, guard=guard)
+    assert isinstance(args, SetReminderArgs)
+    rid = create_reminder(store, session_id, args.seconds, args.prompt, guard=guard)
     return "completed", f"stored reminder {rid}"

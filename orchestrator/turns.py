@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import json
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
 
 from orchestrator import audit, events, metrics
@@ -42,6 +42,7 @@ from orchestrator.fencing import StepGuard
 from orchestrator.items import ActivityItem, shorten
 from orchestrator.sessions import SESSION_ID_RE, check_session_id, check_utf8
 from orchestrator.store import Store, iso, new_id, retried
+from orchestrator.usage import usage_of
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +56,7 @@ class TurnState(StrEnum):
     QUEUED = "queued"  #: waiting behind the session's running turn
     RUNNING = "running"  #: its steps are being dispatched and run
     CANCELLING = "cancelling"  #: stopped while a step was in flight; the step settles it
-    COMPLETED = "completed"  #: every step ran (stopReason end_turn)
+    COMPLETED = "completed"  #: the model ended it (stopReason end_turn, max_tokens, ...)
     CANCELLED = "cancelled"  #: stopped by a user cancel or an archive
     BLOCKED = "blocked"  #: a step was refused by the gate; no model request was made
     FAILED = "failed"  #: the model or a tool failed
@@ -107,15 +108,19 @@ class Turn:
     step: int
     stop_reason: str
     error: str
+    #: Model tokens of its steps: ``{"inputTokens", "outputTokens"}``.
+    usage: dict[str, int] = field(default_factory=lambda: {"inputTokens": 0, "outputTokens": 0})
 
     def to_wire(self) -> dict[str, object]:
-        """``{"turnId", "sessionId", "state", "source", "step", "stopReason"?, "error"?}``."""
+        """``{"turnId", "sessionId", "state", "source", "step", "usage", "stopReason"?,
+        "error"?}``."""
         out: dict[str, object] = {
             "turnId": self.turn_id,
             "sessionId": self.session_id,
             "state": self.state.value,
             "source": self.source,
             "step": self.step,
+            "usage": dict(self.usage),
         }
         if self.stop_reason:
             out["stopReason"] = self.stop_reason
@@ -142,6 +147,7 @@ def get_turn(store: Store, turn_id: str) -> Turn | None:
         int(h.get("step", "0")),
         h.get("stopReason", ""),
         h.get("error", ""),
+        usage_of(h),
     )
 
 
@@ -266,11 +272,18 @@ def _repeated_fire(
     return tid
 
 
-def announce_end(store: Store, session_id: str, turn_id: str, state: TurnState, error: str) -> None:
-    """Publish and log that a turn ended in ``state``."""
-    events.publish(
-        store, "turn", session_id, turnId=turn_id, state=state.value, stopReason=STOP_REASON[state]
-    )
+def announce_end(
+    store: Store,
+    session_id: str,
+    turn_id: str,
+    state: TurnState,
+    error: str,
+    stop_reason: str = "",
+) -> None:
+    """Publish and log that a turn ended in ``state`` (``stop_reason``: ACP's, the state's
+    own by default)."""
+    reason = stop_reason or STOP_REASON[state]
+    events.publish(store, "turn", session_id, turnId=turn_id, state=state.value, stopReason=reason)
     log.info(
         "turn %s ended %s%s",
         turn_id,
@@ -288,15 +301,20 @@ def finish(
     error: str = "",
     *,
     token: str = "",
+    stop_reason: str = "",
 ) -> bool:
     """Move a turn to a terminal ``state`` if the table allows it from where it is; start the
-    session's next queued turn. With ``token`` (a step ending its own turn) only the copy of
-    the step that owns it may (``orchestrator/fencing.py``). Returns whether the turn moved.
+    session's next queued turn. ``stop_reason`` is the ACP ``stopReason`` stored (the
+    state's own, ``STOP_REASON``, by default: a model may end a completed turn with
+    ``max_tokens``, ``max_turn_requests`` or ``refusal``). With ``token`` (a step ending its
+    own turn) only the copy of the step that owns it may (``orchestrator/fencing.py``).
+    Returns whether the turn moved.
     Raises ``StepSuperseded`` (another copy of the step began), ``StoreUnavailable``."""
     ms = store.now_ms()
+    reason = stop_reason or STOP_REASON[state]
     result = store.run(
         "turn_finish",
-        [turn_id, state.value, STOP_REASON[state], error, ms, iso(ms), sources_of(state), token],
+        [turn_id, state.value, reason, error, ms, iso(ms), sources_of(state), token],
     )
     if result[0] == "superseded":
         raise StepSuperseded(turn_id)
@@ -304,7 +322,7 @@ def finish(
         return False
     turn = get_turn(store, turn_id)
     if turn is not None:
-        announce_end(store, turn.session_id, turn_id, state, error)
+        announce_end(store, turn.session_id, turn_id, state, error, reason)
         if result[1]:
             send_step(dispatcher, turn.session_id, result[1], 0)
     return True

@@ -18,6 +18,7 @@ from tenacity import Retrying, before_sleep_log, retry_if_exception_type, wait_e
 from orchestrator.errors import StoreUnavailable
 from orchestrator.jobs import JobSupervisor
 from orchestrator.model import Model, ScriptedModel
+from orchestrator.openai_model import OpenAIModel
 from orchestrator.ownership import HostLease
 from orchestrator.settings import FleetSettings
 from orchestrator.store import Store
@@ -81,10 +82,24 @@ def get_runtime() -> Runtime:
                 settings=settings,
                 store=Store(settings.require_redis_url(), settings.key_prefix, settings=settings),
                 dispatcher=CeleryDispatcher(app),
-                model=ScriptedModel(),
+                model=build_model(settings),
                 host=settings.hostname,
             )
         return _runtime
+
+
+def build_model(settings: FleetSettings) -> Model:
+    """The model backend ``FLEET_MODEL`` names: ``scripted`` or ``openai`` (configured by
+    ``FLEET_OPENAI_*``)."""
+    if settings.model == "openai":
+        return OpenAIModel(
+            base_url=settings.openai_base_url,
+            api_key=settings.openai_api_key,
+            model=settings.openai_model,
+            max_retries=settings.openai_max_retries,
+            timeout=settings.openai_timeout_seconds,
+        )
+    return ScriptedModel()
 
 
 def current_runtime() -> Runtime | None:

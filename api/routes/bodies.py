@@ -27,6 +27,9 @@ class CreateSession(_Strict):
 
     cwd: StrictStr = Field(description="Absolute working directory.")
     parentId: StrictStr | None = Field(default=None, description="Parent session (subagent).")
+    model: StrictStr | None = Field(
+        default=None, description="Model name for FLEET_MODEL's backend (default: its own)."
+    )
 
 
 class PromptBody(_Strict):

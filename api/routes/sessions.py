@@ -18,7 +18,7 @@ _TAGS: list[str | Any] = ["sessions"]
 @router.post("/sessions", status_code=201, tags=_TAGS)
 def create(body: CreateSession, store: StoreDep) -> dict[str, Any]:
     """Create a session (a subagent session with ``parentId``)."""
-    return sessions.create_session(store, body.cwd, body.parentId).to_info()
+    return sessions.create_session(store, body.cwd, body.parentId, model=body.model).to_info()
 
 
 @router.get("/sessions", tags=_TAGS)

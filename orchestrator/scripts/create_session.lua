@@ -1,15 +1,17 @@
 -- ARGV: prefix, sid, cwd, cwdHash, parentId|'', nowMs, nowIso, guardTid|'', guardToken|'',
---       maxDepth, maxChildren
+--       maxDepth, maxChildren, model|''
 -- With guardTid (a subagent spawned by a turn's step) nothing is created once that turn no
 -- longer runs or that copy of the step (guardToken) no longer owns it (step_owns). A
 -- subagent is refused when it would be deeper than maxDepth (FLEET_MAX_SUBAGENT_DEPTH; a
 -- top-level session is at depth 0) or its parent already has maxChildren live direct
 -- subagents (FLEET_MAX_SUBAGENTS_PER_SESSION: not deleted, with live work); counted here,
--- with the insert.
+-- with the insert. model is the model name the session asks for; a subagent given none
+-- takes its parent's.
 -- Returns {'created', archived '0'|'1'} | {'exists'} | {'parent_not_found'} | {'stopped'}
 --   | {'limit', 'depth'|'children', count (the parent's depth | its live subagents)}
 local sid, cwd, cwd_hash, parent = ARGV[2], ARGV[3], ARGV[4], ARGV[5]
 local ms, now = tonumber(ARGV[6]), ARGV[7]
+local model = ARGV[12] or ''
 local k = skey(sid)
 if redis.call('EXISTS', k) == 1 then return {'exists'} end
 if not step_owns(ARGV[8], ARGV[9]) then return {'stopped'} end
@@ -30,6 +32,7 @@ if parent ~= '' then
   local anc = redis.call('LRANGE', K.lineage(parent), 0, -1)
   for _, a in ipairs(anc) do redis.call('RPUSH', K.lineage(sid), a) end
   redis.call('SADD', K.children(parent), sid)
+  if model == '' then model = redis.call('HGET', skey(parent), 'model') or '' end
   -- A child born under an archived lineage joins that archive transition, so it is hidden
   -- with its ancestor and restored with it.
   local holder = archived_in_lineage(parent)
@@ -41,7 +44,8 @@ if parent ~= '' then
 end
 redis.call('HSET', k, 'sessionId', sid, 'cwd', cwd, 'cwdHash', cwd_hash, 'parentId', parent,
   'title', '', 'titleSource', '', 'createdAt', now, 'updatedAt', now, 'updatedMs', ms,
-  'archived', archived, 'archivedAt', archived_at, 'archiveTxn', txn, 'deleted', '0')
+  'archived', archived, 'archivedAt', archived_at, 'archiveTxn', txn, 'deleted', '0',
+  'model', model)
 local state = 'active'
 if archived == '1' then
   state = 'archived'

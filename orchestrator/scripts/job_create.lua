@@ -1,5 +1,5 @@
 -- ARGV: prefix, jid, sid, label, seconds, nowIso, startTimeoutMs, guardTid|'', guardToken|'',
---       maxJobs
+--       maxJobs, command|''
 -- Stores a starting job, unless the turn whose step asks for it (guardTid) no longer runs or
 -- that copy of the step (guardToken) no longer owns it (step_owns), or the session already
 -- has maxJobs live jobs (FLEET_MAX_JOBS_PER_SESSION; counted here, with the insert).
@@ -10,7 +10,7 @@ local live = count_live_jobs(K.live_jobs(sid))
 if live >= tonumber(ARGV[10]) then return 'limit:' .. live end
 redis.call('HSET', K.job(jid), 'jobId', jid, 'sessionId', sid, 'label', ARGV[4],
   'seconds', ARGV[5], 'state', 'starting', 'host', '', 'instance', '', 'pid', '', 'pidStart', '',
-  'createdAt', ARGV[6], 'startedAt', '', 'endedAt', '', 'exitCode', '')
+  'createdAt', ARGV[6], 'startedAt', '', 'endedAt', '', 'exitCode', '', 'command', ARGV[11] or '')
 redis.call('SADD', K.live_jobs(sid), jid)
 redis.call('SET', K.job_lease(jid), 'starting', 'PX', ARGV[7])
 return 'ok'

@@ -129,6 +129,9 @@ def test_metrics_count_archives_refusals_stops_refused_wakeups_and_quiet(
         "fleet_turn_sweeps": "counter",
         "fleet_wakeups_refused": "counter",
         "fleet_archive_quiet_seconds": "histogram",
+        "fleet_model_tokens": "counter",
+        "fleet_model_requests": "counter",
+        "fleet_model_request_seconds": "histogram",
         "fleet_sessions": "gauge",
     }
 

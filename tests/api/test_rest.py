@@ -100,6 +100,26 @@ def test_create_child_session_names_its_parent(client: TestClient) -> None:
     assert child["archived"] is False
 
 
+def test_a_session_names_its_model_and_shows_its_usage(client: TestClient) -> None:
+    # Given a session created with a model of its own, and a subagent of it given none
+    parent = _new(client, model="llama3.1:8b")
+    child = _new(client, parentId=parent["sessionId"])
+
+    # Then both show the model and a usage of zero tokens so far
+    for info in (parent, client.get(f"/sessions/{parent['sessionId']}").json(), child):
+        meta = info["_meta"]["agentFleet"]
+        assert meta["model"] == "llama3.1:8b"
+        assert meta["usage"] == {"inputTokens": 0, "outputTokens": 0}
+    assert "model" not in _new(client)["_meta"]["agentFleet"]
+
+
+@pytest.mark.parametrize("model", [7, "x" * 201, "bad\nname"])
+def test_a_bad_model_name_is_refused_naming_the_field(client: TestClient, model: Any) -> None:
+    resp = client.post("/sessions", json={"cwd": _cwd(), "model": model})
+    assert resp.status_code in (400, 422), resp.text
+    assert "model" in resp.text
+
+
 def test_create_child_of_unknown_parent_is_404(client: TestClient) -> None:
     resp = client.post("/sessions", json={"cwd": _cwd(), "parentId": "sess_doesnotexist"})
     _error(resp, 404, "session_not_found")

@@ -45,7 +45,7 @@ from orchestrator import (
 )
 from orchestrator.errors import AncestorArchived, FleetError, SessionActive, SessionArchived
 from orchestrator.families import Family, Task, work_queue
-from orchestrator.model import ModelAction, ScriptedModel, StepRequest
+from orchestrator.model import Emit, ScriptedModel, StepAnswer, StepRequest
 from orchestrator.store import Store
 from tests.faults.conftest import assert_consistent
 from tests.helpers import wait_for
@@ -150,11 +150,11 @@ class RecordingModel(ScriptedModel):
     def __init__(self, log: Log, admitted: threading.local) -> None:
         self.log, self.admitted = log, admitted
 
-    def step(self, request: StepRequest, cancel: threading.Event) -> ModelAction:
+    def step(self, request: StepRequest, cancel: threading.Event, emit: Emit) -> StepAnswer:
         self.log.add("requests", (request.session_id, time.monotonic()))
         if getattr(self.admitted, "sid", None) != request.session_id:
             self.log.add("errors", f"model request for {request.session_id} without admission")
-        return super().step(request, cancel)
+        return super().step(request, cancel, emit)
 
 
 @pytest.fixture

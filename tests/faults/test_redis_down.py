@@ -26,7 +26,7 @@ from api.acp import AcpConnection, EventHub
 from api.embedded import EmbeddedRedis
 from orchestrator import archive, gate, sessions, steps, titles, tools, turns
 from orchestrator.errors import FleetError, StoreUnavailable
-from orchestrator.model import ModelAction, ScriptedModel, StepRequest
+from orchestrator.model import Emit, ScriptedModel, StepAnswer, StepRequest
 from orchestrator.settings import FleetSettings
 from orchestrator.store import Store
 from tests.faults.conftest import assert_consistent
@@ -121,9 +121,9 @@ class CountingModel(ScriptedModel):
     def __init__(self) -> None:
         self.requests = 0
 
-    def step(self, request: StepRequest, cancel: threading.Event) -> ModelAction:
+    def step(self, request: StepRequest, cancel: threading.Event, emit: Emit) -> StepAnswer:
         self.requests += 1
-        return super().step(request, cancel)
+        return super().step(request, cancel, emit)
 
 
 def test_redis_down_answers_store_unavailable_fails_closed_and_recovers(

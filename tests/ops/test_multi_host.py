@@ -148,8 +148,9 @@ def stop_fleet_up(proc: subprocess.Popen[bytes], job_pids: list[int]) -> None:
     for pid in job_pids:
         with contextlib.suppress(psutil.NoSuchProcess, psutil.AccessDenied):
             job = psutil.Process(pid)
-            if job.cmdline() == ["sleep", JOB_SECONDS]:
-                job.kill()
+            # a job runs its command under coreutils' timeout: timeout N /bin/sh -c "sleep S"
+            if job.cmdline()[-1:] == [f"sleep {JOB_SECONDS}"]:
+                os.killpg(pid, signal.SIGKILL)  # the job leads its own process group
 
 
 def prompt_a_job(hosts: ThreeHosts, n: int) -> tuple[str, str, str, int]:

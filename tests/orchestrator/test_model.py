@@ -9,10 +9,16 @@ import pytest
 
 from orchestrator.model import (
     MAX_SECONDS,
-    ModelAction,
+    Instruction,
+    Message,
     ModelError,
+    Role,
     ScriptedModel,
+    StepAnswer,
     StepRequest,
+    StopReason,
+    ToolCall,
+    Verb,
     parse_instruction,
     prompt_lines,
 )
@@ -21,23 +27,23 @@ from orchestrator.model import (
 @pytest.mark.parametrize(
     ("line", "expected"),
     [
-        ("say hello there", ModelAction("message", text="hello there")),
-        ("say", ModelAction("message", text="")),
-        ("think 2.5", ModelAction("think", seconds=2.5)),
-        ("think 0", ModelAction("think", seconds=0.0)),
-        ("exec 3", ModelAction("tool", tool="exec", seconds=3.0)),
-        ("run 30", ModelAction("tool", tool="run", seconds=30.0)),
-        ("spawn say hi", ModelAction("tool", tool="spawn", text="say hi")),
-        ("spawn think 1|say done", ModelAction("tool", tool="spawn", text="think 1\nsay done")),
-        ("remind 60 say hi", ModelAction("tool", tool="remind", seconds=60.0, text="say hi")),
+        ("say hello there", Instruction(Verb.SAY, text="hello there")),
+        ("say", Instruction(Verb.SAY, text="")),
+        ("think 2.5", Instruction(Verb.THINK, seconds=2.5)),
+        ("think 0", Instruction(Verb.THINK, seconds=0.0)),
+        ("exec 3", Instruction(Verb.EXEC, seconds=3.0)),
+        ("run 30", Instruction(Verb.RUN, seconds=30.0)),
+        ("spawn say hi", Instruction(Verb.SPAWN, text="say hi")),
+        ("spawn think 1|say done", Instruction(Verb.SPAWN, text="think 1\nsay done")),
+        ("remind 60 say hi", Instruction(Verb.REMIND, seconds=60.0, text="say hi")),
         (
             "remind 1.5 say  two words ",
-            ModelAction("tool", tool="remind", seconds=1.5, text="say  two words"),
+            Instruction(Verb.REMIND, seconds=1.5, text="say  two words"),
         ),
-        (f"think {MAX_SECONDS:g}", ModelAction("think", seconds=MAX_SECONDS)),
+        (f"think {MAX_SECONDS:g}", Instruction(Verb.THINK, seconds=MAX_SECONDS)),
     ],
 )
-def test_each_instruction_parses_to_its_action(line: str, expected: ModelAction) -> None:
+def test_each_instruction_parses_to_its_action(line: str, expected: Instruction) -> None:
     assert parse_instruction(line, 1) == expected
 
 
@@ -80,24 +86,53 @@ def test_prompt_lines_are_the_non_blank_lines_stripped() -> None:
     assert prompt_lines("") == []
 
 
-def test_the_scripted_model_takes_one_step_per_line() -> None:
-    model = ScriptedModel()
-    assert model.steps_in("say a\n\nthink 1\nsay b") == 3
-    assert model.steps_in("") == 1
+def _request(index: int, prompt: str) -> StepRequest:
+    conversation = [Message(Role.USER, "an earlier prompt"), Message(Role.ASSISTANT, "ok")]
+    return StepRequest("sess_x", "turn_x", index, [*conversation, Message(Role.USER, prompt)], [])
 
 
-def test_a_scripted_step_answers_its_own_line() -> None:
-    model = ScriptedModel()
-    lines = ["say first", "say second"]
+def _step(
+    index: int, prompt: str, cancel: threading.Event | None = None
+) -> tuple[StepAnswer, list[str]]:
+    said: list[str] = []
+    answer = ScriptedModel().step(_request(index, prompt), cancel or threading.Event(), said.append)
+    return answer, said
 
-    action = model.step(StepRequest("sess_x", "turn_x", 1, lines), threading.Event())
 
-    assert action == ModelAction("message", text="second")
+def test_a_scripted_step_answers_its_own_line_of_the_last_prompt() -> None:
+    answer, said = _step(1, "say first\n\nsay second\nsay third")
+    assert said == ["second"]
+    assert answer == StepAnswer(stop=None)
 
 
-def test_an_empty_prompt_is_one_empty_message() -> None:
-    action = ScriptedModel().step(StepRequest("sess_x", "turn_x", 0, []), threading.Event())
-    assert action == ModelAction("message", text="")
+def test_the_scripted_turn_ends_with_its_last_line() -> None:
+    answer, said = _step(2, "say a\n\nthink 0\nsay b")
+    assert (said, answer.stop) == (["b"], StopReason.END_TURN)
+
+
+def test_an_empty_prompt_is_one_empty_message_ending_the_turn() -> None:
+    answer, said = _step(0, "")
+    assert (said, answer) == ([""], StepAnswer(stop=StopReason.END_TURN))
+
+
+@pytest.mark.parametrize(
+    ("line", "call"),
+    [
+        (
+            "exec 3",
+            ToolCall("shell", f'{{"command": "sleep 3", "timeout_seconds": {MAX_SECONDS}}}'),
+        ),
+        (
+            "run 30",
+            ToolCall("start_job", f'{{"command": "sleep 30", "timeout_seconds": {MAX_SECONDS}}}'),
+        ),
+        ("spawn say hi|say bye", ToolCall("spawn_subagent", '{"prompt": "say hi\\nsay bye"}')),
+        ("remind 1.5 say x", ToolCall("set_reminder", '{"seconds": 1.5, "prompt": "say x"}')),
+    ],
+)
+def test_tool_instructions_are_calls_of_the_fleet_tools(line: str, call: ToolCall) -> None:
+    answer, said = _step(0, f"{line}\nsay after")
+    assert (said, answer.tool_calls, answer.stop) == ([], (call,), None)
 
 
 def test_a_think_step_returns_early_once_cancelled() -> None:
@@ -105,12 +140,12 @@ def test_a_think_step_returns_early_once_cancelled() -> None:
     cancel.set()
     started = time.monotonic()
 
-    action = ScriptedModel().step(StepRequest("s", "t", 0, ["think 60"]), cancel)
+    _, said = _step(0, "think 60", cancel)
 
     assert time.monotonic() - started < 1
-    assert action.kind == "message"
+    assert said == ["(thought for 60s)"]
 
 
 def test_a_scripted_step_error_names_the_one_based_line() -> None:
     with pytest.raises(ModelError, match=r"^line 2\b"):
-        ScriptedModel().step(StepRequest("s", "t", 1, ["say ok", "think soon"]), threading.Event())
+        _step(1, "say ok\nthink soon")

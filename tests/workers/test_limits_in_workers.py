@@ -54,7 +54,8 @@ def test_twenty_run_lines_over_a_cap_of_three_start_three_jobs_and_fail_seventee
     for update in failed:
         text = update["content"][0]["content"]["text"]
         assert text == (
-            "run refused: limit FLEET_MAX_JOBS_PER_SESSION=3 reached (3 live jobs in the session)"
+            "start_job refused: limit FLEET_MAX_JOBS_PER_SESSION=3 reached "
+            "(3 live jobs in the session)"
         )
     # and exactly three job processes live on the job worker, no more
     wait_for(

@@ -1,0 +1,160 @@
+"""The tool registry: every tool a model may call, its arguments' JSON Schema and the
+activity family its work belongs to. Both models call tools from here (``orchestrator/
+model.py``); the turn runtime runs them (``orchestrator/tools.py``).
+
+==================  ===========  =================================================================
+``shell``           turn         a command run by ``/bin/sh`` inside the turn, in the session's
+                                 cwd, as the worker's user; killed at its timeout or a stop; its
+                                 output (stdout and stderr) cut to ``FLEET_TOOL_OUTPUT_MAX_BYTES``
+``start_job``       job          a background command (a job) on a job worker, stopped at its
+                                 timeout
+``spawn_subagent``  subagent     a child session whose first turn is the prompt
+``set_reminder``    reminder     after ``seconds``, a turn with the prompt starts in this session
+==================  ===========  =================================================================
+
+Which tools are offered is ``FLEET_TOOLS`` (comma list; all four by default). A call of a tool
+not offered, with arguments that are not JSON or do not match the schema, is a tool error the
+model sees (``ToolArgumentsError``), never a crash.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from orchestrator.families import Family
+from orchestrator.model import MAX_SECONDS, ToolCall, ToolSpec
+from orchestrator.settings import get_settings
+
+
+class _Args(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ShellArgs(_Args):
+    """Arguments of ``shell``."""
+
+    command: str = Field(min_length=1, max_length=10_000, description="Shell command to run.")
+    timeout_seconds: float = Field(
+        default=60.0, gt=0, le=MAX_SECONDS, description="Seconds before the command is killed."
+    )
+
+
+class StartJobArgs(_Args):
+    """Arguments of ``start_job``."""
+
+    command: str = Field(
+        min_length=1, max_length=10_000, description="Shell command to run in the background."
+    )
+    timeout_seconds: float = Field(
+        default=3600.0, gt=0, le=MAX_SECONDS, description="Seconds before the job is stopped."
+    )
+
+
+class SpawnSubagentArgs(_Args):
+    """Arguments of ``spawn_subagent``."""
+
+    prompt: str = Field(min_length=1, max_length=100_000, description="The subagent's task.")
+
+
+class SetReminderArgs(_Args):
+    """Arguments of ``set_reminder``."""
+
+    seconds: float = Field(ge=0, le=MAX_SECONDS, description="Seconds from now.")
+    prompt: str = Field(
+        min_length=1, max_length=100_000, description="The prompt of the turn that starts then."
+    )
+
+
+@dataclass(frozen=True)
+class Tool:
+    """A registered tool: its name, description, argument model and family."""
+
+    name: str
+    description: str
+    arguments: type[_Args]
+    family: Family
+
+    def spec(self) -> ToolSpec:
+        """The tool as a model sees it (JSON Schema of its arguments; built once)."""
+        return _spec(self)
+
+
+TOOLS: dict[str, Tool] = {
+    t.name: t
+    for t in (
+        Tool(
+            "shell",
+            "Run a shell command in the session's working directory and wait for it; returns "
+            "its exit status and output.",
+            ShellArgs,
+            Family.TURN,
+        ),
+        Tool(
+            "start_job",
+            "Start a shell command in the background (a job) and return at once with its id.",
+            StartJobArgs,
+            Family.JOB,
+        ),
+        Tool(
+            "spawn_subagent",
+            "Start a subagent: a child session working on the prompt on its own.",
+            SpawnSubagentArgs,
+            Family.SUBAGENT,
+        ),
+        Tool(
+            "set_reminder",
+            "After the given seconds, start a new turn in this session with the prompt.",
+            SetReminderArgs,
+            Family.REMINDER,
+        ),
+    )
+}
+
+
+@functools.cache
+def _spec(tool: Tool) -> ToolSpec:
+    return ToolSpec(tool.name, tool.description, tool.arguments.model_json_schema())
+
+
+class ToolArgumentsError(Exception):
+    """A tool call that cannot run as asked: unknown or not offered tool, arguments not JSON
+    or not matching the schema. Its message is the tool error the model sees."""
+
+
+def offered() -> list[Tool]:
+    """The tools offered to models (``FLEET_TOOLS``), in registry order."""
+    names = {n.strip() for n in get_settings().tools.split(",") if n.strip()}
+    return [t for name, t in TOOLS.items() if name in names]
+
+
+def offered_specs() -> list[ToolSpec]:
+    """``offered()`` as the model sees them."""
+    return [t.spec() for t in offered()]
+
+
+def parse_call(call: ToolCall) -> tuple[Tool, Any]:
+    """The tool a call names and its validated arguments (an instance of the tool's argument
+    model). Raises ``ToolArgumentsError`` with a message the model can act on."""
+    tool = next((t for t in offered() if t.name == call.name), None)
+    if tool is None:
+        names = ", ".join(t.name for t in offered()) or "none"
+        raise ToolArgumentsError(f"unknown tool {call.name!r}; the tools on offer: {names}")
+    try:
+        raw = json.loads(call.arguments or "{}")
+    except ValueError as exc:
+        raise ToolArgumentsError(f"{call.name}: arguments are not valid JSON ({exc})") from None
+    if not isinstance(raw, dict):
+        raise ToolArgumentsError(f"{call.name}: arguments must be a JSON object")
+    try:
+        return tool, tool.arguments.model_validate(raw)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in e['loc']) or 'arguments'}: {e['msg']}"
+            for e in exc.errors()
+        )
+        raise ToolArgumentsError(f"{call.name}: {problems}") from None

@@ -1,0 +1,48 @@
+"""Model usage: each step's tokens, stored on its turn and session and counted in the
+fleet's metrics (``fleet_model_tokens_total{direction}``, ``fleet_model_requests_total
+{outcome}``, ``fleet_model_request_seconds``).
+
+Shown as ``usage: {"inputTokens", "outputTokens"}`` on a session (``Session.to_info``'s
+``_meta.agentFleet``, the REST session JSON). Best effort like every metric: a Redis failure
+here is logged and never fails the step.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from orchestrator import metrics
+from orchestrator.model import Usage
+from orchestrator.store import Store
+
+log = logging.getLogger(__name__)
+
+
+def record(
+    store: Store, session_id: str, turn_id: str, usage: Usage, outcome: str, seconds: float
+) -> None:
+    """Count one model step: ``outcome`` (``ok``, ``cancelled``, ``failed``), how long it took
+    (seconds) and its ``usage``, added to the turn's and the session's totals; one round
+    trip."""
+    try:
+        pipe = store.redis.pipeline(transaction=False)
+        metrics.queue_incr(pipe, store, metrics.MODEL_REQUESTS, (outcome,), 1)
+        metrics.queue_observe(pipe, store, metrics.MODEL_REQUEST_SECONDS, seconds)
+        if usage.input_tokens or usage.output_tokens:
+            tokens = (("input", usage.input_tokens), ("output", usage.output_tokens))
+            for direction, count in tokens:
+                metrics.queue_incr(pipe, store, metrics.MODEL_TOKENS, (direction,), count)
+            args: list[str | int] = [store.keys.prefix, session_id, turn_id]
+            args += [usage.input_tokens, usage.output_tokens]
+            store.script("usage_add")(keys=[], args=args, client=pipe)
+        pipe.execute()
+    except Exception as exc:  # best effort: usage never fails the step it counts
+        log.warning("usage of turn %s not counted: %s", turn_id, exc)
+
+
+def usage_of(h: dict[str, str]) -> dict[str, int]:
+    """``{"inputTokens", "outputTokens"}`` of a stored session or turn hash."""
+    return {
+        "inputTokens": int(h.get("inputTokens") or 0),
+        "outputTokens": int(h.get("outputTokens") or 0),
+    }
