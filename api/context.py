@@ -4,23 +4,41 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-from orchestrator.settings import get_settings
+from api.discovery import FleetNotFound, find
+from orchestrator.errors import InvalidParams
+from orchestrator.settings import FleetSettings, get_settings
 from orchestrator.store import Store
-from workers.app import app
+from workers.app import app, configure
 from workers.dispatch import CeleryDispatcher
 
 
+@lru_cache(maxsize=1)
+def settings() -> FleetSettings:
+    """The process's settings; with ``FLEET_REDIS_URL`` unset, the Redis URL and key prefix
+    of the ``fleet up`` running with the same state directory (``api/discovery.py``), if
+    one does."""
+    configured = get_settings()
+    if configured.redis_url:
+        return configured
+    found = find(configured.state_dir)
+    if found is None:
+        return configured
+    return configured.model_copy(
+        update={"redis_url": found.redis_url, "key_prefix": found.key_prefix}
+    )
+
+
 def redis_url() -> str:
-    """The configured Redis URL; raises ``SystemExit`` with a hint when none is set."""
-    url = get_settings().redis_url
+    """The Redis URL to use. Raises ``FleetNotFound`` (saying what to do) when none is set
+    and no local fleet is found, ``InvalidParams`` for a URL of another scheme."""
+    current = settings()
+    url = current.redis_url
     if not url:
-        raise SystemExit(
-            "FLEET_REDIS_URL is not set. Point it at your Redis (redis://host:6379/0), or use "
-            "`fleet up` / `fleet demo`, which start an embedded Redis."
-        )
+        raise FleetNotFound(current.state_dir)
     if not url.startswith(("redis://", "rediss://", "unix://")):
-        raise SystemExit(
-            f"FLEET_REDIS_URL must start with redis://, rediss:// or unix:// (got {url!r})."
+        raise InvalidParams(
+            f"FLEET_REDIS_URL must start with redis://, rediss:// or unix:// (got {url!r}).",
+            {"param": "FLEET_REDIS_URL"},
         )
     return url
 
@@ -28,11 +46,13 @@ def redis_url() -> str:
 @lru_cache(maxsize=1)
 def store() -> Store:
     """The process's store."""
-    return Store(redis_url(), get_settings().key_prefix)
+    return Store(redis_url(), settings().key_prefix)
 
 
 @lru_cache(maxsize=1)
 def dispatcher() -> CeleryDispatcher:
-    """The process's dispatcher (sends by task name; imports no task code)."""
-    app.conf.broker_url = redis_url()
+    """The process's dispatcher (sends by task name; imports no task code), on the broker
+    and key prefix of ``settings()``."""
+    redis_url()
+    configure(app, settings())
     return CeleryDispatcher(app)

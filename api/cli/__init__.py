@@ -16,11 +16,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from api.cli import archive, ops, processes, sessions
+from api.cli import archive, ops, processes, sessions, turns
 from api.cli.common import app
 from api.cli.processes import api_bind_address
 
-__all__ = ["app", "api_bind_address", "main", "archive", "ops", "processes", "sessions"]
+__all__ = ["app", "api_bind_address", "main", "archive", "ops", "processes", "sessions", "turns"]
 
 
 def main() -> Any:

@@ -7,7 +7,7 @@ import sys
 
 import typer
 
-from api.cli.common import app, console, err, fail
+from api.cli.common import app, console, fail, usage
 from orchestrator.errors import FleetError
 
 
@@ -48,8 +48,8 @@ def archive(
 
     --bulk archives many sessions in batches (ids, --ids-file, or a filter of --cwd,
     --idle-since, --q) with a progress bar; --auto runs the auto-archive policy once. Both
-    take --dry-run and --json. Exit status: 0 done, 1 some sessions refused or not found,
-    2 the request was refused.
+    take --dry-run and --json. Exit status: 0 done (and every dry run), 1 some sessions
+    refused or not found, 2 the request was refused (with --json, as JSON on stdout).
     """
     if bulk or auto:
         from api.cli.bulk import run_auto, run_bulk
@@ -95,12 +95,11 @@ def _one_session(ids: list[str] | None, given: dict[str, bool]) -> str:
     options given (``given``: option name -> whether it was given) or a wrong count of ids."""
     extra = [name for name, present in given.items() if present]
     if extra or len(ids or []) != 1:
-        err.print(
-            "[red]error[/red]: give one session id"
+        usage(
+            "give one session id"
             + (f" ({', '.join(extra)} needs --bulk or --auto)" if extra else "")
             + "; several sessions or a filter need --bulk."
         )
-        raise typer.Exit(2)
     return (ids or [""])[0]
 
 

@@ -1,10 +1,10 @@
 """``fleet archive --bulk`` and ``fleet archive --auto``: many sessions at once, talking to the
-orchestrator directly like the other commands. A progress bar (batches) goes to stderr, so
-``--json`` output on stdout stays clean for scripts.
+orchestrator directly like the other commands. A progress bar (sessions done, of all) goes to
+stderr when it is a terminal, so ``--json`` output on stdout stays clean for scripts.
 
-Exit status: 0 when every selected session ended archived (or already was, or a dry run found
-nothing to refuse), 1 when some were refused, not found or skipped, 2 when the request itself
-was refused (bad arguments, too many sessions, Redis unavailable).
+Exit status: 0 when every selected session ended archived (or already was), and for every dry
+run (it only reports); 1 when some were refused, not found or skipped; 2 when the request
+itself was refused (bad arguments, too many sessions, Redis unavailable).
 """
 
 from __future__ import annotations
@@ -12,31 +12,18 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
 import typer
-from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Column, Table
 
+from api.cli.common import console, err, usage, when
 from orchestrator.bulk import BulkResult
 from orchestrator.errors import FleetError
 
-console = Console()
-err = Console(stderr=True)
-
 #: Sessions listed by name in human output; ``--json`` lists them all.
 _LISTED = 200
-
-
-def _usage(message: str) -> NoReturn:
-    err.print(f"[red]error[/red]: {message}")
-    raise typer.Exit(2)
-
-
-def _fail(exc: FleetError) -> NoReturn:
-    err.print(f"[red]error[/red] ({exc.code}): {exc.message}")
-    raise typer.Exit(2)
 
 
 def read_ids(path: str) -> list[str]:
@@ -45,7 +32,7 @@ def read_ids(path: str) -> list[str]:
     try:
         text = sys.stdin.read() if path == "-" else Path(path).read_text(encoding="utf-8")
     except OSError as exc:
-        _usage(f"cannot read --ids-file {path}: {exc.strerror or exc}")
+        usage(f"cannot read --ids-file {path}: {exc.strerror or exc}")
     out: list[str] = []
     for line in text.splitlines():
         line = line.split("#", 1)[0].strip()
@@ -55,17 +42,18 @@ def read_ids(path: str) -> list[str]:
 
 
 class _Bar:
-    """A rich progress bar of batches on stderr (nothing when stderr is not a terminal)."""
+    """A rich progress bar of sessions on stderr (nothing when stderr is not a terminal)."""
 
     def __init__(self, label: str) -> None:
         self.progress = Progress(
             TextColumn(label),
             BarColumn(),
             MofNCompleteColumn(),
-            TextColumn("batches"),
+            TextColumn("sessions"),
             TimeElapsedColumn(),
             console=err,
             transient=True,
+            disable=not err.is_terminal,
         )
         self.task: Any = None
 
@@ -78,7 +66,7 @@ class _Bar:
 
     def __call__(self, done: int, total: int) -> None:
         if self.task is None:
-            self.task = self.progress.add_task("batches", total=max(total, 1))
+            self.task = self.progress.add_task("sessions", total=max(total, 1))
         self.progress.update(self.task, completed=done, total=max(total, 1))
 
 
@@ -125,7 +113,7 @@ def _finish(result: BulkResult, as_json: bool, *, strict: bool) -> None:
     else:
         _print_human(result)
     t = result.totals
-    if strict and (t["refused"] or t["not_found"] or t["skipped"]):
+    if strict and not result.dry_run and (t["refused"] or t["not_found"] or t["skipped"]):
         raise typer.Exit(1)
 
 
@@ -147,22 +135,19 @@ def run_bulk(
     named = list(ids) + (read_ids(ids_file) if ids_file is not None else [])
     filtered = cwd is not None or idle_since is not None or q is not None
     if named and filtered:
-        _usage("give session ids (or --ids-file) or a filter (--cwd, --idle-since, --q), not both.")
+        usage("give session ids (or --ids-file) or a filter (--cwd, --idle-since, --q), not both.")
     if not named and not filtered and ids_file is None:
-        _usage("--bulk needs session ids, --ids-file, or a filter (--cwd, --idle-since, --q).")
-    try:
-        with _Bar("dry run" if dry_run else "archiving") as bar:
-            result = bulk_archive(
-                store(),
-                dispatcher(),
-                session_ids=None if filtered else named,
-                flt=BulkFilter(cwd, idle_since, q) if filtered else None,
-                stop_activity=stop,
-                dry_run=dry_run,
-                progress=bar,
-            )
-    except FleetError as exc:
-        _fail(exc)
+        usage("--bulk needs session ids, --ids-file, or a filter (--cwd, --idle-since, --q).")
+    with _Bar("dry run" if dry_run else "archiving") as bar:
+        result = bulk_archive(
+            store(),
+            dispatcher(),
+            session_ids=None if filtered else named,
+            flt=BulkFilter(cwd, idle_since, q) if filtered else None,
+            stop_activity=stop,
+            dry_run=dry_run,
+            progress=bar,
+        )
     _finish(result, as_json, strict=True)
 
 
@@ -186,22 +171,19 @@ def run_auto(
     from orchestrator.sessions import get_session
 
     if bulk or ids or ids_file is not None or idle_since is not None or q is not None or stop:
-        _usage(
+        usage(
             "--auto selects by idle age (--idle-seconds, --cwd) and never stops work; it takes "
             "no ids, --bulk, --idle-since, --q or --stop."
         )
-    try:
-        with _Bar("auto-archive dry run" if dry_run else "auto-archive") as bar:
-            result = auto_archive(
-                store(),
-                dispatcher(),
-                idle_seconds=idle_seconds or None,
-                dry_run=dry_run,
-                cwd=cwd,
-                progress=bar,
-            )
-    except FleetError as exc:
-        _fail(exc)
+    with _Bar("auto-archive dry run" if dry_run else "auto-archive") as bar:
+        result = auto_archive(
+            store(),
+            dispatcher(),
+            idle_seconds=idle_seconds or None,
+            dry_run=dry_run,
+            cwd=cwd,
+            progress=bar,
+        )
     if as_json or not dry_run:
         _finish(result, as_json, strict=False)
         return
@@ -223,7 +205,7 @@ def run_auto(
                 s = get_session(store(), sid)
             except FleetError:
                 continue
-            table.add_row(sid, s.cwd, s.title, s.updated_at)
+            table.add_row(sid, s.cwd, s.title, when(s.updated_at))
         console.print(table)
         if len(would) > _LISTED:
             console.print(f"... and {len(would) - _LISTED} more (--json lists all)")

@@ -10,7 +10,7 @@ import time
 
 import typer
 
-from api.cli.common import LOOPBACK, FamilyName, app, console, err, interrupt
+from api.cli.common import LOOPBACK, FamilyName, app, console, err, interrupt, usage
 
 
 @app.command()
@@ -82,7 +82,10 @@ def up(
     api: bool = typer.Option(True, help="Also serve the HTTP API."),
 ) -> None:
     """Run the whole fleet locally until Ctrl-C: Redis (embedded if FLEET_REDIS_URL is unset),
-    one worker per family, and the API."""
+    one worker per family, and the API. While it runs, it publishes where it runs in
+    FLEET_STATE_DIR/fleet.json, so other fleet commands started with the same state directory
+    (the same working directory by default) find it without FLEET_REDIS_URL."""
+    from api import discovery
     from api.embedded import resolve_redis_url
     from api.local import LocalFleet
     from orchestrator.logs import configure as configure_logging
@@ -91,6 +94,15 @@ def up(
 
     configure_logging()
     settings = get_settings()
+    running = discovery.find(settings.state_dir)
+    if running is not None:
+        err.print(
+            f"[red]error[/red]: `fleet up` already runs with the state directory "
+            f"{settings.state_dir} (pid {running.pid}, {running.redis_url}); stop it first "
+            "or use another FLEET_STATE_DIR.",
+            highlight=False,
+        )
+        raise typer.Exit(2)
     try:
         url, embedded = resolve_redis_url(settings)
     except RuntimeError as exc:
@@ -100,6 +112,7 @@ def up(
         url, settings.key_prefix, settings.state_dir, hostname=settings.hostname, job_hosts=hosts
     )
     api_proc = None
+    published = None
     try:
         fleet.start()
         fleet.wait_ready()
@@ -118,6 +131,8 @@ def up(
                 preexec_fn=die_with_parent(signal.SIGTERM, new_session=False),
             )
             console.print(f"API on http://{settings.api_host}:{settings.api_port}")
+        api_url = f"http://{settings.api_host}:{settings.api_port}" if api else None
+        published = discovery.publish(settings.state_dir, url, settings.key_prefix, api_url)
         signal.signal(signal.SIGTERM, interrupt)
         while True:
             time.sleep(1)
@@ -131,6 +146,8 @@ def up(
     except KeyboardInterrupt:
         pass
     finally:
+        if published is not None:
+            discovery.unpublish(published)
         if api_proc is not None:
             api_proc.terminate()
             api_proc.wait(10)
@@ -232,25 +249,34 @@ def flower(
     port: int = typer.Option(5555, help="Port of Flower's web UI and HTTP API."),
     address: str = typer.Option("127.0.0.1", help="Bind address."),
 ) -> None:
-    """Run Flower against the configured broker (basic auth from FLEET_FLOWER_BASIC_AUTH,
-    ``user:password``; required unless bound to loopback)."""
-    from api.context import redis_url
-    from orchestrator.settings import get_settings
+    """Run Flower against the fleet's broker and key prefix. With FLEET_FLOWER_BASIC_AUTH
+    (user:password) it asks for it; without, it binds to loopback only, where its UI and
+    HTTP API answer without auth and read only (no revoke or shutdown: any page open in a
+    browser on this machine could call them)."""
+    import socket
 
-    url = redis_url()
-    auth = get_settings().flower_basic_auth
-    if not auth and address not in LOOPBACK:
-        err.print(
-            "[red]error[/red]: set FLEET_FLOWER_BASIC_AUTH=user:password to serve Flower "
-            "beyond loopback."
-        )
-        raise typer.Exit(2)
+    from api.context import redis_url, settings
     from workers.app import app as celery_app
+    from workers.app import configure
 
-    celery_app.conf.broker_url = url
+    redis_url()  # a fleet to watch, or FleetNotFound saying how to get one
+    current = settings()
+    auth = current.flower_basic_auth
+    if not auth and address not in LOOPBACK:
+        usage("set FLEET_FLOWER_BASIC_AUTH=user:password to serve Flower beyond loopback.")
+    try:
+        with socket.create_server((address, port)):
+            pass
+    except OSError as exc:
+        usage(f"Flower cannot listen on {address} port {port}: {exc.strerror or exc}.")
+    configure(celery_app, current)
     argv = ["flower", f"--port={port}", f"--address={address}"]
     if auth:
         argv.append(f"--basic-auth={auth}")
+    else:
+        # Flower reads this switch only from its environment, per request.
+        os.environ["FLOWER_UNAUTHENTICATED_API"] = "true"
+        argv.append("--read_only=True")
     celery_app.start(argv)
 
 
