@@ -7,6 +7,7 @@ import os
 import signal
 import sys
 import time
+from typing import Any
 
 import typer
 
@@ -89,7 +90,6 @@ def up(
     from api.embedded import resolve_redis_url
     from api.local import LocalFleet
     from orchestrator.logs import configure as configure_logging
-    from orchestrator.processes import die_with_parent
     from orchestrator.settings import get_settings
 
     configure_logging()
@@ -121,18 +121,16 @@ def up(
             f"{len(fleet.workers)} workers, logs in {settings.state_dir / 'logs'}"
         )
         console.print(f"job workers on {', '.join(fleet.job_host_names())}")
-        if api:
-            import subprocess
-
-            env = dict(os.environ, FLEET_REDIS_URL=url)
-            api_proc = subprocess.Popen(
-                [sys.executable, "-m", "api.cli", "api"],
-                env=env,
-                preexec_fn=die_with_parent(signal.SIGTERM, new_session=False),
-            )
-            console.print(f"API on http://{settings.api_host}:{settings.api_port}")
         api_url = f"http://{settings.api_host}:{settings.api_port}" if api else None
+        if api_url:
+            api_proc = _start_api(url)
+            console.print(f"API on {api_url}")
         published = discovery.publish(settings.state_dir, url, settings.key_prefix, api_url)
+        console.print(
+            f"published in {published}: fleet commands run with this state directory find "
+            "this fleet without FLEET_REDIS_URL",
+            highlight=False,
+        )
         signal.signal(signal.SIGTERM, interrupt)
         while True:
             time.sleep(1)
@@ -154,6 +152,19 @@ def up(
         fleet.stop()
         if embedded is not None:
             embedded.stop()
+
+
+def _start_api(url: str) -> Any:
+    """Start ``fleet api`` on ``url`` as a child process that dies with this one."""
+    import subprocess
+
+    from orchestrator.processes import die_with_parent
+
+    return subprocess.Popen(
+        [sys.executable, "-m", "api.cli", "api"],
+        env=dict(os.environ, FLEET_REDIS_URL=url),
+        preexec_fn=die_with_parent(signal.SIGTERM, new_session=False),
+    )
 
 
 def api_bind_address(requested: str, token: str) -> str:
