@@ -1,9 +1,11 @@
 """The ``fleet`` command line (typer), one module per group of commands.
 
 ``fleet up`` and ``fleet demo`` start an embedded Redis when ``FLEET_REDIS_URL`` is unset;
-every other command needs ``FLEET_REDIS_URL``.
+every other command uses ``FLEET_REDIS_URL`` or, unset, the ``fleet up`` published in its state
+directory (``api/discovery.py``). Exit status and the JSON error shape: ``api.cli.common``.
 
-- ``sessions``: ``sessions ls|new``, ``prompt``, ``activity``, ``audit``;
+- ``sessions``: ``sessions ls|show|new``, ``activity``, ``audit``;
+- ``turns``: ``prompt`` (follows the turn unless ``--detach``);
 - ``archive`` and ``bulk``: ``archive`` (one session, ``--bulk``, ``--auto``), ``unarchive``;
 - ``processes``: ``worker``, ``up``, ``api``, ``beat``, ``flower``, ``acp``, ``demo``;
 - ``ops``: ``reconcile``, ``sweep``.
