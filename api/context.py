@@ -28,11 +28,20 @@ def settings() -> FleetSettings:
     )
 
 
-def redis_url() -> str:
+def redis_url(*, discover: bool = True) -> str:
     """The Redis URL to use. Raises ``FleetNotFound`` (saying what to do) when none is set
-    and no local fleet is found, ``InvalidParams`` for a URL of another scheme."""
-    current = settings()
+    and no local fleet is found, ``InvalidParams`` for a URL of another scheme. Without
+    ``discover`` (a worker, beat or API process, whose modules read the key prefix from the
+    environment) only ``FLEET_REDIS_URL`` counts."""
+    current = settings() if discover else get_settings()
     url = current.redis_url
+    if not url and not discover:
+        raise InvalidParams(
+            "FLEET_REDIS_URL is not set: this process serves the fleet on that Redis "
+            "(redis://HOST:6379/0, with its FLEET_KEY_PREFIX). `fleet up` runs a whole local "
+            "fleet instead.",
+            {"param": "FLEET_REDIS_URL"},
+        )
     if not url:
         raise FleetNotFound(current.state_dir)
     if not url.startswith(("redis://", "rediss://", "unix://")):

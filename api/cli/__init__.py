@@ -6,7 +6,8 @@ directory (``api/discovery.py``). Exit status and the JSON error shape: ``api.cl
 
 - ``sessions``: ``sessions ls|show|new``, ``activity``, ``audit``;
 - ``turns``: ``prompt`` (follows the turn unless ``--detach``);
-- ``archive`` and ``bulk``: ``archive`` (one session, ``--bulk``, ``--auto``), ``unarchive``;
+- ``archive``: ``archive`` (one session), ``unarchive``;
+- ``bulk``: ``bulk-archive``, ``auto-archive`` (also ``archive --bulk``, ``archive --auto``);
 - ``processes``: ``worker``, ``up``, ``api``, ``beat``, ``flower``, ``acp``, ``demo``;
 - ``ops``: ``reconcile``, ``sweep``.
 
@@ -18,11 +19,21 @@ from __future__ import annotations
 
 from typing import Any
 
-from api.cli import archive, ops, processes, sessions, turns
+from api.cli import archive, bulk, ops, processes, sessions, turns
 from api.cli.common import app
 from api.cli.processes import api_bind_address
 
-__all__ = ["app", "api_bind_address", "main", "archive", "ops", "processes", "sessions", "turns"]
+__all__ = [
+    "app",
+    "api_bind_address",
+    "main",
+    "archive",
+    "bulk",
+    "ops",
+    "processes",
+    "sessions",
+    "turns",
+]
 
 
 def main() -> Any:

@@ -14,42 +14,35 @@ from orchestrator.errors import FleetError
 @app.command()
 def archive(
     ids: list[str] | None = typer.Argument(
-        None, help="Session id (several with --bulk).", show_default=False
+        None, metavar="ID", help="The session to archive.", show_default=False
     ),
     stop: bool = typer.Option(False, "--stop", help="Stop live work, then archive."),
     confirmed: list[str] | None = typer.Option(
         None,
         "--confirmed",
-        help="With --stop: an item confirmed for stopping, FAMILY:ID (repeat it); anything "
+        metavar="FAMILY:ID",
+        help="With --stop: an item confirmed for stopping (repeat it); anything "
         "else live refuses the archive (activity_changed) and nothing is written.",
         show_default=False,
     ),
     as_json: bool = typer.Option(False, "--json", help="Print JSON (for scripts)."),
-    bulk: bool = typer.Option(False, "--bulk", help="Archive many: ids, --ids-file or a filter."),
-    ids_file: str | None = typer.Option(
-        None, "--ids-file", help="--bulk: a file of session ids, one a line ('-': stdin)."
-    ),
-    cwd: str | None = typer.Option(None, "--cwd", help="--bulk/--auto filter: this directory."),
-    idle_since: str | None = typer.Option(
-        None, "--idle-since", help="--bulk filter: last activity before this ISO 8601 time."
-    ),
-    q: str | None = typer.Option(None, "--q", help="--bulk filter: title contains this text."),
-    dry_run: bool = typer.Option(False, "--dry-run", help="Show what would happen; write nothing."),
-    auto: bool = typer.Option(
-        False, "--auto", help="Run the auto-archive policy once (idle sessions, no live work)."
-    ),
-    idle_seconds: float = typer.Option(
-        0, "--idle-seconds", help="--auto: idle age (default FLEET_AUTO_ARCHIVE_IDLE_SECONDS)."
-    ),
+    # The spellings before `fleet bulk-archive` and `fleet auto-archive`, still served.
+    bulk: bool = typer.Option(False, "--bulk", hidden=True),
+    ids_file: str | None = typer.Option(None, "--ids-file", hidden=True),
+    cwd: str | None = typer.Option(None, "--cwd", hidden=True),
+    idle_since: str | None = typer.Option(None, "--idle-since", hidden=True),
+    q: str | None = typer.Option(None, "--q", hidden=True),
+    dry_run: bool = typer.Option(False, "--dry-run", hidden=True),
+    auto: bool = typer.Option(False, "--auto", hidden=True),
+    idle_seconds: float = typer.Option(0, "--idle-seconds", hidden=True),
 ) -> None:
     """Archive a session. Refused while it has live work unless --stop is given. With --stop
     on a terminal, the live items are listed and the archive stops exactly what was confirmed:
     if other work started meanwhile, nothing is written and the new list is printed.
 
-    --bulk archives many sessions in batches (ids, --ids-file, or a filter of --cwd,
-    --idle-since, --q) with a progress bar; --auto runs the auto-archive policy once. Both
-    take --dry-run and --json. Exit status: 0 done (and every dry run), 1 some sessions
-    refused or not found, 2 the request was refused (with --json, as JSON on stdout).
+    Many sessions at once: fleet bulk-archive; the auto-archive policy: fleet auto-archive
+    (fleet archive --bulk and --auto still work as they did). Exit status: 0 archived (or
+    already), 1 declined at the confirmation, 2 refused (with --json, as JSON on stdout).
     """
     if bulk or auto:
         from api.cli.bulk import run_auto, run_bulk
@@ -97,8 +90,8 @@ def _one_session(ids: list[str] | None, given: dict[str, bool]) -> str:
     if extra or len(ids or []) != 1:
         usage(
             "give one session id"
-            + (f" ({', '.join(extra)} needs --bulk or --auto)" if extra else "")
-            + "; several sessions or a filter need --bulk."
+            + (f" ({', '.join(extra)} needs bulk-archive or auto-archive)" if extra else "")
+            + "; several sessions or a filter need `fleet bulk-archive`."
         )
     return (ids or [""])[0]
 

@@ -1,5 +1,6 @@
-"""``fleet archive --bulk`` and ``fleet archive --auto``: many sessions at once, talking to the
-orchestrator directly like the other commands. A progress bar (sessions done, of all) goes to
+"""``fleet bulk-archive`` and ``fleet auto-archive`` (also spelled ``fleet archive --bulk`` and
+``fleet archive --auto``): many sessions at once, talking to the orchestrator directly like the
+other commands. A progress bar (sessions done, of all) goes to
 stderr when it is a terminal, so ``--json`` output on stdout stays clean for scripts.
 
 Exit status: 0 when every selected session ended archived (or already was), and for every dry
@@ -18,7 +19,7 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Column, Table
 
-from api.cli.common import console, err, usage, when
+from api.cli.common import app, console, err, usage, when
 from orchestrator.bulk import BulkResult
 from orchestrator.errors import FleetError
 
@@ -137,7 +138,7 @@ def run_bulk(
     if named and filtered:
         usage("give session ids (or --ids-file) or a filter (--cwd, --idle-since, --q), not both.")
     if not named and not filtered and ids_file is None:
-        usage("--bulk needs session ids, --ids-file, or a filter (--cwd, --idle-since, --q).")
+        usage("bulk-archive needs session ids, --ids-file, or a filter (--cwd, --idle-since, --q).")
     with _Bar("dry run" if dry_run else "archiving") as bar:
         result = bulk_archive(
             store(),
@@ -212,3 +213,64 @@ def run_auto(
     for item in busy[:_LISTED]:
         families = sorted({a.family.value for a in item.activity or []})
         console.print(f"  busy: {item.session_id} ({', '.join(families) or 'live work'})")
+
+
+@app.command("bulk-archive")
+def bulk_archive_command(
+    ids: list[str] | None = typer.Argument(
+        None, metavar="ID", help="Sessions to archive.", show_default=False
+    ),
+    ids_file: str | None = typer.Option(
+        None, "--ids-file", metavar="FILE", help="A file of session ids, one a line ('-': stdin)."
+    ),
+    cwd: str | None = typer.Option(None, "--cwd", metavar="DIR", help="Filter: this directory."),
+    idle_since: str | None = typer.Option(
+        None,
+        "--idle-since",
+        metavar="TIME",
+        help="Filter: last activity before this ISO 8601 time with an offset or Z.",
+    ),
+    q: str | None = typer.Option(None, "--q", metavar="TEXT", help="Filter: title contains it."),
+    stop: bool = typer.Option(False, "--stop", help="Stop their live work, then archive."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Show what would happen; write nothing."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON (every session)."),
+) -> None:
+    """Archive many sessions in batches: those named (ids, --ids-file) or those a filter selects
+    (--cwd, --idle-since, --q), with a progress bar on a terminal. A session with live work is
+    refused unless --stop. Exit status: 0 all archived (or already) and every dry run, 1 some
+    refused, not found or skipped, 2 the request was refused."""
+    run_bulk(
+        ids=ids or [],
+        ids_file=ids_file,
+        cwd=cwd,
+        idle_since=idle_since,
+        q=q,
+        stop=stop,
+        dry_run=dry_run,
+        as_json=as_json,
+    )
+
+
+@app.command("auto-archive")
+def auto_archive_command(
+    dry_run: bool = typer.Option(False, "--dry-run", help="List what it would archive."),
+    cwd: str | None = typer.Option(None, "--cwd", metavar="DIR", help="Only this directory."),
+    idle_seconds: float = typer.Option(
+        0, "--idle-seconds", help="Idle age in seconds (default FLEET_AUTO_ARCHIVE_IDLE_SECONDS)."
+    ),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+) -> None:
+    """Run the auto-archive policy once: archive the sessions idle longer than the idle age
+    that have no live work (it never stops work)."""
+    run_auto(
+        ids=[],
+        bulk=False,
+        ids_file=None,
+        cwd=cwd,
+        idle_since=None,
+        q=None,
+        stop=False,
+        dry_run=dry_run,
+        as_json=as_json,
+        idle_seconds=idle_seconds,
+    )

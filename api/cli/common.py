@@ -54,7 +54,10 @@ def _tidy_params(command: click.Command, ctx: click.Context) -> None:
         valued = False
         if isinstance(param, typer.core.TyperOption) and not param.is_flag:
             valued = True
-            param.metavar = param.metavar or (param.name or "value").upper()
+            desc = param.type_descriptor
+            choices = [str(getattr(c, "value", c)) for c in desc.choices or ()]
+            named = "|".join(choices) if desc.is_choice and choices else None
+            param.metavar = param.metavar or named or (param.name or "value").upper()
             if not param.default:
                 param.show_default = False
         elif isinstance(param, typer.core.TyperArgument):
@@ -98,7 +101,8 @@ class FleetGroup(typer.core.TyperGroup):
         _tidy_params(self, ctx)
         for command in self.commands.values():
             if command.help and not command.short_help:
-                command.short_help = command.help.split("\n\n")[0]
+                # The listing shows each command's first sentence; its --help, all of it.
+                command.short_help = re.split(r"(?<=\.)\s", command.help, maxsplit=1)[0]
         super().format_help(ctx, formatter)
 
 

@@ -16,7 +16,9 @@ from api.cli.common import LOOPBACK, FamilyName, app, console, err, interrupt, u
 
 @app.command()
 def worker(
-    family: FamilyName = typer.Option(..., help="Which family this worker serves."),
+    family: FamilyName = typer.Option(
+        ..., metavar="FAMILY", help="The family it serves: turn, job, subagent or reminder."
+    ),
     host: str = typer.Option(
         "", help="Host name reported for jobs (default: FLEET_HOSTNAME or the machine's name)."
     ),
@@ -29,7 +31,7 @@ def worker(
     from orchestrator.logs import resolve_format
     from orchestrator.settings import get_settings
 
-    url = redis_url()
+    url = redis_url(discover=False)
     settings = get_settings()
     host = host or os.environ.get("FLEET_HOSTNAME") or settings.hostname
     os.environ["FLEET_WORKER_FAMILY"] = family.value
@@ -191,7 +193,7 @@ def serve_api(
     from orchestrator.logs import configure as configure_logging
     from orchestrator.settings import get_settings
 
-    redis_url()
+    redis_url(discover=False)
     settings = get_settings()
     configure_logging()
     bind = api_bind_address(host or settings.api_host, settings.api_token)
@@ -230,7 +232,7 @@ def beat(
     from orchestrator.settings import get_settings
     from workers.beat import beat_schedule
 
-    url = redis_url()
+    url = redis_url(discover=False)
     settings = get_settings()
     age = idle_seconds or settings.auto_archive_idle_seconds
     every = interval or settings.auto_archive_interval_seconds

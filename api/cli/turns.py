@@ -87,7 +87,7 @@ def _start_index(store: Store, session_id: str) -> int:
 
 @app.command()
 def prompt(
-    session_id: str,
+    session_id: str = typer.Argument(..., help="The session."),
     text: str = typer.Argument(..., help="Prompt; '\\n' separates scripted instructions."),
     detach: bool = typer.Option(
         False, "--detach", "-d", help="Print the turn id and return at once (do not follow)."

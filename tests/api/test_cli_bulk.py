@@ -123,14 +123,14 @@ def test_a_progress_bar_counts_the_sessions(store: Store, monkeypatch: pytest.Mo
 @pytest.mark.parametrize(
     ("args", "needle"),
     [
-        (["--bulk"], "--bulk needs session ids"),
+        (["--bulk"], "bulk-archive needs session ids"),
         (["--bulk", "sess_x", "--cwd", "/tmp"], "not both"),
         (["--bulk", "--idle-since", "yesterday"], "--idle-since must be an ISO 8601"),
         (["--bulk", "--cwd", "relative"], "absolute"),
         (["--bulk", "--ids-file", "/no/such/file"], "cannot read --ids-file"),
-        (["a", "b"], "--bulk"),
-        (["--cwd", "/tmp"], "needs --bulk or --auto"),
-        (["sess_x", "--dry-run"], "needs --bulk or --auto"),
+        (["a", "b"], "fleet bulk-archive"),
+        (["--cwd", "/tmp"], "needs bulk-archive or auto-archive"),
+        (["sess_x", "--dry-run"], "needs bulk-archive or auto-archive"),
         (["--auto", "--stop"], "never stops"),
         (["--auto", "sess_x"], "takes no ids"),
     ],
