@@ -4,7 +4,8 @@ Following reads the session's conversation (the history list ACP ``session/load`
 from where the turn began, woken by the fleet's event channel, and prints the turn's updates
 as they are recorded; it returns when the turn is in a final state. Exit status: 0 when the
 turn completed, 1 when it failed, was cancelled or blocked by the gate (the reason on
-stderr), 2 when it was refused before it started.
+stderr), 2 when it was refused before it started, 130 when following was interrupted (Ctrl-C;
+the turn goes on).
 """
 
 from __future__ import annotations
@@ -109,7 +110,14 @@ def prompt(
         return
     if not as_json:
         err.print(f"turn {turn_id}", highlight=False)
-    turn = follow(store(), session_id, turn_id, as_json, start)
+    try:
+        turn = follow(store(), session_id, turn_id, as_json, start)
+    except KeyboardInterrupt:
+        err.print(
+            f"stopped following turn {turn_id}; it goes on (fleet activity {session_id})",
+            highlight=False,
+        )
+        raise typer.Exit(130) from None
     if as_json:
         print(json.dumps(turn.to_wire()))
     if turn.state is TurnState.COMPLETED:

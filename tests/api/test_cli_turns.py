@@ -6,7 +6,11 @@ from __future__ import annotations
 
 import json
 import re
+import signal
+import subprocess
+import sys
 import uuid
+from pathlib import Path
 from typing import Any
 
 from click.testing import Result
@@ -15,6 +19,7 @@ from typer.testing import CliRunner
 from api.cli import app
 from orchestrator import sessions
 from orchestrator.store import Store
+from tests.helpers import wait_for
 
 runner = CliRunner()
 
@@ -97,3 +102,29 @@ def test_sessions_show_of_an_unknown_session_exits_2() -> None:
     result = _run("sessions", "show", "sess_" + "0" * 24, "--json")
     assert result.exit_code == 2
     assert json.loads(result.stdout)["error"]["code"] == "session_not_found"
+
+
+def test_ctrl_c_stops_following_and_leaves_the_turn_running(
+    fleet: Any, store: Store, tmp_path: Path
+) -> None:
+    sid = _new(store)
+    err = tmp_path / "prompt.err"
+    with open(err, "wb") as err_file:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "api.cli", "prompt", sid, "think 30"],
+            stdout=subprocess.DEVNULL,
+            stderr=err_file,
+            stdin=subprocess.DEVNULL,
+        )
+    try:
+        wait_for(lambda: "turn turn_" in err.read_text(), 30, message="the turn to start")
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(30) == 130
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    said = err.read_text()
+    assert "stopped following turn" in said and "Traceback" not in said, said
+    live = json.loads(_run("activity", sid, "--json").stdout)
+    assert [i["family"] for i in live] == ["turn"], "the turn goes on"
+    assert _run("archive", sid, "--stop").exit_code == 0
