@@ -60,6 +60,8 @@ def _tidy_params(command: click.Command, ctx: click.Context) -> None:
             param.metavar = param.metavar or named or (param.name or "value").upper()
             if not param.default:
                 param.show_default = False
+        elif isinstance(param, typer.core.TyperOption):
+            param.show_default = False  # a flag's help says what it does when given
         elif isinstance(param, typer.core.TyperArgument):
             param.metavar = param.metavar or (param.name or "arg").upper()
         label = param.metavar if valued else None

@@ -82,7 +82,7 @@ def _hold_job_host(host: str) -> None:
 @app.command()
 def up(
     hosts: int = typer.Option(1, min=1, help="How many job workers, each with its own host name."),
-    api: bool = typer.Option(True, help="Also serve the HTTP API."),
+    api: bool = typer.Option(True, help="Serve the HTTP API too (the default; --no-api: not)."),
 ) -> None:
     """Run the whole fleet locally until Ctrl-C: Redis (embedded if FLEET_REDIS_URL is unset),
     one worker per family, and the API. While it runs, it publishes where it runs in
