@@ -21,6 +21,7 @@ import typer
 import typer.core
 from rich.console import Console, ConsoleDimensions
 from typer import _click as click  # typer's own click, which its commands are built on
+from typer._click.exceptions import UsageError
 from typer._click.globals import get_current_context
 
 from orchestrator.errors import FleetError, InvalidParams, SessionActive
@@ -78,6 +79,20 @@ class FleetCommand(typer.core.TyperCommand):
     def format_help(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         _tidy_params(self, ctx)
         super().format_help(ctx, formatter)
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        """With ``--json``, a usage error (unknown option, missing argument) is JSON on stdout
+        too: ``invalid_params``, exit 2."""
+        wants_json = "--json" in args
+        try:
+            return super().parse_args(ctx, args)
+        except UsageError as exc:
+            if not wants_json:
+                raise
+            from api.errors import error_body
+
+            print(json.dumps(error_body("invalid_params", exc.format_message()), indent=2))
+            raise typer.Exit(2) from None
 
     def invoke(self, ctx: click.Context) -> Any:
         import redis

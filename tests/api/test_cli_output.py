@@ -125,6 +125,8 @@ def test_a_refused_archive_with_json_prints_the_refusal_with_its_items(
         ("sessions", "ls", "--cwd", "relative", "--json"),
         ("sessions", "ls", "--all", "--archived", "--json"),
         ("archive", "--bulk", "--json"),
+        ("archive", "--json", "--no-such-option"),
+        ("sessions", "show", "--json"),
     ],
 )
 def test_errors_under_json_are_json_on_stdout(args: tuple[str, ...]) -> None:
