@@ -8,30 +8,13 @@ import json
 from typing import Any
 
 import typer
-from rich import box
-from rich.table import Column, Table
+from rich.table import Table
 
 from api.cli.common import app, console, local_time, sessions_app, usage, when
+from api.cli.tables import fitted
 from orchestrator.sessions import Session
 
 _ID_WIDTH = 29  # sess_ and 24 hex digits
-
-
-def fit(avail: int, wants: list[int], mins: list[int]) -> list[int]:
-    """Widths for flexible columns sharing ``avail`` characters: each gets what it wants
-    when that fits, else an equal share of what is left (never under its minimum)."""
-    widths = list(mins)
-    open_ = [i for i in range(len(wants)) if wants[i] > mins[i]]
-    left = avail - sum(mins)
-    while open_ and left > 0:
-        share = max(1, left // len(open_))
-        done = [i for i in open_ if wants[i] - widths[i] <= share]
-        for i in done or open_:
-            give = min(wants[i] - widths[i], share, left)
-            widths[i] += give
-            left -= give
-        open_ = [i for i in open_ if widths[i] < wants[i]]
-    return widths
 
 
 def _sessions_table(sessions: list[Session], wide: bool, width: int) -> Table:
@@ -52,21 +35,8 @@ def _sessions_table(sessions: list[Session], wide: bool, width: int) -> Table:
     ]
     names = ["sessionId", "title", "cwd", "updated", *(["updated (local)"] if wide else [])]
     names += ["archived", "parent"]
-    wants = [max([len(name)] + [len(row[i]) for row in rows]) for i, name in enumerate(names)]
-    flexible = [1, 2, len(names) - 1]  # title, cwd, parent
-    fixed = sum(w for i, w in enumerate(wants) if i not in flexible) + 2 * (len(names) - 1)
-    shares = fit(width - fixed, [wants[i] for i in flexible], [10, 6, 6 if wants[-1] < 9 else 9])
-    widths = list(wants)
-    for i, w in zip(flexible, shares, strict=True):
-        widths[i] = w
-    table = Table(box=None, pad_edge=False, header_style="bold underline")
-    for name, w in zip(names, widths, strict=True):
-        table.add_column(name, width=w, no_wrap=True, overflow="ellipsis")
-    for row in rows:
-        cwd = row[2]  # a directory is cut at its start: its last parts say the most
-        row[2] = cwd if len(cwd) <= widths[2] else "…" + cwd[len(cwd) - widths[2] + 1 :]
-        table.add_row(*row)
-    return table
+    parent = len(names) - 1
+    return fitted(names, rows, width, {1: 10, 2: 6, parent: 9}, cut_start=frozenset({2}))
 
 
 @sessions_app.command("ls")
@@ -206,22 +176,16 @@ def audit(
     if not entries:
         console.print("no audit entries")
         return
-    console.print(_audit_table(entries, whole_fleet=session_id is None), highlight=False)
+    table = _audit_table(entries, whole_fleet=session_id is None, width=console.width)
+    console.print(table, highlight=False)
 
 
-def _audit_table(entries: list[dict[str, Any]], *, whole_fleet: bool) -> Table:
-    table = Table(
-        Column("when", no_wrap=True),
-        Column("action", no_wrap=True, min_width=12),
-        Column("outcome", no_wrap=True, min_width=16),
-        Column("actor", no_wrap=True),
-        *([Column("sessionId", no_wrap=True, min_width=_ID_WIDTH)] if whole_fleet else []),
-        Column("detail", overflow="fold"),
-        box=box.SIMPLE_HEAD,
-        pad_edge=False,
-    )
+def _audit_table(entries: list[dict[str, Any]], *, whole_fleet: bool, width: int) -> Table:
+    names = ["when", "action", "outcome", "actor", *(["sessionId"] if whole_fleet else [])]
+    names.append("detail")
+    rows = []
     for e in entries:
         detail = ", ".join(f"{k}={json.dumps(v)}" for k, v in e["detail"].items())
         row = [when(e["at"]), e["action"], e["outcome"], e["actor"]]
-        table.add_row(*row, *([e["sessionId"]] if whole_fleet else []), detail)
-    return table
+        rows.append([*row, *([e["sessionId"]] if whole_fleet else []), detail])
+    return fitted(names, rows, width, {3: 5, len(names) - 1: 12})
