@@ -202,25 +202,10 @@ def test_the_audit_entry_of_a_bulk_stop_counts_the_items_stopped(fleet: Any, sto
         lambda: len(json.loads(_run("activity", sid, "--json").stdout)) == 2,
         message="a turn and a job",
     )
-    assert _run("archive", "--bulk", sid, "--stop").exit_code == 0
+    archived = _run("archive", "--bulk", sid, "--stop", "--json")
+    assert archived.exit_code == 0, archived.output
+    sent = sum(json.loads(archived.stdout)["stopDispatch"]["sent"].values())
     entries = json.loads(_run("audit", sid, "--json").stdout)
     counted = [e["detail"].get("items") for e in entries if e["action"] == "bulk_archive"]
-    assert 2 in counted, entries
+    assert sent >= 1 and sent in counted, [(e["outcome"], e["detail"]) for e in entries]
     assert 0 not in counted, entries
-
-
-def test_bulk_and_auto_archive_are_commands_of_their_own(store: Store) -> None:
-    cwd = _cwd()
-    a, b = _session(store, cwd), _session(store, cwd)
-    dry = json.loads(
-        _run("auto-archive", "--dry-run", "--cwd", cwd, "--idle-seconds", "3600", "--json").stdout
-    )
-    assert dry["dryRun"] is True
-    body = json.loads(_run("bulk-archive", "--cwd", cwd, "--json").stdout)
-    assert body["totals"]["archived"] == 2
-    assert {r["sessionId"] for r in body["results"]} == {a, b}
-    # `fleet archive` is about one session; its bulk spellings still work, out of its help.
-    help_text = _run("archive", "--help").stdout
-    assert "--idle-since" not in help_text and "bulk-archive" in help_text
-    again = json.loads(_run("archive", "--bulk", a, "--json").stdout)
-    assert again["results"] == [{"sessionId": a, "outcome": "already_archived"}]
