@@ -8,8 +8,8 @@ it exits::
 
 A command run with ``FLEET_REDIS_URL`` unset reads it from its own state directory
 (``FLEET_STATE_DIR``, ``./.fleet`` by default), so ``fleet sessions ls`` in the directory
-where ``fleet up`` runs talks to that fleet. A file whose ``pid`` no longer runs (a ``fleet
-up`` killed with SIGKILL) is ignored.
+where ``fleet up`` runs talks to that fleet. A file whose ``pid`` is no longer a running
+``fleet up`` (one killed with SIGKILL, its pid since reused) is ignored.
 """
 
 from __future__ import annotations
@@ -78,8 +78,11 @@ def publish(state_dir: Path, redis_url: str, key_prefix: str, api_url: str | Non
 
 def unpublish(path: Path) -> None:
     """Remove ``path`` if this process published it (a later ``fleet up`` may own it now)."""
-    found = read(path)
-    if found is not None and found.pid == os.getpid():
+    try:
+        ours = json.loads(path.read_text(encoding="utf-8")).get("pid") == os.getpid()
+    except (OSError, ValueError, AttributeError):
+        return
+    if ours:
         path.unlink(missing_ok=True)
 
 
@@ -97,9 +100,16 @@ def read(path: Path) -> Published | None:
         )
     except (OSError, ValueError, KeyError, TypeError):
         return None
-    if not psutil.pid_exists(found.pid):
-        return None
-    return found
+    return found if _runs_fleet_up(found.pid) else None
+
+
+def _runs_fleet_up(pid: int) -> bool:
+    """Whether ``pid`` is a running ``fleet up`` (not a process that got its pid since)."""
+    try:
+        args = psutil.Process(pid).cmdline()
+    except psutil.Error:
+        return False
+    return "up" in args and any("fleet" in a or "api.cli" in a for a in args)
 
 
 def find(state_dir: Path) -> Published | None:
