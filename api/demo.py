@@ -20,6 +20,7 @@ Exits 0 only if every expectation held.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -186,7 +187,7 @@ def scenario(store: Store, dispatcher: Any, tl: Timeline) -> None:
 def _clean(url: str, prefix: str, embedded: Any, state_dir: Path, passed: bool) -> None:
     """Leave nothing behind: delete the demo's keys (its own prefix on a shared Redis), or
     its embedded server's data; its state directory too when it passed (the worker logs of
-    a failed run are kept for reading)."""
+    a failed run are kept for reading), and the fleet's if that is empty now."""
     if embedded is None:
         client = redis.Redis.from_url(url)
         try:
@@ -198,6 +199,8 @@ def _clean(url: str, prefix: str, embedded: Any, state_dir: Path, passed: bool) 
         shutil.rmtree(embedded.data_dir, ignore_errors=True)
     if passed:
         shutil.rmtree(state_dir, ignore_errors=True)
+        with contextlib.suppress(OSError):  # the fleet's state directory, if the demo made it
+            state_dir.parent.rmdir()
 
 
 def _batched(keys: Any, size: int = 500) -> Any:

@@ -57,7 +57,7 @@ def test_demo_passes(tmp_path: Path, redis_url: str, key_prefix: str) -> None:
     after = sorted(client.scan_iter(match=f"{key_prefix}*", count=1000))
     client.close()
     assert after == before, [k for k in after if k not in before][:20]
-    assert not (tmp_path / "state" / "demo").exists(), report
+    assert not (tmp_path / "state").exists(), report
     assert not (tmp_path / ".fleet").exists()
 
 
