@@ -120,7 +120,7 @@ def scenario(store: Store, dispatcher: Any, tl: Timeline) -> None:
 
     try:
         archive.archive(store, dispatcher, sid)
-        raise Expectation("archive without stopActivity was not refused")
+        raise Expectation("archive without --stop was not refused")
     except SessionActive as refused:
         families = sorted({i.family.value for i in refused.items})
         if families != sorted(f.value for f in Family):
@@ -134,9 +134,9 @@ def scenario(store: Store, dispatcher: Any, tl: Timeline) -> None:
     result = archive.archive(store, dispatcher, sid, stop_activity=True)
     took_ms = (time.monotonic() - started) * 1000
     if result.outcome != "archived":
-        raise Expectation(f"archive with stopActivity answered {result.outcome}")
+        raise Expectation(f"archive --stop answered {result.outcome}")
     tl.ok(
-        f"archive with stopActivity returned in {took_ms:.1f} ms; stops sent: "
+        f"archive --stop returned in {took_ms:.1f} ms; stops sent: "
         + json.dumps(result.stop_report.sent)
     )
     requests_at_archive = {s: _model_requests(store, s) for s in (sid, child)}
@@ -145,6 +145,21 @@ def scenario(store: Store, dispatcher: Any, tl: Timeline) -> None:
         lambda: not activity.census(store, sid) and time.monotonic(), 15, "the activity to drain"
     )
     tl.ok(f"activity drained to zero {drained_at - started:.2f} s after the archive")
+    _check_stopped(store, tl, job_pid, reminder, child, child_turns, tid)
+    _check_gate_and_unarchive(store, dispatcher, tl, sid, child, requests_at_archive)
+
+
+def _check_stopped(
+    store: Store,
+    tl: Timeline,
+    job_pid: int,
+    reminder: str,
+    child: str,
+    child_turns: list[str],
+    tid: str,
+) -> None:
+    """After the drain: the job's process is gone, the reminder deleted, every turn of the
+    subagent and the parent cancelled."""
     if psutil.pid_exists(job_pid) and psutil.Process(job_pid).status() != psutil.STATUS_ZOMBIE:
         raise Expectation(f"job process {job_pid} is still running")
     tl.ok(f"job process {job_pid} is gone")
@@ -162,6 +177,17 @@ def scenario(store: Store, dispatcher: Any, tl: Timeline) -> None:
         raise Expectation(f"parent turn is {parent_turn and parent_turn.state.value}")
     tl.ok("parent turn cancelled")
 
+
+def _check_gate_and_unarchive(
+    store: Store,
+    dispatcher: Any,
+    tl: Timeline,
+    sid: str,
+    child: str,
+    requests_at_archive: dict[str, int],
+) -> None:
+    """A late wake-up of the archived subagent is refused by the gate; unarchive restores
+    nothing (no live work, no model request since the archive) and lists the session again."""
     try:
         late = turns.start_turn(store, dispatcher, child, "say I woke up late", source="reminder")
     except SessionArchived:
