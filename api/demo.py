@@ -1,12 +1,15 @@
 """``fleet demo``: a real fleet scenario, end to end, with a readable timeline.
 
-Starts Redis (embedded unless ``FLEET_REDIS_URL`` is set; then a fresh key prefix keeps the
-demo's data apart) and one real worker process per family, then:
+Runs beside any fleet and leaves nothing behind: without ``FLEET_REDIS_URL`` it starts an
+embedded Redis of its own under ``<state_dir>/demo`` (never the one ``fleet up`` keeps in
+``<state_dir>/redis``) and removes it after; with ``FLEET_REDIS_URL`` it works under a fresh key
+prefix (``<prefix>demo-<hex>:``) and deletes every key under it after. Then it starts one real
+worker process per family and:
 
 1. a parent session's turn spawns a subagent, starts a background job (a real process), stores
    a reminder and keeps thinking;
 2. archive without stopping is refused, naming all four families;
-3. archive with ``stopActivity`` returns at once;
+3. archive with ``--stop`` returns at once;
 4. the activity drains to zero (the job's pid is gone, the reminder is deleted and never fires,
    the subagent's turn is cancelled);
 5. a step queued for the archived lineage is refused by the gate, with no model request;
@@ -17,7 +20,9 @@ Exits 0 only if every expectation held.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import shutil
 import time
 import uuid
 from collections.abc import Callable
@@ -25,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import psutil
+import redis
 from rich.console import Console
 from tenacity import RetryCallState, Retrying, retry_if_result, stop_after_delay, wait_fixed
 
@@ -116,9 +122,9 @@ def scenario(store: Store, dispatcher: Any, tl: Timeline) -> None:
     result = archive.archive(store, dispatcher, sid, stop_activity=True)
     took_ms = (time.monotonic() - started) * 1000
     if result.outcome != "archived":
-        raise Expectation(f"archive with stopActivity answered {result.outcome}")
+        raise Expectation(f"archive --stop answered {result.outcome}")
     tl.ok(
-        f"archive with stopActivity returned in {took_ms:.1f} ms; stops sent: "
+        f"archive --stop returned in {took_ms:.1f} ms; stops sent: "
         + json.dumps(result.stop_report.sent)
     )
     requests_at_archive = {s: _model_requests(store, s) for s in (sid, child)}
@@ -149,7 +155,7 @@ def _archive_is_refused(store: Store, dispatcher: Any, sid: str, tl: Timeline) -
     """A plain archive is refused, naming every family."""
     try:
         archive.archive(store, dispatcher, sid)
-        raise Expectation("archive without stopActivity was not refused")
+        raise Expectation("archive without --stop was not refused")
     except SessionActive as refused:
         families = sorted({str(i.family) for i in refused.items})
         if families != sorted(Family):
@@ -215,9 +221,41 @@ def _unarchive_restores_nothing(
     tl.ok("the session is back in the default list")
 
 
+def _clean(url: str, prefix: str, embedded: Any, state_dir: Path, passed: bool) -> None:
+    """Leave nothing behind: delete the demo's keys (its own prefix on a shared Redis), or
+    its embedded server's data; its state directory too when it passed (the worker logs of
+    a failed run are kept for reading), and the fleet's if that is empty now."""
+    if embedded is None:
+        client = redis.Redis.from_url(url)
+        try:
+            for batch in _batched(client.scan_iter(match=f"{prefix}*", count=1000)):
+                client.unlink(*batch)
+        finally:
+            client.close()
+    else:
+        shutil.rmtree(embedded.data_dir, ignore_errors=True)
+    if passed:
+        shutil.rmtree(state_dir, ignore_errors=True)
+        with contextlib.suppress(OSError):  # the fleet's state directory, if the demo made it
+            state_dir.parent.rmdir()
+
+
+def _batched(keys: Any, size: int = 500) -> Any:
+    batch: list[Any] = []
+    for key in keys:
+        batch.append(key)
+        if len(batch) == size:
+            yield batch
+            batch = []
+    if batch:
+        yield batch
+
+
 def run_demo(console: Console) -> int:
     """Run the scenario; return the process exit code (0 only if every expectation held)."""
-    settings = FleetSettings()
+    configured = FleetSettings()
+    # The demo's own state directory, so its embedded Redis is never the one `fleet up` uses.
+    settings = configured.model_copy(update={"state_dir": configured.state_dir / "demo"})
     try:
         url, embedded = resolve_redis_url(settings)
     except RuntimeError as exc:
@@ -232,13 +270,15 @@ def run_demo(console: Console) -> int:
     tl = Timeline(console)
     where = f"embedded Redis at {url}" if embedded else f"{url} (prefix {prefix!r})"
     tl.say(f"Redis: {where}")
-    fleet = LocalFleet(url, prefix, settings.state_dir / "demo", hostname=settings.hostname)
+    fleet = LocalFleet(url, prefix, settings.state_dir, hostname=settings.hostname)
     store = Store(url, prefix, settings=settings)
+    passed = False
     try:
         fleet.start()
         fleet.wait_ready(90)
         tl.say(f"workers ready: {', '.join(f'{w.family}@{w.host}' for w in fleet.workers)}")
         scenario(store, celery_dispatcher(settings), tl)
+        passed = True
     except (Expectation, RuntimeError) as exc:
         tl.say(f"[red]✗ {exc}[/red]")
         console.print(f"[red]demo failed[/red]; worker logs in {fleet.state_dir / 'logs'}")
@@ -248,5 +288,6 @@ def run_demo(console: Console) -> int:
         store.close()
         if embedded is not None:
             embedded.stop()
+        _clean(url, prefix, embedded, settings.state_dir, passed)
     console.print("[green]demo passed[/green]: every expectation held.")
     return 0

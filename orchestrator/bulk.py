@@ -93,7 +93,8 @@ _FROM_SCRIPT = {
 #: them, so they commit with the batch; the others (refusals) are recorded afterwards.
 _RECORDED_IN_SCRIPT = frozenset({"archived", "already_archived", "skipped"})
 
-#: ``progress(done_batches, total_batches)``; called once before the first batch.
+#: ``progress(done_sessions, total_sessions)``; called once before the first batch and after
+#: each batch.
 Progress = Callable[[int, int], None]
 
 
@@ -183,7 +184,7 @@ class _Run:
         return audit.script_recorder(
             self.store,
             self.action,
-            {"stopActivity": self.stop, "items": 0},
+            {"stopActivity": self.stop},
             outcomes={
                 script: wire
                 for script, wire in _FROM_SCRIPT.items()
@@ -247,16 +248,30 @@ class _Run:
             stops = census_many(self.store, busy, self.dispatcher)
             for sid, stopped in flipped.items():
                 stops[sid] = merge_items(stopped, stops.get(sid, []))
-            dispatch_stops_many(
-                self.dispatcher,
-                {sid: items for sid, items in stops.items() if items},
-                store=self.store,
-                report=self.report,
-            )
+            sent = {sid: items for sid, items in stops.items() if items}
+            dispatch_stops_many(self.dispatcher, sent, store=self.store, report=self.report)
+            self.record_stops(sent)
         items = [done[sid] for sid in ids]
         if not self.dry:
             self.record(items)
         return items
+
+    def record_stops(self, sent: dict[str, list[ActivityItem]]) -> None:
+        """Add to the audit trail, per session archived with ``stopActivity``, the items stop
+        requests were sent for (``stop_sent``, ``{items, families}``; best effort): the
+        archive's own entry commits with its write, before the census that finds them."""
+        audit.record_many(
+            self.store,
+            [
+                (
+                    sid,
+                    self.action,
+                    "stop_sent",
+                    {"items": len(items), "families": sorted({str(i.family) for i in items})},
+                )
+                for sid, items in sent.items()
+            ],
+        )
 
     def record(self, items: list[BulkItem]) -> None:
         """Count the batch's refusals and add them to the audit trail (best effort; what the
@@ -292,12 +307,12 @@ class _Run:
 def _run(run: _Run, ids: list[str], batch_size: int, progress: Progress | None) -> BulkResult:
     batches = [ids[i : i + batch_size] for i in range(0, len(ids), batch_size)]
     if progress is not None:
-        progress(0, len(batches))
+        progress(0, len(ids))
     results: list[BulkItem] = []
-    for n, part in enumerate(batches, start=1):
+    for part in batches:
         results.extend(run.batch(part))
         if progress is not None:
-            progress(n, len(batches))
+            progress(len(results), len(ids))
     result = BulkResult(results, run.dry, run.stop, len(batches), run.report)
     log.info(
         "%s%s: %s",

@@ -17,6 +17,7 @@ sessions that still have live work.
 from __future__ import annotations
 
 from celery import Task
+from celery.worker.request import Request
 from kombu.exceptions import OperationalError
 from redis import exceptions as redis_errors
 
@@ -41,11 +42,22 @@ RETRY_BACKOFF_MAX = 30
 MAX_RETRIES = 20
 
 
+class NamedRequest(Request):  # type: ignore[misc]
+    """A task request whose every event (``task-started``, ``task-succeeded``, ...) carries
+    the task's name, not only ``task-received``: a monitor that missed the received event
+    (Flower started while the task ran) still shows the task by name."""
+
+    def send_event(self, type: str, **fields: object) -> None:
+        fields.setdefault("name", self.task.name)
+        super().send_event(type, **fields)
+
+
 class FleetTask(Task):  # type: ignore[misc]
     """Retries on ``TRANSIENT`` (``autoretry_for``) after a random wait of up to
     ``min(2**retries, RETRY_BACKOFF_MAX)`` seconds (``retry_backoff``, full jitter), at most
     ``MAX_RETRIES`` times; then the task fails with the last error."""
 
+    Request = "workers.retry:NamedRequest"
     autoretry_for = TRANSIENT
     retry_backoff = True
     retry_backoff_max = RETRY_BACKOFF_MAX

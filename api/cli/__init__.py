@@ -1,10 +1,13 @@
 """The ``fleet`` command line (typer), one module per group of commands.
 
 ``fleet up`` and ``fleet demo`` start an embedded Redis when ``FLEET_REDIS_URL`` is unset;
-every other command needs ``FLEET_REDIS_URL``.
+every other command uses ``FLEET_REDIS_URL`` or, unset, the ``fleet up`` published in its state
+directory (``api/discovery.py``). Exit status and the JSON error shape: ``api.cli.common``.
 
-- ``sessions``: ``sessions ls|new``, ``prompt``, ``activity``, ``audit``;
-- ``archive`` and ``bulk``: ``archive`` (one session, ``--bulk``, ``--auto``), ``unarchive``;
+- ``sessions``: ``sessions ls|show|new``, ``activity``, ``audit``;
+- ``turns``: ``prompt`` (follows the turn unless ``--detach``);
+- ``archive``: ``archive`` (one session), ``unarchive``;
+- ``bulk``: ``bulk-archive``, ``auto-archive`` (also ``archive --bulk``, ``archive --auto``);
 - ``processes``: ``worker``, ``up``, ``api``, ``beat``, ``flower``, ``acp``, ``demo``;
 - ``ops``: ``reconcile``, ``sweep``.
 
@@ -16,11 +19,21 @@ from __future__ import annotations
 
 from typing import Any
 
-from api.cli import archive, ops, processes, sessions
+from api.cli import archive, bulk, ops, processes, sessions, turns
 from api.cli.common import app
 from api.cli.processes import api_bind_address
 
-__all__ = ["app", "api_bind_address", "main", "archive", "ops", "processes", "sessions"]
+__all__ = [
+    "app",
+    "api_bind_address",
+    "main",
+    "archive",
+    "bulk",
+    "ops",
+    "processes",
+    "sessions",
+    "turns",
+]
 
 
 def main() -> Any:

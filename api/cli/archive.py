@@ -7,60 +7,72 @@ import sys
 
 import typer
 
-from api.cli.common import app, console, err, fail
+from api.cli.common import app, console, fail, usage
 from orchestrator.errors import FleetError
 
 
 @app.command()
 def archive(
     ids: list[str] | None = typer.Argument(
-        None, help="Session id (several with --bulk).", show_default=False
+        None, metavar="ID", help="The session to archive.", show_default=False
     ),
     stop: bool = typer.Option(False, "--stop", help="Stop live work, then archive."),
     confirmed: list[str] | None = typer.Option(
         None,
         "--confirmed",
-        help="With --stop: an item confirmed for stopping, FAMILY:ID (repeat it); anything "
+        metavar="FAMILY:ID",
+        help="With --stop: an item confirmed for stopping (repeat it); anything "
         "else live refuses the archive (activity_changed) and nothing is written.",
         show_default=False,
     ),
     as_json: bool = typer.Option(False, "--json", help="Print JSON (for scripts)."),
-    bulk: bool = typer.Option(False, "--bulk", help="Archive many: ids, --ids-file or a filter."),
-    ids_file: str | None = typer.Option(
-        None, "--ids-file", help="--bulk: a file of session ids, one a line ('-': stdin)."
-    ),
-    cwd: str | None = typer.Option(None, "--cwd", help="--bulk/--auto filter: this directory."),
-    idle_since: str | None = typer.Option(
-        None, "--idle-since", help="--bulk filter: last activity before this ISO 8601 time."
-    ),
-    q: str | None = typer.Option(None, "--q", help="--bulk filter: title contains this text."),
-    dry_run: bool = typer.Option(False, "--dry-run", help="Show what would happen; write nothing."),
-    auto: bool = typer.Option(
-        False, "--auto", help="Run the auto-archive policy once (idle sessions, no live work)."
-    ),
-    idle_seconds: float = typer.Option(
-        0, "--idle-seconds", help="--auto: idle age (default FLEET_AUTO_ARCHIVE_IDLE_SECONDS)."
-    ),
+    # The spellings before `fleet bulk-archive` and `fleet auto-archive`, still served.
+    bulk: bool = typer.Option(False, "--bulk", hidden=True),
+    ids_file: str | None = typer.Option(None, "--ids-file", hidden=True),
+    cwd: str | None = typer.Option(None, "--cwd", hidden=True),
+    idle_since: str | None = typer.Option(None, "--idle-since", hidden=True),
+    q: str | None = typer.Option(None, "--q", hidden=True),
+    dry_run: bool = typer.Option(False, "--dry-run", hidden=True),
+    auto: bool = typer.Option(False, "--auto", hidden=True),
+    idle_seconds: float = typer.Option(0, "--idle-seconds", hidden=True),
 ) -> None:
     """Archive a session. Refused while it has live work unless --stop is given. With --stop
     on a terminal, the live items are listed and the archive stops exactly what was confirmed:
     if other work started meanwhile, nothing is written and the new list is printed.
 
-    --bulk archives many sessions in batches (ids, --ids-file, or a filter of --cwd,
-    --idle-since, --q) with a progress bar; --auto runs the auto-archive policy once. Both
-    take --dry-run and --json. Exit status: 0 done, 1 some sessions refused or not found,
-    2 the request was refused.
+    Many sessions at once: fleet bulk-archive; the auto-archive policy: fleet auto-archive
+    (fleet archive --bulk and --auto still work as they did). Exit status: 0 archived (or
+    already), 1 declined at the confirmation, 2 refused (with --json, as JSON on stdout).
     """
     if bulk or auto:
-        from api.cli.bulk import Selection, run_auto, run_bulk
+        from api.cli.bulk import run_auto, run_bulk
 
-        given = Selection(ids or [], ids_file, cwd, idle_since, q, stop, dry_run, as_json)
         if auto:
-            run_auto(given, bulk=bulk, idle_seconds=idle_seconds)
-        else:
-            run_bulk(given)
+            run_auto(
+                ids=ids or [],
+                bulk=bulk,
+                ids_file=ids_file,
+                cwd=cwd,
+                idle_since=idle_since,
+                q=q,
+                stop=stop,
+                dry_run=dry_run,
+                as_json=as_json,
+                idle_seconds=idle_seconds,
+            )
+            return
+        run_bulk(
+            ids=ids or [],
+            ids_file=ids_file,
+            cwd=cwd,
+            idle_since=idle_since,
+            q=q,
+            stop=stop,
+            dry_run=dry_run,
+            as_json=as_json,
+        )
         return
-    flags = {
+    given = {
         "--ids-file": ids_file is not None,
         "--cwd": cwd is not None,
         "--idle-since": idle_since is not None,
@@ -68,7 +80,7 @@ def archive(
         "--dry-run": dry_run,
         "--idle-seconds": bool(idle_seconds),
     }
-    _archive_one(_one_session(ids, flags), stop, confirmed, as_json)
+    _archive_one(_one_session(ids, given), stop, confirmed, as_json)
 
 
 def _one_session(ids: list[str] | None, given: dict[str, bool]) -> str:
@@ -76,12 +88,11 @@ def _one_session(ids: list[str] | None, given: dict[str, bool]) -> str:
     options given (``given``: option name -> whether it was given) or a wrong count of ids."""
     extra = [name for name, present in given.items() if present]
     if extra or len(ids or []) != 1:
-        err.print(
-            "[red]error[/red]: give one session id"
-            + (f" ({', '.join(extra)} needs --bulk or --auto)" if extra else "")
-            + "; several sessions or a filter need --bulk."
+        usage(
+            "give one session id"
+            + (f" ({', '.join(extra)} needs bulk-archive or auto-archive)" if extra else "")
+            + "; several sessions or a filter need `fleet bulk-archive`."
         )
-        raise typer.Exit(2)
     return (ids or [""])[0]
 
 

@@ -1,43 +1,30 @@
-"""``fleet archive --bulk`` and ``fleet archive --auto``: many sessions at once, talking to the
-orchestrator directly like the other commands. A progress bar (batches) goes to stderr, so
-``--json`` output on stdout stays clean for scripts.
+"""``fleet bulk-archive`` and ``fleet auto-archive`` (also spelled ``fleet archive --bulk`` and
+``fleet archive --auto``): many sessions at once, talking to the orchestrator directly like the
+other commands. A progress bar (sessions done, of all) goes to
+stderr when it is a terminal, so ``--json`` output on stdout stays clean for scripts.
 
-Exit status: 0 when every selected session ended archived (or already was, or a dry run found
-nothing to refuse), 1 when some were refused, not found or skipped, 2 when the request itself
-was refused (bad arguments, too many sessions, Redis unavailable).
+Exit status: 0 when every selected session ended archived (or already was), and for every dry
+run (it only reports); 1 when some were refused, not found or skipped; 2 when the request
+itself was refused (bad arguments, too many sessions, Redis unavailable).
 """
 
 from __future__ import annotations
 
 import json
 import sys
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
 import typer
-from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Column, Table
 
+from api.cli.common import app, console, err, usage, when
 from orchestrator.bulk import BulkResult
 from orchestrator.errors import FleetError
 
-console = Console()
-err = Console(stderr=True)
-
 #: Sessions listed by name in human output; ``--json`` lists them all.
 _LISTED = 200
-
-
-def _usage(message: str) -> NoReturn:
-    err.print(f"[red]error[/red]: {message}")
-    raise typer.Exit(2)
-
-
-def _fail(exc: FleetError) -> NoReturn:
-    err.print(f"[red]error[/red] ({exc.code}): {exc.message}")
-    raise typer.Exit(2)
 
 
 def read_ids(path: str) -> list[str]:
@@ -46,7 +33,7 @@ def read_ids(path: str) -> list[str]:
     try:
         text = sys.stdin.read() if path == "-" else Path(path).read_text(encoding="utf-8")
     except OSError as exc:
-        _usage(f"cannot read --ids-file {path}: {exc.strerror or exc}")
+        usage(f"cannot read --ids-file {path}: {exc.strerror or exc}")
     out: list[str] = []
     for line in text.splitlines():
         line = line.split("#", 1)[0].strip()
@@ -56,17 +43,18 @@ def read_ids(path: str) -> list[str]:
 
 
 class _Bar:
-    """A rich progress bar of batches on stderr (nothing when stderr is not a terminal)."""
+    """A rich progress bar of sessions on stderr (nothing when stderr is not a terminal)."""
 
     def __init__(self, label: str) -> None:
         self.progress = Progress(
             TextColumn(label),
             BarColumn(),
             MofNCompleteColumn(),
-            TextColumn("batches"),
+            TextColumn("sessions"),
             TimeElapsedColumn(),
             console=err,
             transient=True,
+            disable=not err.is_terminal,
         )
         self.task: Any = None
 
@@ -79,7 +67,7 @@ class _Bar:
 
     def __call__(self, done: int, total: int) -> None:
         if self.task is None:
-            self.task = self.progress.add_task("batches", total=max(total, 1))
+            self.task = self.progress.add_task("sessions", total=max(total, 1))
         self.progress.update(self.task, completed=done, total=max(total, 1))
 
 
@@ -126,80 +114,79 @@ def _finish(result: BulkResult, as_json: bool, *, strict: bool) -> None:
     else:
         _print_human(result)
     t = result.totals
-    if strict and (t["refused"] or t["not_found"] or t["skipped"]):
+    if strict and not result.dry_run and (t["refused"] or t["not_found"] or t["skipped"]):
         raise typer.Exit(1)
 
 
-@dataclass(frozen=True)
-class Selection:
-    """What ``fleet archive --bulk`` or ``--auto`` was given: session ``ids`` and
-    ``ids_file``, the filter (``cwd``, ``idle_since``, ``q``), and ``stop``, ``dry_run`` and
-    ``as_json``."""
-
-    ids: list[str]
-    ids_file: str | None
-    cwd: str | None
-    idle_since: str | None
-    q: str | None
-    stop: bool
-    dry_run: bool
-    as_json: bool
-
-
-def run_bulk(given: Selection) -> None:
+def run_bulk(
+    *,
+    ids: list[str],
+    ids_file: str | None,
+    cwd: str | None,
+    idle_since: str | None,
+    q: str | None,
+    stop: bool,
+    dry_run: bool,
+    as_json: bool,
+) -> None:
     """``fleet archive --bulk``."""
     from api.context import dispatcher, store
     from orchestrator.bulk import BulkFilter, bulk_archive
 
-    named = list(given.ids) + (read_ids(given.ids_file) if given.ids_file is not None else [])
-    filtered = given.cwd is not None or given.idle_since is not None or given.q is not None
+    named = list(ids) + (read_ids(ids_file) if ids_file is not None else [])
+    filtered = cwd is not None or idle_since is not None or q is not None
     if named and filtered:
-        _usage("give session ids (or --ids-file) or a filter (--cwd, --idle-since, --q), not both.")
-    if not named and not filtered and given.ids_file is None:
-        _usage("--bulk needs session ids, --ids-file, or a filter (--cwd, --idle-since, --q).")
-    try:
-        with _Bar("dry run" if given.dry_run else "archiving") as bar:
-            result = bulk_archive(
-                store(),
-                dispatcher(),
-                session_ids=None if filtered else named,
-                flt=BulkFilter(given.cwd, given.idle_since, given.q) if filtered else None,
-                stop_activity=given.stop,
-                dry_run=given.dry_run,
-                progress=bar,
-            )
-    except FleetError as exc:
-        _fail(exc)
-    _finish(result, given.as_json, strict=True)
+        usage("give session ids (or --ids-file) or a filter (--cwd, --idle-since, --q), not both.")
+    if not named and not filtered and ids_file is None:
+        usage("bulk-archive needs session ids, --ids-file, or a filter (--cwd, --idle-since, --q).")
+    with _Bar("dry run" if dry_run else "archiving") as bar:
+        result = bulk_archive(
+            store(),
+            dispatcher(),
+            session_ids=None if filtered else named,
+            flt=BulkFilter(cwd, idle_since, q) if filtered else None,
+            stop_activity=stop,
+            dry_run=dry_run,
+            progress=bar,
+        )
+    _finish(result, as_json, strict=True)
 
 
-def run_auto(given: Selection, *, bulk: bool, idle_seconds: float) -> None:
+def run_auto(
+    *,
+    ids: list[str],
+    bulk: bool,
+    ids_file: str | None,
+    cwd: str | None,
+    idle_since: str | None,
+    q: str | None,
+    stop: bool,
+    dry_run: bool,
+    as_json: bool,
+    idle_seconds: float,
+) -> None:
     """``fleet archive --auto [--dry-run] [--cwd DIR] [--idle-seconds N]``: one run of the
     auto-archive policy; a dry run prints the sessions it would archive."""
     from api.context import dispatcher, store
     from orchestrator.bulk import auto_archive
     from orchestrator.sessions import get_session
 
-    bulk_only = given.ids_file is not None or given.idle_since is not None or given.q is not None
-    if bulk or given.ids or bulk_only or given.stop:
-        _usage(
+    if bulk or ids or ids_file is not None or idle_since is not None or q is not None or stop:
+        usage(
             "--auto selects by idle age (--idle-seconds, --cwd) and never stops work; it takes "
             "no ids, --bulk, --idle-since, --q or --stop."
         )
-    try:
-        with _Bar("auto-archive dry run" if given.dry_run else "auto-archive") as bar:
-            result = auto_archive(
-                store(),
-                dispatcher(),
-                idle_seconds=idle_seconds or None,
-                dry_run=given.dry_run,
-                cwd=given.cwd,
-                progress=bar,
-            )
-    except FleetError as exc:
-        _fail(exc)
-    if given.as_json or not given.dry_run:
-        _finish(result, given.as_json, strict=False)
+    with _Bar("auto-archive dry run" if dry_run else "auto-archive") as bar:
+        result = auto_archive(
+            store(),
+            dispatcher(),
+            idle_seconds=idle_seconds or None,
+            dry_run=dry_run,
+            cwd=cwd,
+            progress=bar,
+        )
+    if as_json or not dry_run:
+        _finish(result, as_json, strict=False)
         return
     would = [i.session_id for i in result.results if i.outcome == "archived"]
     busy = [i for i in result.results if i.outcome == "refused"]
@@ -219,10 +206,71 @@ def run_auto(given: Selection, *, bulk: bool, idle_seconds: float) -> None:
                 s = get_session(store(), sid)
             except FleetError:
                 continue
-            table.add_row(sid, s.cwd, s.title, s.updated_at)
+            table.add_row(sid, s.cwd, s.title, when(s.updated_at))
         console.print(table)
         if len(would) > _LISTED:
             console.print(f"... and {len(would) - _LISTED} more (--json lists all)")
     for item in busy[:_LISTED]:
         families = sorted({a.family for a in item.activity or []})
         console.print(f"  busy: {item.session_id} ({', '.join(families) or 'live work'})")
+
+
+@app.command("bulk-archive")
+def bulk_archive_command(
+    ids: list[str] | None = typer.Argument(
+        None, metavar="ID", help="Sessions to archive.", show_default=False
+    ),
+    ids_file: str | None = typer.Option(
+        None, "--ids-file", metavar="FILE", help="A file of session ids, one a line ('-': stdin)."
+    ),
+    cwd: str | None = typer.Option(None, "--cwd", metavar="DIR", help="Filter: this directory."),
+    idle_since: str | None = typer.Option(
+        None,
+        "--idle-since",
+        metavar="TIME",
+        help="Filter: last activity before this ISO 8601 time with an offset or Z.",
+    ),
+    q: str | None = typer.Option(None, "--q", metavar="TEXT", help="Filter: title contains it."),
+    stop: bool = typer.Option(False, "--stop", help="Stop their live work, then archive."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Show what would happen; write nothing."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON (every session)."),
+) -> None:
+    """Archive many sessions in batches: those named (ids, --ids-file) or those a filter selects
+    (--cwd, --idle-since, --q), with a progress bar on a terminal. A session with live work is
+    refused unless --stop. Exit status: 0 all archived (or already) and every dry run, 1 some
+    refused, not found or skipped, 2 the request was refused."""
+    run_bulk(
+        ids=ids or [],
+        ids_file=ids_file,
+        cwd=cwd,
+        idle_since=idle_since,
+        q=q,
+        stop=stop,
+        dry_run=dry_run,
+        as_json=as_json,
+    )
+
+
+@app.command("auto-archive")
+def auto_archive_command(
+    dry_run: bool = typer.Option(False, "--dry-run", help="List what it would archive."),
+    cwd: str | None = typer.Option(None, "--cwd", metavar="DIR", help="Only this directory."),
+    idle_seconds: float = typer.Option(
+        0, "--idle-seconds", help="Idle age in seconds (default FLEET_AUTO_ARCHIVE_IDLE_SECONDS)."
+    ),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+) -> None:
+    """Run the auto-archive policy once: archive the sessions idle longer than the idle age
+    that have no live work (it never stops work)."""
+    run_auto(
+        ids=[],
+        bulk=False,
+        ids_file=None,
+        cwd=cwd,
+        idle_since=None,
+        q=None,
+        stop=False,
+        dry_run=dry_run,
+        as_json=as_json,
+        idle_seconds=idle_seconds,
+    )

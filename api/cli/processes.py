@@ -7,6 +7,7 @@ import os
 import signal
 import sys
 import time
+from typing import Any
 
 import typer
 
@@ -18,12 +19,15 @@ from api.cli.common import (
     err,
     interrupt,
     settings_with_redis,
+    usage,
 )
 
 
 @app.command()
 def worker(
-    family: FamilyName = typer.Option(..., help="Which family this worker serves."),
+    family: FamilyName = typer.Option(
+        ..., metavar="FAMILY", help="The family it serves: turn, job, subagent or reminder."
+    ),
     host: str = typer.Option(
         "", help="Host name reported for jobs (default: FLEET_HOSTNAME or the machine's name)."
     ),
@@ -84,18 +88,29 @@ def _hold_job_host() -> None:
 @app.command()
 def up(
     hosts: int = typer.Option(1, min=1, help="How many job workers, each with its own host name."),
-    api: bool = typer.Option(True, help="Also serve the HTTP API."),
+    api: bool = typer.Option(True, help="Serve the HTTP API too (the default; --no-api: not)."),
 ) -> None:
     """Run the whole fleet locally until Ctrl-C: Redis (embedded if FLEET_REDIS_URL is unset),
-    one worker per family, and the API."""
+    one worker per family, and the API. While it runs, it publishes where it runs in
+    FLEET_STATE_DIR/fleet.json, so other fleet commands started with the same state directory
+    (the same working directory by default) find it without FLEET_REDIS_URL."""
+    from api import discovery
     from api.embedded import resolve_redis_url
     from api.local import LocalFleet
     from orchestrator.logs import configure as configure_logging
-    from orchestrator.processes import die_with_parent
     from orchestrator.settings import FleetSettings
 
     settings = FleetSettings()
     configure_logging(settings.log_format or None)
+    running = discovery.find(settings.state_dir)
+    if running is not None:
+        err.print(
+            f"[red]error[/red]: `fleet up` already runs with the state directory "
+            f"{settings.state_dir} (pid {running.pid}, {running.redis_url}); stop it first "
+            "or use another FLEET_STATE_DIR.",
+            highlight=False,
+        )
+        raise typer.Exit(2)
     try:
         url, embedded = resolve_redis_url(settings)
     except RuntimeError as exc:
@@ -105,6 +120,7 @@ def up(
         url, settings.key_prefix, settings.state_dir, hostname=settings.hostname, job_hosts=hosts
     )
     api_proc = None
+    published = None
     try:
         fleet.start()
         fleet.wait_ready()
@@ -113,16 +129,16 @@ def up(
             f"{len(fleet.workers)} workers, logs in {settings.state_dir / 'logs'}"
         )
         console.print(f"job workers on {', '.join(fleet.job_host_names())}")
-        if api:
-            import subprocess
-
-            env = dict(os.environ, FLEET_REDIS_URL=url)
-            api_proc = subprocess.Popen(
-                [sys.executable, "-m", "api.cli", "api"],
-                env=env,
-                preexec_fn=die_with_parent(signal.SIGTERM, new_session=False),
-            )
-            console.print(f"API on http://{settings.api_host}:{settings.api_port}")
+        api_url = f"http://{settings.api_host}:{settings.api_port}" if api else None
+        if api_url:
+            api_proc = _start_api(url)
+            console.print(f"API on {api_url}")
+        published = discovery.publish(settings.state_dir, url, settings.key_prefix, api_url)
+        console.print(
+            f"published in {published}: fleet commands run with this state directory find "
+            "this fleet without FLEET_REDIS_URL",
+            highlight=False,
+        )
         signal.signal(signal.SIGTERM, interrupt)
         while True:
             time.sleep(1)
@@ -136,12 +152,27 @@ def up(
     except KeyboardInterrupt:
         pass
     finally:
+        if published is not None:
+            discovery.unpublish(published)
         if api_proc is not None:
             api_proc.terminate()
             api_proc.wait(10)
         fleet.stop()
         if embedded is not None:
             embedded.stop()
+
+
+def _start_api(url: str) -> Any:
+    """Start ``fleet api`` on ``url`` as a child process that dies with this one."""
+    import subprocess
+
+    from orchestrator.processes import die_with_parent
+
+    return subprocess.Popen(
+        [sys.executable, "-m", "api.cli", "api"],
+        env=dict(os.environ, FLEET_REDIS_URL=url),
+        preexec_fn=die_with_parent(signal.SIGTERM, new_session=False),
+    )
 
 
 def api_bind_address(requested: str, token: str) -> str:
@@ -230,22 +261,33 @@ def flower(
     port: int = typer.Option(5555, help="Port of Flower's web UI and HTTP API."),
     address: str = typer.Option("127.0.0.1", help="Bind address."),
 ) -> None:
-    """Run Flower against the configured broker (basic auth from FLEET_FLOWER_BASIC_AUTH,
-    ``user:password``; required unless bound to loopback)."""
+    """Run Flower against the fleet's broker and key prefix. With FLEET_FLOWER_BASIC_AUTH
+    (user:password) it asks for it; without, it binds to loopback only, where its UI and
+    HTTP API answer without auth and read only (no revoke or shutdown: any page open in a
+    browser on this machine could call them)."""
+    import socket
+
+    from api.context import redis_url, settings
     from workers.app import create_app
 
-    settings = settings_with_redis()
-    auth = settings.flower_basic_auth
+    redis_url()  # a fleet to watch, or FleetNotFound saying how to get one
+    current = settings()
+    auth = current.flower_basic_auth
     if not auth and address not in LOOPBACK:
-        err.print(
-            "[red]error[/red]: set FLEET_FLOWER_BASIC_AUTH=user:password to serve Flower "
-            "beyond loopback."
-        )
-        raise typer.Exit(2)
-    celery_app = create_app(settings)
+        usage("set FLEET_FLOWER_BASIC_AUTH=user:password to serve Flower beyond loopback.")
+    try:
+        with socket.create_server((address, port)):
+            pass
+    except OSError as exc:
+        usage(f"Flower cannot listen on {address} port {port}: {exc.strerror or exc}.")
+    celery_app = create_app(current)
     argv = ["flower", f"--port={port}", f"--address={address}"]
     if auth:
         argv.append(f"--basic-auth={auth}")
+    else:
+        # Flower reads this switch only from its environment, per request.
+        os.environ["FLOWER_UNAUTHENTICATED_API"] = "true"
+        argv.append("--read_only=True")
     celery_app.start(argv)
 
 

@@ -1,116 +1,165 @@
-"""``fleet sessions ls|new``, ``fleet prompt``, ``fleet activity`` and ``fleet audit``: reading and
-starting work in sessions."""
+"""``fleet sessions ls|show|new``, ``fleet activity`` and ``fleet audit``: reading sessions and
+their work. Times read as people read them ("3 minutes ago"); ``--wide`` adds the local time
+and ``--json`` gives the exact ISO 8601 instants."""
 
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import typer
-from rich.table import Column, Table
+from rich.table import Table
 
-from api.cli.common import app, console, fail, sessions_app
-from orchestrator.errors import FleetError
+from api.cli.common import app, console, local_time, sessions_app, usage, when
+from api.cli.tables import fitted
+from orchestrator.sessions import Session
+
+_ID_WIDTH = 29  # sess_ and 24 hex digits
+
+
+def _sessions_table(sessions: list[Session], wide: bool, width: int) -> Table:
+    """The ``sessions ls`` table in ``width`` characters: ids whole, the times as people
+    read them, ``archived`` always; title, directory and parent id share what is left, cut
+    with an ellipsis. ``wide`` adds the local time."""
+    rows = [
+        [
+            s.session_id,
+            s.title,
+            s.cwd,
+            when(s.updated_at),
+            *([local_time(s.updated_at)] if wide else []),
+            "yes" if s.archived else "",
+            s.parent_id or "",
+        ]
+        for s in sessions
+    ]
+    names = ["sessionId", "title", "cwd", "updated", *(["updated (local)"] if wide else [])]
+    names += ["archived", "parent"]
+    parent = len(names) - 1
+    return fitted(names, rows, width, {1: 10, 2: 6, parent: 9}, cut_start=frozenset({2}))
 
 
 @sessions_app.command("ls")
 def sessions_ls(
     all_: bool = typer.Option(False, "--all", help="Archived and not archived."),
     archived: bool = typer.Option(False, "--archived", help="Only archived sessions."),
-    cwd: str | None = typer.Option(None, help="Only sessions in this directory (absolute)."),
-    as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+    cwd: str | None = typer.Option(
+        None, metavar="DIR", help="Only sessions in this directory (absolute)."
+    ),
+    wide: bool = typer.Option(False, "--wide", help="Also show the local time of each update."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON (ISO 8601 UTC times)."),
 ) -> None:
-    """List sessions, newest activity first."""
+    """List sessions, newest activity first (not archived ones unless --all or --archived)."""
     from api.context import store
     from orchestrator.sessions import list_sessions
 
+    if all_ and archived:
+        usage(
+            "--all and --archived exclude each other: --all lists both, --archived only archived."
+        )
     flt = "include" if all_ else "only" if archived else "exclude"
-    try:
-        sessions, cursor = [], None
-        while True:
-            page = list_sessions(store(), archived=flt, cwd=cwd, cursor=cursor, limit=200)
-            sessions.extend(page.sessions)
-            if page.next_cursor is None:
-                break
-            cursor = page.next_cursor
-    except FleetError as exc:
-        fail(exc)
+    sessions, cursor = [], None
+    while True:
+        page = list_sessions(store(), archived=flt, cwd=cwd, cursor=cursor, limit=200)
+        sessions.extend(page.sessions)
+        if page.next_cursor is None:
+            break
+        cursor = page.next_cursor
     if as_json:
         print(json.dumps([s.to_info() for s in sessions], indent=2))
         return
-    table = Table(
-        Column("sessionId", no_wrap=True, min_width=29),
-        "cwd",
-        "title",
-        Column("updatedAt", no_wrap=True),
-        "archived",
-        Column("parent", no_wrap=True, min_width=29),
-    )
-    for s in sessions:
-        table.add_row(
-            s.session_id,
-            s.cwd,
-            s.title,
-            s.updated_at,
-            "yes" if s.archived else "",
-            s.parent_id or "",
-        )
-    console.print(table)
+    if not sessions:
+        console.print("no sessions" + (f" in {cwd}" if cwd else ""), highlight=False)
+        return
+    console.print(_sessions_table(sessions, wide, console.width), highlight=False)
+
+
+@sessions_app.command("show")
+def sessions_show(
+    session_id: str = typer.Argument(..., help="A session id (archived or not)."),
+    limit: int = typer.Option(200, min=1, max=1000, help="Conversation updates, the latest."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+) -> None:
+    """Show one session, archived or not: its details, live work and conversation."""
+    from api.context import store
+    from orchestrator.activity import census
+    from orchestrator.sessions import conversation, get_session
+
+    s = get_session(store(), session_id)
+    items = census(store(), s.session_id)
+    updates = conversation(store(), s.session_id, limit)
+    if as_json:
+        body = {
+            "session": s.to_info(),
+            "activity": [i.to_wire() for i in items],
+            "conversation": updates,
+        }
+        print(json.dumps(body, indent=2))
+        return
+    rows: list[tuple[str, str]] = [
+        ("session", s.session_id),
+        ("title", s.title or "(none)"),
+        ("cwd", s.cwd),
+        ("archived", f"yes, {_at(s.archived_at)}" if s.archived else "no"),
+        ("created", _at(s.created_at)),
+        ("updated", _at(s.updated_at)),
+    ]
+    if s.parent_id:
+        rows.append(("parent", s.parent_id))
+    for name, value in rows:
+        console.print(f"[bold]{name:9}[/bold] {value}", highlight=False)
+    console.print(f"[bold]{'activity':9}[/bold] " + ("none" if not items else ""))
+    for item in items:
+        console.print(f"  - {item.family:9} {item.id}  {item.label}", highlight=False)
+    console.print("[bold]conversation[/bold]" + ("" if updates else " (empty)"))
+    from api.cli.turns import render_update
+
+    for update in updates:
+        line = render_update(update, prompts=True)
+        if line:
+            console.print(line, highlight=False, markup=False)
+
+
+def _at(iso_time: str | None) -> str:
+    return f"{when(iso_time)} ({local_time(iso_time)})" if iso_time else ""
 
 
 @sessions_app.command("new")
 def sessions_new(
-    cwd: str = typer.Argument(..., help="Absolute working directory."),
-    parent: str | None = typer.Option(None, help="Parent session id."),
+    cwd: str = typer.Argument(..., metavar="CWD", help="Absolute working directory."),
+    parent: str | None = typer.Option(None, metavar="ID", help="Parent session id."),
 ) -> None:
     """Create a session and print its id."""
     from api.context import store
     from orchestrator.sessions import create_session
 
-    try:
-        print(create_session(store(), cwd, parent).session_id)
-    except FleetError as exc:
-        fail(exc)
+    print(create_session(store(), cwd, parent).session_id)
 
 
 @app.command()
-def prompt(
+def activity(
     session_id: str,
-    text: str = typer.Argument(..., help="Prompt; '\\n' separates scripted instructions."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:
-    """Start a turn in a session and print its turn id."""
-    from api.context import dispatcher, store
-    from orchestrator.turns import start_turn
-
-    try:
-        print(start_turn(store(), dispatcher(), session_id, text.replace("\\n", "\n")))
-    except FleetError as exc:
-        fail(exc)
-
-
-@app.command()
-def activity(session_id: str, as_json: bool = typer.Option(False, "--json")) -> None:
     """Show a session's live work, per family."""
     from api.context import store
     from orchestrator.activity import census
 
-    try:
-        items = census(store(), session_id)
-    except FleetError as exc:
-        fail(exc)
+    items = census(store(), session_id)
     if as_json:
         print(json.dumps([i.to_wire() for i in items], indent=2))
         return
     if not items:
         console.print("no live activity")
     for item in items:
-        console.print(f"{item.family:9} {item.id}  {item.label}")
+        console.print(f"{item.family:9} {item.id}  {item.label}", highlight=False)
 
 
 @app.command()
 def audit(
     session_id: str | None = typer.Argument(None, help="A session; omit for the whole fleet."),
     limit: int = typer.Option(50, min=1, max=1000, help="How many entries, newest first."),
-    as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON (ISO 8601 UTC times)."),
 ) -> None:
     """Show the audit trail of a session (or of the fleet): every archive, unarchive, title
     change, delete and close, with when, who and the outcome."""
@@ -118,28 +167,25 @@ def audit(
     from orchestrator.audit import read
     from orchestrator.sessions import get_session
 
-    try:
-        if session_id is not None:
-            session_id = get_session(store(), session_id, include_deleted=True).session_id
-        entries = read(store(), session_id, limit)
-    except FleetError as exc:
-        fail(exc)
+    if session_id is not None:
+        session_id = get_session(store(), session_id, include_deleted=True).session_id
+    entries = read(store(), session_id, limit)
     if as_json:
         print(json.dumps(entries, indent=2))
         return
     if not entries:
         console.print("no audit entries")
         return
-    table = Table(
-        Column("at", no_wrap=True),
-        Column("action", no_wrap=True, min_width=12),
-        Column("outcome", no_wrap=True, min_width=16),
-        Column("actor", no_wrap=True),
-        *([] if session_id else [Column("sessionId", no_wrap=True, min_width=29)]),
-        "detail",
-    )
+    table = _audit_table(entries, whole_fleet=session_id is None, width=console.width)
+    console.print(table, highlight=False)
+
+
+def _audit_table(entries: list[dict[str, Any]], *, whole_fleet: bool, width: int) -> Table:
+    names = ["when", "action", "outcome", "actor", *(["sessionId"] if whole_fleet else [])]
+    names.append("detail")
+    rows = []
     for e in entries:
         detail = ", ".join(f"{k}={json.dumps(v)}" for k, v in e["detail"].items())
-        row = [e["at"], e["action"], e["outcome"], e["actor"]]
-        table.add_row(*row, *([] if session_id else [e["sessionId"]]), detail)
-    console.print(table)
+        row = [when(e["at"]), e["action"], e["outcome"], e["actor"]]
+        rows.append([*row, *([e["sessionId"]] if whole_fleet else []), detail])
+    return fitted(names, rows, width, {3: 5, len(names) - 1: 12})

@@ -37,6 +37,7 @@ PUBLIC = {
     "/redoc",
     "/console",
     "/console/static",
+    "/console/families.js",
     "/",
 }
 #: Sample values for path parameters: well-formed ids of nothing.

@@ -192,7 +192,7 @@ def test_activity_of_a_quiet_session() -> None:
 
 def test_archive_live_turn_refused_then_stopped(fleet: Any) -> None:
     sid = _new()
-    tid = _ok("prompt", sid, "think 30").strip()
+    tid = _ok("prompt", sid, "think 30", "--detach").strip()
     assert TURN_RE.match(tid), tid
     wait_for(
         lambda: any(i["family"] == "turn" and i["id"] == tid for i in _activity(sid)),
@@ -230,7 +230,7 @@ def test_prompt_runs_a_turn(fleet: Any, store: Any) -> None:
     from orchestrator.turns import get_turn
 
     sid = _new()
-    tid = _ok("prompt", sid, "say one\\nsay two").strip()
+    tid = _ok("prompt", sid, "say one\\nsay two", "--detach").strip()
     assert TURN_RE.match(tid), tid
     wait_for(lambda: _activity(sid) == [], message="the turn to finish")
     turn = get_turn(store, tid)

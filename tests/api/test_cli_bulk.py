@@ -106,7 +106,7 @@ def test_refused_sessions_are_listed_with_their_live_items_and_exit_1(store: Sto
     assert _archived(store, busy)
 
 
-def test_a_progress_bar_follows_the_batches(store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_progress_bar_counts_the_sessions(store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
     seen: list[tuple[int, int]] = []
     original = api.cli.bulk._Bar.__call__
 
@@ -117,20 +117,20 @@ def test_a_progress_bar_follows_the_batches(store: Store, monkeypatch: pytest.Mo
     monkeypatch.setattr(api.cli.bulk._Bar, "__call__", spy)
     ids = [_new(store, _cwd()) for _ in range(3)]
     assert _run("archive", "--bulk", *ids).exit_code == 0
-    assert seen == [(0, 1), (1, 1)]
+    assert seen == [(0, 3), (3, 3)], "sessions done, of all"
 
 
 @pytest.mark.parametrize(
     ("args", "needle"),
     [
-        (["--bulk"], "--bulk needs session ids"),
+        (["--bulk"], "bulk-archive needs session ids"),
         (["--bulk", "sess_x", "--cwd", "/tmp"], "not both"),
-        (["--bulk", "--idle-since", "yesterday"], "idleSince must be an ISO 8601"),
+        (["--bulk", "--idle-since", "yesterday"], "--idle-since must be an ISO 8601"),
         (["--bulk", "--cwd", "relative"], "absolute"),
         (["--bulk", "--ids-file", "/no/such/file"], "cannot read --ids-file"),
-        (["a", "b"], "--bulk"),
-        (["--cwd", "/tmp"], "needs --bulk or --auto"),
-        (["sess_x", "--dry-run"], "needs --bulk or --auto"),
+        (["a", "b"], "fleet bulk-archive"),
+        (["--cwd", "/tmp"], "needs bulk-archive or auto-archive"),
+        (["sess_x", "--dry-run"], "needs bulk-archive or auto-archive"),
         (["--auto", "--stop"], "never stops"),
         (["--auto", "sess_x"], "takes no ids"),
     ],

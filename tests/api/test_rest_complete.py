@@ -18,7 +18,7 @@ import uvicorn
 from fastapi.testclient import TestClient
 
 import api.rest
-from orchestrator import archive, reminders, sessions, titles, turns
+from orchestrator import archive, listing, reminders, titles, turns
 from orchestrator.settings import FleetSettings, get_settings
 from orchestrator.store import Store
 from tests.helpers import RecordingDispatcher, rest_client, wait_for
@@ -195,8 +195,8 @@ def test_a_bounded_scan_still_finds_every_match_exactly_once(
     client: TestClient, titled: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     cwd, _, matching = titled
-    monkeypatch.setattr(sessions, "SEARCH_SCAN", 4)
-    monkeypatch.setattr(sessions, "SEARCH_BATCH", 2)
+    monkeypatch.setattr(listing, "SEARCH_SCAN", 4)
+    monkeypatch.setattr(listing, "SEARCH_BATCH", 2)
     pages = _pages(client, cwd=cwd, q="alpha", limit=3)
     assert [sid for page in pages for sid in page] == matching
     # Pages end early when the scan budget runs out, and still carry a cursor
@@ -346,17 +346,12 @@ def test_more_than_ten_thousand_ids_are_422_too_many_sessions(client: TestClient
 
 
 def test_a_filter_over_the_configured_maximum_is_422_and_archives_nothing(
-    client: TestClient, monkeypatch: pytest.MonkeyPatch
+    client: TestClient,
 ) -> None:
     cwd = _cwd()
     ids = [_new(client, cwd) for _ in range(3)]
-    monkeypatch.setenv("FLEET_BULK_FILTER_MAX", "2")
-    get_settings.cache_clear()
-    try:
-        resp = client.post("/sessions/archive", json={"filter": {"cwd": cwd}})
-    finally:
-        monkeypatch.delenv("FLEET_BULK_FILTER_MAX")
-        get_settings.cache_clear()
+    with rest_client(FLEET_BULK_FILTER_MAX="2") as capped:
+        resp = capped.post("/sessions/archive", json={"filter": {"cwd": cwd}})
     error = _error(resp, 422, "too_many_sessions")
     assert error["data"] == {"param": "filter", "max": 2, "setting": "FLEET_BULK_FILTER_MAX"}
     assert "more than 2 sessions" in error["message"]

@@ -225,7 +225,7 @@ def test_sessions_are_written_in_batches_one_script_each(
 
     assert scripts == [5, 5, 2]
     assert result.batches == 3
-    assert progress == [(0, 3), (1, 3), (2, 3), (3, 3)]
+    assert progress == [(0, 12), (5, 12), (10, 12), (12, 12)], "sessions done, of all"
     assert all(read(store, sid).archived for sid in ids)
 
 

@@ -1,0 +1,128 @@
+"""``fleet prompt``: start a turn and follow it to its end.
+
+Following reads the session's conversation (the history list ACP ``session/load`` replays)
+from where the turn began, woken by the fleet's event channel, and prints the turn's updates
+as they are recorded; it returns when the turn is in a final state. Exit status: 0 when the
+turn completed, 1 when it failed, was cancelled or blocked by the gate (the reason on
+stderr), 2 when it was refused before it started, 130 when following was interrupted (Ctrl-C;
+the turn goes on).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import typer
+
+from api.cli.common import app, console, err
+from orchestrator.store import Store
+from orchestrator.turns import LIVE_STATES, Turn, TurnState, get_turn
+
+#: Longest wait between two reads of the conversation when no event arrives (seconds).
+_WAKE_SECONDS = 0.5
+
+
+def _tool_text(update: dict[str, Any]) -> str:
+    parts = []
+    for block in update.get("content") or []:
+        inner = block.get("content", block) if isinstance(block, dict) else {}
+        if isinstance(inner, dict) and inner.get("type") == "text":
+            parts.append(str(inner.get("text", "")))
+    return " ".join(parts)
+
+
+def render_update(update: dict[str, Any], *, prompts: bool = False) -> str:
+    """One line for an ACP ``session/update`` payload ('' for a kind not shown): the agent's
+    text as is, a tool call as ``-> title``, its outcome as ``   status: text``; with
+    ``prompts`` the user's prompt as ``> text``."""
+    kind = update.get("sessionUpdate")
+    content = update.get("content")
+    text = content.get("text", "") if isinstance(content, dict) else ""
+    if kind == "agent_message_chunk":
+        return str(text)
+    if kind == "user_message_chunk":
+        return "> " + str(text).replace("\n", "\n> ") if prompts else ""
+    if kind == "tool_call":
+        return f"-> {update.get('title', 'tool')}"
+    if kind == "tool_call_update":
+        detail = _tool_text(update)
+        return f"   {update.get('status', '')}" + (f": {detail}" if detail else "")
+    return ""
+
+
+def follow(store: Store, session_id: str, turn_id: str, as_json: bool, start: int = 0) -> Turn:
+    """Print the turn's updates as they are recorded (JSON lines with ``as_json``), reading
+    the conversation from index ``start``, until it ends;
+    return the ended turn. Raises ``StoreUnavailable`` or ``redis.RedisError``."""
+    history = store.keys.history(session_id)
+    pubsub = store.redis.pubsub(ignore_subscribe_messages=True)
+    pubsub.subscribe(store.keys.events)
+    seen = start
+    try:
+        while True:
+            turn = get_turn(store, turn_id)
+            for raw in store.redis.lrange(history, seen, -1):
+                seen += 1
+                update = json.loads(raw)
+                if update.get("turnId") != turn_id:
+                    continue
+                if as_json:
+                    print(json.dumps(update), flush=True)
+                else:
+                    line = render_update(update)
+                    if line:
+                        console.print(line, highlight=False, markup=False)
+            if turn is not None and turn.state not in LIVE_STATES:
+                return turn
+            pubsub.get_message(timeout=_WAKE_SECONDS)
+            while pubsub.get_message(timeout=0):
+                pass
+    finally:
+        pubsub.close()
+
+
+def _start_index(store: Store, session_id: str) -> int:
+    return int(store.redis.llen(store.keys.history(session_id)))
+
+
+@app.command()
+def prompt(
+    session_id: str = typer.Argument(..., help="The session."),
+    text: str = typer.Argument(..., help="Prompt; '\\n' separates scripted instructions."),
+    detach: bool = typer.Option(
+        False, "--detach", "-d", help="Print the turn id and return at once (do not follow)."
+    ),
+    as_json: bool = typer.Option(
+        False, "--json", help="Print the turn's updates as JSON lines, then the turn."
+    ),
+) -> None:
+    """Start a turn in a session and follow it: its output is printed as it is recorded and
+    the command ends with the turn (exit 0 when it completed, 1 when it failed, was cancelled
+    or blocked, with the reason). --detach prints the turn id and returns at once."""
+    from api.context import dispatcher, store
+    from orchestrator.turns import start_turn
+
+    start = 0 if detach else _start_index(store(), session_id)
+    turn_id = start_turn(store(), dispatcher(), session_id, text.replace("\\n", "\n"))
+    if detach:
+        print(json.dumps({"turnId": turn_id}) if as_json else turn_id)
+        return
+    if not as_json:
+        err.print(f"turn {turn_id}", highlight=False)
+    try:
+        turn = follow(store(), session_id, turn_id, as_json, start)
+    except KeyboardInterrupt:
+        err.print(
+            f"stopped following turn {turn_id}; it goes on (fleet activity {session_id})",
+            highlight=False,
+        )
+        raise typer.Exit(130) from None
+    if as_json:
+        print(json.dumps(turn.to_wire()))
+    if turn.state is TurnState.COMPLETED:
+        return
+    if not as_json:
+        reason = f": {turn.error}" if turn.error else ""
+        err.print(f"[red]turn {turn.state.value}[/red]{reason}", highlight=False)
+    raise typer.Exit(1)

@@ -1,0 +1,130 @@
+"""``fleet prompt`` follows its turn and ``fleet sessions show`` shows one session (issue 13,
+item 14). In process with typer's ``CliRunner`` against the real test Redis and the shared
+real workers."""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+from typing import Any
+
+from click.testing import Result
+from typer.testing import CliRunner
+
+from api.cli import app
+from orchestrator import sessions
+from orchestrator.store import Store
+from tests.helpers import wait_for
+
+runner = CliRunner()
+
+
+def _run(*args: str) -> Result:
+    result = runner.invoke(app, list(args), env={"COLUMNS": "300"})
+    assert "Traceback" not in result.output, result.output
+    return result
+
+
+def _new(store: Store) -> str:
+    return sessions.create_session(store, f"/tmp/fleet-cli-turns/{uuid.uuid4().hex}").session_id
+
+
+def test_prompt_prints_the_turns_output_and_exits_0_when_it_completes(
+    fleet: Any, store: Store
+) -> None:
+    sid = _new(store)
+    result = _run("prompt", sid, "say one\\nexec 0.1\\nsay two")
+    assert result.exit_code == 0, result.output
+    lines = result.stdout.splitlines()
+    assert lines[0] == "one" and lines[-1] == "two", result.stdout
+    assert any(line.startswith("-> exec") for line in lines), result.stdout
+    assert re.match(r"turn turn_[0-9a-f]{24}", result.stderr), result.stderr
+
+
+def test_a_failed_turn_exits_1_with_its_reason(fleet: Any, store: Store) -> None:
+    sid = _new(store)
+    result = _run("prompt", sid, "say before\\nfrobnicate now")
+    assert result.exit_code == 1, result.output
+    assert "before" in result.stdout
+    assert "turn failed" in result.stderr and "frobnicate" in result.stderr, result.stderr
+
+
+def test_a_refused_prompt_exits_2(store: Store) -> None:
+    sid = _new(store)
+    assert _run("archive", sid).exit_code == 0
+    result = _run("prompt", sid, "say hi")
+    assert result.exit_code == 2
+    assert "session_archived" in result.stderr
+
+
+def test_prompt_json_prints_updates_then_the_turn(fleet: Any, store: Store) -> None:
+    sid = _new(store)
+    result = _run("prompt", sid, "say hi", "--json")
+    assert result.exit_code == 0, result.output
+    rows = [json.loads(line) for line in result.stdout.splitlines()]
+    assert rows[-1]["state"] == "completed" and rows[-1]["sessionId"] == sid
+    assert any(r.get("content", {}).get("text") == "hi" for r in rows[:-1]), rows
+
+
+def test_detach_prints_the_turn_id_at_once(fleet: Any, store: Store) -> None:
+    sid = _new(store)
+    result = _run("prompt", sid, "think 30", "--detach")
+    assert result.exit_code == 0
+    tid = result.stdout.strip()
+    assert re.fullmatch(r"turn_[0-9a-f]{24}", tid), result.stdout
+    assert _run("archive", sid, "--stop").exit_code == 0
+
+
+def test_sessions_show_shows_an_archived_session_with_its_conversation(
+    fleet: Any, store: Store
+) -> None:
+    sid = _new(store)
+    assert _run("prompt", sid, "say hello there").exit_code == 0
+    assert _run("archive", sid).exit_code == 0
+    out = _run("sessions", "show", sid).stdout
+    assert sid in out
+    assert re.search(r"archived\s+yes", out), out
+    assert "> say hello there" in out and "hello there" in out, out
+    body = json.loads(_run("sessions", "show", sid, "--json").stdout)
+    assert body["session"]["archived"] is True
+    assert [u["sessionUpdate"] for u in body["conversation"]][:2] == [
+        "user_message_chunk",
+        "agent_message_chunk",
+    ]
+
+
+def test_sessions_show_of_an_unknown_session_exits_2() -> None:
+    result = _run("sessions", "show", "sess_" + "0" * 24, "--json")
+    assert result.exit_code == 2
+    assert json.loads(result.stdout)["error"]["code"] == "session_not_found"
+
+
+def test_ctrl_c_stops_following_and_leaves_the_turn_running(
+    fleet: Any, store: Store, tmp_path: Path
+) -> None:
+    sid = _new(store)
+    err = tmp_path / "prompt.err"
+    with open(err, "wb") as err_file:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "api.cli", "prompt", sid, "think 30"],
+            stdout=subprocess.DEVNULL,
+            stderr=err_file,
+            stdin=subprocess.DEVNULL,
+        )
+    try:
+        wait_for(lambda: "turn turn_" in err.read_text(), 30, message="the turn to start")
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(30) == 130
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    said = err.read_text()
+    assert "stopped following turn" in said and "Traceback" not in said, said
+    live = json.loads(_run("activity", sid, "--json").stdout)
+    assert [i["family"] for i in live] == ["turn"], "the turn goes on"
+    assert _run("archive", sid, "--stop").exit_code == 0
