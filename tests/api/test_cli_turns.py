@@ -42,7 +42,7 @@ def test_prompt_prints_the_turns_output_and_exits_0_when_it_completes(
     assert result.exit_code == 0, result.output
     lines = result.stdout.splitlines()
     assert lines[0] == "one" and lines[-1] == "two", result.stdout
-    assert any(line.startswith("-> exec") for line in lines), result.stdout
+    assert any(line.startswith("-> sleep 0.1") for line in lines), result.stdout
     assert re.match(r"turn turn_[0-9a-f]{24}", result.stderr), result.stderr
 
 
