@@ -45,32 +45,13 @@ def archive(
     already), 1 declined at the confirmation, 2 refused (with --json, as JSON on stdout).
     """
     if bulk or auto:
-        from api.cli.bulk import run_auto, run_bulk
+        from api.cli.bulk import Selection, run_auto, run_bulk
 
+        selected = Selection(ids or [], ids_file, cwd, idle_since, q, stop, dry_run, as_json)
         if auto:
-            run_auto(
-                ids=ids or [],
-                bulk=bulk,
-                ids_file=ids_file,
-                cwd=cwd,
-                idle_since=idle_since,
-                q=q,
-                stop=stop,
-                dry_run=dry_run,
-                as_json=as_json,
-                idle_seconds=idle_seconds,
-            )
-            return
-        run_bulk(
-            ids=ids or [],
-            ids_file=ids_file,
-            cwd=cwd,
-            idle_since=idle_since,
-            q=q,
-            stop=stop,
-            dry_run=dry_run,
-            as_json=as_json,
-        )
+            run_auto(selected, bulk=bulk, idle_seconds=idle_seconds)
+        else:
+            run_bulk(selected)
         return
     given = {
         "--ids-file": ids_file is not None,

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -118,75 +119,69 @@ def _finish(result: BulkResult, as_json: bool, *, strict: bool) -> None:
         raise typer.Exit(1)
 
 
-def run_bulk(
-    *,
-    ids: list[str],
-    ids_file: str | None,
-    cwd: str | None,
-    idle_since: str | None,
-    q: str | None,
-    stop: bool,
-    dry_run: bool,
-    as_json: bool,
-) -> None:
-    """``fleet archive --bulk``."""
+@dataclass(frozen=True)
+class Selection:
+    """What a bulk or auto archive was given: session ``ids`` and ``ids_file``, the filter
+    (``cwd``, ``idle_since``, ``q``), and ``stop``, ``dry_run`` and ``as_json``."""
+
+    ids: list[str] = field(default_factory=list)
+    ids_file: str | None = None
+    cwd: str | None = None
+    idle_since: str | None = None
+    q: str | None = None
+    stop: bool = False
+    dry_run: bool = False
+    as_json: bool = False
+
+
+def run_bulk(given: Selection) -> None:
+    """``fleet bulk-archive`` (and ``fleet archive --bulk``)."""
     from api.context import dispatcher, store
     from orchestrator.bulk import BulkFilter, bulk_archive
 
-    named = list(ids) + (read_ids(ids_file) if ids_file is not None else [])
-    filtered = cwd is not None or idle_since is not None or q is not None
+    named = list(given.ids) + (read_ids(given.ids_file) if given.ids_file is not None else [])
+    filtered = given.cwd is not None or given.idle_since is not None or given.q is not None
     if named and filtered:
         usage("give session ids (or --ids-file) or a filter (--cwd, --idle-since, --q), not both.")
-    if not named and not filtered and ids_file is None:
+    if not named and not filtered and given.ids_file is None:
         usage("bulk-archive needs session ids, --ids-file, or a filter (--cwd, --idle-since, --q).")
-    with _Bar("dry run" if dry_run else "archiving") as bar:
+    with _Bar("dry run" if given.dry_run else "archiving") as bar:
         result = bulk_archive(
             store(),
             dispatcher(),
             session_ids=None if filtered else named,
-            flt=BulkFilter(cwd, idle_since, q) if filtered else None,
-            stop_activity=stop,
-            dry_run=dry_run,
+            flt=BulkFilter(given.cwd, given.idle_since, given.q) if filtered else None,
+            stop_activity=given.stop,
+            dry_run=given.dry_run,
             progress=bar,
         )
-    _finish(result, as_json, strict=True)
+    _finish(result, given.as_json, strict=True)
 
 
-def run_auto(
-    *,
-    ids: list[str],
-    bulk: bool,
-    ids_file: str | None,
-    cwd: str | None,
-    idle_since: str | None,
-    q: str | None,
-    stop: bool,
-    dry_run: bool,
-    as_json: bool,
-    idle_seconds: float,
-) -> None:
+def run_auto(given: Selection, *, bulk: bool = False, idle_seconds: float = 0) -> None:
     """``fleet archive --auto [--dry-run] [--cwd DIR] [--idle-seconds N]``: one run of the
     auto-archive policy; a dry run prints the sessions it would archive."""
     from api.context import dispatcher, store
     from orchestrator.bulk import auto_archive
     from orchestrator.sessions import get_session
 
-    if bulk or ids or ids_file is not None or idle_since is not None or q is not None or stop:
+    named = given.ids or given.ids_file is not None
+    if bulk or named or given.idle_since is not None or given.q is not None or given.stop:
         usage(
             "--auto selects by idle age (--idle-seconds, --cwd) and never stops work; it takes "
             "no ids, --bulk, --idle-since, --q or --stop."
         )
-    with _Bar("auto-archive dry run" if dry_run else "auto-archive") as bar:
+    with _Bar("auto-archive dry run" if given.dry_run else "auto-archive") as bar:
         result = auto_archive(
             store(),
             dispatcher(),
             idle_seconds=idle_seconds or None,
-            dry_run=dry_run,
-            cwd=cwd,
+            dry_run=given.dry_run,
+            cwd=given.cwd,
             progress=bar,
         )
-    if as_json or not dry_run:
-        _finish(result, as_json, strict=False)
+    if given.as_json or not given.dry_run:
+        _finish(result, given.as_json, strict=False)
         return
     would = [i.session_id for i in result.results if i.outcome == "archived"]
     busy = [i for i in result.results if i.outcome == "refused"]
@@ -239,16 +234,7 @@ def bulk_archive_command(
     (--cwd, --idle-since, --q), with a progress bar on a terminal. A session with live work is
     refused unless --stop. Exit status: 0 all archived (or already) and every dry run, 1 some
     refused, not found or skipped, 2 the request was refused."""
-    run_bulk(
-        ids=ids or [],
-        ids_file=ids_file,
-        cwd=cwd,
-        idle_since=idle_since,
-        q=q,
-        stop=stop,
-        dry_run=dry_run,
-        as_json=as_json,
-    )
+    run_bulk(Selection(ids or [], ids_file, cwd, idle_since, q, stop, dry_run, as_json))
 
 
 @app.command("auto-archive")
@@ -262,15 +248,4 @@ def auto_archive_command(
 ) -> None:
     """Run the auto-archive policy once: archive the sessions idle longer than the idle age
     that have no live work (it never stops work)."""
-    run_auto(
-        ids=[],
-        bulk=False,
-        ids_file=None,
-        cwd=cwd,
-        idle_since=None,
-        q=None,
-        stop=False,
-        dry_run=dry_run,
-        as_json=as_json,
-        idle_seconds=idle_seconds,
-    )
+    run_auto(Selection(cwd=cwd, dry_run=dry_run, as_json=as_json), idle_seconds=idle_seconds)
