@@ -204,14 +204,14 @@ class _Run:
                 done[sid] = BulkItem(sid, "already_archived")
             else:
                 pending.append(sid)
-        archived: list[str] = []
+        archived: list[tuple[str, int]] = []
         busy: list[str] = []
         flipped: dict[str, list[ActivityItem]] = {}
         for attempt in range(_REFUSAL_RECHECKS):
             if not pending:
                 break
             active: list[str] = []
-            for sid, outcome, _count, is_busy, would, turns in self.script(pending):
+            for sid, outcome, _count, is_busy, would, turns, changed in self.script(pending):
                 if turns:  # stopped by the script itself; their turn events are published here
                     flipped[sid] = stopped_by_archive(self.store, sid, list(turns))
                 if outcome == "active":
@@ -219,7 +219,8 @@ class _Run:
                     continue
                 done[sid] = BulkItem(sid, _FROM_SCRIPT[outcome])
                 if outcome == "archived":
-                    archived.append(sid)
+                    flat = list(changed)
+                    archived.extend(zip(map(str, flat[::2]), map(int, flat[1::2]), strict=True))
                     self.virtual.update(would)
                 if int(is_busy) and self.stop and outcome in ("archived", "already"):
                     busy.append(sid)
@@ -239,8 +240,14 @@ class _Run:
                 else:
                     pending.append(sid)  # the work ended meanwhile: try the archive again
         if not self.dry:
+            # Every session the batch archived, descendants included, gets its event (ACP's
+            # session_info_update), the session before its descendants, before any stop.
             events.publish_many(
-                self.store, [("archived", sid, {"archived": True}) for sid in archived]
+                self.store,
+                [
+                    ("archived", sid, {"archived": True, "historyLength": n})
+                    for sid, n in archived
+                ],
             )
         if busy and not self.dry:
             # Read after the write, as a single archive does: anything that started before it

@@ -12,7 +12,7 @@
 -- withUnarchive (the auto-archive policy), read in the same step as the write.
 -- With stopActivity the live turns of every session it archives are stopped in this same
 -- script (stop_turns_for_archive in _lib.lua).
--- Returns one row per session: {sid, outcome, n, busy, would, turns}
+-- Returns one row per session: {sid, outcome, n, busy, would, turns, changed}
 --   outcome 'not_found' | 'already' | 'skipped' | 'active' | 'archived'
 --   n       sessions this transition archived (or would archive) in the subtree
 --   busy    1 when the subtree has live work (computed for 'active', for 'archived', and
@@ -20,6 +20,8 @@
 --   would   dry run only: the ids the transition would have archived
 --   turns   flat list tid, sid, fromState, toState, label, settlement of the turns it
 --           stopped (settlement: the tool-call settlement it wrote, JSON, or '')
+--   changed flat list sid, historyLength of every session it archived (the session first, then
+--           its descendants), so each gets its own 'archived' event
 local stop, dry, now, base = ARGV[2], ARGV[3], ARGV[4], ARGV[5]
 local idle_before, with_unarchive = tonumber(ARGV[6]), ARGV[7] == '1'
 local FIRST = 9
@@ -49,21 +51,21 @@ for i = FIRST, #ARGV do
   local sid = ARGV[i]
   local k = skey(sid)
   if redis.call('EXISTS', k) == 0 or redis.call('HGET', k, 'deleted') ~= '0' then
-    out[#out + 1] = {sid, 'not_found', 0, 0, {}, {}}
+    out[#out + 1] = {sid, 'not_found', 0, 0, {}, {}, {}}
   elseif is_archived(sid) then
     local busy = 0
     if stop == '1' then busy = any_live(subtree(sid)) end
-    out[#out + 1] = {sid, 'already', 0, busy, {}, {}}
+    out[#out + 1] = {sid, 'already', 0, busy, {}, {}, {}}
   elseif not idle_enough(k) then
-    out[#out + 1] = {sid, 'skipped', 0, 0, {}, {}}
+    out[#out + 1] = {sid, 'skipped', 0, 0, {}, {}, {}}
   else
     local nodes = subtree(sid)
     local busy = any_live(nodes)
     if busy == 1 and stop ~= '1' then
-      out[#out + 1] = {sid, 'active', 0, 1, {}, {}}
+      out[#out + 1] = {sid, 'active', 0, 1, {}, {}, {}}
     else
       local txn = base .. '.' .. (i - FIRST + 1)
-      local n, would, turns = 0, {}, {}
+      local n, would, turns, changed = 0, {}, {}, {}
       for _, s in ipairs(nodes) do
         if not is_archived(s) then
           if dry == '1' then
@@ -77,11 +79,13 @@ for i = FIRST, #ARGV do
             redis.call('SADD', K.archived, s)
             move_index(s, 'active', 'archived')
             if stop == '1' then stop_turns_for_archive(s, turns) end
+            changed[#changed + 1] = s
+            changed[#changed + 1] = redis.call('LLEN', K.history(s))
           end
           n = n + 1
         end
       end
-      out[#out + 1] = {sid, 'archived', n, busy, would, turns}
+      out[#out + 1] = {sid, 'archived', n, busy, would, turns, changed}
     end
   end
 end

@@ -192,9 +192,24 @@ def test_archived_sessions_publish_events_to_the_durable_stream(
     payloads = [json.loads(fields["event"]) for _, fields in later]
     mine = [p for p in payloads if p["sessionId"] in (a, b)]
     assert mine == [
-        {"type": "archived", "sessionId": a, "archived": True},
-        {"type": "archived", "sessionId": b, "archived": True},
+        {"type": "archived", "sessionId": a, "archived": True, "historyLength": 0},
+        {"type": "archived", "sessionId": b, "archived": True, "historyLength": 0},
     ]
+
+
+def test_every_descendant_a_bulk_archive_archives_gets_its_event(
+    store: Store, recorder: RecordingDispatcher, cwd: str
+) -> None:
+    parent = new(store, cwd)
+    child = sessions.create_session(store, cwd, parent_id=parent).session_id
+    grandchild = sessions.create_session(store, cwd, parent_id=child).session_id
+    top = store.redis.xrevrange(store.keys.event_stream, count=1)
+    since = top[0][0] if top else "0-0"
+    bulk.bulk_archive(store, recorder, session_ids=[parent])
+    later = store.redis.xrange(store.keys.event_stream, f"({since}", "+")
+    payloads = [json.loads(fields["event"]) for _, fields in later]
+    archived = [p["sessionId"] for p in payloads if p["type"] == "archived"]
+    assert archived == [parent, child, grandchild]
 
 
 # --------------------------------------------------------------------------- batching
