@@ -26,8 +26,6 @@ from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-import redis.asyncio as aioredis
-
 from api.errors import TRANSLATED, lookup, translate
 from orchestrator import activity, archive, audit, deletion, sessions, titles, turns, untrusted
 from orchestrator.errors import (
@@ -36,6 +34,7 @@ from orchestrator.errors import (
     SessionArchived,
 )
 from orchestrator.families import Dispatcher
+from orchestrator.redisconn import async_client
 from orchestrator.store import Store
 from orchestrator.store import translated as translated_store
 
@@ -179,7 +178,7 @@ class EventHub:
 
     async def _run(self) -> None:
         while True:
-            client = aioredis.from_url(self.url, decode_responses=True)
+            client = async_client(self.url, decode_responses=True)
             try:
                 pubsub = client.pubsub()
                 await pubsub.subscribe(self.channel)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 
+from orchestrator.redisconn import SCHEMES, is_sentinel, parse_sentinel_url
 from orchestrator.settings import get_settings
 from orchestrator.store import Store
 from workers.app import app
@@ -18,10 +19,16 @@ def redis_url() -> str:
             "FLEET_REDIS_URL is not set. Point it at your Redis (redis://host:6379/0), or use "
             "`fleet up` / `fleet demo`, which start an embedded Redis."
         )
-    if not url.startswith(("redis://", "rediss://", "unix://")):
+    if not url.startswith(SCHEMES):
         raise SystemExit(
-            f"FLEET_REDIS_URL must start with redis://, rediss:// or unix:// (got {url!r})."
+            f"FLEET_REDIS_URL must start with redis://, rediss://, unix:// or sentinel:// "
+            f"(got {url!r})."
         )
+    if is_sentinel(url):
+        try:
+            parse_sentinel_url(url)
+        except ValueError as exc:
+            raise SystemExit(f"FLEET_REDIS_URL: {exc}.") from exc
     return url
 
 

@@ -15,11 +15,10 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import redis
-
 from orchestrator.families import Family
 from orchestrator.keys import Keys
 from orchestrator.processes import die_with_parent
+from orchestrator.redisconn import sync_client
 
 FAMILIES = [Family.TURN, Family.JOB, Family.SUBAGENT, Family.REMINDER]
 
@@ -126,7 +125,7 @@ class LocalFleet:
     def wait_ready(self, timeout: float = 60.0) -> None:
         """Block until every started worker has a heartbeat in Redis. Raises
         ``RuntimeError`` with the log tail of a worker that died or never got ready."""
-        client = redis.Redis.from_url(self.redis_url, decode_responses=True)
+        client = sync_client(self.redis_url, decode_responses=True)
         keys = Keys(self.key_prefix)
         deadline = time.monotonic() + timeout
         try:

@@ -35,6 +35,7 @@ from fastapi.responses import StreamingResponse
 
 from api.context import redis_url, store
 from orchestrator.errors import InvalidParams, StoreUnavailable
+from orchestrator.redisconn import async_client
 from orchestrator.sessions import SESSION_ID_RE
 from orchestrator.settings import get_settings
 
@@ -126,9 +127,7 @@ def router(auth: list[Any]) -> APIRouter:
             _parse_id(resume, "Last-Event-ID" if last_event_id is not None else "lastEventId")
         key = store().keys.event_stream
         heartbeat = get_settings().sse_heartbeat_seconds
-        client = aioredis.Redis.from_url(
-            redis_url(), decode_responses=True, socket_connect_timeout=2.0
-        )
+        client = async_client(redis_url(), decode_responses=True, socket_connect_timeout=2.0)
         try:
             last, gap = await _start(client, key, resume)
         except redis.RedisError as exc:

@@ -24,6 +24,16 @@ class FleetSettings(BaseSettings):
     #: server" for the local runners (``fleet up``, ``fleet demo``); long-running services
     #: started on their own require it.
     redis_url: str | None = None
+    #: With a ``sentinel://`` URL (orchestrator/redisconn.py): the primary's name as the
+    #: Sentinels monitor it, and the Sentinels' own credentials (empty: none).
+    redis_sentinel_master: str = "mymaster"
+    redis_sentinel_username: str = ""
+    redis_sentinel_password: str = ""
+    #: Replicas that must acknowledge each lifecycle write (archive, unarchive, delete, bulk
+    #: batches, client titles) within ``redis_replica_ack_timeout_ms`` (Redis ``WAIT``, after
+    #: ``WAITAOF``); fewer answers ``WriteUnconfirmed``. 0: no replica is waited for.
+    redis_min_replicas_ack: int = Field(default=0, ge=0)
+    redis_replica_ack_timeout_ms: int = Field(default=1000, ge=1)
     #: Prefix of every key agent-fleet writes (state and broker), so several fleets or test
     #: runs can share one Redis database without touching each other's data.
     key_prefix: str = "fleet:"

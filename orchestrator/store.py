@@ -22,6 +22,7 @@ from tenacity import retry, retry_if_exception_type, stop_after_delay, wait_expo
 
 from orchestrator.errors import StoreUnavailable
 from orchestrator.keys import Keys
+from orchestrator.redisconn import SentinelOptions, sync_client
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -87,8 +88,10 @@ def _server_ms(store: Store) -> int:
 class Store:
     """A Redis client, the key schema bound to a prefix, and the loaded Lua scripts.
 
-    ``url`` is a redis:// URL; timeouts are seconds and bound every call, so a dead server
-    surfaces as ``StoreUnavailable`` instead of a hang.
+    ``url`` is a redis://, rediss://, unix:// or sentinel:// URL (``orchestrator.redisconn``;
+    ``sentinel`` defaults to ``FLEET_REDIS_SENTINEL_*``); timeouts are seconds and bound every
+    call, so a dead server surfaces as ``StoreUnavailable`` instead of a hang. With Sentinel
+    the client follows the primary through a failover.
     """
 
     def __init__(
@@ -98,13 +101,15 @@ class Store:
         *,
         socket_timeout: float = 2.0,
         connect_timeout: float = 1.0,
+        sentinel: SentinelOptions | None = None,
     ) -> None:
         self.url = url
         self.keys = Keys(prefix)
         # Typed as Any: redis-py annotates replies as unions over sync/async and bytes/str
         # modes; with decode_responses=True they are str, and callers check what they read.
-        self.redis: Any = redis.Redis.from_url(
+        self.redis: Any = sync_client(
             url,
+            sentinel,
             decode_responses=True,
             socket_timeout=socket_timeout,
             socket_connect_timeout=connect_timeout,
