@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 from kombu import Connection
 
+from bench.sentinels import SentinelGroup, sentinel_group
 from orchestrator.errors import StoreUnavailable
 from orchestrator.redisconn import SentinelOptions
 from orchestrator.settings import FleetSettings
 from orchestrator.store import Store
-from tests.faults.sentinels import SentinelGroup, sentinel_group
 from tests.helpers import wait_for
 from workers.app import sentinel_transport_options
 

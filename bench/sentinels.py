@@ -1,5 +1,5 @@
-"""A Sentinel-managed Redis group on loopback for the failover tests: one primary, replicas and
-Sentinels, each a ``redis-server`` process of the test on a free port, with short Sentinel
+"""A Sentinel-managed Redis group on loopback for the failover test and benchmark: one primary,
+replicas and Sentinels, each a ``redis-server`` process on a free port, with short Sentinel
 timeouts (down after 1 s, failover timeout 3 s) so a failover completes in a few seconds.
 
 Every node runs append-only with ``appendfsync always``, as the fleet's production topology
@@ -10,21 +10,30 @@ from __future__ import annotations
 
 import contextlib
 import signal
+import socket
 import subprocess
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import redis
 
 from api.embedded import find_redis_server
 from orchestrator.processes import die_with_parent
-from tests.faults.conftest import free_port
 
-MASTER = "fleetmaster"
+MASTER = "mymaster"
 DOWN_AFTER_MS = 1000
 FAILOVER_TIMEOUT_MS = 3000
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
 
 
 @dataclass
@@ -36,7 +45,7 @@ class Node:
     process: subprocess.Popen[bytes]
     directory: Path
 
-    def client(self, timeout: float = 2.0) -> redis.Redis:
+    def client(self, timeout: float = 2.0) -> Any:
         return redis.Redis(
             "127.0.0.1",
             self.port,
@@ -149,6 +158,20 @@ class SentinelGroup:
         [node] = [n for n in self.data if n.port == port]
         return node
 
+    def cut_replication(self) -> None:
+        """Make the replicas fall behind: stop them (SIGSTOP) and close their links on the
+        primary, so what the primary writes from now on reaches no replica until they are
+        continued (``signal_replicas(SIGCONT)``) and resynchronise."""
+        self.signal_replicas(signal.SIGSTOP)
+        self.primary().client().client_kill_filter(_type="replica")
+
+    def signal_replicas(self, sig: signal.Signals) -> None:
+        """Send ``sig`` to every live replica (by PID): SIGSTOP makes them lag behind."""
+        primary = self.primary()
+        for node in self.data:
+            if node is not primary and node.alive:
+                node.process.send_signal(sig)
+
     def kill_primary(self) -> Node:
         """SIGKILL the current primary's process (by PID) and reap it; returns it."""
         node = self.primary()
@@ -170,6 +193,7 @@ class SentinelGroup:
     def stop(self) -> None:
         for node in [*self.sentinels, *self.data]:
             if node.alive:
+                node.process.send_signal(signal.SIGCONT)
                 node.process.send_signal(signal.SIGKILL)
                 node.process.wait(10)
 
