@@ -311,7 +311,7 @@ def run(root: Path, *, ack: int, lag_ms: int = 0, before: int = 12, after: int =
             if not _wait(lambda: client.acknowledged() >= before, 120):
                 raise RuntimeError("the loop did not get going")
             probe = client.busy_session()
-            burst = threading.Thread(target=lambda: None)
+            burst = None
             if lag_ms:
                 pool = [client.busy_session() for _ in range(BURST)]
                 group.cut_replication()
@@ -324,7 +324,8 @@ def run(root: Path, *, ack: int, lag_ms: int = 0, before: int = 12, after: int =
                 group.signal_replicas(signal.SIGCONT)
             # The time to the first acknowledged archive: one sent right after the kill.
             client.probe(probe)
-            burst.join(120)
+            if burst is not None:
+                burst.join(120)
             group.wait_promoted(old)
             out.promoted_after_s = round(time.time() - kill_at, 3)
             _wait(lambda: client.acknowledged(since=kill_at) >= after, 120)

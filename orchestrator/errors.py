@@ -189,7 +189,7 @@ class WriteUnconfirmed(StoreUnavailable):
     title) was applied on the Redis primary but fewer than ``FLEET_REDIS_MIN_REPLICAS_ACK``
     replicas acknowledged it within ``FLEET_REDIS_REPLICA_ACK_TIMEOUT_MS``: it may or may not
     survive a failover. Retrying is safe (archive, unarchive and delete are idempotent; a
-    retry answers only once replicas hold the write). ``data``: ``{"replicasAcked",
+    retried archive answers only once replicas hold it). ``data``: ``{"replicasAcked",
     "replicasRequired"}``."""
 
     code = "write_unconfirmed"

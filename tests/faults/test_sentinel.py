@@ -12,12 +12,15 @@ import pytest
 from kombu import Connection
 
 from bench.sentinels import SentinelGroup, sentinel_group
+from orchestrator import sessions, steps, tools, turns
 from orchestrator.errors import StoreUnavailable
+from orchestrator.model import ScriptedModel
 from orchestrator.redisconn import SentinelOptions
 from orchestrator.settings import FleetSettings
 from orchestrator.store import Store
-from tests.helpers import wait_for
+from tests.helpers import RecordingDispatcher, wait_for
 from workers.app import sentinel_transport_options
+from workers.retry import TRANSIENT
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -81,3 +84,26 @@ def test_broker_transport_follows_the_primary(group: SentinelGroup) -> None:
         assert message.payload == {"n": 2}
         assert conn.default_channel.client.info("server")["tcp_port"] == new.port
         queue.close()
+
+
+def test_a_step_on_a_node_that_is_now_a_replica_does_not_run(group: SentinelGroup) -> None:
+    # Given a running turn written on the primary, and a store whose node became a replica
+    # (what a process still connected to a demoted primary reaches during the switch)
+    primary = Store(group.url, "ha:", sentinel=SentinelOptions(group.master))
+    recorder = RecordingDispatcher()
+    sid = sessions.create_session(primary, "/tmp/ha").session_id
+    tid = turns.start_turn(primary, recorder, sid, "say hello\nsay again")
+    replica = next(n for n in group.data if n is not group.primary())
+    wait_for(lambda: replica.client().exists(primary.keys.turn(tid)), message="replication")
+    on_replica = Store(f"redis://127.0.0.1:{replica.port}/0", "ha:")
+    # When its step is run there
+    with pytest.raises(StoreUnavailable):
+        steps.run_step(on_replica, recorder, ScriptedModel(), tools.run_tool, sid, tid, 0)
+    # Then nothing ran (no model request, the turn still waits at step 0) and the task would
+    # be retried (StoreUnavailable is transient for every fleet task)
+    assert primary.redis.llen(primary.keys.model_requests(sid)) == 0
+    turn = turns.get_turn(primary, tid)
+    assert turn is not None and turn.step == 0
+    assert StoreUnavailable in TRANSIENT
+    # And run against the primary the Sentinels name, the same step runs
+    assert steps.run_step(primary, recorder, ScriptedModel(), tools.run_tool, sid, tid, 0) == "ran"
