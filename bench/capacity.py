@@ -10,6 +10,10 @@ client processes hammering it:
 * **archive**: ``archive.archive`` then ``archive.unarchive`` on random idle sessions (the
   durable lifecycle path, census included, with no stop messages to send).
 
+* **steps**: real turns on one real turn worker (``say hello`` steps of the scripted model):
+  everything a model step costs the primary, the Celery broker's commands and task events
+  included.
+
 For each phase it prints the calls per second the clients achieved, the server's CPU seconds
 per call (``INFO cpu`` delta / calls: what the single-threaded primary spends, fsync syscalls
 included) and so the calls per second one fully busy primary core would sustain
@@ -97,6 +101,62 @@ def phase(url: str, name: str, ids: list[str], seconds: float, clients: int) -> 
     }
 
 
+def steps_phase(url: str, root: Path, turns_n: int = 20, steps_n: int = 50) -> dict[str, Any]:
+    """Run ``turns_n`` turns of ``steps_n`` steps on one turn worker; server cost per step."""
+    import os
+
+    os.environ["FLEET_REDIS_URL"] = url
+    os.environ["FLEET_KEY_PREFIX"] = PREFIX
+    from api.local import LocalFleet
+    from orchestrator import sessions, turns
+    from orchestrator.families import Family
+    from orchestrator.settings import get_settings
+    from orchestrator.store import Store
+    from workers.app import app, configure
+    from workers.dispatch import CeleryDispatcher
+
+    get_settings.cache_clear()
+    configure(app, get_settings())
+    store = Store(url, PREFIX, min_replicas_ack=0)
+    fleet = LocalFleet(url, PREFIX, root, hostname="cap", concurrency=8).start([Family.TURN])
+    try:
+        fleet.wait_ready(60)
+        raw = redis.Redis.from_url(url, decode_responses=True)
+        raw.config_resetstat()
+        cpu0, t0 = _cpu(raw), time.perf_counter()
+        prompt = "\n".join(["say hello"] * steps_n)
+        ids = []
+        for _ in range(turns_n):
+            sid = sessions.create_session(store, "/bench/capacity").session_id
+            ids.append((sid, turns.start_turn(store, CeleryDispatcher(app), sid, prompt)))
+        for _sid, tid in ids:
+            while (turn := turns.get_turn(store, tid)) is None or turn.state.value in (
+                "queued",
+                "running",
+            ):
+                time.sleep(0.05)
+        wall, cpu = time.perf_counter() - t0, _cpu(raw) - cpu0
+        done = sum(int(raw.llen(store.keys.model_requests(sid))) for sid, _ in ids)
+        stats = raw.info("commandstats")
+        return {
+            "phase": "steps",
+            "steps": done,
+            "stepsPerSecondOneWorker": round(done / wall),
+            "serverCpuUsPerStep": round(cpu / max(done, 1) * 1e6, 1),
+            "stepsPerSecondPerPrimaryCore": round(done / cpu) if cpu else None,
+            "redisCommandsPerStep": round(
+                sum(int(v["calls"]) for v in stats.values()) / max(done, 1), 1
+            ),
+            # Server time per step by command (scripts' inner commands are inside evalsha).
+            "usPerStepByCommand": {
+                name.removeprefix("cmdstat_"): round(int(v["usec"]) / max(done, 1), 1)
+                for name, v in sorted(stats.items(), key=lambda kv: -int(kv[1]["usec"]))[:8]
+            },
+        }
+    finally:
+        fleet.stop(timeout=8)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.capacity", description=__doc__)
     parser.add_argument("--seconds", type=float, default=15)
@@ -113,6 +173,7 @@ def main(argv: list[str] | None = None) -> int:
         ]
         for name in ("gate", "archive"):
             print(phase(server.url, name, ids, args.seconds, args.clients), flush=True)
+        print(steps_phase(server.url, Path(tempfile.mkdtemp(prefix="fleet-capacity-"))))
     return 0
 
 
