@@ -5,8 +5,10 @@ replica."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from kombu import Connection
@@ -15,7 +17,7 @@ from bench.sentinels import SentinelGroup, sentinel_group
 from orchestrator import sessions, steps, tools, turns
 from orchestrator.errors import StoreUnavailable
 from orchestrator.model import ScriptedModel
-from orchestrator.redisconn import SentinelOptions
+from orchestrator.redisconn import SentinelOptions, async_client
 from orchestrator.settings import FleetSettings
 from orchestrator.store import Store
 from tests.helpers import RecordingDispatcher, wait_for
@@ -107,3 +109,27 @@ def test_a_step_on_a_node_that_is_now_a_replica_does_not_run(group: SentinelGrou
     assert StoreUnavailable in TRANSIENT
     # And run against the primary the Sentinels name, the same step runs
     assert steps.run_step(primary, recorder, ScriptedModel(), tools.run_tool, sid, tid, 0) == "ran"
+
+
+def test_the_event_clients_follow_the_primary(group: SentinelGroup) -> None:
+    # The API's event streams and ACP's relay use redis.asyncio through the same URL.
+    async def roundtrip(key: str) -> str | None:
+        client = async_client(group.url, SentinelOptions(group.master), decode_responses=True)
+        try:
+            await client.set(key, "1")
+            value: str | None = await client.get(key)
+            return value
+        finally:
+            await client.aclose()
+
+    assert asyncio.run(roundtrip("ha:async:before")) == "1"
+    new = group.wait_promoted(group.kill_primary())
+    wait_for(lambda: _quietly(roundtrip, "ha:async:after"), timeout=30)
+    assert new.client().get("ha:async:after") == "1"
+
+
+def _quietly(fn: Any, key: str) -> bool:
+    try:
+        return asyncio.run(fn(key)) == "1"
+    except Exception:  # connection errors while the switch completes
+        return False
