@@ -37,3 +37,40 @@ def test_broker_transport_and_options_follow_the_url() -> None:
     assert options["sentinel_kwargs"]["password"] == "pw"
     assert sentinel_transport_options("redis://h:6379/0", settings) == {}
     assert SentinelOptions.from_settings(settings).master == "fm"
+
+
+@pytest.mark.parametrize(
+    ("url", "message"),
+    [
+        ("sentinel://h1:26379;sentinel://h2:port", "port that is not a number"),
+        ("memcached://h:11211", "must start with redis://, rediss://, unix:// or sentinel://"),
+    ],
+)
+def test_commands_refuse_a_malformed_url_with_a_hint(
+    monkeypatch: pytest.MonkeyPatch, url: str, message: str
+) -> None:
+    from api.context import redis_url
+    from orchestrator.settings import get_settings
+
+    monkeypatch.setenv("FLEET_REDIS_URL", url)
+    get_settings.cache_clear()
+    try:
+        with pytest.raises(SystemExit, match=message):
+            redis_url()
+    finally:
+        monkeypatch.undo()
+        get_settings.cache_clear()
+
+
+def test_a_sentinel_url_is_accepted_by_the_commands(monkeypatch: pytest.MonkeyPatch) -> None:
+    from api.context import redis_url
+    from orchestrator.settings import get_settings
+
+    url = "sentinel://h1:26379;sentinel://h2:26379"
+    monkeypatch.setenv("FLEET_REDIS_URL", url)
+    get_settings.cache_clear()
+    try:
+        assert redis_url() == url
+    finally:
+        monkeypatch.undo()
+        get_settings.cache_clear()
