@@ -15,6 +15,7 @@ from functools import lru_cache
 from api.discovery import FleetNotFound, find
 from api.wiring import CeleryDispatcher, celery_dispatcher
 from orchestrator.errors import InvalidParams
+from orchestrator.redisconn import SCHEMES, is_sentinel, parse_sentinel_url
 from orchestrator.settings import FleetSettings, MissingRedisUrl, get_settings
 from orchestrator.store import Store
 
@@ -65,11 +66,17 @@ def redis_url(*, discover: bool = True) -> str:
         )
     if not url:
         raise FleetNotFound(current.state_dir)
-    if not url.startswith(("redis://", "rediss://", "unix://")):
+    if not url.startswith(SCHEMES):
         raise InvalidParams(
-            f"FLEET_REDIS_URL must start with redis://, rediss:// or unix:// (got {url!r}).",
+            f"FLEET_REDIS_URL must start with redis://, rediss://, unix:// or sentinel:// "
+            f"(got {url!r}).",
             {"param": "FLEET_REDIS_URL"},
         )
+    if is_sentinel(url):
+        try:
+            parse_sentinel_url(url)
+        except ValueError as exc:
+            raise InvalidParams(f"FLEET_REDIS_URL: {exc}.", {"param": "FLEET_REDIS_URL"}) from exc
     return url
 
 

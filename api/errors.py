@@ -19,6 +19,7 @@ from orchestrator.errors import (
     SessionNotFound,
     StoreUnavailable,
     TurnNotFound,
+    WriteUnconfirmed,
 )
 
 #: error class -> (HTTP status, JSON-RPC code). Looked up by walking the class's MRO, so a
@@ -34,6 +35,8 @@ ERROR_TABLE: dict[type[FleetError], tuple[int, int]] = {
     InputRejected: (400, -32602),
     StoreUnavailable: (503, -32010),
     LimitReached: (429, -32011),
+    # Applied on the primary, not acknowledged by enough replicas: retry (idempotent).
+    WriteUnconfirmed: (503, -32012),
 }
 
 

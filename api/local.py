@@ -15,13 +15,13 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import redis
 from tenacity import RetryError, Retrying, retry_if_result, stop_after_delay, wait_fixed
 
 from orchestrator.families import get as family_spec
 from orchestrator.families import names as family_names
 from orchestrator.keys import Keys
 from orchestrator.processes import die_with_parent
+from orchestrator.redisconn import sync_client
 
 
 @dataclass
@@ -126,7 +126,7 @@ class LocalFleet:
     def wait_ready(self, timeout: float = 60.0) -> None:
         """Block until every started worker has a heartbeat in Redis. Raises
         ``RuntimeError`` with the log tail of a worker that died or never got ready."""
-        client = redis.Redis.from_url(self.redis_url, decode_responses=True)
+        client = sync_client(self.redis_url, decode_responses=True)
         keys = Keys(self.key_prefix)
 
         def missing() -> list[WorkerProcess]:

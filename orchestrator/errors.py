@@ -16,6 +16,7 @@
     ├── HostHeld               a job worker's host name is held by another live worker
     ├── LimitReached           a FLEET_MAX_* limit refuses a new job, reminder or subagent
     └── StoreUnavailable       Redis cannot be reached or answered with an error
+        └── WriteUnconfirmed   a lifecycle write fewer replicas acknowledged than required
 
     TurnStopped                internal to the step runtime, never reaches an interface: a
                                step's write was refused because its turn stopped running
@@ -183,12 +184,33 @@ class LimitReached(FleetError):
 
 
 class StoreUnavailable(FleetError):
-    """Raised when Redis cannot be reached or fails; nothing was half written."""
+    """Raised when Redis cannot be reached or fails; nothing was half written (except for
+    ``WriteUnconfirmed``, whose write is on the primary)."""
 
     code = "store_unavailable"
 
     def __init__(self, detail: str) -> None:
         super().__init__(f"The session store is unavailable: {detail}. Try again shortly.")
+
+
+class WriteUnconfirmed(StoreUnavailable):
+    """Raised when a lifecycle write (archive, unarchive, delete, a bulk batch, a client
+    title) was applied on the Redis primary but fewer than ``FLEET_REDIS_MIN_REPLICAS_ACK``
+    replicas acknowledged it within ``FLEET_REDIS_REPLICA_ACK_TIMEOUT_MS``: it may or may not
+    survive a failover. Retrying is safe (archive, unarchive and delete are idempotent; a
+    retried archive answers only once replicas hold it). ``data``: ``{"replicasAcked",
+    "replicasRequired"}``."""
+
+    code = "write_unconfirmed"
+
+    def __init__(self, acked: int, required: int) -> None:
+        FleetError.__init__(
+            self,
+            f"The write was applied on the Redis primary but only {acked} of the {required} "
+            "required replicas acknowledged it, so it may or may not survive a failover. "
+            "Retrying is safe: the operation is idempotent.",
+            {"replicasAcked": acked, "replicasRequired": required},
+        )
 
 
 class TurnStopped(Exception):

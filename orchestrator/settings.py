@@ -20,6 +20,10 @@ class MissingRedisUrl(ValueError):
     command but ``fleet up`` and ``fleet demo`` refuses to start without one."""
 
 
+#: The URL schemes ``FLEET_REDIS_URL`` may have (``sentinel://``: see ``orchestrator.redisconn``).
+REDIS_SCHEMES = ("redis://", "rediss://", "unix://", "sentinel://")
+
+
 class FleetSettings(BaseSettings):
     """Process configuration (pydantic-settings, environment prefix ``FLEET_``)."""
 
@@ -29,6 +33,16 @@ class FleetSettings(BaseSettings):
     #: server" for the local runners (``fleet up``, ``fleet demo``); long-running services
     #: started on their own require it.
     redis_url: str | None = None
+    #: With a ``sentinel://`` URL (orchestrator/redisconn.py): the primary's name as the
+    #: Sentinels monitor it, and the Sentinels' own credentials (empty: none).
+    redis_sentinel_master: str = "mymaster"
+    redis_sentinel_username: str = ""
+    redis_sentinel_password: str = ""
+    #: Replicas that must acknowledge each lifecycle write (archive, unarchive, delete, bulk
+    #: batches, client titles) within ``redis_replica_ack_timeout_ms`` (Redis ``WAIT``, after
+    #: ``WAITAOF``); fewer answers ``WriteUnconfirmed``. 0: no replica is waited for.
+    redis_min_replicas_ack: int = Field(default=0, ge=0)
+    redis_replica_ack_timeout_ms: int = Field(default=1000, ge=1)
     #: Prefix of every key agent-fleet writes (state and broker), so several fleets or test
     #: runs can share one Redis database without touching each other's data.
     key_prefix: str = "fleet:"
@@ -147,16 +161,17 @@ class FleetSettings(BaseSettings):
 
     def require_redis_url(self) -> str:
         """``redis_url``, checked: raises ``MissingRedisUrl`` (with what to do) when it is
-        unset or not a ``redis://``, ``rediss://`` or ``unix://`` URL."""
+        unset or not a ``redis://``, ``rediss://``, ``unix://`` or ``sentinel://`` URL."""
         url = self.redis_url
         if not url:
             raise MissingRedisUrl(
                 "FLEET_REDIS_URL is not set. Point it at your Redis (redis://host:6379/0), or "
                 "use `fleet up` / `fleet demo`, which start an embedded Redis."
             )
-        if not url.startswith(("redis://", "rediss://", "unix://")):
+        if not url.startswith(REDIS_SCHEMES):
             raise MissingRedisUrl(
-                f"FLEET_REDIS_URL must start with redis://, rediss:// or unix:// (got {url!r})."
+                "FLEET_REDIS_URL must start with redis://, rediss://, unix:// or sentinel:// "
+                f"(got {url!r})."
             )
         return url
 

@@ -20,8 +20,9 @@ import redis
 from redis.commands.core import Script
 from tenacity import retry, retry_if_exception_type, stop_after_delay, wait_exponential
 
-from orchestrator.errors import StoreUnavailable
+from orchestrator.errors import StoreUnavailable, WriteUnconfirmed
 from orchestrator.keys import Keys, lua_prelude
+from orchestrator.redisconn import SentinelOptions, sync_client
 from orchestrator.settings import FleetSettings, get_settings
 
 P = ParamSpec("P")
@@ -88,8 +89,10 @@ def _server_ms(store: Store) -> int:
 class Store:
     """A Redis client, the key schema bound to a prefix, and the loaded Lua scripts.
 
-    ``url`` is a redis:// URL; timeouts are seconds and bound every call, so a dead server
-    surfaces as ``StoreUnavailable`` instead of a hang.
+    ``url`` is a redis://, rediss://, unix:// or sentinel:// URL (``orchestrator.redisconn``;
+    ``sentinel`` defaults to ``FLEET_REDIS_SENTINEL_*``); timeouts are seconds and bound every
+    call, so a dead server surfaces as ``StoreUnavailable`` instead of a hang. With Sentinel
+    the client follows the primary through a failover.
     """
 
     def __init__(
@@ -100,14 +103,26 @@ class Store:
         socket_timeout: float = 2.0,
         connect_timeout: float = 1.0,
         settings: FleetSettings | None = None,
+        sentinel: SentinelOptions | None = None,
+        min_replicas_ack: int | None = None,
+        replica_ack_timeout_ms: int | None = None,
     ) -> None:
         self.url = url
         self.keys = Keys(prefix)
         self._settings = settings
+        read = settings if settings is not None else get_settings()
+        #: Replicas that must acknowledge a durable write (``WAIT``) within the timeout (ms).
+        self.min_replicas_ack = (
+            read.redis_min_replicas_ack if min_replicas_ack is None else min_replicas_ack
+        )
+        self.replica_ack_timeout_ms = replica_ack_timeout_ms or read.redis_replica_ack_timeout_ms
+        if sentinel is None and settings is not None:
+            sentinel = SentinelOptions.from_settings(settings)
         # Typed as Any: redis-py annotates replies as unions over sync/async and bytes/str
         # modes; with decode_responses=True they are str, and callers check what they read.
-        self.redis: Any = redis.Redis.from_url(
+        self.redis: Any = sync_client(
             url,
+            sentinel,
             decode_responses=True,
             socket_timeout=socket_timeout,
             socket_connect_timeout=connect_timeout,
@@ -152,23 +167,42 @@ class Store:
         """Run the Lua script ``name`` with ``[prefix, *args]`` as ARGV.
 
         With ``durable``, the reply is returned only once the write is fsynced to the
-        append-only file where the server can confirm it (``WAITAOF``, Redis >= 7.2, sent on
-        the same connection in one pipeline); older servers rely on their own
-        ``appendfsync always`` configuration, which the embedded server uses.
-        Raises ``StoreUnavailable`` on any Redis failure.
+        append-only file where the server can confirm it (``WAITAOF``, Redis >= 7.2; older
+        servers rely on their own ``appendfsync always`` configuration, which the embedded
+        server uses) and, when ``min_replicas_ack`` > 0, acknowledged by that many replicas
+        within ``replica_ack_timeout_ms`` (``WAIT``); both are sent on the same connection in
+        one pipeline with the script (one round trip).
+        Raises ``StoreUnavailable`` on any Redis failure, and ``WriteUnconfirmed`` (a
+        ``StoreUnavailable``) when fewer replicas acknowledged: the write is on the primary
+        and may or may not survive a failover.
         """
         argv = [self.keys.prefix, *args]
         script = self.script(name)
         with translated():
-            if not durable or self._waitaof is False:
+            if not durable or (self._waitaof is False and not self.min_replicas_ack):
                 return script(keys=[], args=argv)
             pipe = self.redis.pipeline(transaction=False)
             script(keys=[], args=argv, client=pipe)
-            pipe.execute_command("WAITAOF", 1, 0, 1000)
-            result, ack = pipe.execute(raise_on_error=False)
+            if self._waitaof is not False:
+                pipe.execute_command("WAITAOF", 1, 0, 1000)
+            if self.min_replicas_ack:
+                pipe.execute_command("WAIT", self.min_replicas_ack, self.replica_ack_timeout_ms)
+            result, *acks = pipe.execute(raise_on_error=False)
         if isinstance(result, Exception):
             with translated():
                 raise result
+        if self._waitaof is not False:
+            self._check_waitaof(acks.pop(0))
+        if self.min_replicas_ack:
+            acked = acks.pop(0)
+            if isinstance(acked, Exception):
+                with translated():
+                    raise acked
+            if int(acked) < self.min_replicas_ack:
+                raise WriteUnconfirmed(int(acked), self.min_replicas_ack)
+        return result
+
+    def _check_waitaof(self, ack: Any) -> None:
         if isinstance(ack, redis.ResponseError):
             # Unknown command (server < 7.2) or appendonly off: nothing more to wait for.
             self._waitaof = False
@@ -177,7 +211,6 @@ class Store:
                 raise ack
         else:
             self._waitaof = True
-        return result
 
     def close(self) -> None:
         """Release the connection pool."""

@@ -10,6 +10,7 @@ user.
 from __future__ import annotations
 
 import re
+import shlex
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -29,7 +30,17 @@ README = ROOT / "README.md"
 
 # One worker service per registered family (orchestrator/families).
 WORKER_FAMILIES = set(family_names())
-EXPECTED_SERVICES = {"redis", "api", "flower", *(f"worker-{name}" for name in WORKER_FAMILIES)}
+EXPECTED_SERVICES = {
+    "redis",
+    "api",
+    "flower",
+    *(f"worker-{name}" for name in WORKER_FAMILIES),
+    "sentinel-1",
+    "sentinel-2",
+    "sentinel-3",
+    "redis-replica-1",
+    "redis-replica-2",
+}
 # The commands the CLI documents; the compose file may only use these.
 DOCUMENTED_COMMANDS = {
     "up",
@@ -54,6 +65,8 @@ SECRETS = {
     "FLEET_API_TOKEN": ("FLEET_API_TOKEN", "api"),
     "FLEET_FLOWER_BASIC_AUTH": ("FLOWER_BASIC_AUTH", "flower"),
 }
+#: The fleet's Redis: the three Sentinel services, in kombu's form (orchestrator/redisconn.py).
+SENTINEL_URL = ";".join(f"sentinel://sentinel-{i}:26379" for i in (1, 2, 3))
 #: Services reachable from outside the compose network, and their ports.
 PUBLISHED = {"api": "8765:8765", "flower": "5555:5555"}
 
@@ -84,7 +97,12 @@ def _fleet_commands(services: dict[str, dict[str, Any]]) -> dict[str, list[str]]
 
 
 def _fleet_services(services: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    return {name: svc for name, svc in services.items() if name != "redis"}
+    return {name: svc for name, svc in services.items() if not _is_redis(svc)}
+
+
+def _is_redis(svc: dict[str, Any]) -> bool:
+    """A Redis data node or Sentinel (the redis image), not a fleet service."""
+    return str(svc.get("image", "")).startswith("redis:")
 
 
 def _option(argv: list[str], name: str) -> str:
@@ -211,9 +229,83 @@ def test_fleet_services_share_one_image_built_here_and_the_redis_url(
         build = svc.get("build")
         context = build.get("context") if isinstance(build, dict) else build
         assert context in (".", "./"), f"{name}: built from the Dockerfile here"
-        assert svc.get("environment", {}).get("FLEET_REDIS_URL") == "redis://redis:6379/0", name
+        assert svc.get("environment", {}).get("FLEET_REDIS_URL") == SENTINEL_URL, name
     commands = [tuple(_command(svc)) for svc in fleet.values()]
     assert len(set(commands)) == len(commands), "several commands, one per service"
+
+
+def _sentinel_config(svc: dict[str, Any]) -> list[str]:
+    """The lines a Sentinel service writes into its configuration file."""
+    script = _command(svc)
+    assert script[:2] == ["sh", "-c"], "the Sentinel writes its configuration, then runs"
+    text = " ".join(script[2:])
+    assert "exec redis-server /data/sentinel.conf --sentinel" in text
+    assert text.startswith("test -f /data/sentinel.conf ||"), "written once, kept on restart"
+    tokens = shlex.split(text)
+    start = tokens.index("printf") + 2  # after printf and its format
+    return tokens[start : tokens.index(">")]
+
+
+def test_three_sentinels_watch_the_primary_the_fleet_names(
+    services: dict[str, dict[str, Any]],
+) -> None:
+    from orchestrator.redisconn import parse_sentinel_url
+
+    sentinels = {n: s for n, s in services.items() if n.startswith("sentinel-")}
+    assert set(sentinels) == {"sentinel-1", "sentinel-2", "sentinel-3"}
+    address = parse_sentinel_url(SENTINEL_URL)
+    assert sorted(h for h, _ in address.sentinels) == sorted(sentinels)
+    env = services["api"]["environment"]
+    master = env["FLEET_REDIS_SENTINEL_MASTER"]
+    volumes = set()
+    for name, svc in sentinels.items():
+        # Always on: without the ha profile they name the one primary.
+        assert "profiles" not in svc, name
+        config = _sentinel_config(svc)
+        assert "port 26379" in config
+        assert f"sentinel monitor {master} redis 6379 2" in config, "quorum 2 of 3"
+        assert any(
+            line.startswith(f"sentinel down-after-milliseconds {master} ") for line in config
+        )
+        assert "sentinel resolve-hostnames yes" in config
+        assert "sentinel announce-hostnames yes" in config
+        assert svc["depends_on"]["redis"]["condition"] == "service_healthy"
+        assert "26379" in svc["healthcheck"]["test"]
+        [mount] = svc["volumes"]
+        volumes.add(mount.split(":")[0])
+    assert len(volumes) == 3, "each Sentinel keeps its own state"
+
+
+def test_the_ha_profile_adds_two_durable_replicas_of_the_primary(
+    compose: dict[str, Any], services: dict[str, dict[str, Any]]
+) -> None:
+    profiled = {n: s for n, s in services.items() if s.get("profiles")}
+    assert set(profiled) == {"redis-replica-1", "redis-replica-2"}
+    for name, svc in profiled.items():
+        assert svc["profiles"] == ["ha"]
+        command = _command(svc)
+        assert command[0] == "redis-server"
+        assert _option(command, "--appendonly") == "yes"
+        assert _option(command, "--appendfsync") == "always"
+        assert command[command.index("--replicaof") + 1 : command.index("--replicaof") + 3] == [
+            "redis",
+            "6379",
+        ]
+        assert _option(command, "--replica-announce-ip") == name
+        [mount] = svc["volumes"]
+        assert mount.endswith(":/data") and mount.split(":")[0] in compose["volumes"]
+        assert svc["depends_on"]["redis"]["condition"] == "service_healthy"
+    assert _option(_command(services["redis"]), "--replica-announce-ip") == "redis"
+
+
+def test_fleet_services_wait_for_the_sentinels_and_may_require_a_replica_ack(
+    services: dict[str, dict[str, Any]],
+) -> None:
+    for name, svc in _fleet_services(services).items():
+        for sentinel in ("sentinel-1", "sentinel-2", "sentinel-3"):
+            assert svc["depends_on"][sentinel]["condition"] == "service_healthy", name
+        ack = svc["environment"]["FLEET_REDIS_MIN_REPLICAS_ACK"]
+        assert ack == "${FLEET_REDIS_MIN_REPLICAS_ACK:-0}", "0 unless the ha profile asks"
 
 
 def test_every_service_restarts_by_itself(services: dict[str, dict[str, Any]]) -> None:
@@ -343,5 +435,11 @@ def test_the_build_context_leaves_local_state_out() -> None:
 def test_readme_documents_docker_compose() -> None:
     text = README.read_text()
     assert "docker compose up" in text
-    for needle in ("FLEET_API_TOKEN", "FLOWER_BASIC_AUTH", "--scale worker-job="):
+    for needle in (
+        "FLEET_API_TOKEN",
+        "FLOWER_BASIC_AUTH",
+        "--scale worker-job=",
+        "docker compose --profile ha up",
+        "FLEET_REDIS_MIN_REPLICAS_ACK",
+    ):
         assert needle in text, needle

@@ -15,11 +15,14 @@ step whose worker died is redelivered and meets the gate again.
 
 from __future__ import annotations
 
+from typing import Any
+
 from celery import Celery
 from kombu.entity import Queue
 
 from orchestrator import families
 from orchestrator.families import Family
+from orchestrator.redisconn import SentinelOptions, is_sentinel
 from orchestrator.settings import FleetSettings
 
 TASK_MODULES = [
@@ -49,6 +52,21 @@ def worker_queues(family: str, host: str) -> list[str]:
     return families.get(family).worker_queues(host)
 
 
+def broker_transport(url: str) -> str:
+    """The fleet's transport class for a broker ``url`` (``sentinel://`` or one Redis)."""
+    return "workers.broker:SentinelTransport" if is_sentinel(url) else "workers.broker:Transport"
+
+
+def sentinel_transport_options(url: str, settings: FleetSettings) -> dict[str, Any]:
+    """kombu's Sentinel options for ``url`` (none for one Redis): the primary's name and the
+    Sentinels' own credentials and timeouts."""
+    if not is_sentinel(url):
+        return {}
+    options = SentinelOptions.from_settings(settings)
+    timeouts = {"socket_timeout": 2.0, "socket_connect_timeout": 1.0}
+    return {"master_name": options.master, "sentinel_kwargs": options.sentinel_kwargs(timeouts)}
+
+
 def configure(app: Celery, settings: FleetSettings) -> None:
     """Apply agent-fleet's Celery configuration for ``settings`` to ``app``. Raises
     ``MissingRedisUrl`` when ``settings.redis_url`` is unset (there is no default broker)."""
@@ -56,8 +74,9 @@ def configure(app: Celery, settings: FleetSettings) -> None:
     app.conf.update(
         broker_url=url,
         # kombu's Redis transport, made to reconnect on a restarting, failed-over or full
-        # server instead of ending the worker (workers/broker.py says why).
-        broker_transport="workers.broker:Transport",
+        # server instead of ending the worker (workers/broker.py says why); its Sentinel
+        # variant for a sentinel:// URL (orchestrator/redisconn.py).
+        broker_transport=broker_transport(url),
         broker_connection_retry_on_startup=True,
         # A worker never gives up on the broker: it reconnects with back-off for as long as
         # Redis is away (the default ends the worker after 100 failed attempts).
@@ -74,6 +93,7 @@ def configure(app: Celery, settings: FleetSettings) -> None:
                 10.0, max(1.0, settings.visibility_timeout_seconds / 3)
             ),
             "unacked_restore_throttle": 1,
+            **sentinel_transport_options(url, settings),
         },
         task_queues=static_queues(),
         task_default_queue=families.work_queue(Family.TURN),

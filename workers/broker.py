@@ -2,8 +2,10 @@
 and a full server instead of ending the worker.
 
 ``workers.app`` selects it with ``broker_transport = "workers.broker:Transport"`` (the URL stays
-``redis://``). Three differences from ``kombu.transport.redis.Transport``, each for a failure
-seen with real processes (issue 10, fault 5):
+``redis://``), or ``"workers.broker:SentinelTransport"`` for a ``sentinel://`` URL (kombu's
+Sentinel transport with the same changes). Three differences from
+``kombu.transport.redis.Transport``, each for a failure seen with real processes (issue 10,
+fault 5):
 
 * **More replies count as a lost connection.** Celery's consumer restarts (reconnects with
   back-off) only on the transport's ``connection_errors``; anything else is "Unrecoverable"
@@ -68,7 +70,7 @@ class _Held:
         with self._lock:
             self._items.append((payload, exchange, routing_key))
 
-    def give_back(self, channel: Channel) -> None:
+    def give_back(self, channel: kombu_redis.Channel) -> None:
         """Push every held message back to the consuming end of its queue. Raises the
         connection error that stopped it; what was not pushed stays held."""
         with self._lock:
@@ -102,21 +104,31 @@ class QoS(kombu_redis.QoS):
             raise
 
 
-class Channel(kombu_redis.Channel):
-    """kombu's Redis channel with the fixes described in the module docstring."""
+class _FleetChannel:
+    """What both channels add to kombu's (the module docstring): a closed transport is a
+    connection error, and held messages go back before consuming."""
 
     QoS = QoS
 
     def _connparams(self, asynchronous: bool = False) -> Any:
-        transport = self.connection
+        transport = self.connection  # type: ignore[attr-defined]
         if transport is None or transport.client is None:
             raise redis_errors.ConnectionError("the broker connection is closed")
-        return super()._connparams(asynchronous=asynchronous)
+        return super()._connparams(asynchronous=asynchronous)  # type: ignore[misc]
 
     def basic_consume(self, queue: str, *args: Any, **kwargs: Any) -> Any:
         # Held messages go back first; until they can, consuming more would only hold more.
-        HELD.give_back(self)
-        return super().basic_consume(queue, *args, **kwargs)
+        HELD.give_back(self)  # type: ignore[arg-type]
+        return super().basic_consume(queue, *args, **kwargs)  # type: ignore[misc]
+
+
+class Channel(_FleetChannel, kombu_redis.Channel):
+    """kombu's Redis channel with the fixes described in the module docstring."""
+
+
+class SentinelChannel(_FleetChannel, kombu_redis.SentinelChannel):
+    """kombu's Sentinel channel (the primary's address is asked of the Sentinels for each new
+    connection) with the same fixes."""
 
 
 class Transport(kombu_redis.Transport):
@@ -125,3 +137,14 @@ class Transport(kombu_redis.Transport):
 
     Channel = Channel
     connection_errors = _CONNECTION_ERRORS
+
+
+class SentinelTransport(kombu_redis.SentinelTransport):
+    """kombu's Sentinel transport (``sentinel://`` URLs, ``master_name`` transport option)
+    with ``SentinelChannel`` above and the same connection errors. During a failover the
+    old primary's connections fail (refused, or ``READONLY`` once it is a replica, which
+    redis-py's Sentinel connection turns into a connection error): the consumer reconnects
+    and the Sentinels name the new primary."""
+
+    Channel = SentinelChannel
+    connection_errors = _CONNECTION_ERRORS  # type: ignore[assignment]

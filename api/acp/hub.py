@@ -14,7 +14,7 @@ import logging
 import weakref
 from typing import Any
 
-import redis.asyncio as aioredis
+from orchestrator.redisconn import async_client
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +39,7 @@ class EventHub:
 
     async def _run(self) -> None:
         while True:
-            client = aioredis.from_url(self.url, decode_responses=True)
+            client = async_client(self.url, decode_responses=True)
             try:
                 pubsub = client.pubsub()
                 await pubsub.subscribe(self.channel)

@@ -40,6 +40,7 @@ from sse_starlette import EventSourceResponse, ServerSentEvent
 
 from api.deps import AUTH, SettingsDep, StoreDep
 from orchestrator.errors import InvalidParams, StoreUnavailable
+from orchestrator.redisconn import SentinelOptions, async_client
 from orchestrator.sessions import SESSION_ID_RE
 
 log = logging.getLogger(__name__)
@@ -187,8 +188,12 @@ async def events(
         raise InvalidParams("sessionId is not a session id.", {"param": "sessionId"})
     resume = _resume_id(last_event_id, lastEventId)
     key = store.keys.event_stream
-    client = aioredis.Redis.from_url(
-        store.url, decode_responses=True, socket_connect_timeout=2.0, socket_timeout=SOCKET_TIMEOUT
+    client = async_client(
+        store.url,
+        SentinelOptions.from_settings(settings),
+        decode_responses=True,
+        socket_connect_timeout=2.0,
+        socket_timeout=SOCKET_TIMEOUT,
     )
     try:
         cursor, gap = await _start(client, key, resume)

@@ -1,0 +1,155 @@
+"""Opening Redis clients from ``FLEET_REDIS_URL``: one Redis (``redis://``, ``rediss://``,
+``unix://``) or a Sentinel-managed primary (``sentinel://``).
+
+The Sentinel form is kombu's, so the same value serves the state store and the Celery broker::
+
+    sentinel://[[user]:password@]host1:26379[/db];sentinel://host2:26379;sentinel://host3:26379
+
+Each ``;``-separated address is one Sentinel. The credentials and the database number of the
+first address are those of the Redis primary and its replicas (as kombu reads them); the
+primary's name is ``FLEET_REDIS_SENTINEL_MASTER`` and the Sentinels' own credentials, when they
+require any, are ``FLEET_REDIS_SENTINEL_USERNAME`` / ``FLEET_REDIS_SENTINEL_PASSWORD``.
+
+A Sentinel-managed client asks the Sentinels for the primary's address whenever it opens a
+connection, and drops its connections when the node it reaches answers as a replica
+(``READONLY``), so a process follows a failover without a restart; during the switch its calls
+fail with connection errors, which the store turns into ``StoreUnavailable``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import unquote, urlsplit
+
+import redis
+import redis.asyncio as aioredis
+from redis.asyncio.sentinel import Sentinel as AsyncSentinel
+from redis.sentinel import Sentinel
+
+from orchestrator.settings import REDIS_SCHEMES, FleetSettings, get_settings
+
+#: URL schemes ``FLEET_REDIS_URL`` accepts.
+SCHEMES = REDIS_SCHEMES
+#: Port of a Sentinel address that names none.
+SENTINEL_PORT = 26379
+
+
+@dataclass(frozen=True)
+class SentinelOptions:
+    """What a ``sentinel://`` URL does not carry: the primary's name as the Sentinels know it
+    (``sentinel monitor <master> ...``) and the Sentinels' own credentials (empty: none)."""
+
+    master: str = "mymaster"
+    username: str = ""
+    password: str = ""
+
+    @classmethod
+    def from_settings(cls, settings: FleetSettings) -> SentinelOptions:
+        """The options from ``FLEET_REDIS_SENTINEL_*``."""
+        return cls(
+            settings.redis_sentinel_master,
+            settings.redis_sentinel_username,
+            settings.redis_sentinel_password,
+        )
+
+    def sentinel_kwargs(self, timeouts: dict[str, Any]) -> dict[str, Any]:
+        """Connection arguments for the Sentinels themselves: ``timeouts`` plus credentials."""
+        found = dict(timeouts)
+        if self.username:
+            found["username"] = self.username
+        if self.password:
+            found["password"] = self.password
+        return found
+
+
+@dataclass(frozen=True)
+class SentinelAddress:
+    """A parsed ``sentinel://`` URL: ``sentinels`` as ``(host, port)`` and the primary's
+    connection arguments (``username``, ``password``, ``db``)."""
+
+    sentinels: list[tuple[str, int]]
+    db: int = 0
+    username: str | None = None
+    password: str | None = None
+
+    def node_kwargs(self) -> dict[str, Any]:
+        """Connection arguments for the primary (and replicas) the Sentinels name."""
+        found: dict[str, Any] = {"db": self.db}
+        if self.username:
+            found["username"] = self.username
+        if self.password:
+            found["password"] = self.password
+        return found
+
+
+def is_sentinel(url: str) -> bool:
+    """Whether ``url`` names Sentinels rather than one Redis."""
+    return url.strip().lower().startswith("sentinel://")
+
+
+def parse_sentinel_url(url: str) -> SentinelAddress:
+    """Parse ``sentinel://[[user]:password@]host:port[/db];sentinel://host:port;...``.
+
+    Raises ``ValueError`` naming the part that is wrong (an address of another scheme, no
+    host, a port or database that is not a number)."""
+    sentinels: list[tuple[str, int]] = []
+    first = None
+    for part in (p.strip() for p in url.split(";")):
+        if not part:
+            continue
+        parsed = urlsplit(part)
+        if parsed.scheme.lower() != "sentinel" or not parsed.hostname:
+            raise ValueError(f"{part!r} is not a sentinel://host:port address")
+        try:
+            port = parsed.port or SENTINEL_PORT
+        except ValueError as exc:
+            raise ValueError(f"{part!r} has a port that is not a number") from exc
+        sentinels.append((parsed.hostname, port))
+        first = first or parsed
+    if first is None:
+        raise ValueError("no sentinel://host:port address")
+    path = first.path.strip("/")
+    if path and not path.isdigit():
+        raise ValueError(f"database {path!r} is not a number")
+    return SentinelAddress(
+        sentinels,
+        db=int(path or 0),
+        username=unquote(first.username) if first.username else None,
+        password=unquote(first.password) if first.password else None,
+    )
+
+
+def sync_client(url: str, options: SentinelOptions | None = None, **kwargs: Any) -> Any:
+    """A redis-py client for ``url`` with ``kwargs`` (``decode_responses``, timeouts...):
+    ``Redis.from_url`` for one server, or the Sentinel-managed primary of
+    ``options.master`` (default: from ``FLEET_REDIS_SENTINEL_*``). Raises ``ValueError`` for
+    a malformed Sentinel URL."""
+    if not is_sentinel(url):
+        return redis.Redis.from_url(url, **kwargs)
+    opts = options or SentinelOptions.from_settings(get_settings())
+    address = parse_sentinel_url(url)
+    timeouts = {k: v for k, v in kwargs.items() if k.startswith("socket_")}
+    sentinel = Sentinel(  # type: ignore[no-untyped-call]
+        address.sentinels,
+        sentinel_kwargs=opts.sentinel_kwargs(timeouts),
+        **address.node_kwargs(),
+    )
+    return sentinel.master_for(  # type: ignore[no-untyped-call]
+        opts.master, redis_class=redis.Redis, **kwargs
+    )
+
+
+def async_client(url: str, options: SentinelOptions | None = None, **kwargs: Any) -> Any:
+    """As ``sync_client``, with ``redis.asyncio`` (for the API's event streams)."""
+    if not is_sentinel(url):
+        return aioredis.Redis.from_url(url, **kwargs)
+    opts = options or SentinelOptions.from_settings(get_settings())
+    address = parse_sentinel_url(url)
+    timeouts = {k: v for k, v in kwargs.items() if k.startswith("socket_")}
+    sentinel = AsyncSentinel(  # type: ignore[no-untyped-call]
+        address.sentinels,
+        sentinel_kwargs=opts.sentinel_kwargs(timeouts),
+        **address.node_kwargs(),
+    )
+    return sentinel.master_for(opts.master, redis_class=aioredis.Redis, **kwargs)
