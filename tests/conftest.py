@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 import redis
 
-from tests.helpers import RecordingDispatcher
+from tests.helpers import RecordingDispatcher, revive, watched_fleets, watching
 
 _PREFIX = f"fleet-test-{uuid.uuid4().hex[:10]}:"
 _EMBEDDED: Any = None
@@ -129,3 +129,21 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
         yield f
     finally:
         f.stop()
+
+
+@pytest.fixture(autouse=True)
+def _workers_alive(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Keep a dead worker from costing more than one test: a test using the shared ``fleet``
+    starts with every worker of it alive (a dead one is restarted, with a ``WorkerRestarted``
+    warning naming it and quoting its log), and a worker dying during the test fails its next
+    ``wait_for`` at once with the same details. Private fleets (tests/faults/fleets.py) are
+    watched for their module's lifetime; here their dead workers are restarted too."""
+    for label, fleet in watched_fleets():
+        revive(fleet, label)
+    if "fleet" not in request.fixturenames:
+        yield
+        return
+    shared = request.getfixturevalue("fleet")
+    revive(shared, "shared")
+    with watching(shared, "shared"):
+        yield
