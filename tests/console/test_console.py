@@ -278,8 +278,11 @@ def test_busy_archive_refusal_dialog_confirm_then_undo(
     page.screenshot(path=str(SHOTS / "undo-notice.png"))
     assert server.ok("GET", f"/sessions/{sid}")["archived"] is False
     page.locator('#detail .card[data-archived="false"]').wait_for()
-    time.sleep(1.0)
-    assert live() == []  # restored, nothing resumed
+    # Restored, nothing resumed: a prompt sent after the undo runs to its end (the workers
+    # took messages sent after it) and the session is idle again
+    server.ok("POST", f"/sessions/{sid}/prompt", {"prompt": "say after"})
+    _wait(lambda: live() == [], 30, "the prompt sent after the undo to end")
+    assert live() == []
 
 
 def test_archive_door_at_zero_says_nothing_archived(
