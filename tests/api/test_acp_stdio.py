@@ -29,7 +29,7 @@ from api.acp import LIST_PAGE
 from orchestrator import archive as archive_ops
 from orchestrator import sessions as session_ops
 from orchestrator import titles, turns
-from tests.helpers import RecordingDispatcher, wait_for
+from tests.helpers import RecordingDispatcher, fail_if_a_worker_died, wait_for
 from tests.workers.support import model_requests
 
 #: The capabilities acp.md requires (values are objects; loadSession is the one boolean).
@@ -127,6 +127,7 @@ class RpcPeer:
                     if predicate(self.messages[i]):
                         return i, self.messages[i]
                 seen = len(self.messages)
+                fail_if_a_worker_died(what or "a message")
                 left = deadline - time.monotonic()
                 if left <= 0 or self.ended:
                     raise AssertionError(

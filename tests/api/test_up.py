@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import psutil
+import pytest
 import redis
 
 from tests.helpers import wait_for
@@ -60,7 +61,14 @@ def test_fleet_up_starts_an_embedded_redis_and_every_family_then_stops_them_all(
     finally:
         # When Ctrl-C arrives
         proc.send_signal(signal.SIGINT)
-        code = proc.wait(60)
+        try:
+            code = proc.wait(60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
+            pytest.fail(
+                f"`fleet up` still ran 60 s after Ctrl-C; its log:\n{out.read_text()[-3000:]}"
+            )
     # Then it exits cleanly and leaves no worker or Redis behind
     assert code == 0, out.read_text()[-2000:]
     deadline = time.monotonic() + 10

@@ -22,6 +22,8 @@ from typing import Any
 import pytest
 import redis
 
+from tests.helpers import fail_if_a_worker_died
+
 CHROMIUM = os.environ.get("FLEET_TEST_CHROMIUM", "/usr/bin/chromium")
 CHROMIUM_ARGS = [
     "--headless=new",
@@ -135,6 +137,7 @@ def _wait(pred: Callable[[], Any], timeout: float, what: str) -> Any:
         value = pred()
         if value:
             return value
+        fail_if_a_worker_died(what)
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for {what}")
         time.sleep(0.1)
