@@ -312,6 +312,7 @@ def test_a_crash_in_the_middle_of_concurrent_archives_leaves_nothing_half_writte
     failures: list[BaseException] = []
     stop = threading.Event()
     done = [0]
+    refused = [0]  # writes that met the outage
 
     def churn(mine: list[str]) -> None:
         while not stop.is_set():
@@ -321,6 +322,7 @@ def test_a_crash_in_the_middle_of_concurrent_archives_leaves_nothing_half_writte
                     archive.unarchive(store, sid)
                     done[0] += 1
                 except StoreUnavailable:
+                    refused[0] += 1
                     time.sleep(0.01)
                 except BaseException as exc:  # noqa: BLE001 - reported by the test
                     failures.append(exc)
@@ -336,7 +338,7 @@ def test_a_crash_in_the_middle_of_concurrent_archives_leaves_nothing_half_writte
         assert pid is not None
         os.kill(pid, signal.SIGKILL)
         wait_for(lambda: not private_redis.running, timeout=5, message="redis-server to die")
-        time.sleep(0.3)  # the writers meet the outage
+        wait_for(lambda: refused[0] >= 4, timeout=30, message="the writers to meet the outage")
         private_redis.stop()
         private_redis.start()
         before = done[0]
