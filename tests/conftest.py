@@ -46,6 +46,10 @@ def _pick_redis() -> str:
 
 
 REDIS_URL = _pick_redis()
+# rich fixes a console's width for good when COLUMNS is set as it is created (api/cli.py makes
+# its consoles at import), and xdist workers inherit COLUMNS=80: tests set the width they need.
+os.environ.pop("COLUMNS", None)
+os.environ.pop("LINES", None)
 os.environ["FLEET_REDIS_URL"] = REDIS_URL
 os.environ["FLEET_KEY_PREFIX"] = _PREFIX
 os.environ.setdefault("FLEET_JOB_LEASE_SECONDS", "2")
