@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 import redis
 
-from tests.helpers import RecordingDispatcher
+from tests.helpers import RecordingDispatcher, revive, watched_fleets, watching
 
 _PREFIX = f"fleet-test-{uuid.uuid4().hex[:10]}:"
 _EMBEDDED: Any = None
@@ -46,6 +46,10 @@ def _pick_redis() -> str:
 
 
 REDIS_URL = _pick_redis()
+# rich fixes a console's width for good when COLUMNS is set as it is created (api/cli.py makes
+# its consoles at import), and xdist workers inherit COLUMNS=80: tests set the width they need.
+os.environ.pop("COLUMNS", None)
+os.environ.pop("LINES", None)
 os.environ["FLEET_REDIS_URL"] = REDIS_URL
 os.environ["FLEET_KEY_PREFIX"] = _PREFIX
 os.environ.setdefault("FLEET_JOB_LEASE_SECONDS", "2")
@@ -148,3 +152,21 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
         yield f
     finally:
         f.stop()
+
+
+@pytest.fixture(autouse=True)
+def _workers_alive(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Keep a dead worker from costing more than one test: a test using the shared ``fleet``
+    starts with every worker of it alive (a dead one is restarted, with a ``WorkerRestarted``
+    warning naming it and quoting its log), and a worker dying during the test fails its next
+    ``wait_for`` at once with the same details. Private fleets (tests/faults/fleets.py) are
+    watched for their module's lifetime; here their dead workers are restarted too."""
+    for label, fleet in watched_fleets():
+        revive(fleet, label)
+    if "fleet" not in request.fixturenames:
+        yield
+        return
+    shared = request.getfixturevalue("fleet")
+    revive(shared, "shared")
+    with watching(shared, "shared"):
+        yield

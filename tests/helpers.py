@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import signal
 import time
+import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -22,18 +24,115 @@ class RecordingDispatcher:
         self.sent.append((task, args, queue))
 
 
+class WorkerRestarted(UserWarning):
+    """A worker a test relied on had died and was started again (the warning says which)."""
+
+
+#: The worker fleets (``api.local.LocalFleet``) the running test relies on, with a label
+#: (``"shared"``, a private fleet's name): ``wait_for`` checks their processes while it waits.
+_WATCHED: dict[int, tuple[str, Any]] = {}
+#: PIDs of workers a test stopped on purpose (their exit is what the test waits for).
+_STOPPED_ON_PURPOSE: set[int] = set()
+
+
+@contextmanager
+def watching(fleet: Any, label: str) -> Iterator[None]:
+    """While the block runs, a worker of ``fleet`` that dies fails the next ``wait_for``
+    at once (``fail_if_a_worker_died``) instead of letting it wait out its timeout."""
+    _WATCHED[id(fleet)] = (label, fleet)
+    try:
+        yield
+    finally:
+        _WATCHED.pop(id(fleet), None)
+
+
+def watched_fleets() -> list[tuple[str, Any]]:
+    """The watched fleets with their labels."""
+    return list(_WATCHED.values())
+
+
+def stopping_on_purpose(pid: int, sig: signal.Signals) -> None:
+    """Record that the test sends ``sig`` to worker ``pid``: if the worker ends, that is the
+    test's doing, not a fault to report (SIGSTOP and SIGCONT end nothing)."""
+    if sig not in (signal.SIGSTOP, signal.SIGCONT):
+        _STOPPED_ON_PURPOSE.add(pid)
+
+
+def dead_workers(fleet: Any) -> list[Any]:
+    """The workers (``WorkerProcess``) of ``fleet`` that exited without a test stopping them."""
+    return [
+        w
+        for w in fleet.workers
+        if w.process.poll() is not None and w.process.pid not in _STOPPED_ON_PURPOSE
+    ]
+
+
+def describe_death(label: str, w: Any, lines: int = 20) -> str:
+    """``"<family> worker <family>@<host> (pid N) of the <label> fleet exited with ..."``
+    and the last ``lines`` lines of its log."""
+    code = w.process.returncode
+    how = f"signal {signal.Signals(-code).name}" if code < 0 else f"status {code}"
+    try:
+        tail = "\n".join(w.log_path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError as exc:
+        tail = f"(log unreadable: {exc})"
+    return (
+        f"{w.family.value} worker {w.family.value}@{w.host} (pid {w.process.pid}) of the "
+        f"{label} fleet exited with {how}; last lines of {w.log_path}:\n{tail}"
+    )
+
+
+def fail_if_a_worker_died(waiting_for: str = "") -> None:
+    """Fail the test, naming the worker and quoting its log, if a worker of a watched fleet
+    died without the test stopping it (whatever the test waits for will never come)."""
+    for label, fleet in list(_WATCHED.values()):
+        dead = dead_workers(fleet)
+        if dead:
+            during = f" while waiting for {waiting_for}" if waiting_for else ""
+            pytest.fail(
+                f"a worker the test relies on died{during}: {describe_death(label, dead[0])}"
+            )
+
+
+def revive(fleet: Any, label: str, timeout: float = 90.0) -> list[str]:
+    """Start a replacement for every worker of ``fleet`` that died without a test stopping it,
+    wait for their heartbeats, and warn (``WorkerRestarted``) naming each with its log tail.
+    Returns the descriptions of the dead workers (empty when all were alive)."""
+    import redis
+
+    from orchestrator.keys import Keys
+
+    dead = dead_workers(fleet)
+    if not dead:
+        return []
+    said = [describe_death(label, w) for w in dead]
+    keys, client = Keys(fleet.key_prefix), redis.Redis.from_url(fleet.redis_url)
+    try:  # a dead worker's heartbeat must not count as its replacement being ready
+        for w in dead:
+            client.delete(keys.worker_heartbeat(w.family.value, f"{w.family.value}@{w.host}"))
+    finally:
+        client.close()
+    fleet.restart_dead()
+    fleet.wait_ready(timeout)
+    for text in said:
+        warnings.warn(WorkerRestarted(f"restarted a dead worker: {text}"), stacklevel=2)
+    return said
+
+
 def wait_for(
     predicate: Callable[[], Any],
     timeout: float = 15.0,
     interval: float = 0.05,
     message: str = "condition",
 ) -> Any:
-    """Poll ``predicate`` until it returns a truthy value; fail the test after ``timeout``."""
+    """Poll ``predicate`` until it returns a truthy value; fail the test after ``timeout``
+    seconds, or at once if a worker of a watched fleet died (``fail_if_a_worker_died``)."""
     deadline = time.monotonic() + timeout
     while True:
         value = predicate()
         if value:
             return value
+        fail_if_a_worker_died(message)
         if time.monotonic() > deadline:
             pytest.fail(f"timed out after {timeout}s waiting for {message}")
         time.sleep(interval)

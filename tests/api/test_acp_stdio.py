@@ -29,7 +29,8 @@ from api.acp import LIST_PAGE
 from orchestrator import archive as archive_ops
 from orchestrator import sessions as session_ops
 from orchestrator import titles, turns
-from tests.helpers import RecordingDispatcher, wait_for
+from tests.helpers import RecordingDispatcher, fail_if_a_worker_died, wait_for
+from tests.workers.support import model_requests
 
 #: The capabilities acp.md requires (values are objects; loadSession is the one boolean).
 SESSION_CAPABILITIES = ("list", "delete", "close", "resume", "archive", "title", "setTitle")
@@ -126,6 +127,7 @@ class RpcPeer:
                     if predicate(self.messages[i]):
                         return i, self.messages[i]
                 seen = len(self.messages)
+                fail_if_a_worker_died(what or "a message")
                 left = deadline - time.monotonic()
                 if left <= 0 or self.ended:
                     raise AssertionError(
@@ -333,6 +335,16 @@ def listed(peer: RpcPeer, cwd: str, archived: str | None = None) -> dict[str, di
     if archived is not None:
         params["archived"] = archived
     return {s["sessionId"]: s for s in list_all(peer, **params)}
+
+
+def settle(peer: RpcPeer) -> None:
+    """Return once ``peer`` has handled every event published before the call: a title set
+    now on a session open on ``peer`` reaches it after them (the API process hears one
+    channel and sends updates in publish order). Absence checks wait on this, not a sleep."""
+    marker = new_session(peer, "/tmp/fleet-acp-test/markers")
+    title = f"marker {uuid.uuid4().hex}"
+    peer.call("session/set_title", {"sessionId": marker, "title": title})
+    peer.wait_update(marker, lambda u: u.get("title") == title)
 
 
 def text_prompt(sid: str, text: str) -> dict[str, Any]:
@@ -633,7 +645,7 @@ def test_list_never_loads_resumes_or_modifies_anything(
     assert store.redis.hgetall(store.keys.session(sid)) == before
     # Listing opened nothing: a change made elsewhere is not pushed to the lister.
     agent.call("session/set_title", {"sessionId": sid, "title": "changed elsewhere"})
-    time.sleep(0.5)
+    settle(agent2)
     assert agent2.updates(sid) == []
 
 
@@ -756,7 +768,7 @@ def test_unarchive_returns_to_default_lists_without_loading_resuming_or_restarti
     assert store.redis.llen(store.keys.history(sid)) == history_before
     assert agent2.call("_agentFleet/activity", {"sessionId": sid}) == {"activity": []}
     agent.call("session/set_title", {"sessionId": sid, "title": "not pushed to agent2"})
-    time.sleep(0.3)
+    settle(agent2)
     assert agent2.updates(sid) == []
 
 
@@ -953,12 +965,10 @@ def test_prompt_cancelled_by_session_cancel_resolves_with_stop_reason_cancelled(
     sid = new_session(agent, cwd)
     rid = agent.request_async("session/prompt", text_prompt(sid, "think 30\nsay never"))
     agent.wait_update(sid, lambda u: u["sessionUpdate"] == "user_message_chunk")
-    started = time.monotonic()
     agent.notify("session/cancel", {"sessionId": sid})
     _, msg = agent.response(rid, 15)
     assert msg["result"] == {"stopReason": "cancelled"}, msg
-    # Settled by the cancel itself, not by the 2 s safety poll of a lost turn event.
-    assert time.monotonic() - started < 1.5
+    # (how soon the cancel settles it is measured by ``python -m bench.latency``)
     assert "never" not in agent_texts(agent, sid)
 
 
@@ -1022,12 +1032,16 @@ def test_archive_of_an_active_session_cancels_its_work_and_notifies_before_the_p
     assert len(settled) == 1 and settled[0]["status"] == "failed", settled
     assert settled[0].get("_meta", {}).get("agentFleet", {}).get("status") == "cancelled"
     assert agent2.call("_agentFleet/activity", {"sessionId": sid}) == {"activity": []}
-    # Unarchive brings back nothing that was stopped.
+    # Unarchive brings back nothing that was stopped: a prompt sent after it runs to its end
+    # (the turn worker took messages sent after the unarchive), and the stopped one did not
+    # come back meanwhile.
     assert agent2.call("session/unarchive", {"sessionId": sid}) == {}
-    time.sleep(1)
-    assert agent2.call("_agentFleet/activity", {"sessionId": sid}) == {"activity": []}
-    assert "never" not in agent_texts(agent, sid)
     agent.wait_update(sid, lambda u: u.get("archived") is False)
+    assert agent.call("session/prompt", text_prompt(sid, "say after"), PROMPT_TIMEOUT) == {
+        "stopReason": "end_turn"
+    }
+    assert agent2.call("_agentFleet/activity", {"sessionId": sid}) == {"activity": []}
+    assert agent_texts(agent, sid)[-1] == "after" and "never" not in agent_texts(agent, sid)
 
 
 def test_untitled_session_gets_a_generated_title_from_its_first_prompt(
@@ -1061,7 +1075,7 @@ def test_generated_title_never_replaces_a_client_set_title(
     # A title that was being generated when the client renamed is discarded.
     assert titles.set_title(store, sid, "late generated", source="generated") is None
     assert listed(agent, cwd)[sid]["title"] == "Mine"
-    time.sleep(0.3)
+    settle(agent)
     sent = [u["title"] for _, u in agent.updates(sid, "session_info_update") if "title" in u]
     assert set(sent) <= {"Mine"}, sent
 
@@ -1086,20 +1100,20 @@ def test_set_title_mid_turn_does_not_affect_the_turn(
     wait_for(lambda: not agent.call("_agentFleet/activity", {"sessionId": sid})["activity"])
 
 
-def test_close_cancels_a_running_prompt(agent: StdioAgent, fleet: Any, cwd: str) -> None:
+def test_close_cancels_a_running_prompt(
+    agent: StdioAgent, store: Any, fleet: Any, cwd: str
+) -> None:
     sid = new_session(agent, cwd)
     rid = agent.request_async("session/prompt", text_prompt(sid, "think 30"))
-    agent.wait_update(sid, lambda u: u["sessionUpdate"] == "user_message_chunk")
-    time.sleep(0.3)  # let the step start: the turn is settled by its step, after close
-    started = time.monotonic()
+    # Once the step runs (its model request is made): the turn is settled by its step
+    wait_for(lambda: model_requests(store, sid), message=f"the model request of {sid}")
     assert agent.call("session/close", {"sessionId": sid}) == {}
     _, msg = agent.response(rid, 15)
     assert msg["result"] == {"stopReason": "cancelled"}
-    assert time.monotonic() - started < 1.5
     # Closed: nothing more of the session reaches this client.
     count = len(agent.updates(sid))
     agent.call("session/set_title", {"sessionId": sid, "title": "after close"})
-    time.sleep(0.3)
+    settle(agent)
     assert len(agent.updates(sid)) == count
 
 
@@ -1168,8 +1182,8 @@ def test_session_load_while_updates_stream_misses_and_repeats_nothing(
 
     writer = threading.Thread(target=stream, daemon=True)
     writer.start()
-    try:
-        time.sleep(0.2)
+    try:  # once the writer is going
+        wait_for(lambda: store.redis.llen(store.keys.history(sid)) > 50, message="chunks")
         for _ in range(5):  # several loads: each one races the writer
             agent2.call("session/load", {"sessionId": sid, "cwd": cwd, "mcpServers": []})
             agent2.call("session/close", {"sessionId": sid})

@@ -467,10 +467,11 @@ def test_a_new_client_gets_only_later_events_and_heartbeats(client: TestClient) 
     with _stream(client, params={"sessionId": sid}) as resp:
         sse = Sse(resp)
         _connected(sse)
-        # The heartbeat (0.3 s here, 15 s by default) is a comment
+        # The heartbeat (0.3 s here, 15 s by default) is a comment; the bound only tells the
+        # configured interval from the default, generously for a loaded machine
         started = time.monotonic()
         assert sse.frame() == {"comments": ["heartbeat"]}
-        assert time.monotonic() - started < 5
+        assert time.monotonic() - started < 10
         client.post(f"/sessions/{sid}/unarchive")
         assert sse.event()["event"] == "unarchived"
 

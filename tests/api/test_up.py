@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import psutil
+import pytest
 import redis
 
 from tests.helpers import wait_for
@@ -27,6 +28,7 @@ def test_fleet_up_starts_an_embedded_redis_and_every_family_then_stops_them_all(
         FLEET_KEY_PREFIX="upcheck:",
         FLEET_HOSTNAME="uphost",
         PYTHONUNBUFFERED="1",
+        PYTHONFAULTHANDLER="1",  # SIGABRT prints where each of its threads is
     )
     out = tmp_path / "up.log"
     with open(out, "wb") as log:
@@ -36,6 +38,9 @@ def test_fleet_up_starts_an_embedded_redis_and_every_family_then_stops_them_all(
             stdout=log,
             stderr=subprocess.STDOUT,
             cwd=tmp_path,
+            # As from a terminal: a suite started in the background (nohup, `&` in a script)
+            # ignores SIGINT, and a child would inherit that and never see the Ctrl-C.
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
         )
     try:
         # When it is up
@@ -67,7 +72,14 @@ def test_fleet_up_starts_an_embedded_redis_and_every_family_then_stops_them_all(
     finally:
         # When Ctrl-C arrives
         proc.send_signal(signal.SIGINT)
-        code = proc.wait(60)
+        try:
+            code = proc.wait(60)
+        except subprocess.TimeoutExpired:
+            proc.send_signal(signal.SIGABRT)
+            proc.wait(10)
+            pytest.fail(
+                f"`fleet up` still ran 60 s after Ctrl-C; its log:\n{out.read_text()[-3000:]}"
+            )
     # Then it exits cleanly and leaves no worker or Redis behind
     assert code == 0, out.read_text()[-2000:]
     # It is no longer published, and a command says exactly what to do

@@ -23,6 +23,8 @@ from typing import Any
 import pytest
 import redis
 
+from tests.helpers import fail_if_a_worker_died
+
 CHROMIUM = os.environ.get("FLEET_TEST_CHROMIUM", "/usr/bin/chromium")
 CHROMIUM_ARGS = [
     "--headless=new",
@@ -136,6 +138,7 @@ def _wait(pred: Callable[[], Any], timeout: float, what: str) -> Any:
         value = pred()
         if value:
             return value
+        fail_if_a_worker_died(what)
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for {what}")
         time.sleep(0.1)
@@ -279,8 +282,11 @@ def test_busy_archive_refusal_dialog_confirm_then_undo(
     page.screenshot(path=str(SHOTS / "undo-notice.png"))
     assert server.ok("GET", f"/sessions/{sid}")["archived"] is False
     page.locator('#detail .card[data-archived="false"]').wait_for()
-    time.sleep(1.0)
-    assert live() == []  # restored, nothing resumed
+    # Restored, nothing resumed: a prompt sent after the undo runs to its end (the workers
+    # took messages sent after it) and the session is idle again
+    server.ok("POST", f"/sessions/{sid}/prompt", {"prompt": "say after"})
+    _wait(lambda: live() == [], 30, "the prompt sent after the undo to end")
+    assert live() == []
 
 
 def test_archive_door_at_zero_says_nothing_archived(

@@ -2,6 +2,10 @@
 prefix + a name), so a module may stop, freeze and kill them without disturbing the shared
 ``fleet`` fixture or another module.
 
+While the module runs its fleet is watched (``tests.helpers.watching``): a worker that dies
+without the test stopping it through ``PrivateFleet.signal``/``kill`` fails the next
+``wait_for`` at once, naming it and quoting its log, and is restarted before the next test.
+
 A module declares its fleet in one fixture::
 
     @pytest.fixture(scope="module")
@@ -25,6 +29,7 @@ from api.local import LocalFleet, WorkerProcess
 from orchestrator.families import Family
 from orchestrator.settings import FleetSettings
 from orchestrator.store import Store
+from tests.helpers import stopping_on_purpose, watching
 from workers.app import configure
 from workers.dispatch import CeleryDispatcher
 
@@ -46,12 +51,16 @@ class PrivateFleet:
         return found
 
     def signal(self, family: Family, sig: signal.Signals) -> None:
-        """Send ``sig`` to the family's worker process."""
-        self.worker(family).process.send_signal(sig)
+        """Send ``sig`` to the family's worker process (a signal that may end it marks its
+        exit as the test's doing, so ``wait_for`` does not report it as a fault)."""
+        w = self.worker(family)
+        stopping_on_purpose(w.process.pid, sig)
+        w.process.send_signal(sig)
 
     def kill(self, family: Family) -> None:
         """SIGKILL the family's worker process (no shutdown of any kind) and reap it."""
         w = self.worker(family)
+        stopping_on_purpose(w.process.pid, signal.SIGKILL)
         w.process.send_signal(signal.SIGKILL)
         w.process.wait(10)
 
@@ -92,7 +101,8 @@ def private_fleet(
     fleet.start(families)
     try:
         fleet.wait_ready(90)
-        yield PrivateFleet(fleet, store, CeleryDispatcher(app))
+        with watching(fleet, name):
+            yield PrivateFleet(fleet, store, CeleryDispatcher(app))
     finally:
         for w in fleet.workers:  # a failed test may have left one stopped: it would ignore TERM
             if w.process.poll() is None:

@@ -138,19 +138,19 @@ def test_a_stop_reaches_a_step_whose_worker_is_shutting_down(private: PrivateFle
     store, dispatcher = private.store, private.dispatcher
     private.restart(Family.TURN)
     w = private.worker(Family.TURN)
-    # Given a turn running a 12.3 s child process
+    # Given a turn running a 40.3 s child process
     sid = create_session(store, "/tmp/faults-steps").session_id
-    tid = start_turn(store, dispatcher, sid, "exec 12.3")
+    tid = start_turn(store, dispatcher, sid, "exec 40.3")
     [child] = wait_for(
-        lambda: sleep_processes(w.process.pid, "12.3"), 15, message="the exec child process"
+        lambda: sleep_processes(w.process.pid, "40.3"), 15, message="the exec child process"
     )
     # When the turn worker is asked to shut down (SIGTERM, Celery's warm shutdown), and the
     # session is archived with stopActivity a second later
     private.signal(Family.TURN, signal.SIGTERM)
     time.sleep(1.0)  # the scenario's delay, not a wait for a condition
     archive(store, dispatcher, sid, stop_activity=True)
-    # Then the child process dies within about a second, not 11 s later
-    wait_for(lambda: not child.is_running(), 2.0, message="the exec child to die")
+    # Then the child process dies, long before its 40 s are up (the bound is only generous)
+    wait_for(lambda: not child.is_running(), 20, message="the exec child to die")
     # And the tool call does not end completed
     wait_final(store, tid, 15)
     statuses = [

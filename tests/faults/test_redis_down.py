@@ -34,9 +34,11 @@ from tests.helpers import RecordingDispatcher, wait_for
 
 pytestmark = pytest.mark.redis
 
-#: Generous bound on how long any call may take to report the outage (seconds). Reads retry
-#: for up to 2 s (``orchestrator.store.retried``); writes are not retried.
-BOUND = 5.0
+#: How long any call may take to report the outage (seconds): a backstop against a call that
+#: hangs (until Redis thaws, or for ever), generous enough for a loaded machine. Reads retry for
+#: up to 2 s (``orchestrator.store.retried``) on a 2 s socket timeout; writes are not retried.
+#: The test prints the figures it saw (``pytest -s``); they are a benchmark's business.
+BOUND = 20.0
 STORE_UNAVAILABLE_RPC = -32010
 PREFIX = "down:"
 
@@ -219,7 +221,7 @@ def test_redis_down_answers_store_unavailable_fails_closed_and_recovers(
     assert sessions.get_session(store, active).title == ""
     assert sessions.get_session(store, archived).archived
     # ... and the same Store, REST app and ACP connection work again
-    wait_for(lambda: _answers(lambda: gate.admit(store, active)), timeout=5, message="recovery")
+    wait_for(lambda: _answers(lambda: gate.admit(store, active)), timeout=15, message="recovery")
     assert archive.archive(store, rec, active).outcome == "archived"
     assert archive.unarchive(store, active) == 1
     assert titles.set_title(store, active, "back") == "back"
@@ -266,7 +268,7 @@ def test_a_frozen_redis_is_reported_within_the_socket_timeout(
         os.kill(pid, signal.SIGCONT)
     # And once it thaws, the same Store works; the archive that timed out was not applied
     # twice or half: it either happened or not, and a retry settles it
-    wait_for(lambda: _answers(lambda: gate.admit(store, sid)) or _archived(store, sid), timeout=5)
+    wait_for(lambda: _answers(lambda: gate.admit(store, sid)) or _archived(store, sid), timeout=15)
     assert archive.archive(store, rec, sid).outcome in ("archived", "already_archived")
     assert sessions.get_session(store, sid).archived
     assert_consistent(store)
@@ -304,6 +306,7 @@ def test_a_crash_in_the_middle_of_concurrent_archives_leaves_nothing_half_writte
     failures: list[BaseException] = []
     stop = threading.Event()
     done = [0]
+    refused = [0]  # writes that met the outage
 
     def churn(mine: list[str]) -> None:
         while not stop.is_set():
@@ -313,6 +316,7 @@ def test_a_crash_in_the_middle_of_concurrent_archives_leaves_nothing_half_writte
                     archive.unarchive(store, sid)
                     done[0] += 1
                 except StoreUnavailable:
+                    refused[0] += 1
                     time.sleep(0.01)
                 except BaseException as exc:  # noqa: BLE001 - reported by the test
                     failures.append(exc)
@@ -328,7 +332,7 @@ def test_a_crash_in_the_middle_of_concurrent_archives_leaves_nothing_half_writte
         assert pid is not None
         os.kill(pid, signal.SIGKILL)
         wait_for(lambda: not private_redis.running, timeout=5, message="redis-server to die")
-        time.sleep(0.3)  # the writers meet the outage
+        wait_for(lambda: refused[0] >= 4, timeout=30, message="the writers to meet the outage")
         private_redis.stop()
         private_redis.start()
         before = done[0]

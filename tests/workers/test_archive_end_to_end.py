@@ -158,7 +158,10 @@ def test_archive_returns_while_a_stop_still_waits_in_its_queue_and_the_others_do
         wait_turn_state(store, busy["tid"], "cancelled")
         wait_turn_state(store, busy["child_tid"], "cancelled")
         wait_gone(busy["pid"])
-        assert reminder_state(store, busy["rid"]) == "deleted"
+        wait_for(
+            lambda: reminder_state(store, busy["rid"]) == "deleted",
+            message=f"reminder {busy['rid']} to be deleted by its stop",
+        )
         wait_drained(store, sid)
 
 
