@@ -32,7 +32,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from orchestrator import audit, events, metrics
-from orchestrator.activity import ActivityItem, census, mark_quiet, merge_items
+from orchestrator.activity import (
+    ActivityItem,
+    census,
+    census_of_rows,
+    mark_quiet,
+    merge_items,
+)
 from orchestrator.errors import (
     ActivityChanged,
     AncestorArchived,
@@ -125,19 +131,6 @@ def archive(
             items=len(refused.items),
         )
         raise
-    # The archive's own entry and count were written by its script (they commit with it);
-    # what the stop fan-out did is recorded beside it (best effort, like the fan-out).
-    if result.stopped or result.stop_report.failed:
-        failures = [family for family, _ in result.stop_report.failed]
-        audit.record(
-            store,
-            sid,
-            "stop",
-            "partial" if failures else "sent",
-            stopped=len(result.stopped),
-            families=sorted({item.family for item in result.stopped}),
-            stopFailures=failures,
-        )
     return result
 
 
@@ -164,12 +157,17 @@ def _archive(
 ) -> ArchiveResult:
     txn = new_id("arc")
     recorder = audit.script_recorder(
-        store, "archive", {}, metric=store.keys.metric(metrics.ARCHIVES.name)
+        store,
+        "archive",
+        {},
+        metric=store.keys.metric(metrics.ARCHIVES.name),
+        eventsMax=events.STREAM_MAXLEN,
     )
     for _ in range(_REFUSAL_RECHECKS):
+        # The script reads the server's clock itself ('' for nowIso): no TIME round trip.
         result = store.run(
             "archive",
-            [sid, "1" if stop_activity else "0", iso(store.now_ms()), txn, recorder, binding],
+            [sid, "1" if stop_activity else "0", "", txn, recorder, binding],
             durable=True,
         )
         outcome = result[0]
@@ -181,7 +179,7 @@ def _archive(
                 # Nothing changes in the archive state, but work that outlived an earlier
                 # stop (a lost or failed dispatch) is asked to stop again.
                 already.stopped = census(store, sid, dispatcher)
-                already.stop_report = dispatch_stops(dispatcher, sid, already.stopped, store=store)
+                already.stop_report = _fan_out(store, dispatcher, sid, already.stopped)
             return already
         if outcome == "archived":
             break
@@ -203,29 +201,61 @@ def _archive(
         stop_activity,
         extra={"session_id": sid},
     )
-    # Every session the transition archived is told, before its work is stopped (ACP seed
-    # 000): its clients get the updates up to historyLength, archived: true, then close it.
-    flat = list(result[3])
-    events.publish_many(
-        store,
-        [
-            ("archived", str(s), {"archived": True, "historyLength": int(n)})
-            for s, n in zip(flat[::2], flat[1::2], strict=True)
-        ],
-    )
+    # Every session the transition archived was told by the script, before its work is
+    # stopped (ACP seed 000): its clients get the updates up to historyLength, archived: true,
+    # then close it; the script also emitted the events of the turns it stopped.
     if stop_activity:
-        # Read after the write: anything that started before it is seen here, and anything
-        # that starts after it is refused by the gate. An empty census records the session
-        # quiet right away. The turns the script stopped lead the list (a turn.stop for them
-        # is a harmless poke).
-        flipped = stopped_by_archive(store, sid, list(result[2]))
-        done.stopped = merge_items(flipped, census(store, sid, dispatcher))
-        done.stop_report = dispatch_stops(dispatcher, sid, done.stopped, store=store)
+        # The census the script read right after its write, in the same atomic step: anything
+        # that started before the write is in it, and anything that starts after it is refused
+        # by the gate. An empty census records the session quiet right away. The turns the
+        # script stopped lead the list (a turn.stop for them is a harmless poke).
+        flipped = stopped_by_archive(store, sid, list(result[2]), publish=False)
+        after = census_of_rows(store, sid, list(result[4]), dispatcher)
+        if not after:
+            mark_quiet(store, sid)
+        done.stopped = merge_items(flipped, after)
+        done.stop_report = _fan_out(store, dispatcher, sid, done.stopped, at=str(result[5]))
     else:
         # The script found no live work when it wrote, so the subtree is quiet already; it is
         # marked so (not observed: there was nothing to stop and no time to measure).
         mark_quiet(store, sid, observe=False)
     return done
+
+
+def _fan_out(
+    store: Store,
+    dispatcher: Dispatcher,
+    sid: str,
+    items: list[ActivityItem],
+    *,
+    at: str | None = None,
+) -> StopReport:
+    """Send the stops of ``items`` (``dispatch_stops``), then count them and record what was
+    sent as a ``stop`` audit entry beside the archive's, both in one pipelined round trip
+    (best effort, like the fan-out: a failure is logged). ``at``: the entry's time (ISO 8601),
+    the archive's own when it is known, else read from the server."""
+    pipe = store.redis.pipeline(transaction=False)
+    report = dispatch_stops(dispatcher, sid, items, store=store, pipe=pipe)
+    try:
+        if items or report.failed:
+            failures = [family for family, _ in report.failed]
+            detail = {
+                "stopped": len(items),
+                "families": sorted({item.family for item in items}),
+                "stopFailures": failures,
+            }
+            entry = (sid, "stop", "partial" if failures else "sent", detail)
+            audit.record_into(pipe, store, [entry], at=at or iso(store.now_ms()))
+        pipe.execute()
+    except Exception as exc:  # best effort: the archive and its stops are already made
+        log.warning(
+            "stop fan-out of %s not counted or recorded: %s: %s",
+            sid,
+            type(exc).__name__,
+            exc,
+            extra={"session_id": sid},
+        )
+    return report
 
 
 def _unconfirmed(items: list[ActivityItem], binding: str) -> bool:

@@ -88,7 +88,7 @@ def test_an_archive_is_audited_and_counted_even_when_its_process_dies_right_afte
     def die(*_: object, **__: object) -> None:
         raise _Killed
 
-    monkeypatch.setattr(archive, "census", die)
+    monkeypatch.setattr(archive, "census_of_rows", die)
     # When it is archived with stopActivity
     with audit.acting_as("tester"), pytest.raises(_Killed):
         archive.archive(store, RecordingDispatcher(), sid, stop_activity=True)
