@@ -163,11 +163,19 @@ def bench_drain(url: str, prefix: str, n: int) -> list[Row]:
 def seed_sessions(store: Any, count: int, batch: int = 1000) -> None:
     """Create ``count`` sessions (every second one archived) through the product's scripts,
     pipelined."""
+    from orchestrator import audit, events, metrics
     from orchestrator.sessions import cwd_hash
     from orchestrator.store import iso, new_id, now_ms
 
     create = store.script("create_session")
     arc = store.script("archive")
+    recorder = audit.script_recorder(
+        store,
+        "archive",
+        {},
+        metric=store.keys.metric(metrics.ARCHIVES.name),
+        eventsMax=events.STREAM_MAXLEN,
+    )
     made = 0
     while made < count:
         pipe = store.redis.pipeline(transaction=False)
@@ -192,7 +200,7 @@ def seed_sessions(store: Any, count: int, batch: int = 1000) -> None:
         for sid in ids[::2]:
             arc(
                 keys=[],
-                args=[store.keys.prefix, sid, "0", iso(now_ms()), new_id("arc")],
+                args=[store.keys.prefix, sid, "0", "", new_id("arc"), recorder, ""],
                 client=pipe,
             )
         pipe.execute()

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -62,6 +63,8 @@ MAX_CONFIRMED = 10_000
 
 #: What a confirmation names: (family, id) pairs as ``ActivityItem`` gives them.
 Confirmed = list[tuple[str, str]]
+#: Runs a piece of best-effort bookkeeping later, off the caller's path.
+Defer = Callable[[Callable[[], None]], object]
 
 
 @dataclass
@@ -97,10 +100,14 @@ def archive(
     *,
     stop_activity: bool = False,
     confirmed: Confirmed | None = None,
+    defer: Defer | None = None,
 ) -> ArchiveResult:
     """Archive a session (and its subtree). ``confirmed``: with ``stop_activity``, the
     (family, id) pairs the user confirmed stopping (a refusal's ``activity``); anything live
-    beyond them refuses the archive with ``ActivityChanged`` and writes nothing.
+    beyond them refuses the archive with ``ActivityChanged`` and writes nothing. ``defer``:
+    given the stop fan-out's bookkeeping (its counts and ``stop`` audit entry, one best-effort
+    round trip), runs it off the caller's path (a single-thread executor's ``submit``, as the
+    HTTP API passes); it runs inline when ``None``.
 
     Every outcome, a refusal included, is counted (``fleet_archives``) and recorded in the
     audit trail; an archive's entry and count are written by its script, so they commit with
@@ -113,7 +120,7 @@ def archive(
     sid = check_session_id(session_id)
     binding = _binding(stop_activity, confirmed)
     try:
-        result = _archive(store, dispatcher, sid, stop_activity, binding)
+        result = _archive(store, dispatcher, sid, stop_activity, binding, defer)
     except SessionActive as refused:
         families = sorted({item.family for item in refused.items})
         metrics.incr_many(
@@ -153,7 +160,12 @@ def _binding(stop_activity: bool, confirmed: Confirmed | None) -> str:
 
 
 def _archive(
-    store: Store, dispatcher: Dispatcher, sid: str, stop_activity: bool, binding: str = ""
+    store: Store,
+    dispatcher: Dispatcher,
+    sid: str,
+    stop_activity: bool,
+    binding: str = "",
+    defer: Defer | None = None,
 ) -> ArchiveResult:
     txn = new_id("arc")
     recorder = audit.script_recorder(
@@ -179,7 +191,7 @@ def _archive(
                 # Nothing changes in the archive state, but work that outlived an earlier
                 # stop (a lost or failed dispatch) is asked to stop again.
                 already.stopped = census(store, sid, dispatcher)
-                already.stop_report = _fan_out(store, dispatcher, sid, already.stopped)
+                already.stop_report = _fan_out(store, dispatcher, sid, already.stopped, defer=defer)
             return already
         if outcome == "archived":
             break
@@ -214,7 +226,9 @@ def _archive(
         if not after:
             mark_quiet(store, sid)
         done.stopped = merge_items(flipped, after)
-        done.stop_report = _fan_out(store, dispatcher, sid, done.stopped, at=str(result[5]))
+        done.stop_report = _fan_out(
+            store, dispatcher, sid, done.stopped, at=str(result[5]), defer=defer
+        )
     else:
         # The script found no live work when it wrote, so the subtree is quiet already; it is
         # marked so (not observed: there was nothing to stop and no time to measure).
@@ -229,32 +243,44 @@ def _fan_out(
     items: list[ActivityItem],
     *,
     at: str | None = None,
+    defer: Defer | None = None,
 ) -> StopReport:
     """Send the stops of ``items`` (``dispatch_stops``), then count them and record what was
     sent as a ``stop`` audit entry beside the archive's, both in one pipelined round trip
-    (best effort, like the fan-out: a failure is logged). ``at``: the entry's time (ISO 8601),
-    the archive's own when it is known, else read from the server."""
+    (best effort, like the fan-out: a failure is logged), through ``defer`` when given.
+    ``at``: the entry's time (ISO 8601), the archive's own when known, else the server's."""
     pipe = store.redis.pipeline(transaction=False)
     report = dispatch_stops(dispatcher, sid, items, store=store, pipe=pipe)
-    try:
-        if items or report.failed:
-            failures = [family for family, _ in report.failed]
-            detail = {
-                "stopped": len(items),
-                "families": sorted({item.family for item in items}),
-                "stopFailures": failures,
-            }
-            entry = (sid, "stop", "partial" if failures else "sent", detail)
-            audit.record_into(pipe, store, [entry], at=at or iso(store.now_ms()))
-        pipe.execute()
-    except Exception as exc:  # best effort: the archive and its stops are already made
-        log.warning(
-            "stop fan-out of %s not counted or recorded: %s: %s",
-            sid,
-            type(exc).__name__,
-            exc,
-            extra={"session_id": sid},
-        )
+    entry: tuple[str, str, str, dict[str, Any]] | None = None
+    if items or report.failed:
+        failures = [family for family, _ in report.failed]
+        detail = {
+            "stopped": len(items),
+            "families": sorted({item.family for item in items}),
+            "stopFailures": failures,
+        }
+        entry = (sid, "stop", "partial" if failures else "sent", detail)
+    actor = audit.current_actor()
+
+    def write() -> None:
+        try:
+            if entry is not None:
+                when = at or iso(store.now_ms())
+                audit.record_into(pipe, store, [entry], at=when, actor=actor)
+            pipe.execute()
+        except Exception as exc:  # best effort: the archive and its stops are already made
+            log.warning(
+                "stop fan-out of %s not counted or recorded: %s: %s",
+                sid,
+                type(exc).__name__,
+                exc,
+                extra={"session_id": sid},
+            )
+
+    if defer is None:
+        write()
+    else:
+        defer(write)
     return report
 
 
