@@ -14,6 +14,7 @@ is used and removed afterwards. Figures are wall-clock medians and 99th percenti
 4. archive response -> empty census, 50 busy sessions on real workers
 5. session/list page latency at 10k and 100k sessions (half archived)
 6. step throughput through the gate vs the same workers running ungated no-op tasks
+7. the naive Celery way (a flag and ``revoke(terminate=True)``) beside agent-fleet
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ from bench.common import (
     timed,
     until,
 )
+from bench.naive import bench_naive
 
 
 # --------------------------------------------------------------------------- 1
@@ -309,6 +311,7 @@ def main() -> int:
             ),
         ),
         (6, lambda u, p: bench_throughput(u, p, 500 if q else 3000)),
+        (7, lambda u, p: bench_naive(u, p, 10 if q else 50)),
     ]
     plan.insert(2, (3, lambda u, p: bench_bulk(u, p, quick=q)))
     rows: list[Row] = []
