@@ -22,7 +22,7 @@ import logging
 import threading
 from collections.abc import Callable
 
-from orchestrator import events, metrics
+from orchestrator import events, metrics, stepwatch
 from orchestrator.errors import SessionArchived, SessionNotFound, StepSuperseded, StoreUnavailable
 from orchestrator.families import Dispatcher, send_step
 from orchestrator.fencing import StepGuard, new_token
@@ -64,40 +64,44 @@ class _StepWatch:
         self.stopped = False
         self.superseded = False
         self.handed_off = False
-        self._done = threading.Event()
-        name = f"watch-{guard.turn_id}"
-        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self.turn_id = guard.turn_id
+        self.token = guard.token
+        self.lease_ms = STEP_LEASE_MS
+        self._lock = threading.Lock()
+        self._closed = False
 
     def __enter__(self) -> _StepWatch:
-        self._thread.start()
+        # One shared poll per process for all its steps in flight (orchestrator/stepwatch.py).
+        stepwatch.watch(self.store, self, CANCEL_POLL, _REFRESH)
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self._done.set()
-        self._thread.join(timeout=2)
+        stepwatch.unwatch(self.store, self)
+        with self._lock:  # a poll still under way changes nothing from here on
+            self._closed = True
 
-    def _run(self) -> None:
-        since_refresh = 0.0
-        while not self._done.wait(CANCEL_POLL):
+    def tick(self) -> bool:
+        """Before each poll: a worker shutting down hands the step on (done)."""
+        with self._lock:
+            if self._closed:
+                return True
             if self.stopping is not None and self.stopping.is_set():
                 self.handed_off = True
                 self.cancel.set()
-                return
-            since_refresh += CANCEL_POLL
-            refresh = since_refresh >= _REFRESH
-            lease = STEP_LEASE_MS if refresh else ""
-            try:
-                state = self.store.run("turn_watch", [self.guard.turn_id, lease, self.guard.token])
-            except StoreUnavailable as exc:  # a blip must not kill the watch; the lease outlives it
-                log.debug("step watch of %s: %s", self.guard.turn_id, exc)
-                continue
-            if refresh:
-                since_refresh = 0.0
-            if state != TurnState.RUNNING.value:
-                self.superseded = state == "superseded"
-                self.stopped = not self.superseded
-                self.cancel.set()
-                return
+                return True
+            return False
+
+    def seen(self, state: str) -> bool:
+        """The turn's state as polled: anything but running cancels the step (done)."""
+        with self._lock:
+            if self._closed:
+                return True
+            if state == TurnState.RUNNING.value:
+                return False
+            self.superseded = state == "superseded"
+            self.stopped = not self.superseded
+            self.cancel.set()
+            return True
 
 
 #: Runs a tool call: (store, dispatcher, session id, the step copy's guard, action, cancel) ->
