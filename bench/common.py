@@ -96,8 +96,9 @@ def seed_busy(store: Any, n: int) -> list[str]:
 
 
 @contextmanager
-def api_server(url: str, prefix: str) -> Iterator[str]:
-    """The HTTP API (uvicorn, in its own process) on a free port; yields its base URL."""
+def api_server(url: str, prefix: str, workers: int = 1) -> Iterator[str]:
+    """The HTTP API (uvicorn, in its own process; ``workers`` processes behind one socket when
+    more than one) on a free port; yields its base URL."""
     port = _free_port()
     env = dict(os.environ, FLEET_REDIS_URL=url, FLEET_KEY_PREFIX=prefix, FLEET_API_TOKEN="")
     cmd = [
@@ -110,15 +111,39 @@ def api_server(url: str, prefix: str) -> Iterator[str]:
         str(port),
         "--log-level",
         "warning",
+        *(["--workers", str(workers)] if workers > 1 else []),
     ]
     api = subprocess.Popen(cmd, env=env)
+    api_pids.append(api.pid)
     try:
         base = f"http://127.0.0.1:{port}"
         until(lambda: _ok(base + "/health"), 30)
         yield base
     finally:
+        api_pids.remove(api.pid)
         api.terminate()
         api.wait(10)
+
+
+#: Process ids of the API servers ``api_server`` runs now (for CPU accounting).
+api_pids: list[int] = []
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of ``pid`` and its descendants, from ``/proc`` (Linux)."""
+    total = 0.0
+    tick = os.sysconf("SC_CLK_TCK")
+    stack = [pid]
+    while stack:
+        p = stack.pop()
+        try:
+            fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
+            total += (int(fields[11]) + int(fields[12])) / tick
+            for task in Path(f"/proc/{p}/task").iterdir():
+                stack.extend(int(c) for c in (task / "children").read_text().split())
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+    return total
 
 
 def _free_port() -> int:

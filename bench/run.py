@@ -15,6 +15,7 @@ is used and removed afterwards. Figures are wall-clock medians and 99th percenti
 5. session/list page latency at 10k and 100k sessions (half archived)
 6. step throughput through the gate vs the same workers running ungated no-op tasks
 7. the naive Celery way (a flag and ``revoke(terminate=True)``) beside agent-fleet
+8. archive throughput, 32 concurrent clients, one API process vs two
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ from bench.common import (
     timed,
     until,
 )
+from bench.concurrency import bench_concurrency
 from bench.naive import bench_naive
 
 
@@ -338,6 +340,7 @@ def main() -> int:
         ),
         (6, lambda u, p: bench_throughput(u, p, 500 if q else 3000)),
         (7, lambda u, p: bench_naive(u, p, 10 if q else 50)),
+        (8, lambda u, p: bench_concurrency(u, p, 200 if q else 1000)),
     ]
     plan.insert(2, (3, lambda u, p: bench_bulk(u, p, quick=q)))
     rows: list[Row] = []
