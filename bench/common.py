@@ -75,32 +75,36 @@ def configure(url: str, prefix: str) -> tuple[Any, Any]:
     return Store(url, prefix, settings=settings), celery_dispatcher(settings)
 
 
-def seed_busy(store: Any, n: int) -> list[str]:
-    """``n`` sessions with stored live work in all four families (no workers needed)."""
+def seed_busy(store: Any, n: int, cwd: str = "/bench/busy", host: str = "bench-host") -> list[str]:
+    """``n`` sessions in ``cwd`` with stored live work in all four families (no workers
+    needed)."""
     from orchestrator import jobs, reminders, sessions, turns
     from orchestrator.store import iso, now_ms
 
     null = NullDispatcher()
     ids = []
     for _ in range(n):
-        sid = sessions.create_session(store, "/bench/busy").session_id
+        sid = sessions.create_session(store, cwd).session_id
         turns.start_turn(store, null, sid, "think 600")
         jid = jobs.create_job(store, null, sid, 600, "sleep 600s")
-        claim = [jid, "bench-host", 600_000, iso(now_ms()), "bench-host/bench", n, "limit %d"]
+        claim = [jid, host, 600_000, iso(now_ms()), f"{host}/bench", 10**9, "limit %d"]
         store.run("job_claim", claim)
         reminders.create_reminder(store, sid, 3600, "say later")
-        child = sessions.create_session(store, "/bench/busy", parent_id=sid).session_id
+        child = sessions.create_session(store, cwd, parent_id=sid).session_id
         turns.start_turn(store, null, child, "think 600", source="subagent")
         ids.append(sid)
     return ids
 
 
 @contextmanager
-def api_server(url: str, prefix: str, workers: int = 1) -> Iterator[str]:
+def api_server(
+    url: str, prefix: str, workers: int = 1, extra_env: dict[str, str] | None = None
+) -> Iterator[str]:
     """The HTTP API (uvicorn, in its own process; ``workers`` processes behind one socket when
-    more than one) on a free port; yields its base URL."""
+    more than one; ``extra_env`` on top of its settings) on a free port; yields its base URL."""
     port = _free_port()
     env = dict(os.environ, FLEET_REDIS_URL=url, FLEET_KEY_PREFIX=prefix, FLEET_API_TOKEN="")
+    env.update(extra_env or {})
     cmd = [
         sys.executable,
         "-m",
