@@ -65,13 +65,14 @@ def environment(url: str | None) -> Iterator[tuple[str, str]]:
         yield server.url, prefix
 
 
-def configure(url: str, prefix: str) -> tuple[Any, Any]:
-    """The store and a dispatcher (its own Celery app) for the run's Redis and prefix."""
+def configure(url: str, prefix: str, **settings_fields: Any) -> tuple[Any, Any]:
+    """The store and a dispatcher (its own Celery app) for the run's Redis and prefix;
+    ``settings_fields`` on top of the default settings."""
     from api.wiring import celery_dispatcher
     from orchestrator.settings import FleetSettings
     from orchestrator.store import Store
 
-    settings = FleetSettings(redis_url=url, key_prefix=prefix)
+    settings = FleetSettings(redis_url=url, key_prefix=prefix, **settings_fields)
     return Store(url, prefix, settings=settings), celery_dispatcher(settings)
 
 

@@ -92,7 +92,7 @@ def bench_archive_http(url: str, prefix: str, n: int) -> list[Row]:
 def bench_gate(url: str, prefix: str, n: int) -> list[Row]:
     from orchestrator import gate, sessions
 
-    store, _ = configure(url, prefix)
+    store, _ = configure(url, prefix, max_subagent_depth=128)  # a lineage 100 deep
     chain = [sessions.create_session(store, "/bench/gate").session_id]
     for _ in range(100):
         chain.append(sessions.create_session(store, "/bench/gate", parent_id=chain[-1]).session_id)
