@@ -20,6 +20,7 @@ import signal
 import statistics
 import tempfile
 import time
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -122,32 +123,45 @@ def _watch(
     at: dict[str, float],
     before: dict[str, int],
 ) -> dict[str, Any]:
-    """Watch the archived sessions for ``WINDOW`` seconds: when each went quiet (no new model
-    request for its lineage, no job process, empty census for agent-fleet), and what ran."""
+    """Watch the archived sessions until ``WINDOW`` seconds after the last archive (``at``:
+    wall-clock answers): when each went quiet (its last model request, no job process left;
+    for agent-fleet the ``quietAt`` it records, once its census is empty), and what ran."""
     from orchestrator import activity
 
     quiet: dict[str, float] = {}
     last_step: dict[str, float] = {sid: at[sid] for sid in seeded}
+    lineages = {sid: _lineage(store, sid) for sid in seeded}
     seen = dict(before)
     pids_at_5s: int | None = None
     end = max(at.values()) + WINDOW
-    while time.perf_counter() < end:
-        now = time.perf_counter()
-        for sid, info in seeded.items():
-            count = _requests(store, _lineage(store, sid))
+    while time.time() < end:
+        now = time.time()
+        pipe = store.redis.pipeline(transaction=False)
+        for sid in seeded:
+            for s in lineages[sid]:
+                pipe.llen(store.keys.model_requests(s))
+        counts = iter(pipe.execute())
+        for sid in seeded:
+            count = sum(int(next(counts)) for _ in lineages[sid])
             if count != seen[sid]:
-                seen[sid] = count
-                last_step[sid] = now
+                seen[sid], last_step[sid] = count, now
                 quiet.pop(sid, None)
-            if sid in quiet:
-                continue
-            alive = any(_alive(p) for p in info["pids"])
-            census_empty = side != "agent-fleet" or not activity.census(store, sid)
-            if not alive and census_empty:
+        pending = [
+            sid
+            for sid, info in seeded.items()
+            if sid not in quiet and not any(_alive(p) for p in info["pids"])
+        ]
+        if side == "agent-fleet":
+            for sid, items in activity.census_many(store, pending).items():
+                if not items:
+                    recorded = store.redis.hget(store.keys.session(sid), "quietAt")
+                    quiet[sid] = datetime.fromisoformat(recorded).timestamp() if recorded else now
+        else:
+            for sid in pending:
                 quiet[sid] = max(now, last_step[sid])
         if pids_at_5s is None and now >= min(at.values()) + 5:
             pids_at_5s = sum(_alive(p) for info in seeded.values() for p in info["pids"])
-        time.sleep(0.05)
+        time.sleep(0.02)
     fired = sum(
         store.redis.hget(store.keys.reminder(r), "state") == "fired"
         for info in seeded.values()
@@ -219,10 +233,10 @@ def bench_naive(url: str, prefix: str, n: int) -> list[Row]:
             if side == "agent-fleet":
                 for sid in sids:
                     archive.archive(store, dispatcher, sid, stop_activity=True)
-                    at[sid] = time.perf_counter()
+                    at[sid] = time.time()
             else:
                 _naive_archive(dispatcher.app, store, sids)
-                at = dict.fromkeys(sids, time.perf_counter())
+                at = dict.fromkeys(sids, time.time())
             results[side] = _watch(store, side, seeded, at, before)
         offline = _offline(fleet, store, dispatcher, 5)
     finally:
