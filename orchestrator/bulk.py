@@ -206,13 +206,15 @@ class _Run:
         archived: list[str] = []
         busy: list[str] = []
         flipped: dict[str, list[ActivityItem]] = {}
+        # The turn events of the whole batch, published in one round trip with its archives.
+        ended: list[tuple[str, str, dict[str, object]]] = []
         for attempt in range(_REFUSAL_RECHECKS):
             if not pending:
                 break
             active: list[str] = []
             for sid, outcome, _count, is_busy, would, turns in self.script(pending):
-                if turns:  # stopped by the script itself; their turn events are published here
-                    flipped[sid] = stopped_by_archive(self.store, sid, list(turns))
+                if turns:  # stopped by the script itself; their turn events are published below
+                    flipped[sid] = stopped_by_archive(self.store, sid, list(turns), collect=ended)
                 if outcome == "active":
                     active.append(sid)
                     continue
@@ -239,8 +241,11 @@ class _Run:
                     pending.append(sid)  # the work ended meanwhile: try the archive again
         if not self.dry:
             events.publish_many(
-                self.store, [("archived", sid, {"archived": True}) for sid in archived]
+                self.store,
+                ended + [("archived", sid, {"archived": True}) for sid in archived],
             )
+        elif ended:
+            events.publish_many(self.store, ended)
         if busy and not self.dry:
             # Read after the write, as a single archive does: anything that started before it
             # is seen here; anything after it is refused by the gate.
