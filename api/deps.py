@@ -10,6 +10,7 @@ route but ``/health``, ``/ready``, ``/docs`` and the console's page runs first.
 from __future__ import annotations
 
 import hmac
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Annotated, Any
 
@@ -33,6 +34,11 @@ class Wiring:
     store: Store
     dispatcher: Dispatcher
     owned: list[Any] = field(default_factory=list)
+    #: Runs best-effort bookkeeping after a response (``archive.archive``'s ``defer``), in
+    #: order, on one thread; drained at shutdown.
+    background: ThreadPoolExecutor = field(
+        default_factory=lambda: ThreadPoolExecutor(1, thread_name_prefix="fleet-bookkeeping")
+    )
 
     @classmethod
     def build(
@@ -57,7 +63,9 @@ class Wiring:
         return cls(settings, store, dispatcher, owned)
 
     def close(self) -> None:
-        """Release the connections of what ``build`` made (at the application's shutdown)."""
+        """Finish the queued bookkeeping, then release the connections of what ``build`` made
+        (at the application's shutdown)."""
+        self.background.shutdown(wait=True)
         for item in self.owned:
             item.close()
 
@@ -80,9 +88,14 @@ def _settings(conn: HTTPConnection) -> FleetSettings:
     return wiring(conn).settings
 
 
+def _background(conn: HTTPConnection) -> ThreadPoolExecutor:
+    return wiring(conn).background
+
+
 StoreDep = Annotated[Store, Depends(_store)]
 DispatcherDep = Annotated[Dispatcher, Depends(_dispatcher)]
 SettingsDep = Annotated[FleetSettings, Depends(_settings)]
+BackgroundDep = Annotated[ThreadPoolExecutor, Depends(_background)]
 
 
 class Unauthorized(Exception):

@@ -65,41 +65,47 @@ def environment(url: str | None) -> Iterator[tuple[str, str]]:
         yield server.url, prefix
 
 
-def configure(url: str, prefix: str) -> tuple[Any, Any]:
-    """The store and a dispatcher (its own Celery app) for the run's Redis and prefix."""
+def configure(url: str, prefix: str, **settings_fields: Any) -> tuple[Any, Any]:
+    """The store and a dispatcher (its own Celery app) for the run's Redis and prefix;
+    ``settings_fields`` on top of the default settings."""
     from api.wiring import celery_dispatcher
     from orchestrator.settings import FleetSettings
     from orchestrator.store import Store
 
-    settings = FleetSettings(redis_url=url, key_prefix=prefix)
+    settings = FleetSettings(redis_url=url, key_prefix=prefix, **settings_fields)
     return Store(url, prefix, settings=settings), celery_dispatcher(settings)
 
 
-def seed_busy(store: Any, n: int) -> list[str]:
-    """``n`` sessions with stored live work in all four families (no workers needed)."""
+def seed_busy(store: Any, n: int, cwd: str = "/bench/busy", host: str = "bench-host") -> list[str]:
+    """``n`` sessions in ``cwd`` with stored live work in all four families (no workers
+    needed)."""
     from orchestrator import jobs, reminders, sessions, turns
     from orchestrator.store import iso, now_ms
 
     null = NullDispatcher()
     ids = []
     for _ in range(n):
-        sid = sessions.create_session(store, "/bench/busy").session_id
+        sid = sessions.create_session(store, cwd).session_id
         turns.start_turn(store, null, sid, "think 600")
         jid = jobs.create_job(store, null, sid, 600, "sleep 600s")
-        claim = [jid, "bench-host", 600_000, iso(now_ms()), "bench-host/bench", n, "limit %d"]
+        claim = [jid, host, 600_000, iso(now_ms()), f"{host}/bench", 10**9, "limit %d"]
         store.run("job_claim", claim)
         reminders.create_reminder(store, sid, 3600, "say later")
-        child = sessions.create_session(store, "/bench/busy", parent_id=sid).session_id
+        child = sessions.create_session(store, cwd, parent_id=sid).session_id
         turns.start_turn(store, null, child, "think 600", source="subagent")
         ids.append(sid)
     return ids
 
 
 @contextmanager
-def api_server(url: str, prefix: str) -> Iterator[str]:
-    """The HTTP API (uvicorn, in its own process) on a free port; yields its base URL."""
+def api_server(
+    url: str, prefix: str, workers: int = 1, extra_env: dict[str, str] | None = None
+) -> Iterator[str]:
+    """The HTTP API (uvicorn, in its own process; ``workers`` processes behind one socket when
+    more than one; ``extra_env`` on top of its settings) on a free port; yields its base URL."""
     port = _free_port()
     env = dict(os.environ, FLEET_REDIS_URL=url, FLEET_KEY_PREFIX=prefix, FLEET_API_TOKEN="")
+    env.update(extra_env or {})
     cmd = [
         sys.executable,
         "-m",
@@ -110,15 +116,39 @@ def api_server(url: str, prefix: str) -> Iterator[str]:
         str(port),
         "--log-level",
         "warning",
+        *(["--workers", str(workers)] if workers > 1 else []),
     ]
     api = subprocess.Popen(cmd, env=env)
+    api_pids.append(api.pid)
     try:
         base = f"http://127.0.0.1:{port}"
         until(lambda: _ok(base + "/health"), 30)
         yield base
     finally:
+        api_pids.remove(api.pid)
         api.terminate()
         api.wait(10)
+
+
+#: Process ids of the API servers ``api_server`` runs now (for CPU accounting).
+api_pids: list[int] = []
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of ``pid`` and its descendants, from ``/proc`` (Linux)."""
+    total = 0.0
+    tick = os.sysconf("SC_CLK_TCK")
+    stack = [pid]
+    while stack:
+        p = stack.pop()
+        try:
+            fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
+            total += (int(fields[11]) + int(fields[12])) / tick
+            for task in Path(f"/proc/{p}/task").iterdir():
+                stack.extend(int(c) for c in (task / "children").read_text().split())
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+    return total
 
 
 def _free_port() -> int:

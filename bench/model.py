@@ -80,19 +80,19 @@ def bench_model_step(url: str, prefix: str, n: int) -> list[Row]:
     d, f = statistics.median(direct), statistics.median(fleet)
     return [
         (
-            "7 model step: one streamed request straight through the SDK",
+            "10 model step: one streamed request straight through the SDK",
             f"n={n}",
             f"median {ms(d)}",
             "floor",
         ),
         (
-            "7 model step through the fleet (gate, stores, events, usage)",
+            "10 model step through the fleet (gate, stores, events, usage)",
             f"n={n}",
             f"median {ms(f)}",
             f"ratio {f / d:.2f} (overhead {ms(f - d)} per step)",
         ),
         (
-            "7 archive answered -> the server sees the held stream close",
+            "10 archive answered -> the server sees the held stream close",
             f"n={len(closes)}",
             f"median {ms(statistics.median(closes))}, max {ms(max(closes))}",
             "<= 50 ms (the step's stop poll)",
@@ -125,5 +125,5 @@ def _until(predicate: Any, timeout: float = 30.0) -> None:
     deadline = time.monotonic() + timeout
     while not predicate():
         if time.monotonic() > deadline:
-            raise TimeoutError("benchmark 7: condition not reached")
+            raise TimeoutError("benchmark 10: condition not reached")
         time.sleep(0.001)

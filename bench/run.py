@@ -12,10 +12,13 @@ is used and removed afterwards. Figures are wall-clock medians and 99th percenti
 2. the gate at lineage depth 1, 10, 100 vs one SISMEMBER
 3. bulk archive (when the bulk operation exists; see ``bench/bulk.py``)
 4. archive response -> empty census, 50 busy sessions on real workers
-5. session/list page latency at 10k and 100k sessions (half archived)
+5. (session/list pages: now part of 9)
 6. step throughput through the gate vs the same workers running ungated no-op tasks
-7. a model step through the fleet vs the same request straight through the SDK
-   (``bench/model.py``)
+7. the naive Celery way (a flag and ``revoke(terminate=True)``) beside agent-fleet
+8. archive throughput, 32 concurrent clients, one API process vs two
+9. a large fleet: list pages, memory per idle session, one bulk archive (``--million``)
+10. a model step through the fleet vs the same request straight through the SDK
+    (``bench/model.py``)
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ import platform
 import statistics
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -46,7 +50,10 @@ from bench.common import (
     timed,
     until,
 )
+from bench.concurrency import bench_concurrency
+from bench.million import bench_million
 from bench.model import bench_model_step
+from bench.naive import bench_naive
 
 
 # --------------------------------------------------------------------------- 1
@@ -67,14 +74,19 @@ def bench_archive_http(url: str, prefix: str, n: int) -> list[Row]:
                 assert r.status_code == 200 and len(body["stopDispatch"]["sent"]) == 4, body
         raw = redis.Redis.from_url(url)
         floor = timed(lambda: (raw.ping(), raw.ping()), n)
-    med = statistics.median(lat)
+        key = f"{prefix}bench:floor"
+        # The archive's path holds two writes (its script, the stop messages), each fsynced by
+        # the append-only store before it answers: that is its floor on this disk.
+        writes = timed(lambda: (raw.set(key, "1"), raw.set(key, "2")), n)
+    med, p99 = statistics.median(lat), pct(lat, 0.99)
     return [
         (
             "1 archive over HTTP, stopActivity, 4 families",
             f"n={n}",
-            f"median {ms(med)}, p99 {ms(pct(lat, 0.99))}",
-            f"floor 2 RTT median {ms(statistics.median(floor))}; goal median <= 3 ms: "
-            + ("met" if med <= 0.003 else "MISSED"),
+            f"median {ms(med)}, p99 {ms(p99)}",
+            f"floor 2 RTT median {ms(statistics.median(floor))}, 2 fsynced writes median "
+            f"{ms(statistics.median(writes))}; goal median <= 3 ms, p99 <= 5 ms: "
+            + ("met" if med <= 0.003 and p99 <= 0.005 else "MISSED"),
         ),
     ]
 
@@ -83,7 +95,7 @@ def bench_archive_http(url: str, prefix: str, n: int) -> list[Row]:
 def bench_gate(url: str, prefix: str, n: int) -> list[Row]:
     from orchestrator import gate, sessions
 
-    store, _ = configure(url, prefix)
+    store, _ = configure(url, prefix, max_subagent_depth=128)  # a lineage 100 deep
     chain = [sessions.create_session(store, "/bench/gate").session_id]
     for _ in range(100):
         chain.append(sessions.create_session(store, "/bench/gate", parent_id=chain[-1]).session_id)
@@ -112,6 +124,7 @@ BUSY_PROMPT = "spawn think 60|say done\nrun 60\nremind 60 say later\nthink 60"
 
 def bench_drain(url: str, prefix: str, n: int) -> list[Row]:
     from api.local import LocalFleet
+    from bench.hops import StopEvents, breakdown
     from orchestrator import activity, archive, sessions, turns
     from orchestrator.families import Family
 
@@ -119,6 +132,7 @@ def bench_drain(url: str, prefix: str, n: int) -> list[Row]:
     state = Path(tempfile.mkdtemp(prefix="fleet-bench-workers-"))
     fleet = LocalFleet(url, prefix, state, hostname="bench", concurrency=max(32, 3 * n))
     fleet.start()
+    events = StopEvents(dispatcher.app)
     try:
         fleet.wait_ready(90)
         ids = [sessions.create_session(store, "/bench/drain").session_id for _ in range(n)]
@@ -128,18 +142,24 @@ def bench_drain(url: str, prefix: str, n: int) -> list[Row]:
             lambda: all({i.family for i in activity.census(store, s)} == set(Family) for s in ids),
             120,
         )
+        before = {sid: activity.census(store, sid) for sid in ids}
+        events.start()
         answered: dict[str, float] = {}
+        wall: dict[str, float] = {}
+        quiet: dict[str, float] = {}
+        # The census is watched from the first archive on (a thread), not after the last one,
+        # so an early session's quiet is seen when it happens.
+        watcher = threading.Thread(target=_watch_quiet, args=(store, ids, answered, quiet))
+        watcher.start()
         for sid in ids:
             archive.archive(store, dispatcher, sid, stop_activity=True)
             answered[sid] = time.perf_counter()
-        quiet: dict[str, float] = {}
-        deadline = time.monotonic() + 60
-        while len(quiet) < n and time.monotonic() < deadline:
-            for sid in ids:
-                if sid not in quiet and not activity.census(store, sid):
-                    quiet[sid] = time.perf_counter()
-            time.sleep(0.005)
+            wall[sid] = time.time()
+        watcher.join(65)
+        time.sleep(0.5)  # the last stop tasks' events
+        hops = breakdown(store, events, wall, before)
     finally:
+        events.stop()
         fleet.stop()
     if len(quiet) < n:
         return [
@@ -147,7 +167,7 @@ def bench_drain(url: str, prefix: str, n: int) -> list[Row]:
                 "4 archive -> empty census",
                 f"n={n}",
                 f"{n - len(quiet)} never went quiet",
-                "goal p99 <= 2 s: MISSED",
+                "goal p99 <= 300 ms: MISSED",
             )
         ]
     waits = [quiet[s] - answered[s] for s in ids]
@@ -157,91 +177,26 @@ def bench_drain(url: str, prefix: str, n: int) -> list[Row]:
             "4 archive response -> empty census (real workers)",
             f"n={n}",
             f"median {ms(statistics.median(waits))}, p99 {ms(p99)}",
-            "goal p99 <= 2 s: " + ("met" if p99 <= 2 else "MISSED"),
-        )
+            "goal p99 <= 300 ms: " + ("met" if p99 <= 0.3 else "MISSED"),
+        ),
+        *hops,
     ]
 
 
-# --------------------------------------------------------------------------- 5
-def seed_sessions(store: Any, count: int, batch: int = 1000) -> None:
-    """Create ``count`` sessions (every second one archived) through the product's scripts,
-    pipelined."""
-    from orchestrator.sessions import cwd_hash
-    from orchestrator.store import iso, new_id, now_ms
+def _watch_quiet(
+    store: Any, ids: list[str], answered: dict[str, float], quiet: dict[str, float]
+) -> None:
+    """Until every archived session of ``ids`` has an empty census (or 60 s): one census of
+    every archived, not yet quiet session per sweep (a few round trips in all)."""
+    from orchestrator import activity
 
-    create = store.script("create_session")
-    arc = store.script("archive")
-    made = 0
-    while made < count:
-        pipe = store.redis.pipeline(transaction=False)
-        ids = []
-        for _ in range(min(batch, count - made)):
-            sid = new_id("sess")
-            ms_ = now_ms()
-            create(
-                keys=[],
-                args=[
-                    store.keys.prefix,
-                    sid,
-                    "/bench/list",
-                    cwd_hash("/bench/list"),
-                    "",
-                    ms_,
-                    iso(ms_),
-                ],
-                client=pipe,
-            )
-            ids.append(sid)
-        for sid in ids[::2]:
-            arc(
-                keys=[],
-                args=[store.keys.prefix, sid, "0", iso(now_ms()), new_id("arc")],
-                client=pipe,
-            )
-        pipe.execute()
-        made += len(ids)
-
-
-def bench_list(url: str, prefix: str, sizes: tuple[int, ...], n: int) -> list[Row]:
-    from orchestrator import sessions
-
-    store, _ = configure(url, prefix)
-    rows: list[Row] = []
-    medians: dict[tuple[int, str], float] = {}
-    have = 0
-    for size in sizes:
-        seed_sessions(store, size - have)
-        have = size
-        for flt in ("exclude", "include", "only"):
-            first = sessions.list_sessions(store, archived=flt)
-            cursor = first.next_cursor
-            lat = timed(lambda flt=flt: sessions.list_sessions(store, archived=flt), n // 2)
-            lat += timed(
-                lambda flt=flt, c=cursor: sessions.list_sessions(store, archived=flt, cursor=c),
-                n // 2,
-            )
-            medians[(size, flt)] = statistics.median(lat)
-            rows.append(
-                (
-                    f"5 session/list page ({flt}), {size:,} sessions",
-                    f"n={n}",
-                    f"median {ms(medians[(size, flt)])}, p99 {ms(pct(lat, 0.99))}",
-                    "goal median <= 5 ms: "
-                    + ("met" if medians[(size, flt)] <= 0.005 else "MISSED"),
-                )
-            )
-    if len(sizes) == 2:
-        small, big = sizes
-        worst = max(medians[(big, f)] / medians[(small, f)] for f in ("exclude", "include", "only"))
-        rows.append(
-            (
-                f"5 list {big:,} vs {small:,}",
-                "",
-                f"worst ratio {worst:.2f}x",
-                "goal <= 1.5x: " + ("met" if worst <= 1.5 else "MISSED"),
-            )
-        )
-    return rows
+    deadline = time.monotonic() + 60
+    while len(quiet) < len(ids) and time.monotonic() < deadline:
+        pending = [sid for sid in ids if sid in answered and sid not in quiet]
+        for sid, items in activity.census_many(store, pending).items():
+            if not items:
+                quiet[sid] = time.perf_counter()
+        time.sleep(0.002)
 
 
 # --------------------------------------------------------------------------- 6
@@ -290,33 +245,46 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="smaller sizes")
     parser.add_argument("--redis-url", default=None, help="use this Redis (fresh prefix)")
     parser.add_argument("--only", default="", help="comma list of benchmark numbers to run")
+    parser.add_argument(
+        "--million",
+        action="store_true",
+        help="benchmark 9 at 1,000,000 sessions (100,000 idle + 10,000 busy archived)",
+    )
     args = parser.parse_args()
     q = args.quick
     only = {int(x) for x in args.only.split(",") if x}
+    # (sessions, idle, busy) of benchmark 9; --million for the issue's full sizes.
+    million = (
+        (1_000_000, 100_000, 10_000)
+        if args.million
+        else (20_000, 2_000, 200)
+        if q
+        else (200_000, 20_000, 2_000)
+    )
     plan: list[tuple[int, Callable[[str, str], list[Row]]]] = [
         (1, lambda u, p: bench_archive_http(u, p, 200 if q else 1000)),
         (2, lambda u, p: bench_gate(u, p, 500 if q else 2000)),
         (4, lambda u, p: bench_drain(u, p, 10 if q else 50)),
-        (
-            5,
-            lambda u, p: bench_list(
-                u, p, (2_000, 20_000) if q else (10_000, 100_000), 100 if q else 400
-            ),
-        ),
         (6, lambda u, p: bench_throughput(u, p, 500 if q else 3000)),
-        (7, lambda u, p: bench_model_step(u, p, 50 if q else 300)),
+        (7, lambda u, p: bench_naive(u, p, 10 if q else 50)),
+        (8, lambda u, p: bench_concurrency(u, p, 200 if q else 1000)),
+        (9, lambda u, p: bench_million(u, p, *million)),
+        (10, lambda u, p: bench_model_step(u, p, 50 if q else 300)),
     ]
     plan.insert(2, (3, lambda u, p: bench_bulk(u, p, quick=q)))
     rows: list[Row] = []
+    errors = 0
     for number, fn in plan:
         if only and number not in only:
             continue
-        with environment(args.redis_url) as (url, prefix):
-            started = time.perf_counter()
-            rows.extend(fn(url, prefix))
-            print(
-                f"benchmark {number} done in {time.perf_counter() - started:.1f}s", file=sys.stderr
-            )
+        started = time.perf_counter()
+        try:
+            with environment(args.redis_url) as (url, prefix):
+                rows.extend(fn(url, prefix))
+        except Exception as exc:  # one row says what broke; the others still run
+            errors += 1
+            rows.append((f"{number} ERROR", "", f"{type(exc).__name__}: {exc}"[:300], ""))
+        print(f"benchmark {number} done in {time.perf_counter() - started:.1f}s", file=sys.stderr)
     from rich.console import Console
     from rich.table import Table
 
@@ -331,7 +299,8 @@ def main() -> int:
     for row in rows:
         table.add_row(*row)
     Console(width=160).print(table)
-    return 0
+    # A missed goal is a figure, not a failure: only a benchmark that could not run fails.
+    return 1 if errors else 0
 
 
 if __name__ == "__main__":

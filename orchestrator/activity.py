@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 from datetime import datetime
+from typing import Any
 
 from orchestrator import families, metrics
 from orchestrator.errors import FleetError, StoreUnavailable
@@ -20,7 +21,15 @@ from orchestrator.store import Store, iso, retried
 
 log = logging.getLogger(__name__)
 
-__all__ = ["ActivityItem", "census", "census_many", "merge_items", "own_items", "shorten"]
+__all__ = [
+    "ActivityItem",
+    "census",
+    "census_many",
+    "census_of_rows",
+    "merge_items",
+    "own_items",
+    "shorten",
+]
 
 
 #: A session's own live items, and per family the ids of items whose owner vanished.
@@ -36,19 +45,21 @@ def _read_own_many(store: Store, sids: list[str]) -> dict[str, Own]:
     # Called directly (not through Store.run) so that ``retried`` sees redis-py's own
     # transient errors: the script only reads, re-running it is harmless.
     rows = store.script("census")(keys=[], args=[store.keys.prefix, *sids]) if sids else []
-    out: dict[str, Own] = {}
-    for sid, per_family in zip(sids, rows, strict=True):
-        items: list[ActivityItem] = []
-        stale: dict[str, list[str]] = {}
-        for name, live, vanished in per_family:
-            spec = families.get(name)
-            if spec.item is None:
-                raise ValueError(f"family {name!r} has a liveness rule but no item builder")
-            items.extend(spec.item(sid, row[0], list(row[1:])) for row in live)
-            if vanished:
-                stale[spec.name] = list(vanished)
-        out[sid] = (items, stale)
-    return out
+    return {sid: _decode_own(sid, per_family) for sid, per_family in zip(sids, rows, strict=True)}
+
+
+def _decode_own(sid: str, per_family: list[Any]) -> Own:
+    """One session's ``census_rows`` reply (``_lib.lua``) as items and stale ids by family."""
+    items: list[ActivityItem] = []
+    stale: dict[str, list[str]] = {}
+    for name, live, vanished in per_family:
+        spec = families.get(name)
+        if spec.item is None:
+            raise ValueError(f"family {name!r} has a liveness rule but no item builder")
+        items.extend(spec.item(sid, row[0], list(row[1:])) for row in live)
+        if vanished:
+            stale[spec.name] = list(vanished)
+    return items, stale
 
 
 def _own(store: Store, sid: str, dispatcher: Dispatcher | None) -> list[ActivityItem]:
@@ -176,6 +187,32 @@ def census_many(
     tree = _descendants_many(store, roots)
     everyone = list(dict.fromkeys([*roots, *(d for r in roots for d in tree[r])]))
     own_rows = _read_own_many(store, everyone)
+    return _assemble(store, dispatcher, roots, tree, own_rows, settle)
+
+
+def census_of_rows(
+    store: Store, session_id: str, flat: list[Any], dispatcher: Dispatcher | None = None
+) -> list[ActivityItem]:
+    """``census`` of ``session_id`` from rows a script read itself (``archive.lua``): ``flat``
+    is sid, ``census_rows(sid)`` for the session, then for each descendant in the order
+    ``descendants`` (``_lib.lua``) walks them. Records whose owner vanished are settled, as by
+    ``census``; nothing else is read. Raises ``StoreUnavailable`` only when settling."""
+    sids = [str(s) for s in flat[::2]]
+    own = {sid: _decode_own(sid, rows) for sid, rows in zip(sids, flat[1::2], strict=True)}
+    tree = {session_id: [s for s in sids if s != session_id]}
+    return _assemble(store, dispatcher, [session_id], tree, own, True)[session_id]
+
+
+def _assemble(
+    store: Store,
+    dispatcher: Dispatcher | None,
+    roots: list[str],
+    tree: dict[str, list[str]],
+    own_rows: dict[str, Own],
+    settle: bool,
+) -> dict[str, list[ActivityItem]]:
+    """Each root's census: its own items, then one ``subagent`` item per descendant (in
+    ``tree`` order) with live items of its own; stale records settled when ``settle``."""
     own: dict[str, list[ActivityItem]] = {}
     for sid, (items, stale) in own_rows.items():
         if settle and stale:

@@ -28,11 +28,18 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from orchestrator import audit, events, metrics
-from orchestrator.activity import ActivityItem, census, mark_quiet, merge_items
+from orchestrator.activity import (
+    ActivityItem,
+    census,
+    census_of_rows,
+    mark_quiet,
+    merge_items,
+)
 from orchestrator.errors import (
     ActivityChanged,
     AncestorArchived,
@@ -56,6 +63,8 @@ MAX_CONFIRMED = 10_000
 
 #: What a confirmation names: (family, id) pairs as ``ActivityItem`` gives them.
 Confirmed = list[tuple[str, str]]
+#: Runs a piece of best-effort bookkeeping later, off the caller's path.
+Defer = Callable[[Callable[[], None]], object]
 
 
 @dataclass
@@ -91,10 +100,14 @@ def archive(
     *,
     stop_activity: bool = False,
     confirmed: Confirmed | None = None,
+    defer: Defer | None = None,
 ) -> ArchiveResult:
     """Archive a session (and its subtree). ``confirmed``: with ``stop_activity``, the
     (family, id) pairs the user confirmed stopping (a refusal's ``activity``); anything live
-    beyond them refuses the archive with ``ActivityChanged`` and writes nothing.
+    beyond them refuses the archive with ``ActivityChanged`` and writes nothing. ``defer``:
+    given the stop fan-out's bookkeeping (its counts and ``stop`` audit entry, one best-effort
+    round trip), runs it off the caller's path (a single-thread executor's ``submit``, as the
+    HTTP API passes); it runs inline when ``None``.
 
     Every outcome, a refusal included, is counted (``fleet_archives``) and recorded in the
     audit trail; an archive's entry and count are written by its script, so they commit with
@@ -107,7 +120,7 @@ def archive(
     sid = check_session_id(session_id)
     binding = _binding(stop_activity, confirmed)
     try:
-        result = _archive(store, dispatcher, sid, stop_activity, binding)
+        result = _archive(store, dispatcher, sid, stop_activity, binding, defer)
     except SessionActive as refused:
         families = sorted({item.family for item in refused.items})
         metrics.incr_many(
@@ -125,19 +138,6 @@ def archive(
             items=len(refused.items),
         )
         raise
-    # The archive's own entry and count were written by its script (they commit with it);
-    # what the stop fan-out did is recorded beside it (best effort, like the fan-out).
-    if result.stopped or result.stop_report.failed:
-        failures = [family for family, _ in result.stop_report.failed]
-        audit.record(
-            store,
-            sid,
-            "stop",
-            "partial" if failures else "sent",
-            stopped=len(result.stopped),
-            families=sorted({item.family for item in result.stopped}),
-            stopFailures=failures,
-        )
     return result
 
 
@@ -160,16 +160,26 @@ def _binding(stop_activity: bool, confirmed: Confirmed | None) -> str:
 
 
 def _archive(
-    store: Store, dispatcher: Dispatcher, sid: str, stop_activity: bool, binding: str = ""
+    store: Store,
+    dispatcher: Dispatcher,
+    sid: str,
+    stop_activity: bool,
+    binding: str = "",
+    defer: Defer | None = None,
 ) -> ArchiveResult:
     txn = new_id("arc")
     recorder = audit.script_recorder(
-        store, "archive", {}, metric=store.keys.metric(metrics.ARCHIVES.name)
+        store,
+        "archive",
+        {},
+        metric=store.keys.metric(metrics.ARCHIVES.name),
+        eventsMax=events.STREAM_MAXLEN,
     )
     for _ in range(_REFUSAL_RECHECKS):
+        # The script reads the server's clock itself ('' for nowIso): no TIME round trip.
         result = store.run(
             "archive",
-            [sid, "1" if stop_activity else "0", iso(store.now_ms()), txn, recorder, binding],
+            [sid, "1" if stop_activity else "0", "", txn, recorder, binding],
             durable=True,
         )
         outcome = result[0]
@@ -181,7 +191,7 @@ def _archive(
                 # Nothing changes in the archive state, but work that outlived an earlier
                 # stop (a lost or failed dispatch) is asked to stop again.
                 already.stopped = census(store, sid, dispatcher)
-                already.stop_report = dispatch_stops(dispatcher, sid, already.stopped, store=store)
+                already.stop_report = _fan_out(store, dispatcher, sid, already.stopped, defer=defer)
             return already
         if outcome == "archived":
             break
@@ -203,29 +213,75 @@ def _archive(
         stop_activity,
         extra={"session_id": sid},
     )
-    # Every session the transition archived is told, before its work is stopped (ACP seed
-    # 000): its clients get the updates up to historyLength, archived: true, then close it.
-    flat = list(result[3])
-    events.publish_many(
-        store,
-        [
-            ("archived", str(s), {"archived": True, "historyLength": int(n)})
-            for s, n in zip(flat[::2], flat[1::2], strict=True)
-        ],
-    )
+    # Every session the transition archived was told by the script, before its work is
+    # stopped (ACP seed 000): its clients get the updates up to historyLength, archived: true,
+    # then close it; the script also emitted the events of the turns it stopped.
     if stop_activity:
-        # Read after the write: anything that started before it is seen here, and anything
-        # that starts after it is refused by the gate. An empty census records the session
-        # quiet right away. The turns the script stopped lead the list (a turn.stop for them
-        # is a harmless poke).
-        flipped = stopped_by_archive(store, sid, list(result[2]))
-        done.stopped = merge_items(flipped, census(store, sid, dispatcher))
-        done.stop_report = dispatch_stops(dispatcher, sid, done.stopped, store=store)
+        # The census the script read right after its write, in the same atomic step: anything
+        # that started before the write is in it, and anything that starts after it is refused
+        # by the gate. An empty census records the session quiet right away. The turns the
+        # script stopped lead the list (a turn.stop for them is a harmless poke).
+        flipped = stopped_by_archive(store, sid, list(result[2]), publish=False)
+        after = census_of_rows(store, sid, list(result[4]), dispatcher)
+        if not after:
+            mark_quiet(store, sid)
+        done.stopped = merge_items(flipped, after)
+        done.stop_report = _fan_out(
+            store, dispatcher, sid, done.stopped, at=str(result[5]), defer=defer
+        )
     else:
         # The script found no live work when it wrote, so the subtree is quiet already; it is
         # marked so (not observed: there was nothing to stop and no time to measure).
         mark_quiet(store, sid, observe=False)
     return done
+
+
+def _fan_out(
+    store: Store,
+    dispatcher: Dispatcher,
+    sid: str,
+    items: list[ActivityItem],
+    *,
+    at: str | None = None,
+    defer: Defer | None = None,
+) -> StopReport:
+    """Send the stops of ``items`` (``dispatch_stops``), then count them and record what was
+    sent as a ``stop`` audit entry beside the archive's, both in one pipelined round trip
+    (best effort, like the fan-out: a failure is logged), through ``defer`` when given.
+    ``at``: the entry's time (ISO 8601), the archive's own when known, else the server's."""
+    pipe = store.redis.pipeline(transaction=False)
+    report = dispatch_stops(dispatcher, sid, items, store=store, pipe=pipe)
+    entry: tuple[str, str, str, dict[str, Any]] | None = None
+    if items or report.failed:
+        failures = [family for family, _ in report.failed]
+        detail = {
+            "stopped": len(items),
+            "families": sorted({item.family for item in items}),
+            "stopFailures": failures,
+        }
+        entry = (sid, "stop", "partial" if failures else "sent", detail)
+    actor = audit.current_actor()
+
+    def write() -> None:
+        try:
+            if entry is not None:
+                when = at or iso(store.now_ms())
+                audit.record_into(pipe, store, [entry], at=when, actor=actor)
+            pipe.execute()
+        except Exception as exc:  # best effort: the archive and its stops are already made
+            log.warning(
+                "stop fan-out of %s not counted or recorded: %s: %s",
+                sid,
+                type(exc).__name__,
+                exc,
+                extra={"session_id": sid},
+            )
+
+    if defer is None:
+        write()
+    else:
+        defer(write)
+    return report
 
 
 def _unconfirmed(items: list[ActivityItem], binding: str) -> bool:

@@ -125,44 +125,61 @@ def record_many(
     a warning; never raises for a store failure)."""
     if not entries:
         return []
+    try:
+        pipe = store.redis.pipeline(transaction=False)
+        record_into(pipe, store, entries, at=iso(store.now_ms()), actor=actor)
+        replies = pipe.execute()
+    except Exception as exc:  # best effort: the change itself is already made
+        _not_recorded(entries, exc)
+        return []
+    return [str(entry_id) for entry_id in replies[::2]]
+
+
+def record_into(
+    pipe: Any,
+    store: Store,
+    entries: list[tuple[str, str, str, dict[str, Any]]],
+    *,
+    at: str,
+    actor: str | None = None,
+) -> None:
+    """Queue ``record_many``'s entries on a redis-py ``pipe`` the caller executes (two
+    ``XADD`` per entry, per-session then fleet-wide), so they share a round trip with other
+    best-effort writes. ``at`` is the entries' time (ISO 8601, from the server's clock)."""
     settings = store.settings
     who = actor or current_actor()
     k = store.keys
-    try:
-        at = iso(store.now_ms())
-        pipe = store.redis.pipeline(transaction=False)
-        for session_id, action, outcome, detail in entries:
-            fields = {
-                "at": at,
-                "action": action,
-                "outcome": outcome,
-                "actor": who,
-                "sessionId": session_id,
-                "detail": detail_json(detail),
-            }
-            # Exact trimming (no "~"): the cap is a promise to the operator, and removing one
-            # entry per append is cheap at these sizes.
-            pipe.xadd(
-                k.audit(session_id),
-                fields,
-                maxlen=settings.audit_max_per_session,
-                approximate=False,
-            )
-            pipe.xadd(k.audit_all, fields, maxlen=settings.audit_max_global, approximate=False)
-        replies = pipe.execute()
-    except Exception as exc:  # best effort: the change itself is already made
-        first = entries[0]
-        log.warning(
-            "audit entries (%d, first %s/%s) not recorded: %s: %s",
-            len(entries),
-            first[1],
-            first[2],
-            type(exc).__name__,
-            exc,
-            extra={"session_id": first[0]},
+    for session_id, action, outcome, detail in entries:
+        fields = {
+            "at": at,
+            "action": action,
+            "outcome": outcome,
+            "actor": who,
+            "sessionId": session_id,
+            "detail": detail_json(detail),
+        }
+        # Exact trimming (no "~"): the cap is a promise to the operator, and removing one
+        # entry per append is cheap at these sizes.
+        pipe.xadd(
+            k.audit(session_id),
+            fields,
+            maxlen=settings.audit_max_per_session,
+            approximate=False,
         )
-        return []
-    return [str(entry_id) for entry_id in replies[::2]]
+        pipe.xadd(k.audit_all, fields, maxlen=settings.audit_max_global, approximate=False)
+
+
+def _not_recorded(entries: list[tuple[str, str, str, dict[str, Any]]], exc: Exception) -> None:
+    first = entries[0]
+    log.warning(
+        "audit entries (%d, first %s/%s) not recorded: %s: %s",
+        len(entries),
+        first[1],
+        first[2],
+        type(exc).__name__,
+        exc,
+        extra={"session_id": first[0]},
+    )
 
 
 def _decode(entry_id: str, fields: dict[str, str]) -> dict[str, Any]:

@@ -207,13 +207,15 @@ class _Run:
         archived: list[tuple[str, int]] = []
         busy: list[str] = []
         flipped: dict[str, list[ActivityItem]] = {}
+        # The turn events of the whole batch, published in one round trip with its archives.
+        ended: list[tuple[str, str, dict[str, object]]] = []
         for attempt in range(_REFUSAL_RECHECKS):
             if not pending:
                 break
             active: list[str] = []
             for sid, outcome, _count, is_busy, would, turns, changed in self.script(pending):
-                if turns:  # stopped by the script itself; their turn events are published here
-                    flipped[sid] = stopped_by_archive(self.store, sid, list(turns))
+                if turns:  # stopped by the script itself; their turn events are published below
+                    flipped[sid] = stopped_by_archive(self.store, sid, list(turns), collect=ended)
                 if outcome == "active":
                     active.append(sid)
                     continue
@@ -247,8 +249,11 @@ class _Run:
                 [
                     ("archived", sid, {"archived": True, "historyLength": n})
                     for sid, n in archived
-                ],
+                ]
+                + ended,
             )
+        elif ended:
+            events.publish_many(self.store, ended)
         if busy and not self.dry:
             # Read after the write, as a single archive does: anything that started before it
             # is seen here; anything after it is refused by the gate.

@@ -150,13 +150,10 @@ def incr_many(store: Store, counts: Sequence[tuple[Counter, tuple[str, ...], int
     Redis failure (logged at debug)."""
     if not counts:
         return
-    for counter, labels, _ in counts:
-        if len(labels) != len(counter.labels):
-            raise ValueError(f"{counter.name} takes labels {counter.labels}, got {labels}")
+    _check_labels(counts)
     try:
         pipe = store.redis.pipeline(transaction=False)
-        for counter, labels, by in counts:
-            pipe.hincrby(store.keys.metric(counter.name), _SEP.join(labels), by)
+        incr_into(pipe, store, counts)
         pipe.execute()
     except Exception as exc:  # best effort: a metric never fails what it counts
         log.debug("metrics not counted: %s", exc)
@@ -164,9 +161,7 @@ def incr_many(store: Store, counts: Sequence[tuple[Counter, tuple[str, ...], int
 
 def queue_incr(pipe: Any, store: Store, counter: Counter, labels: tuple[str, ...], by: int) -> None:
     """Add an increment of ``counter`` to a redis-py pipeline (executed by the caller)."""
-    if len(labels) != len(counter.labels):
-        raise ValueError(f"{counter.name} takes labels {counter.labels}, got {labels}")
-    pipe.hincrby(store.keys.metric(counter.name), _SEP.join(labels), by)
+    incr_into(pipe, store, [(counter, labels, by)])
 
 
 def queue_observe(pipe: Any, store: Store, histogram: Histogram, seconds: float) -> None:
@@ -177,6 +172,23 @@ def queue_observe(pipe: Any, store: Store, histogram: Histogram, seconds: float)
     pipe.hincrby(key, _bucket_field(bound), 1)
     pipe.hincrbyfloat(key, "sum", value)
     pipe.hincrby(key, "count", 1)
+
+
+def incr_into(
+    pipe: Any, store: Store, counts: Sequence[tuple[Counter, tuple[str, ...], int]]
+) -> None:
+    """Queue ``incr_many``'s increments on a redis-py ``pipe`` the caller executes (so they
+    share a round trip with other best-effort writes). Raises ``ValueError`` for a wrong
+    number of labels, before anything is queued."""
+    _check_labels(counts)
+    for counter, labels, by in counts:
+        pipe.hincrby(store.keys.metric(counter.name), _SEP.join(labels), by)
+
+
+def _check_labels(counts: Sequence[tuple[Counter, tuple[str, ...], int]]) -> None:
+    for counter, labels, _ in counts:
+        if len(labels) != len(counter.labels):
+            raise ValueError(f"{counter.name} takes labels {counter.labels}, got {labels}")
 
 
 def observe(store: Store, histogram: Histogram, seconds: float) -> None:

@@ -28,7 +28,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from orchestrator import chat, events, metrics, toolbox, usage
+from orchestrator import chat, events, metrics, stepwatch, toolbox, usage
 from orchestrator.errors import SessionArchived, SessionNotFound, StepSuperseded, StoreUnavailable
 from orchestrator.families import Dispatcher, send_step
 from orchestrator.fencing import StepGuard, new_token
@@ -57,11 +57,11 @@ CANCEL_POLL = 0.05
 
 
 class _StepWatch:
-    """Keeps this copy's lease alive, lands streamed text held back (``tick``), and sets
-    ``cancel`` once the turn stops running
-    (``stopped``), another copy of the step began (``superseded``) or the worker starts to shut
-    down (``handed_off``), polling the store every ``CANCEL_POLL`` s: a stop is seen through the
-    store, whatever message its worker consumes.
+    """Keeps this copy's lease alive, lands streamed text held back (``flush``), and sets
+    ``cancel`` once the turn stops running (``stopped``), another copy of the step began
+    (``superseded``) or the worker starts to shut down (``handed_off``), polled every
+    ``CANCEL_POLL`` s by the process's one shared watch (``orchestrator/stepwatch.py``): a stop
+    is seen through the store, whatever message its worker consumes.
     """
 
     def __init__(
@@ -69,54 +69,62 @@ class _StepWatch:
         store: Store,
         guard: StepGuard,
         stopping: threading.Event | None,
-        tick: Callable[[], None],
+        flush: Callable[[], None],
     ) -> None:
         self.store = store
-        self.tick = tick
+        self.flush = flush
         self.guard = guard
         self.stopping = stopping
         self.cancel = threading.Event()
         self.stopped = False
         self.superseded = False
         self.handed_off = False
-        self._done = threading.Event()
-        name = f"watch-{guard.turn_id}"
-        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self.turn_id = guard.turn_id
+        self.token = guard.token
+        self.lease_ms = STEP_LEASE_MS
+        self._lock = threading.Lock()
+        self._closed = False
 
     def __enter__(self) -> _StepWatch:
-        self._thread.start()
+        # One shared poll per process for all its steps in flight (orchestrator/stepwatch.py).
+        stepwatch.watch(self.store, self, CANCEL_POLL, _REFRESH)
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self._done.set()
-        self._thread.join(timeout=2)
+        stepwatch.unwatch(self.store, self)
+        with self._lock:  # a poll still under way changes nothing from here on
+            self._closed = True
 
-    def _run(self) -> None:
-        since_refresh = 0.0
-        while not self._done.wait(CANCEL_POLL):
-            try:
-                self.tick()
-            except (StepSuperseded, StoreUnavailable) as exc:  # seen by the poll below
-                log.debug("held-back text of %s not landed: %s", self.guard.turn_id, exc)
+    def tick(self) -> bool:
+        """Before each poll: lands the text held back, then a worker shutting down hands the
+        step on (done)."""
+        with self._lock:
+            if self._closed:
+                return True
+        try:
+            self.flush()
+        except (StepSuperseded, StoreUnavailable) as exc:  # seen by the poll that follows
+            log.debug("held-back text of %s not landed: %s", self.guard.turn_id, exc)
+        with self._lock:
+            if self._closed:
+                return True
             if self.stopping is not None and self.stopping.is_set():
                 self.handed_off = True
                 self.cancel.set()
-                return
-            since_refresh += CANCEL_POLL
-            refresh = since_refresh >= _REFRESH
-            lease = STEP_LEASE_MS if refresh else ""
-            try:
-                state = self.store.run("turn_watch", [self.guard.turn_id, lease, self.guard.token])
-            except StoreUnavailable as exc:  # a blip must not kill the watch; the lease outlives it
-                log.debug("step watch of %s: %s", self.guard.turn_id, exc)
-                continue
-            if refresh:
-                since_refresh = 0.0
-            if state != TurnState.RUNNING.value:
-                self.superseded = state == "superseded"
-                self.stopped = not self.superseded
-                self.cancel.set()
-                return
+                return True
+            return False
+
+    def seen(self, state: str) -> bool:
+        """The turn's state as polled: anything but running cancels the step (done)."""
+        with self._lock:
+            if self._closed:
+                return True
+            if state == TurnState.RUNNING.value:
+                return False
+            self.superseded = state == "superseded"
+            self.stopped = not self.superseded
+            self.cancel.set()
+            return True
 
 
 #: Runs a tool call: (store, dispatcher, session id, the step copy's guard, call, cancel) ->

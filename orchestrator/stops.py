@@ -84,12 +84,14 @@ def dispatch_stops(
     items: list[ActivityItem],
     *,
     store: Store | None = None,
+    pipe: Any = None,
 ) -> StopReport:
     """Ask each family with live items to stop them. The requests are sent and never awaited;
     a failed one is logged and reported, and never keeps the others from being sent. Raises
     only ``UnknownFamily``, for an item of no registered family, before anything is sent.
     With ``store``, each request is counted (``fleet_stop_dispatches``/``fleet_stop_failures``
-    by family, in one round trip)."""
+    by family, in one round trip; queued on ``pipe`` instead when given, which the caller
+    executes)."""
     report = StopReport()
     messages = stop_messages(session_id, items)
     errors = send_all(dispatcher, [(m.task, m.args, m.queue) for m in messages])
@@ -113,7 +115,9 @@ def dispatch_stops(
         )
         log.debug("stop dispatch for %s failed", family, exc_info=error, extra=extra)
         counts.append((metrics.STOP_FAILURES, (family,), 1))
-    if store is not None:
+    if store is not None and pipe is not None:
+        metrics.incr_into(pipe, store, counts)
+    elif store is not None:
         metrics.incr_many(store, counts)
     return report
 

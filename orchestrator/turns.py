@@ -382,13 +382,22 @@ def _live_turn_ids(store: Store, session_id: str) -> list[str]:
     return found
 
 
-def stopped_by_archive(store: Store, session_id: str, flat: list[str]) -> list[ActivityItem]:
+def stopped_by_archive(
+    store: Store,
+    session_id: str,
+    flat: list[str],
+    *,
+    publish: bool = True,
+    collect: list[tuple[str, str, dict[str, object]]] | None = None,
+) -> list[ActivityItem]:
     """What an archive of ``session_id`` stopped in its own script (``stop_turns_for_archive``
     in ``_lib.lua``: a flat list tid, sid, fromState, toState, label, settlement), as the
     census would have named it: a turn item per turn of the session itself (labelled with the
     state it was stopped in) and one ``subagent`` item per descendant whose turns it stopped.
     The tool-call settlement the script wrote (JSON, or ``''``) is published as an update, and
-    a turn event for each turn that ended there (a ``cancelling`` one is settled by its step).
+    a turn event for each turn that ended there (a ``cancelling`` one is settled by its step),
+    unless ``publish`` is false (the script emitted them itself: ``archive.lua``); with
+    ``collect`` they are appended there for the caller to publish with others (a bulk batch).
     """
     items: list[ActivityItem] = []
     descendants: dict[str, list[ActivityItem]] = {}
@@ -410,5 +419,8 @@ def stopped_by_archive(store: Store, session_id: str, flat: list[str]) -> list[A
         n = len(turns)
         label = f"subagent {sid} ({n} turn{'s' if n > 1 else ''} stopped by the archive)"
         items.append(ActivityItem(Family.SUBAGENT, sid, label, sid, parts=tuple(turns)))
-    events.publish_many(store, ended)
+    if collect is not None:
+        collect.extend(ended)
+    elif publish:
+        events.publish_many(store, ended)
     return items

@@ -7,7 +7,7 @@ from typing import Any
 
 from fastapi import APIRouter
 
-from api.deps import AUTH, DispatcherDep, StoreDep
+from api.deps import AUTH, BackgroundDep, DispatcherDep, StoreDep
 from api.routes.bodies import BulkArchiveBody, StopBody
 from orchestrator import archive, bulk
 
@@ -41,12 +41,17 @@ def bulk_archive(
 
 @router.post("/sessions/{session_id}/archive")
 def archive_(
-    session_id: str, store: StoreDep, dispatcher: DispatcherDep, body: StopBody | None = None
+    session_id: str,
+    store: StoreDep,
+    dispatcher: DispatcherDep,
+    background: BackgroundDep,
+    body: StopBody | None = None,
 ) -> dict[str, Any]:
     """Archive. Live work and no ``stopActivity``: 409 ``session_active`` with every live
     item in ``error.data.activity``. With ``stopActivity``: archived first, stops sent;
     with ``confirmedActivity`` too, only if nothing live is missing from it (else 409
-    ``activity_changed``, nothing written)."""
+    ``activity_changed``, nothing written). The stops' ``stop`` audit entry and counts are
+    written just after the response."""
     body = body or StopBody()
     return archive.archive(
         store,
@@ -54,6 +59,7 @@ def archive_(
         session_id,
         stop_activity=body.stopActivity,
         confirmed=body.confirmed(),
+        defer=background.submit,
     ).to_wire()
 
 

@@ -154,6 +154,59 @@ local function live_items(sid)
   return out
 end
 
+-- The census of one session's own items by each family's liveness rule: per family in
+-- registry order {name, {{id, field...}, ...} (live items with the family's label fields),
+-- {stale id, ...}} (census.lua's reply for one session; orchestrator/activity.py reads it).
+local function census_rows(sid)
+  local per = {}
+  for _, f in ipairs(FAMILIES) do
+    local live, stale = {}, {}
+    for _, id in ipairs(f.ids(sid)) do
+      local verdict = f.verdict(id)
+      if verdict == 'stale' then
+        stale[#stale + 1] = id
+      elseif verdict then
+        local row = {id}
+        if #f.fields > 0 then
+          for _, v in ipairs(redis.call('HMGET', f.hash(id), unpack(f.fields))) do
+            row[#row + 1] = v
+          end
+        end
+        live[#live + 1] = row
+      end
+    end
+    per[#per + 1] = {f.name, live, stale}
+  end
+  return per
+end
+
+-- Every descendant of sid, any depth, deleted ones included, breadth first with each
+-- session's children in sorted order (the order the census lists subagents in).
+local function descendants(sid)
+  local out, level = {}, {sid}
+  while #level > 0 do
+    local nxt = {}
+    for _, s in ipairs(level) do
+      local kids = redis.call('SMEMBERS', K.children(s))
+      table.sort(kids)
+      for _, c in ipairs(kids) do
+        out[#out + 1] = c
+        nxt[#nxt + 1] = c
+      end
+    end
+    level = nxt
+  end
+  return out
+end
+
+-- Publish a lifecycle event from the script that makes the change (orchestrator/events.py:
+-- appended to the capped event stream, then published on the events channel), so it
+-- commits with the change and costs no round trip of its own. payload is the event's JSON.
+local function emit_event(payload, stream_max)
+  redis.call('XADD', K.event_stream, 'MAXLEN', '~', stream_max, '*', 'event', payload)
+  redis.call('PUBLISH', K.events, payload)
+end
+
 -- Move a turn to a terminal state; if it was the session's running turn, promote the oldest
 -- queued turn (unless no_promote: an archive starts nothing). Returns the promoted id or ''.
 local function finish_turn(tid, state, reason, err, ms, iso_time, no_promote)

@@ -1,6 +1,7 @@
--- ARGV: prefix, sid, stopActivity '0'|'1', nowIso, txn, recorder (audit.script_recorder's
---   JSON with metric = the fleet_archives key), confirmed ('' or a JSON array of
---   'family:id' strings: the live items the user confirmed stopping)
+-- ARGV: prefix, sid, stopActivity '0'|'1', nowIso ('' for the server's clock), txn, recorder
+--   (audit.script_recorder's JSON with metric = the fleet_archives key and eventsMax = the
+--   event stream's cap), confirmed ('' or a JSON array of 'family:id' strings: the live items
+--   the user confirmed stopping)
 -- Checks for live work (unless stopActivity) and writes the archive for the session and its
 -- whole subtree in one step, so no work can start unseen between the check and the write.
 -- With stopActivity the live turns of every session it archives are stopped in this same
@@ -10,13 +11,20 @@
 -- reminder: ids of the session itself, subagent:<descendant id> for a descendant with live
 -- work of its own (orchestrator/activity.py).
 -- Returns {'not_found'} | {'already'} | {'active'} | {'changed'} | {'archived', n, turns,
--- archived}: turns is a flat list tid, sid, fromState, toState, label, settlement (of an open
--- tool call, JSON or '') of the turns it stopped; archived a flat list sid, historyLength of
--- every session it archived, the session first (its history's length once its turns were
--- stopped: what the session's clients are sent before it closes). An archive and a repeat
--- are audited and counted here, so the record commits with the change (a refusal is
--- recorded by the caller, which reads the live items after this script).
+-- archived, census, nowIso}: turns is a flat list tid, sid, fromState, toState, label,
+-- settlement (of an open tool call, JSON or '') of the turns it stopped; archived a flat list
+-- sid, historyLength of every session it archived, the session first (its history's length
+-- once its turns were stopped: what the session's clients are sent before it closes);
+-- census (with stopActivity, else empty) a flat list sid, census_rows(sid) for the session
+-- and every descendant (descendants in _lib.lua), read after the turns were stopped, in the
+-- same atomic step as the write: the census after the archive, with no round trip of its own.
+-- The events of the transition (orchestrator/events.py) are emitted here, in order: one
+-- 'archived' per archived session, then per stopped turn its tool-call settlement ('update')
+-- and, for a turn that ended, its 'turn' event. An archive and a repeat are audited and
+-- counted here, so the record commits with the change (a refusal is recorded by the caller,
+-- which reads the live items after this script).
 local sid, stop, now, txn = ARGV[2], ARGV[3], ARGV[4], ARGV[5]
+if now == '' then now = iso_ms(server_ms()) end
 local rec = cjson.decode(ARGV[6])
 local stop_json = (stop == '1') and 'true' or 'false'
 local k = skey(sid)
@@ -59,4 +67,32 @@ end
 record_in_script(rec, sid, 'archived', now, string.format(
   '{"archivedCount":%d,"stopActivity":%s,"stoppedTurns":%d}', n, stop_json, #turns / 6))
 redis.call('HINCRBY', rec.metric, 'archived', 1)
-return {'archived', n, turns, archived}
+-- The events, as events.publish_many writes them (json.dumps of {type, sessionId, ...}).
+local stream_max = rec.eventsMax or 10000
+for i = 1, #archived, 2 do
+  emit_event(string.format(
+    '{"type": "archived", "sessionId": "%s", "archived": true, "historyLength": %d}',
+    archived[i], archived[i + 1]), stream_max)
+end
+for i = 1, #turns, 6 do
+  local tid, tsid, to, settlement = turns[i], turns[i + 1], turns[i + 3], turns[i + 5]
+  if settlement ~= '' then
+    redis.call('PUBLISH', K.events, string.format(
+      '{"type": "update", "sessionId": "%s", "update": %s}', tsid, settlement))
+  end
+  if to == 'cancelled' then
+    -- stopReason as turns.STOP_REASON[cancelled]
+    emit_event(string.format('{"type": "turn", "sessionId": "%s", "turnId": "%s", '
+      .. '"state": "cancelled", "stopReason": "cancelled"}', tsid, tid), stream_max)
+  end
+end
+local census = {}
+if stop == '1' then
+  census[1] = sid
+  census[2] = census_rows(sid)
+  for _, d in ipairs(descendants(sid)) do
+    census[#census + 1] = d
+    census[#census + 1] = census_rows(d)
+  end
+end
+return {'archived', n, turns, archived, census, now}

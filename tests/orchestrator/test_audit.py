@@ -5,6 +5,7 @@ change it records."""
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -88,7 +89,7 @@ def test_an_archive_is_audited_and_counted_even_when_its_process_dies_right_afte
     def die(*_: object, **__: object) -> None:
         raise _Killed
 
-    monkeypatch.setattr(archive, "census", die)
+    monkeypatch.setattr(archive, "census_of_rows", die)
     # When it is archived with stopActivity
     with audit.acting_as("tester"), pytest.raises(_Killed):
         archive.archive(store, RecordingDispatcher(), sid, stop_activity=True)
@@ -209,3 +210,19 @@ def test_recording_never_fails_the_change_when_redis_is_away(
     [warning] = [r for r in caplog.records if r.name == "orchestrator.audit"]
     assert "ConnectionError" in warning.getMessage()
     assert warning.exc_info is None  # one line, no traceback
+
+
+def test_a_deferred_stop_record_is_written_when_its_runner_runs_it(store: Store, cwd: str) -> None:
+    # Given an archive with stopActivity whose bookkeeping is deferred (as the HTTP API does)
+    sid = sessions.create_session(store, cwd).session_id
+    turns.start_turn(store, RecordingDispatcher(), sid, "think 5")
+    later: list[Callable[[], None]] = []
+    with audit.acting_as("tester"):
+        archive.archive(store, RecordingDispatcher(), sid, stop_activity=True, defer=later.append)
+    # Then the archive is recorded at once, the stop entry only when the runner runs it,
+    # with the actor of the request
+    assert summary(trail(store, sid)) == [("archive", "archived", "tester")]
+    [write] = later
+    write()
+    stop, _ = trail(store, sid)
+    assert (stop["action"], stop["outcome"], stop["actor"]) == ("stop", "sent", "tester")

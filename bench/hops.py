@@ -1,0 +1,174 @@
+"""Where the time from an archive to quiet goes (benchmark 4's breakdown), by family and hop.
+
+The hops of one family's stop, each timed per session from what the fleet records itself:
+
+- delivery: the archive's response -> the worker starts the stop task (Celery's
+  ``task-started`` event, which the workers send with ``-E``);
+- noticing: the stop task starts -> it ends (the family's runtime has acted on it: the turn
+  is cancelled or flagged for its step, the job's process signalled, the reminder deleted);
+- exiting: the stop task ends -> the item's own end is recorded (``endedAt`` of the turn the
+  step settles, of the job whose process exited; none for a reminder);
+- recording quiet: the last item's end -> ``quietAt`` on the session (the census a stop or a
+  step takes once it acted, ``activity.note_quiet``).
+
+``ended`` is the whole of it for one item: the response -> its recorded end. A turn's step in
+flight ends on its own, when its watch sees the turn no longer running (``steps._StepWatch``),
+which may be before its ``turn.stop`` is delivered.
+
+Clocks: Celery's event timestamps and the stored times are this machine's wall clock (the
+workers and Redis run here), and the response time is taken with ``time.time``.
+"""
+
+from __future__ import annotations
+
+import statistics
+import threading
+from collections import defaultdict
+from datetime import datetime
+from typing import Any
+
+from bench.common import Row, ms, pct
+
+
+class StopEvents:
+    """Captures Celery task events of the fleet's stop tasks in a thread."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+        self.tasks: dict[str, dict[str, Any]] = defaultdict(dict)
+        self._receiver: Any = None
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._ready = threading.Event()
+
+    def _on(self, event: dict[str, Any]) -> None:
+        uuid = event.get("uuid")
+        if not uuid:
+            return
+        task = self.tasks[uuid]
+        kind = str(event.get("type", ""))
+        task[kind] = float(event.get("timestamp", 0.0))
+        for key in ("name", "args"):
+            if event.get(key):
+                task[key] = event[key]
+
+    def _run(self) -> None:
+        with self.app.connection_for_read() as conn:
+            self._receiver = self.app.events.Receiver(conn, handlers={"*": self._on})
+            self._ready.set()
+            self._receiver.capture(limit=None, timeout=None, wakeup=False)
+
+    def start(self) -> StopEvents:
+        self._thread.start()
+        self._ready.wait(10)
+        return self
+
+    def stop(self) -> None:
+        if self._receiver is not None:
+            self._receiver.should_stop = True
+        self._thread.join(5)
+
+    def started(self, sids: list[str]) -> dict[tuple[str, str], tuple[float, float]]:
+        """``(sid, family) -> (task-started, task-succeeded)`` of each session's stop task."""
+        out: dict[tuple[str, str], tuple[float, float]] = {}
+        for task in self.tasks.values():
+            name = str(task.get("name", ""))
+            if not name.endswith(".stop") or "task-started" not in task:
+                continue
+            args = str(task.get("args", ""))
+            sid = next((s for s in sids if s in args), None)
+            if sid is not None:
+                done = task.get("task-succeeded", task["task-started"])
+                out[(sid, name.split(".")[0])] = (task["task-started"], done)
+        return out
+
+
+def _ts(value: str | None) -> float | None:
+    return datetime.fromisoformat(value).timestamp() if value else None
+
+
+def _item_ends(store: Any, sid: str, items: list[Any]) -> dict[str, float | None]:
+    """Per family, the latest recorded end of the session's stopped items (the subagent's: of
+    its turns)."""
+    ends: dict[str, float | None] = {}
+    for item in items:
+        parts = item.parts or (item,)
+        for part in parts:
+            key = store.keys.turn(part.id) if part.family == "turn" else None
+            if part.family == "job":
+                key = store.keys.job(part.id)
+            when = _ts(store.redis.hget(key, "endedAt")) if key else None
+            if when is not None:
+                ends[item.family] = max(ends.get(item.family) or 0.0, when)
+            else:
+                ends.setdefault(item.family, None)
+    return ends
+
+
+def breakdown(
+    store: Any,
+    events: StopEvents,
+    answered: dict[str, float],
+    before: dict[str, list[Any]],
+) -> list[Row]:
+    """Rows: per family, the median and p99 of each hop, and the recording of quiet."""
+    sids = list(answered)
+    started = events.started(sids)
+    hops: dict[tuple[str, str], list[float]] = defaultdict(list)
+    record: list[float] = []
+    to_quiet: list[float] = []
+    for sid in sids:
+        ends = _item_ends(store, sid, before[sid])
+        for family, end in ends.items():
+            got = started.get((sid, family))
+            if got is None:
+                continue
+            hops[(family, "delivery")].append(got[0] - answered[sid])
+            hops[(family, "noticing")].append(got[1] - got[0])
+            if end is not None:
+                hops[(family, "exiting")].append(max(0.0, end - got[1]))
+                hops[(family, "ended")].append(end - answered[sid])
+        quiet = _ts(store.redis.hget(store.keys.session(sid), "quietAt"))
+        if quiet is not None:
+            to_quiet.append(quiet - answered[sid])
+        last = max(
+            [e for e in ends.values() if e is not None]
+            + [got[1] for (s, _), got in started.items() if s == sid],
+            default=None,
+        )
+        if quiet is not None and last is not None:
+            record.append(max(0.0, quiet - last))
+    rows: list[Row] = []
+    for family in ("turn", "job", "reminder", "subagent"):
+        parts = []
+        for hop in ("delivery", "noticing", "exiting", "ended"):
+            values = hops.get((family, hop))
+            if values:
+                parts.append(f"{hop} {ms(statistics.median(values))} (p99 {ms(pct(values, 0.99))})")
+        if parts:
+            rows.append(
+                (
+                    f"4 hops: {family}",
+                    f"n={len(hops[(family, 'delivery')])}",
+                    "; ".join(parts),
+                    "medians (p99)",
+                )
+            )
+    if to_quiet:
+        rows.append(
+            (
+                "4 archive response -> quietAt recorded by the fleet",
+                f"n={len(to_quiet)}",
+                f"median {ms(statistics.median(to_quiet))}, p99 {ms(pct(to_quiet, 0.99))}",
+                "goal p99 <= 300 ms: " + ("met" if pct(to_quiet, 0.99) <= 0.3 else "MISSED"),
+            )
+        )
+    if record:
+        rows.append(
+            (
+                "4 hops: last end -> quietAt recorded",
+                f"n={len(record)}",
+                f"median {ms(statistics.median(record))}, p99 {ms(pct(record, 0.99))}",
+                "",
+            )
+        )
+    return rows

@@ -1,0 +1,172 @@
+"""Benchmark 9: a large fleet. ``size`` sessions seeded through the product's own scripts,
+pipelined (half archived, a tenth subagents of another session), then:
+
+- ``session/list`` page latency per filter at ``size`` against the same at 10,000 (the first
+  10,000 seeded, measured before the rest is added);
+- Redis memory per idle session (``used_memory`` growth over idle sessions, divided);
+- one bulk archive by filter of ``idle`` idle + ``busy`` busy sessions (stored live work in all
+  four families) over HTTP, with the API process's memory growth (peak RSS, ``/proc``).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from bench.common import Row, api_pids, api_server, configure, ms, pct, seed_busy, timed
+
+SMALL = 10_000
+
+
+def seed(store: Any, count: int, cwd: str, *, archive_half: bool, batch: int = 2000) -> None:
+    """``count`` sessions in ``cwd``, pipelined ``batch`` at a time: one session in ten a
+    subagent of the session before it; with ``archive_half`` every second one archived."""
+    from orchestrator import audit, events, metrics
+    from orchestrator.sessions import cwd_hash
+    from orchestrator.store import iso, new_id, now_ms
+
+    create = store.script("create_session")
+    arc = store.script("archive")
+    recorder = audit.script_recorder(
+        store,
+        "archive",
+        {},
+        metric=store.keys.metric(metrics.ARCHIVES.name),
+        eventsMax=events.STREAM_MAXLEN,
+    )
+    h = cwd_hash(cwd)
+    made = 0
+    while made < count:
+        pipe = store.redis.pipeline(transaction=False)
+        ids: list[str] = []
+        for i in range(min(batch, count - made)):
+            sid = new_id("sess")
+            parent = ids[-1] if i % 10 == 9 else ""
+            stamp = now_ms()
+            create(
+                keys=[],
+                args=[store.keys.prefix, sid, cwd, h, parent, stamp, iso(stamp), "", "", 99, 99],
+                client=pipe,
+            )
+            ids.append(sid)
+        if archive_half:
+            for sid in ids[::2]:
+                arc(
+                    keys=[],
+                    args=[store.keys.prefix, sid, "0", "", new_id("arc"), recorder, ""],
+                    client=pipe,
+                )
+        pipe.execute()
+        made += len(ids)
+
+
+def _pages(store: Any, n: int) -> dict[str, list[float]]:
+    from orchestrator import sessions
+
+    out = {}
+    for flt in ("exclude", "include", "only"):
+        cursor = sessions.list_sessions(store, archived=flt).next_cursor
+        lat = timed(lambda flt=flt: sessions.list_sessions(store, archived=flt), n // 2)
+        lat += timed(
+            lambda flt=flt, c=cursor: sessions.list_sessions(store, archived=flt, cursor=c),
+            n // 2,
+        )
+        out[flt] = lat
+    return out
+
+
+def _rss_peak_mb(pid: int) -> float:
+    """The peak resident set (VmHWM) of ``pid``, in MB."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def _rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def _busy(store: Any, n: int, cwd: str) -> None:
+    """``n`` busy sessions in ``cwd``, seeded from 16 threads, 1,000 per job host (a claim
+    counts its host's live jobs)."""
+    chunk = 250
+    with ThreadPoolExecutor(16) as pool:
+        for f in [
+            pool.submit(seed_busy, store, min(chunk, n - i), cwd, f"bench-host-{i // 1000}")
+            for i in range(0, n, chunk)
+        ]:
+            f.result()
+
+
+def bench_million(url: str, prefix: str, size: int, idle: int, busy: int) -> list[Row]:
+    store, _ = configure(url, prefix)
+    rows: list[Row] = []
+    t0 = time.perf_counter()
+    seed(store, SMALL, "/bench/list", archive_half=True)
+    small = _pages(store, 200)
+    seed(store, size - SMALL, "/bench/list", archive_half=True)
+    seeded = time.perf_counter() - t0
+    big = _pages(store, 200)
+    worst = 0.0
+    for flt in ("exclude", "include", "only"):
+        ratio = statistics.median(big[flt]) / statistics.median(small[flt])
+        worst = max(worst, ratio)
+        rows.append(
+            (
+                f"9 session/list page ({flt}), {size:,} vs {SMALL:,} sessions",
+                "n=200 each",
+                f"median {ms(statistics.median(big[flt]))} vs {ms(statistics.median(small[flt]))}"
+                f", p99 {ms(pct(big[flt], 0.99))}",
+                f"{ratio:.2f}x; goal <= 1.5x and median <= 5 ms: "
+                + ("met" if ratio <= 1.5 and statistics.median(big[flt]) <= 0.005 else "MISSED"),
+            )
+        )
+    rows.append(
+        ("9 seeding, pipelined scripts", f"n={size:,}", f"{seeded:.1f} s", f"{size / seeded:.0f}/s")
+    )
+
+    used = int(store.redis.info("memory")["used_memory"])
+    seed(store, idle, "/bench/bulk", archive_half=False)
+    per = (int(store.redis.info("memory")["used_memory"]) - used) / idle
+    rows.append(
+        (
+            "9 Redis memory per idle session",
+            f"n={idle:,}",
+            f"{per:.0f} bytes",
+            "goal <= 1 KiB: " + ("met" if per <= 1024 else "MISSED"),
+        )
+    )
+    _busy(store, busy, "/bench/bulk")
+    with api_server(url, prefix, extra_env={"FLEET_BULK_FILTER_MAX": str(idle + 2 * busy)}) as base:
+        pid = api_pids[-1]
+        with httpx.Client(base_url=base, timeout=300) as client:
+            client.get("/sessions", params={"limit": 1})
+            rss0 = _rss_mb(pid)
+            t1 = time.perf_counter()
+            r = client.post(
+                "/sessions/archive", json={"filter": {"cwd": "/bench/bulk"}, "stopActivity": True}
+            )
+            took = time.perf_counter() - t1
+        assert r.status_code == 200, r.text[:300]
+        growth = _rss_peak_mb(pid) - rss0
+    totals = r.json()["totals"]
+    rows.append(
+        (
+            f"9 bulk archive by filter, {idle:,} idle + {busy:,} busy, one request",
+            f"n={idle + busy:,}",
+            f"{took:.2f} s, API peak memory +{growth:.0f} MB; {totals.get('selected')} selected,"
+            f" {totals.get('archived')} archived, {totals.get('already_archived')} with their"
+            f" parent, {totals.get('refused')} refused",
+            "goal <= 10 s and <= 200 MB: " + ("met" if took <= 10 and growth <= 200 else "MISSED"),
+        )
+    )
+    return rows

@@ -1,0 +1,118 @@
+"""One poll for every step a process has in flight (``steps._StepWatch``).
+
+A step in flight must see a stop (a cancel, an archive) within ``CANCEL_POLL`` seconds and
+keep its lease alive. Each watch polling on its own thread made, with a hundred steps in
+flight in one worker, two thousand script calls a second and a hundred lease writes (each an
+fsync on an append-only store), which starved the worker's own consumer of the CPU and
+delayed every stop's delivery. The process's watches of one store share one thread instead:
+every ``CANCEL_POLL`` s one ``turn_watch_many.lua`` call reads every watched turn's state (and,
+every ``REFRESH`` s, refreshes every lease), then each watch is told what its turn is.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Protocol
+
+from orchestrator.errors import StoreUnavailable
+from orchestrator.store import Store
+
+log = logging.getLogger(__name__)
+
+
+class Watched(Protocol):
+    """What the shared poll needs of a watch: its turn, token and lease, and where to say
+    what it saw (``seen`` returns whether the watch is done)."""
+
+    turn_id: str
+    token: str
+    lease_ms: int
+
+    def tick(self) -> bool:
+        """Before the poll: whether the watch is done without it (its worker shuts down)."""
+        ...
+
+    def seen(self, state: str) -> bool:
+        """The turn's state as polled; returns whether the watch is done."""
+        ...
+
+
+class _Poll:
+    """The shared poll of one store: a thread that runs while watches are registered."""
+
+    def __init__(self, store: Store, every: float, refresh: float) -> None:
+        self.store = store
+        self.every = every
+        self.refresh = refresh
+        self._lock = threading.Lock()
+        self._watches: dict[int, Watched] = {}
+        self._thread: threading.Thread | None = None
+
+    def add(self, watch: Watched) -> None:
+        with self._lock:
+            self._watches[id(watch)] = watch
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="step-watch", daemon=True)
+                self._thread.start()
+
+    def remove(self, watch: Watched) -> None:
+        with self._lock:
+            self._watches.pop(id(watch), None)
+
+    def _run(self) -> None:
+        since_refresh = 0.0
+        wake = threading.Event()
+        while True:
+            wake.wait(self.every)
+            with self._lock:
+                watches = list(self._watches.values())
+                if not watches:
+                    self._thread = None
+                    return
+            since_refresh += self.every
+            refresh = since_refresh >= self.refresh
+            live = []
+            for w in watches:
+                if w.tick():
+                    self.remove(w)
+                else:
+                    live.append(w)
+            if not live:
+                continue
+            args: list[object] = []
+            for w in live:
+                args += [w.turn_id, w.lease_ms if refresh else "", w.token]
+            try:
+                states = self.store.run("turn_watch_many", args)
+            except StoreUnavailable as exc:  # a blip must not end the watch: leases outlive it
+                log.debug("step watch poll: %s", exc)
+                continue
+            if refresh:
+                since_refresh = 0.0
+            for w, state in zip(live, states, strict=True):
+                if w.seen(str(state)):
+                    self.remove(w)
+
+
+_polls: dict[int, _Poll] = {}
+_polls_lock = threading.Lock()
+
+
+def watch(store: Store, watched: Watched, every: float, refresh: float) -> None:
+    """Poll ``watched`` with every other watch of ``store`` in this process, every ``every``
+    seconds, refreshing leases every ``refresh`` seconds, until it says it is done or
+    ``unwatch`` is called."""
+    with _polls_lock:
+        poll = _polls.get(id(store))
+        if poll is None or poll.store is not store:
+            poll = _polls[id(store)] = _Poll(store, every, refresh)
+    poll.add(watched)
+
+
+def unwatch(store: Store, watched: Watched) -> None:
+    """Stop polling ``watched`` (idempotent)."""
+    with _polls_lock:
+        poll = _polls.get(id(store))
+    if poll is not None:
+        poll.remove(watched)

@@ -1,0 +1,90 @@
+"""One archive with ``stopActivity`` costs three round trips to Redis, whatever it stops.
+
+The session is busy in all four families (a running turn, a claimed job, an armed reminder, a
+subagent with a running turn of its own). Its archive is one script (the durable write, its
+audit entry and count, its events and the census it reads right after the write, with the
+``WAITAOF`` in the same pipeline), one pipelined publish of the stops, and one pipeline counting
+and recording what was sent. Every write redis-py makes to a socket is counted, as in
+``test_dispatch_batch``; a regression that adds a round trip shows here.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+import redis.connection
+
+from orchestrator import archive, audit, jobs, reminders, sessions, turns
+from orchestrator.families import Family
+from orchestrator.store import Store, iso, now_ms
+from tests.helpers import RecordingDispatcher
+
+pytestmark = pytest.mark.redis
+
+#: The script with its WAITAOF, the batch of stop messages, the metrics and audit pipeline.
+ROUND_TRIPS = 3
+
+
+def _busy(store: Store, cwd: str) -> str:
+    """A session with live work in every family, stored (no worker needed)."""
+    null = RecordingDispatcher()
+    sid = sessions.create_session(store, cwd).session_id
+    turns.start_turn(store, null, sid, "think 600")
+    jid = jobs.create_job(store, null, sid, 600, "sleep 600s")
+    store.run("job_claim", [jid, "rt-host", 600_000, iso(now_ms()), "rt-host/w", 10, "limit %d"])
+    reminders.create_reminder(store, sid, 3600, "say later")
+    child = sessions.create_session(store, cwd, parent_id=sid).session_id
+    turns.start_turn(store, null, child, "think 600", source="subagent")
+    return sid
+
+
+#: redis-py's own probe of a connection idle past ``health_check_interval``: not the archive's.
+HEALTH_CHECK = b"*1\r\n$4\r\nPING\r\n"
+
+
+def _count_writes(monkeypatch: pytest.MonkeyPatch) -> list[bytes]:
+    """Record every write redis-py makes to a socket from now on (one per round trip), but
+    its health checks."""
+    writes: list[bytes] = []
+    real = redis.connection.AbstractConnection.send_packed_command
+
+    def send(self: Any, command: Any, check_health: bool = True) -> None:
+        parts = [command] if isinstance(command, bytes | str) else list(command)
+        data = b"".join(p.encode() if isinstance(p, str) else bytes(p) for p in parts)
+        if data != HEALTH_CHECK:
+            writes.append(data)
+        real(self, command, check_health)
+
+    monkeypatch.setattr(redis.connection.AbstractConnection, "send_packed_command", send)
+    return writes
+
+
+def test_an_archive_with_stop_is_three_round_trips(
+    store: Store, dispatcher: Any, tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cwd = str(tmp_path)
+    # Given a warm process (scripts loaded, broker connected and its queues declared)
+    archive.archive(store, dispatcher, _busy(store, cwd), stop_activity=True)
+    sid = _busy(store, cwd)
+    before = store.redis.xlen(store.keys.event_stream)
+
+    # When a session busy in all four families is archived with stopActivity
+    writes = _count_writes(monkeypatch)
+    with audit.acting_as("tester"):
+        result = archive.archive(store, dispatcher, sid, stop_activity=True)
+    monkeypatch.undo()
+
+    # Then it took three round trips, and nothing it promises was left out
+    assert len(writes) == ROUND_TRIPS, [w[:80] for w in writes]
+    assert b"EVALSHA" in writes[0]  # with its WAITAOF, where the server has it
+    assert sum(w.count(b"LPUSH") for w in writes) == 4
+    assert set(result.stop_report.sent) == {f.value for f in Family}
+    assert result.archived_count == 2
+    trail = [(e["action"], e["outcome"]) for e in audit.read(store, sid)]
+    assert trail == [("stop", "sent"), ("archive", "archived")]  # newest first
+    stream = store.redis.xrange(store.keys.event_stream, "-", "+")[before:]
+    events = [json.loads(fields["event"]) for _, fields in stream]
+    assert (events[0]["type"], events[0]["sessionId"]) == ("archived", sid)
+    assert [e["type"] for e in events].count("archived") == 2
