@@ -30,7 +30,7 @@ def test_steps_in_flight_share_one_watch_and_each_hears_its_own_stop(
 ) -> None:
     # Given five steps in flight in this process, each under its watch
     tids = [_in_flight(store, cwd) for _ in range(5)]
-    watches = [steps._StepWatch(store, StepGuard(tid, TOKEN), None) for tid in tids]
+    watches = [steps._StepWatch(store, StepGuard(tid, TOKEN), None, lambda: None) for tid in tids]
     for w in watches:
         w.__enter__()
     try:
