@@ -246,10 +246,7 @@ class _Run:
             # session_info_update), the session before its descendants, before any stop.
             events.publish_many(
                 self.store,
-                [
-                    ("archived", sid, {"archived": True, "historyLength": n})
-                    for sid, n in archived
-                ]
+                [("archived", sid, {"archived": True, "historyLength": n}) for sid, n in archived]
                 + ended,
             )
         elif ended:

@@ -154,7 +154,6 @@ def parse_call(call: ToolCall) -> tuple[Tool, Any]:
         return tool, tool.arguments.model_validate(raw)
     except ValidationError as exc:
         problems = "; ".join(
-            f"{'.'.join(str(p) for p in e['loc']) or 'arguments'}: {e['msg']}"
-            for e in exc.errors()
+            f"{'.'.join(str(p) for p in e['loc']) or 'arguments'}: {e['msg']}" for e in exc.errors()
         )
         raise ToolArgumentsError(f"{call.name}: {problems}") from None

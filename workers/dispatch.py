@@ -61,6 +61,10 @@ class CeleryDispatcher:
         with self.app.producer_or_acquire() as producer, producer.batch():
             for task, args, queue in messages:
                 self.app.send_task(
-                    task, args=args, queue=queue, routing_key=queue, retry=False,
+                    task,
+                    args=args,
+                    queue=queue,
+                    routing_key=queue,
+                    retry=False,
                     producer=producer,
                 )

@@ -31,6 +31,7 @@ class AcpConnection(Protocol):
 
     async def cancel_request(self, request_id: Any) -> None: ...
 
+
 PROTOCOL_VERSION = 1
 #: Page size of ``session/list``.
 LIST_PAGE = 50
