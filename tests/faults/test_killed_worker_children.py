@@ -56,6 +56,11 @@ def marked(marker: str) -> list[psutil.Process]:
     return found
 
 
+def sleeps(marker: str) -> list[psutil.Process]:
+    """Live ``sleep <marker>`` processes."""
+    return [p for p in marked(marker) if p.info["cmdline"] == ["sleep", marker]]
+
+
 @contextlib.contextmanager
 def killing_leftovers(marker: str) -> Iterator[None]:
     """Kill, by PID, whatever process holding ``marker`` the test leaves behind."""
@@ -97,7 +102,7 @@ def test_a_jobs_whole_process_tree_dies_with_its_sigkilled_job_worker(
         sid = create_session(store, "/tmp/orphans").session_id
         cmd = f"sleep {marker}; true"
         jobs.create_job(store, dispatcher, sid, 300, cmd, command=cmd)
-        wait_for(lambda: any(p.info["cmdline"] == ["sleep", marker] for p in marked(marker)))
+        wait_for(lambda: sleeps(marker), message="the job's sleep")
 
         # When its job worker is SIGKILLed by PID
         private.kill(Family.JOB)
@@ -134,8 +139,7 @@ def test_a_shell_tools_process_dies_with_its_sigkilled_turn_worker_and_archive_s
         # Given a turn whose step runs the shell tool (sleep 92.345)
         sid = create_session(store, "/tmp/orphans").session_id
         start_turn(store, dispatcher, sid, f"say before\nexec {marker}\nsay after")
-        wait_for(lambda: marked(marker), 30, message="the shell tool's child")
-        [first] = [p for p in marked(marker) if p.info["cmdline"] == ["sleep", marker]]
+        [first] = wait_for(lambda: sleeps(marker), 30, message="the shell tool's child")
 
         # When its turn worker is SIGKILLed by PID
         kill_turn_worker(private)
@@ -156,13 +160,12 @@ def test_a_resumed_step_settles_the_lost_copys_tool_call_failed_and_never_runs_i
         # Given a turn whose step runs the shell tool (sleep 93.456)
         sid = create_session(store, "/tmp/orphans").session_id
         tid = start_turn(store, dispatcher, sid, f"say before\nexec {marker}\nsay after")
-        wait_for(lambda: marked(marker), 30, message="the shell tool's child")
+        leaders = {p.pid for p in wait_for(lambda: sleeps(marker), 30, message="the child")}
         [lost_call] = tool_calls(store, sid)
-        leaders: set[int] = set()
 
         def one_copy_at_most() -> bool:
             # The resumed copy's command never runs beside the lost copy's.
-            found = [p for p in marked(marker) if p.info["cmdline"] == ["sleep", marker]]
+            found = sleeps(marker)
             assert len(found) <= 1, [p.pid for p in found]
             leaders.update(p.pid for p in found)
             return len(leaders) == 2
