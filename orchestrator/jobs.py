@@ -36,7 +36,7 @@ from orchestrator.errors import TurnStopped
 from orchestrator.families import Dispatcher, Family, Task, work_queue
 from orchestrator.fencing import StepGuard
 from orchestrator.ownership import new_instance, process_start
-from orchestrator.processes import die_with_parent
+from orchestrator.processes import die_with_parent, under_timeout
 from orchestrator.store import Store, iso, new_id, retried
 
 log = logging.getLogger(__name__)
@@ -324,15 +324,19 @@ class JobSupervisor:
         with self._wake:
             pending, self._requests = self._requests, []
         for session_id, job_id, seconds, command in pending:
-            # A stored command runs under coreutils' timeout, which stops it after seconds.
-            argv = ["timeout", f"{seconds:g}", "/bin/sh", "-c", command] if command else None
+            # A stored command runs under coreutils' timeout, which stops it after seconds and
+            # takes its whole process tree down with this worker (under_timeout).
+            if command:
+                argv, preexec = under_timeout(["/bin/sh", "-c", command], seconds)
+            else:
+                argv, preexec = self.command(seconds), die_with_parent()
             try:
                 proc = subprocess.Popen(
-                    argv or self.command(seconds),
+                    argv,
                     stdin=subprocess.DEVNULL,
                     stdout=subprocess.DEVNULL,
                     stderr=subprocess.DEVNULL,
-                    preexec_fn=die_with_parent(),
+                    preexec_fn=preexec,
                 )
             except OSError as exc:
                 self._settle(job_id, error=exc)

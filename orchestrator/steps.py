@@ -280,8 +280,9 @@ def _begin_step(
         if promoted:
             send_step(dispatcher, session_id, promoted, 0)
         raise refusal(session_id, str(reason))
-    if result[0] == "ok" and result[1]:
-        events.publish(store, "update", session_id, update=json.loads(result[1]))
+    for written in result[1:3] if result[0] == "ok" else ():  # the prompt, a lost call's end
+        if written:
+            events.publish(store, "update", session_id, update=json.loads(written))
     return str(result[0])
 
 

@@ -26,6 +26,7 @@ passes that overlap are harmless, because a resume re-scores the member in the s
 
 from __future__ import annotations
 
+import json
 import logging
 from collections import Counter
 from dataclasses import dataclass, field
@@ -145,6 +146,9 @@ def sweep_turn(
         _send(report, dispatcher, sid, turn_id, step)
         return outcome
     promoted = str(row[2])
+    settled = str(row[-1])  # the lost step's open tool call, settled: JSON or ''
+    if settled:
+        events.publish(store, "update", sid, update=json.loads(settled))
     if outcome == "failed":
         error = str(row[4])
         log.warning("turn %s ended failed: %s", turn_id, error, extra=extra)

@@ -37,7 +37,7 @@ from orchestrator.families import Dispatcher
 from orchestrator.fencing import StepGuard
 from orchestrator.jobs import create_job
 from orchestrator.model import ToolCall
-from orchestrator.processes import die_with_parent
+from orchestrator.processes import under_timeout
 from orchestrator.reminders import create_reminder
 from orchestrator.sessions import create_session, get_session
 from orchestrator.settings import get_settings
@@ -93,14 +93,17 @@ def _run_shell(args: ShellArgs, cwd: str, cancel: threading.Event, note: str) ->
     (status, text): the exit status and the first ``FLEET_TOOL_OUTPUT_MAX_BYTES`` of its
     output (stdout and stderr), after ``note``."""
     keep = get_settings().tool_output_max_bytes
+    # Under timeout (no time limit of its own: this loop keeps it), leading its own process
+    # group, which dies whole with the worker thread running the step (SIGTERM, then SIGKILL
+    # after KILL_GRACE_SECONDS), before the step's lease lapses and a resumed copy runs it.
+    argv, preexec = under_timeout(["/bin/sh", "-c", args.command])
     proc = subprocess.Popen(
-        ["/bin/sh", "-c", args.command],
+        argv,
         cwd=cwd,
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
-        # Its own process group, and it dies with the worker thread running the step.
-        preexec_fn=die_with_parent(),
+        preexec_fn=preexec,
     )
     output, total = bytearray(), [0]
     assert proc.stdout is not None
@@ -124,7 +127,9 @@ def _run_shell(args: ShellArgs, cwd: str, cancel: threading.Event, note: str) ->
                 break
     finally:
         if proc.poll() is None:
-            proc.kill()
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(5)
     reader.join(2)
     text = note + output.decode("utf-8", "replace")
     if total[0] > keep:

@@ -243,17 +243,19 @@ local function note_open_call(tid, update_json)
   end
 end
 
--- An archive settles the tool call a stopped turn had open as cancelled, in its own script:
--- the conversation never ends on a call in progress, and nothing lands after the archive
--- (the step's own settlement is refused by then).
+-- Settles the tool call the turn has open as status ('cancelled', 'failed') with text, in the
+-- caller's script: an archive settles a stopped turn's call cancelled (nothing lands after the
+-- archive: the step's own settlement is refused by then), and a step's new copy settles the
+-- call its lost copy left open failed (that copy's settlement is refused: it no longer owns
+-- the step), so the conversation never ends on a call in progress.
 -- Returns the settlement written (JSON) or ''.
-local function settle_open_call(tid, sid)
+local function settle_open_call(tid, sid, status, text)
   local call = redis.call('HGET', K.turn(tid), 'openCall')
   if not call then return '' end
   redis.call('HDEL', K.turn(tid), 'openCall')
   local settlement = cjson.encode({
-    sessionUpdate = 'tool_call_update', turnId = tid, toolCallId = call, status = 'cancelled',
-    content = {{type = 'content', content = {type = 'text', text = 'stopped by the archive'}}}})
+    sessionUpdate = 'tool_call_update', turnId = tid, toolCallId = call, status = status,
+    content = {{type = 'content', content = {type = 'text', text = text}}}})
   redis.call('RPUSH', K.history(sid), settlement)
   return settlement
 end
@@ -279,7 +281,7 @@ local function stop_turns_for_archive(sid, out)
       finish_turn(t, to, 'cancelled', 'archived', ms, now, true)
     end
     if to then
-      local settlement = settle_open_call(t, sid)
+      local settlement = settle_open_call(t, sid, 'cancelled', 'stopped by the archive')
       out[#out + 1] = t; out[#out + 1] = sid; out[#out + 1] = h[1]; out[#out + 1] = to
       out[#out + 1] = h[2] or ''; out[#out + 1] = settlement
     end

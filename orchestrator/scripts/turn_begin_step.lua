@@ -5,8 +5,9 @@
 -- as the turn's stepToken (the copy that began last owns the step, see holds_step); the
 -- model request is recorded (Keys.model_requests, at the server's time) and the turn's
 -- progress scored (Keys.turns_inflight); step 0 records the prompt (user_message_chunk)
--- once, so a prompt that never ran never reads as said.
--- Returns {'ok', promptUpdateJson|''} | {'refused', reason, endedState, promotedTid|''} |
+-- once, so a prompt that never ran never reads as said. A tool call an earlier copy left open
+-- (its worker was lost, the sweeper resumed the step) is settled failed (settle_open_call).
+-- Returns {'ok', promptUpdateJson|'', settlementJson|''} | {'refused', reason, endedState, promotedTid|''} |
 --   {'stale'} (a duplicate of a step already run) | {'inflight'} (a duplicate of a step
 --   running now) | {state} (the turn is no longer running) | {'missing'}
 local tid, index, lease_ms, token = ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4]), ARGV[5]
@@ -29,6 +30,9 @@ if redis.call('EXISTS', K.step_lease(tid)) == 1 then return {'inflight'} end
 -- A copy that began before and whose lease lapsed is superseded from here on.
 redis.call('SET', K.step_lease(tid), token, 'PX', lease_ms)
 redis.call('HSET', tk, 'stepToken', token, 'stepLeaseMs', lease_ms)
+local lost = settle_open_call(tid, h[3], 'failed',
+  'no result: the copy of the step that made this call was lost (its worker stopped); '
+  .. 'the step runs again')
 redis.call('RPUSH', K.model_requests(h[3]),
   cjson.encode({turnId = tid, step = index, at = iso_ms(ms)}))
 redis.call('ZADD', K.turns_inflight, ms, tid)
@@ -39,4 +43,4 @@ if index == 0 and h[5] ~= '1' then
   redis.call('RPUSH', K.history(h[3]), said)
   redis.call('HSET', tk, 'said', '1')
 end
-return {'ok', said}
+return {'ok', said, lost}

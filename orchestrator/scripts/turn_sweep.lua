@@ -8,10 +8,12 @@
 --     current step again (a duplicate copy is dropped by turn_begin_step). Losses of the same
 --     step are counted on the turn (resumes, resumeStep); past maxResumes it ends 'failed';
 --   * a cancelling turn whose step is gone (lease lapsed) ends 'cancelled'.
+-- A turn ending here settles the tool call its lost step left open (settle_open_call):
+-- 'failed', or 'cancelled' for a cancelling one, never in an archived lineage.
 -- Returns {'gone'} | {'removed', state} | {'fresh'} | {'leased'}
 --   | {'resume', sid, step, losses}
---   | {'failed', sid, promotedTid|'', losses, error, wroteHistory '0'|'1'}
---   | {'cancelled', sid, promotedTid|''}
+--   | {'failed', sid, promotedTid|'', losses, error, wroteHistory '0'|'1', settlement|''}
+--   | {'cancelled', sid, promotedTid|'', settlement|''}
 local tid, stuck_ms, max_resumes = ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
 local failed_reason, cancelled_reason = ARGV[5], ARGV[6]
 local inflight = K.turns_inflight
@@ -33,9 +35,13 @@ local sid, step = h[3], h[2] or '0'
 if state == 'cancelling' then
   -- The step that was to settle the stop is gone (its worker died, or its redelivered copy
   -- was refused): settle it here, as the step would have.
+  local settled = ''
+  if not archived_in_lineage(sid) then
+    settled = settle_open_call(tid, sid, 'cancelled', 'cancelled: its step was lost')
+  end
   local nxt = finish_turn(tid, 'cancelled', cancelled_reason, '', now, iso_ms(now))
   redis.call('ZREM', inflight, tid)
-  return {'cancelled', sid, nxt}
+  return {'cancelled', sid, nxt, settled}
 end
 
 -- Losses are counted per step: a turn that moved on since the last loss starts again at 0.
@@ -44,10 +50,11 @@ if h[5] == step then losses = (tonumber(h[4]) or 0) + 1 end
 if losses > max_resumes then
   local err = 'step ' .. step .. ' lost ' .. losses .. ' times (its worker died or its '
     .. 'message was lost; resumed ' .. max_resumes .. ' times)'
-  local wrote = '0'
+  local wrote, settled = '0', ''
   -- The error is the turn's last message, as for a model failure; never in an archived
   -- lineage's conversation, which stays as its archive left it.
   if not archived_in_lineage(sid) then
+    settled = settle_open_call(tid, sid, 'failed', 'no result: ' .. err)
     redis.call('RPUSH', K.history(sid), cjson.encode({
       sessionUpdate = 'agent_message_chunk', turnId = tid,
       content = {type = 'text', text = 'error: ' .. err}}))
@@ -56,7 +63,7 @@ if losses > max_resumes then
   redis.call('HSET', tk, 'resumes', losses, 'resumeStep', step)
   local nxt = finish_turn(tid, 'failed', failed_reason, err, now, iso_ms(now))
   redis.call('ZREM', inflight, tid)
-  return {'failed', sid, nxt, losses, err, wrote}
+  return {'failed', sid, nxt, losses, err, wrote, settled}
 end
 redis.call('HSET', tk, 'resumes', losses, 'resumeStep', step)
 redis.call('ZADD', inflight, now, tid)

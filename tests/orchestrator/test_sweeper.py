@@ -231,3 +231,44 @@ def test_a_lost_step_of_a_session_archived_with_stop_leaves_the_sweeper_nothing_
     assert report.turns.get("resumed") is None and steps_sent(recorder) == []
     assert store.redis.zscore(store.keys.turns_inflight, lost) is None
     assert store.redis.lrange(store.keys.history(sid), 0, -1) == before
+
+
+def open_call(store: Store, tid: str) -> str:
+    """Record an in-progress tool call of ``tid``'s step, as its lost copy did."""
+    call = {"sessionUpdate": "tool_call", "turnId": tid, "toolCallId": "call_lost"}
+    update = {**call, "title": "sleep 60", "kind": "execute", "status": "in_progress"}
+    assert store.run("turn_record", [tid, json.dumps(update), "0", ""]) == 1
+    return "call_lost"
+
+
+def call_results(store: Store, sid: str, call: str) -> list[dict[str, object]]:
+    history = [json.loads(raw) for raw in store.redis.lrange(store.keys.history(sid), 0, -1)]
+    return [u for u in history if u.get("toolCallId") == call and u["status"] != "in_progress"]
+
+
+def test_a_turn_failed_by_its_lost_step_settles_the_steps_open_tool_call_failed(
+    store: Store, recorder: RecordingDispatcher, sid: str, lost: str
+) -> None:
+    # Given the lost step had a tool call in progress
+    call = open_call(store, lost)
+    # When the step is found lost past max_resumes
+    for _ in range(2):
+        run(store, recorder)
+        mark(store, lost)
+    assert run(store, recorder).turns["failed"] == [lost]
+    # Then its tool call ends failed in the conversation, saying why
+    [result] = call_results(store, sid, call)
+    assert result["status"] == "failed"
+    assert "lost 3 times" in json.dumps(result["content"])
+
+
+def test_a_cancelling_turn_whose_step_is_gone_settles_its_open_tool_call_cancelled(
+    store: Store, recorder: RecordingDispatcher, sid: str, lost: str
+) -> None:
+    call = open_call(store, lost)
+    store.redis.set(store.keys.step_lease(lost), 0, px=5000)
+    assert turns.cancel_turns(store, recorder, sid, [lost]) == {lost: "cancelling"}
+    store.redis.delete(store.keys.step_lease(lost))
+    assert run(store, recorder).turns["settled"] == [lost]
+    [result] = call_results(store, sid, call)
+    assert result["status"] == "cancelled"
