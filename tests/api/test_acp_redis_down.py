@@ -72,37 +72,49 @@ def test_the_relay_outage_is_logged_once_with_its_reason(monkeypatch: pytest.Mon
         assert agent.alive()
 
 
+def start_redis(port: int, data: str) -> subprocess.Popen[bytes]:
+    """A ``redis-server`` on ``port`` that answers PING (no persistence)."""
+    proc = subprocess.Popen(
+        [
+            "redis-server",
+            "--port",
+            str(port),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--dir",
+            data,
+        ],
+        stdout=subprocess.DEVNULL,
+    )
+    client = redis.Redis(port=port, socket_timeout=1)
+    try:
+        wait_for(lambda: _pings(client), 10)
+    finally:
+        client.close()
+    return proc
+
+
+def stop_redis(proc: subprocess.Popen[bytes]) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(proc.pid, signal.SIGCONT)
+    proc.terminate()
+    proc.wait(10)
+
+
 @pytest.fixture
 def private_redis() -> Iterator[tuple[str, int]]:
     """A ``redis-server`` of this test alone: (url, pid)."""
     port = free_port()
     with tempfile.TemporaryDirectory() as data:
-        proc = subprocess.Popen(
-            [
-                "redis-server",
-                "--port",
-                str(port),
-                "--bind",
-                "127.0.0.1",
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-                "--dir",
-                data,
-            ],
-            stdout=subprocess.DEVNULL,
-        )
-        client = redis.Redis(port=port, socket_timeout=1)
+        proc = start_redis(port, data)
         try:
-            wait_for(lambda: _pings(client), 10)
             yield f"redis://127.0.0.1:{port}/0", proc.pid
         finally:
-            client.close()
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(proc.pid, signal.SIGCONT)
-            proc.terminate()
-            proc.wait(10)
+            stop_redis(proc)
 
 
 def _pings(client: redis.Redis) -> bool:
@@ -127,3 +139,24 @@ def test_a_request_pending_at_stdin_eof_is_answered_with_redis_stopped(
         _, answer = agent.response(7, 1)
         assert answer["error"]["code"] in (STORE_UNAVAILABLE, REQUEST_CANCELLED), answer
         agent.check_clean()
+
+
+def test_an_outage_and_its_recovery_are_logged_once_each(monkeypatch: pytest.MonkeyPatch) -> None:
+    port = free_port()
+    with tempfile.TemporaryDirectory() as data:
+        server = start_redis(port, data)
+        try:
+            with agent_on(f"redis://127.0.0.1:{port}/0", monkeypatch) as agent:
+                agent.call("initialize", {"protocolVersion": 1, "clientCapabilities": {}})
+                stop_redis(server)
+                wait_for(lambda: relay_lines(agent), 20, message="the outage logged")
+                server = start_redis(port, data)
+                wait_for(
+                    lambda: "subscribed again" in agent.stderr(), 40, message="the recovery logged"
+                )
+                lines = relay_lines(agent)
+                assert len(lines) == 2, lines
+                assert "lost its subscription" in lines[0] and "subscribed again" in lines[1]
+                assert agent.call("session/list", {"cwd": "/nonexistent/acp"}) == {"sessions": []}
+        finally:
+            stop_redis(server)
