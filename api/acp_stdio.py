@@ -18,6 +18,9 @@ from api.context import dispatcher, redis_url, store
 from orchestrator import audit
 
 _CHUNK = 1 << 16
+#: Seconds the requests pending at stdin EOF get to be answered before they are answered
+#: -32800 (cancelled); above the store's retry bound, so Redis being down answers -32010.
+EOF_GRACE = 5.0
 
 
 async def _stdin_reader() -> asyncio.StreamReader:
@@ -92,8 +95,8 @@ async def serve_stdio() -> None:
             text = line.decode("utf-8", errors="replace").strip()
             if text:
                 await conn.handle_text(text)
-        # stdin closed: let answers to requests already read go out.
-        await conn.drain(timeout=2)
+        # stdin closed: every request already read is answered before the process exits.
+        await conn.drain(timeout=EOF_GRACE)
     finally:
         await conn.close()
 

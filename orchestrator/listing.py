@@ -56,6 +56,17 @@ class ArchivedFilter(StrEnum):
         """The listing index this filter reads (``active``, ``all`` or ``archived``)."""
         return {"exclude": "active", "include": "all", "only": "archived"}[self.value]
 
+    def admits(self, session: Session) -> bool:
+        """Whether a session read after its index entry still belongs in this listing: not
+        deleted and, for EXCLUDE/ONLY, in the archive state the filter asks for. The index
+        and the hashes are read in two round trips, so an archive or unarchive in between
+        can leave a stale index entry; such a row is left out."""
+        if session.deleted:
+            return False
+        if self is ArchivedFilter.INCLUDE:
+            return True
+        return session.archived is (self is ArchivedFilter.ONLY)
+
 
 @dataclass(frozen=True)
 class Page:
@@ -185,6 +196,7 @@ def list_sessions(
     key = store.keys.index(flt.index_state, None if cwd_value is None else cwd_hash(cwd_value))
     if needle is not None:
         found, resume = _search_page(store, key, after, limit, needle)
+        found = [s for s in found if flt.admits(s)]
         token = None if resume is None else _encode_cursor(flt, cwd_value, *resume, needle)
         return Page(found, token)
     rows = _page_ids(store, key, after, limit + 1)
@@ -195,7 +207,7 @@ def list_sessions(
     if more and rows:
         last_id, last_score = rows[-1]
         next_cursor = _encode_cursor(flt, cwd_value, last_score, last_id)
-    return Page([s for s in sessions if s is not None and not s.deleted], next_cursor)
+    return Page([s for s in sessions if s is not None and flt.admits(s)], next_cursor)
 
 
 @retried

@@ -18,6 +18,20 @@ from orchestrator.redisconn import async_client
 
 log = logging.getLogger(__name__)
 
+#: Seconds ``EventHub.start`` waits for Redis to answer the first subscription attempt.
+START_TIMEOUT = 10.0
+#: Pause before resubscribing, in seconds: doubled after each failed attempt up to the max.
+RETRY_MIN, RETRY_MAX = 0.5, 30.0
+
+
+class RelayUnavailable(Exception):
+    """The event relay is not subscribed; its message is the reason (never empty)."""
+
+
+def describe(exc: BaseException) -> str:
+    """A failure as log text that is never empty: its message, else its type's name."""
+    return str(exc).strip() or type(exc).__name__
+
 
 class EventHub:
     """Relays the fleet's Redis events to the connections of this process that watch a
@@ -27,40 +41,77 @@ class EventHub:
         self.url, self.channel = url, channel
         self._watchers: dict[str, set[asyncio.Queue[dict[str, Any]]]] = {}
         self._task: asyncio.Task[None] | None = None
-        self._ready = asyncio.Event()
+        self._ready = asyncio.Event()  # set while subscribed
+        self._settled = asyncio.Event()  # set by the first attempt's outcome
+        self._failed: str | None = None  # the reason of the current outage
 
     async def start(self) -> None:
-        """Subscribe (once per event loop); returns when the subscription is active."""
+        """Subscribe (once per event loop); returns when the subscription is active. Raises
+        ``RelayUnavailable`` (its message names the reason) when the first attempt fails or
+        Redis gives no answer within ``START_TIMEOUT`` seconds; the relay keeps retrying in
+        the background either way."""
         loop = asyncio.get_running_loop()
         if self._task is None or self._task.done() or self._task.get_loop() is not loop:
-            self._ready = asyncio.Event()
+            self._ready, self._settled, self._failed = asyncio.Event(), asyncio.Event(), None
             self._task = loop.create_task(self._run())
-        await asyncio.wait_for(self._ready.wait(), 10)
+        try:
+            await asyncio.wait_for(self._settled.wait(), START_TIMEOUT)
+        except TimeoutError:
+            raise RelayUnavailable(f"no answer from Redis within {START_TIMEOUT:g} s") from None
+        if not self._ready.is_set():
+            raise RelayUnavailable(self._failed or "the subscription failed")
 
     async def _run(self) -> None:
+        """Subscribe and relay until cancelled. A lost subscription is logged once per outage
+        (and its recovery once); reconnects back off from ``RETRY_MIN`` to ``RETRY_MAX``
+        seconds."""
+        delay = RETRY_MIN
         while True:
             client = async_client(self.url, decode_responses=True)
             try:
                 pubsub = client.pubsub()
                 await pubsub.subscribe(self.channel)
-                self._ready.set()
+                self._subscribed()
+                delay = RETRY_MIN
                 async for message in pubsub.listen():
-                    if message.get("type") != "message":
-                        continue
-                    try:
-                        event = json.loads(message["data"])
-                    except (TypeError, ValueError):
-                        continue
-                    for queue in list(self._watchers.get(event.get("sessionId", ""), ())):
-                        queue.put_nowait(event)
+                    self._relay(message)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # Redis went away: resubscribe after a pause
-                log.warning("event relay lost its subscription: %s", exc)
-                await asyncio.sleep(0.5)
+                self._lost(describe(exc))
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, RETRY_MAX)
             finally:
                 with contextlib.suppress(Exception):
                     await client.aclose()
+
+    def _subscribed(self) -> None:
+        if self._failed is not None:
+            log.warning("event relay subscribed again")
+        self._failed = None
+        self._ready.set()
+        self._settled.set()
+
+    def _lost(self, reason: str) -> None:
+        if self._failed is None:
+            log.warning(
+                "event relay lost its subscription (%s); resubscribing with back-off up to %g s",
+                reason,
+                RETRY_MAX,
+            )
+        self._failed = reason
+        self._ready.clear()
+        self._settled.set()
+
+    def _relay(self, message: dict[str, Any]) -> None:
+        if message.get("type") != "message":
+            return
+        try:
+            event = json.loads(message["data"])
+        except (TypeError, ValueError):
+            return
+        for queue in list(self._watchers.get(event.get("sessionId", ""), ())):
+            queue.put_nowait(event)
 
     def watch(self, session_id: str, queue: asyncio.Queue[dict[str, Any]]) -> None:
         """Deliver events of ``session_id`` into ``queue``."""

@@ -155,6 +155,8 @@ class RpcEndpoint:
         # Requests being handled, by id (for $/cancel_request); ids cancelled that way.
         self.requests: dict[IdKey, tuple[asyncio.Task[None], str, dict[str, Any]]] = {}
         self._cancelled: set[IdKey] = set()
+        # Why requests still pending are being cancelled by ``drain`` (``None`` until then).
+        self._closing: str | None = None
 
     async def send(self, message: dict[str, Any]) -> None:
         """Send one message (serialized: frames and lines never interleave)."""
@@ -232,7 +234,8 @@ class RpcEndpoint:
             if not is_request or key not in self._cancelled:
                 raise  # the connection is closing
             self._cancelled.discard(key)
-            await self.answer_error(msg_id, RpcError(REQUEST_CANCELLED, "Request cancelled."))
+            message = "Request cancelled." + (f" {self._closing}" if self._closing else "")
+            await self.answer_error(msg_id, RpcError(REQUEST_CANCELLED, message))
         except Exception as exc:
             if not isinstance(exc, (RpcError, UnicodeError, *TRANSLATED)):
                 log.exception("ACP %s failed", method)
@@ -249,9 +252,21 @@ class RpcEndpoint:
         entry[0].cancel()
 
     async def drain(self, timeout: float) -> None:
-        """Wait up to ``timeout`` seconds for requests already received to be answered."""
+        """The client sent its last message (stdin closed): wait up to ``timeout`` seconds for
+        the requests already received to be answered (a store failure answers -32010 within
+        the store's retry bound), then answer each one still pending -32800 saying so, so no
+        request goes unanswered. Notifications still running are left to ``cancel_tasks``."""
         if self._tasks:
             await asyncio.wait(set(self._tasks), timeout=timeout)
+        pending = [entry[0] for entry in self.requests.values() if not entry[0].done()]
+        if not pending:
+            return
+        self._closing = f"The client closed its input and no answer came within {timeout:g} s."
+        for key, entry in list(self.requests.items()):
+            if not entry[0].done():
+                self._cancelled.add(key)
+                entry[0].cancel()
+        await asyncio.wait(pending, timeout=1)
 
     def cancel_tasks(self) -> None:
         """Cancel every request and notification still being handled (the transport closed)."""

@@ -22,7 +22,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from api.acp.hub import EventHub
+from api.acp.hub import EventHub, RelayUnavailable
 from api.acp.prompts import Prompts
 from api.acp.rpc import Send
 from orchestrator import turns
@@ -94,8 +94,10 @@ class Streams:
             return
         try:
             await self.hub.start()
-        except Exception as exc:  # Redis unreachable: requests still get their answers
-            log.warning("event relay not subscribed yet: %s", exc)
+        except RelayUnavailable as exc:  # Redis unreachable: requests still get their answers
+            # The hub logs the outage itself, once; this connection only notes it started
+            # without the relay.
+            log.info("event relay not subscribed yet: %s", exc)
         self._forwarder = asyncio.create_task(self._forward())
 
     def stop(self) -> None:

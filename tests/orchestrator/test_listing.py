@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import json
+import threading
 import time
 
 import pytest
@@ -305,3 +306,36 @@ def test_listing_modifies_nothing(store: Store, cwd: str, mixed: tuple[Session, 
         sessions.list_sessions(store, cwd=cwd, archived=flt)
     # Then nothing about them changed
     assert [store.redis.hgetall(k) for k in keys] == before
+
+
+def test_no_listed_row_contradicts_its_filter_while_another_thread_toggles_archive(
+    store: Store, recorder: RecordingDispatcher, cwd: str
+) -> None:
+    """The listing reads an index, then the session hashes: a session archived or unarchived
+    in between must be left out rather than listed against its filter."""
+    toggled = sessions.create_session(store, cwd)
+    for _ in range(3):
+        sessions.create_session(store, cwd)
+    done = threading.Event()
+
+    def toggle() -> None:
+        for _ in range(2_000):
+            if done.is_set():
+                return
+            archive.archive(store, recorder, toggled.session_id)
+            archive.unarchive(store, toggled.session_id)
+
+    toggler = threading.Thread(target=toggle, daemon=True)
+    toggler.start()
+    wrong: list[tuple[str, bool]] = []
+    filters = (("only", {True}), ("exclude", {False}), ("include", {True, False}))
+    try:
+        for _ in range(600):
+            for flt, allowed in filters:
+                for s in sessions.list_sessions(store, cwd=cwd, archived=flt).sessions:
+                    if s.archived not in allowed:
+                        wrong.append((flt, s.archived))
+    finally:
+        done.set()
+        toggler.join()
+    assert wrong == []
