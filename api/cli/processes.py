@@ -168,8 +168,10 @@ def _start_api(url: str) -> Any:
 
     from orchestrator.processes import die_with_parent
 
+    # -P: the working directory is not put first on sys.path (an ``acp.py`` there would
+    # be imported in place of the ACP library).
     return subprocess.Popen(
-        [sys.executable, "-m", "api.cli", "api"],
+        [sys.executable, "-P", "-m", "api.cli", "api"],
         env=dict(os.environ, FLEET_REDIS_URL=url),
         preexec_fn=die_with_parent(signal.SIGTERM, new_session=False),
     )
