@@ -142,13 +142,7 @@ def up(
         signal.signal(signal.SIGTERM, interrupt)
         while True:
             time.sleep(1)
-            # A worker that died (crash, OOM, kill -9) is replaced, so the fleet keeps
-            # serving every family; its jobs died with it and their leases lapse.
-            for w in fleet.restart_dead():
-                err.print(
-                    f"[yellow]worker {w.family}@{w.host} had exited; restarted "
-                    f"(log {w.log_path})[/yellow]"
-                )
+            api_proc = _restart_dead(fleet, api_proc, url)
     except KeyboardInterrupt:
         pass
     finally:
@@ -160,6 +154,27 @@ def up(
         fleet.stop()
         if embedded is not None:
             embedded.stop()
+
+
+def _restart_dead(fleet: Any, api_proc: Any, url: str) -> Any:
+    """Replace every child of ``fleet up`` that exited, saying so on stderr; returns the API
+    process (a new one if the old one had exited, ``None`` without an API).
+
+    A worker that died (crash, OOM, kill -9) is replaced, so the fleet keeps serving every
+    family; its jobs died with it and their leases lapse. A dead API is restarted on the
+    same address, so the URL published in fleet.json answers again."""
+    for w in fleet.restart_dead():
+        err.print(
+            f"[yellow]worker {w.family}@{w.host} had exited; restarted (log {w.log_path})[/yellow]"
+        )
+    if api_proc is not None and api_proc.poll() is not None:
+        old, code = api_proc.pid, api_proc.returncode
+        api_proc = _start_api(url)
+        err.print(
+            f"[yellow]API (pid {old}) had exited with {code}; restarted as pid "
+            f"{api_proc.pid}[/yellow]"
+        )
+    return api_proc
 
 
 def _start_api(url: str) -> Any:

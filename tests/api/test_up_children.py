@@ -4,6 +4,7 @@ module of the project, and a dead API is restarted like a dead worker."""
 from __future__ import annotations
 
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -78,6 +79,14 @@ def _health(url: str) -> bool:
         return False
 
 
+def _api_pid(up: subprocess.Popen[bytes]) -> int:
+    import psutil
+
+    kids = psutil.Process(up.pid).children()
+    [api] = [p for p in kids if p.cmdline()[-1:] == ["api"]]
+    return int(api.pid)
+
+
 def test_files_in_the_working_directory_do_not_shadow_the_fleet_modules(
     tmp_path: Path, redis_url: str
 ) -> None:
@@ -89,3 +98,20 @@ def test_files_in_the_working_directory_do_not_shadow_the_fleet_modules(
         assert sid.status_code in (200, 201), sid.text
         assert up.poll() is None
         assert "had exited" not in out.read_text(), out.read_text()
+
+
+def test_fleet_up_restarts_a_dead_api_and_says_so(tmp_path: Path, redis_url: str) -> None:
+    with _fleet_up(tmp_path, redis_url) as (up, out, url):
+        wait_for(lambda: _health(url), 60, message=f"the API to answer:\n{out.read_text()}")
+        # When the API is killed outright
+        first = _api_pid(up)
+        os.kill(first, signal.SIGKILL)
+        # Then `fleet up` says so and starts another, which serves
+        wait_for(
+            lambda: re.search(r"API \(pid \d+\) had exited with -9; restarted", out.read_text()),
+            30,
+            message=f"`fleet up` to restart its API:\n{out.read_text()}",
+        )
+        wait_for(lambda: _health(url), 60, message=f"the new API to answer:\n{out.read_text()}")
+        assert _api_pid(up) != first
+        assert up.poll() is None
