@@ -207,7 +207,7 @@ def api_bind_address(requested: str, token: str) -> str:
 @app.command("api")
 def serve_api(
     host: str = typer.Option("", help="Bind address (default FLEET_API_HOST)."),
-    port: int = typer.Option(0, help="Port (default FLEET_API_PORT)."),
+    port: int = typer.Option(0, min=0, max=65535, help="Port (default FLEET_API_PORT)."),
 ) -> None:
     """Serve the HTTP API (FastAPI on uvicorn)."""
     import uvicorn
@@ -275,7 +275,7 @@ def beat(
 
 @app.command()
 def flower(
-    port: int = typer.Option(5555, help="Port of Flower's web UI and HTTP API."),
+    port: int = typer.Option(5555, min=1, max=65535, help="Port of Flower's web UI and HTTP API."),
     address: str = typer.Option("127.0.0.1", help="Bind address."),
 ) -> None:
     """Run Flower against the fleet's broker and key prefix. With FLEET_FLOWER_BASIC_AUTH
