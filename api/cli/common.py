@@ -99,14 +99,14 @@ class FleetCommand(typer.core.TyperCommand):
     def invoke(self, ctx: click.Context) -> Any:
         import redis
 
-        from orchestrator.errors import StoreUnavailable
+        from orchestrator.redisconn import store_unavailable
 
         try:
             return super().invoke(ctx)
         except FleetError as exc:
             fail(exc)
         except redis.RedisError as exc:
-            fail(StoreUnavailable(f"Redis is unavailable: {exc}"))
+            fail(store_unavailable(exc))
 
 
 class FleetGroup(typer.core.TyperGroup):

@@ -3,6 +3,11 @@ messages say what is wrong, not something else."""
 
 from __future__ import annotations
 
+import os
+import socket
+import subprocess
+import sys
+
 import pytest
 from typer.testing import CliRunner
 
@@ -55,3 +60,55 @@ def test_a_negative_idle_age_is_refused_naming_the_flag(command: tuple[str, ...]
     assert code == 2, said
     assert "Invalid value for '--idle-seconds'" in said, said
     assert "FLEET_AUTO_ARCHIVE_IDLE_SECONDS" not in said, said
+
+
+def _fleet_with_redis(url: str) -> str:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FLEET_")}
+    env.update(FLEET_REDIS_URL=url, COLUMNS="300")
+    proc = subprocess.run(
+        [sys.executable, "-m", "api.cli", "sessions", "ls"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        stdin=subprocess.DEVNULL,
+    )
+    said = " ".join(proc.stderr.split())
+    assert proc.returncode == 2 and "Traceback" not in said, said
+    return said
+
+
+def test_a_bad_db_index_is_a_configuration_error_not_a_retry() -> None:
+    said = _fleet_with_redis("redis://127.0.0.1:6379/99")
+    assert "DB index is out of range" in said, said
+    assert "Try again" not in said and "FLEET_REDIS_URL" in said, said
+
+
+def test_a_refused_connection_says_so_once_without_a_double_period() -> None:
+    said = _fleet_with_redis(f"redis://127.0.0.1:{_closed_port()}/0")
+    assert "Connection refused" in said and "Try again shortly" in said, said
+    assert ".." not in said, said
+
+
+def test_a_sentinel_without_a_primary_is_one_short_line() -> None:
+    said = _fleet_with_redis(f"sentinel://127.0.0.1:{_closed_port()}")
+    assert "MasterNotFoundError" in said and "No master found for 'mymaster'" in said, said
+    assert "ConnectionPool" not in said and len(said) < 300, said
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_a_store_error_ending_in_a_period_gets_no_second_one() -> None:
+    import redis
+
+    from orchestrator.errors import StoreUnavailable
+    from orchestrator.redisconn import store_unavailable
+
+    refused = redis.ConnectionError("Error 111 connecting to 127.0.0.1:1. Connection refused.")
+    for message in (store_unavailable(refused).message, StoreUnavailable(str(refused)).message):
+        assert ".." not in message, message
+        assert message.endswith(("refused). Try again shortly.", "refused. Try again shortly."))
