@@ -113,7 +113,7 @@ class Turn:
 
     def to_wire(self) -> dict[str, object]:
         """``{"turnId", "sessionId", "state", "source", "step", "usage", "stopReason"?,
-        "error"?}``."""
+        "error"?}``; ``stopReason`` is null for a failed turn."""
         out: dict[str, object] = {
             "turnId": self.turn_id,
             "sessionId": self.session_id,
@@ -122,7 +122,11 @@ class Turn:
             "step": self.step,
             "usage": dict(self.usage),
         }
-        if self.stop_reason:
+        if self.state is TurnState.FAILED:
+            # ACP has no stop reason for a failure (its prompt answer says end_turn, the error
+            # in the turn's last message); on the wire a failed turn's is null, see "error".
+            out["stopReason"] = None
+        elif self.stop_reason:
             out["stopReason"] = self.stop_reason
         if self.error:
             out["error"] = self.error
@@ -282,7 +286,7 @@ def announce_end(
 ) -> None:
     """Publish and log that a turn ended in ``state`` (``stop_reason``: ACP's, the state's
     own by default)."""
-    reason = stop_reason or STOP_REASON[state]
+    reason = None if state is TurnState.FAILED else stop_reason or STOP_REASON[state]
     events.publish(store, "turn", session_id, turnId=turn_id, state=state.value, stopReason=reason)
     log.info(
         "turn %s ended %s%s",
