@@ -208,7 +208,8 @@ def start_turn(
     step itself drops duplicates), a fire of a reminder a stop deleted returns ``""`` and
     creates nothing, and one under an archived lineage raises ``SessionArchived`` with
     nothing stored (the reminder is marked ``refused``).
-    Raises ``InvalidParams`` (prompt not a string or too long), ``SessionNotFound``,
+    Raises ``InvalidParams`` (prompt not a string, too long, or, from a person (``source``
+    ``prompt``), empty or only whitespace), ``SessionNotFound``,
     ``SessionArchived``, ``TurnStopped``, ``StoreUnavailable``.
     """
     sid = check_session_id(session_id)
@@ -216,6 +217,8 @@ def start_turn(
         raise InvalidParams("prompt must be a string.", {"param": "prompt"})
     if len(prompt) > MAX_PROMPT:
         raise InvalidParams(f"prompt is longer than {MAX_PROMPT} characters.", {"param": "prompt"})
+    if source == "prompt" and not prompt.strip():
+        raise InvalidParams("prompt is empty: give the text of the turn.", {"param": "prompt"})
     check_utf8(prompt, "prompt")
     tid = new_id("turn")
     ms = store.now_ms()
