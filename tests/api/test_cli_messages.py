@@ -7,6 +7,7 @@ import os
 import socket
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -112,3 +113,20 @@ def test_a_store_error_ending_in_a_period_gets_no_second_one() -> None:
     for message in (store_unavailable(refused).message, StoreUnavailable(str(refused)).message):
         assert ".." not in message, message
         assert message.endswith(("refused). Try again shortly.", "refused. Try again shortly."))
+
+
+def test_sweep_refuses_a_negative_stuck_age() -> None:
+    code, said = _said("sweep", "--stuck-seconds", "-1")
+    assert code == 2 and "Invalid value for '--stuck-seconds'" in said, said
+
+
+def test_a_session_in_a_directory_missing_here_is_kept_with_a_note(tmp_path: Path) -> None:
+    missing = str(tmp_path / "not" / "here")
+    result = runner.invoke(app, ["sessions", "new", missing])
+    assert result.exit_code == 0, result.output
+    assert result.stdout.strip().startswith("sess_"), result.stdout  # the id alone, for scripts
+    note = " ".join(result.stderr.split())
+    assert f"note: {missing} is not a directory on this machine" in note, note
+    assert "worker's host" in note, note
+    present = runner.invoke(app, ["sessions", "new", str(tmp_path)])
+    assert present.exit_code == 0 and "note:" not in present.output, present.output
