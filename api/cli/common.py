@@ -97,6 +97,7 @@ class FleetCommand(typer.core.TyperCommand):
             raise typer.Exit(2) from None
 
     def invoke(self, ctx: click.Context) -> Any:
+        import pydantic
         import redis
 
         from orchestrator.redisconn import store_unavailable
@@ -107,6 +108,20 @@ class FleetCommand(typer.core.TyperCommand):
             fail(exc)
         except redis.RedisError as exc:
             fail(store_unavailable(exc))
+        except pydantic.ValidationError as exc:
+            if exc.title != "FleetSettings":
+                raise
+            fail(InvalidParams(_settings_problem(exc)))
+
+
+def _settings_problem(exc: Any) -> str:
+    """One line per setting a ``pydantic.ValidationError`` of ``FleetSettings`` refused,
+    named by its environment variable (``FLEET_API_PORT: Input should be ...``)."""
+    said = [
+        f"FLEET_{'_'.join(str(part) for part in e['loc']).upper()}: {e['msg']}"
+        for e in exc.errors()
+    ]
+    return "; ".join(said) + "."
 
 
 class FleetGroup(typer.core.TyperGroup):

@@ -130,3 +130,12 @@ def test_a_session_in_a_directory_missing_here_is_kept_with_a_note(tmp_path: Pat
     assert "worker's host" in note, note
     present = runner.invoke(app, ["sessions", "new", str(tmp_path)])
     assert present.exit_code == 0 and "note:" not in present.output, present.output
+
+
+def test_a_setting_out_of_range_is_one_line_naming_the_variable(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("FLEET_API_PORT", "99999")
+    code, said = _said("api")
+    assert code == 2, said
+    assert "FLEET_API_PORT" in said and "65535" in said, said
