@@ -21,6 +21,7 @@ from orchestrator.errors import (
     TurnNotFound,
     WriteUnconfirmed,
 )
+from orchestrator.redisconn import store_unavailable
 
 #: error class -> (HTTP status, JSON-RPC code). Looked up by walking the class's MRO, so a
 #: subclass (``InvalidTitle``) maps like its parent unless listed itself.
@@ -54,7 +55,7 @@ def translate(exc: Exception) -> FleetError:
     if isinstance(exc, FleetError):
         return exc
     if isinstance(exc, FOREIGN_ERRORS):
-        return StoreUnavailable(type(exc).__name__ + (f" ({exc})" if str(exc) else ""))
+        return store_unavailable(exc)
     raise TypeError(f"{type(exc).__name__} is not a store error")
 
 

@@ -86,8 +86,11 @@ class LocalFleet:
         """Start one ``fleet worker`` process for ``family`` on ``host``."""
         log_path = self.state_dir / "logs" / f"{family}@{host}.log"
         log_path.parent.mkdir(parents=True, exist_ok=True)
+        # -P: no working directory first on sys.path, so a file there named like one of
+        # the project's modules (acp.py, orchestrator.py) is never imported in its place.
         cmd = [
             sys.executable,
+            "-P",
             "-m",
             "api.cli",
             "worker",

@@ -189,8 +189,14 @@ class StoreUnavailable(FleetError):
 
     code = "store_unavailable"
 
-    def __init__(self, detail: str) -> None:
-        super().__init__(f"The session store is unavailable: {detail}. Try again shortly.")
+    def __init__(self, detail: str, *, transient: bool = True) -> None:
+        detail = detail.rstrip(". ")
+        advice = (
+            "Try again shortly."
+            if transient
+            else "This is a configuration error: check FLEET_REDIS_URL and its credentials."
+        )
+        super().__init__(f"The session store is unavailable: {detail}. {advice}")
 
 
 class WriteUnconfirmed(StoreUnavailable):

@@ -144,7 +144,7 @@ def start(store: Store, host: str, instance: str, lease_ms: int) -> subprocess.P
     environment (``FLEET_REDIS_URL``), never the command line. Raises ``OSError``."""
     env = {**os.environ, "FLEET_REDIS_URL": store.url, "FLEET_KEY_PREFIX": store.keys.prefix}
     return subprocess.Popen(
-        [sys.executable, "-m", "orchestrator.jobwatch", host, instance, str(lease_ms)],
+        [sys.executable, "-P", "-m", "orchestrator.jobwatch", host, instance, str(lease_ms)],
         stdin=subprocess.DEVNULL,
         env=env,
         preexec_fn=die_with_parent(),

@@ -25,8 +25,9 @@ from urllib.parse import unquote, urlsplit
 import redis
 import redis.asyncio as aioredis
 from redis.asyncio.sentinel import Sentinel as AsyncSentinel
-from redis.sentinel import Sentinel
+from redis.sentinel import MasterNotFoundError, Sentinel
 
+from orchestrator.errors import StoreUnavailable
 from orchestrator.settings import REDIS_SCHEMES, FleetSettings, get_settings
 
 #: URL schemes ``FLEET_REDIS_URL`` accepts.
@@ -153,3 +154,29 @@ def async_client(url: str, options: SentinelOptions | None = None, **kwargs: Any
         **address.node_kwargs(),
     )
     return sentinel.master_for(opts.master, redis_class=aioredis.Redis, **kwargs)
+
+
+#: Replies of a Redis server that retrying cannot change: the URL or credentials are wrong.
+_CONFIG_REPLIES = ("DB index is out of range", "NOAUTH", "WRONGPASS", "NOPERM", "invalid password")
+
+
+def store_unavailable(exc: Exception) -> StoreUnavailable:
+    """``exc`` (a redis-py or broker failure) as one line of ``StoreUnavailable``: the error's
+    type and message, a Sentinel's pool repr left out, and no "try again" for a configuration
+    error (a bad DB index, wrong or missing credentials)."""
+    inner = exc.__cause__ or exc.__context__
+    if not isinstance(exc, redis.RedisError) and isinstance(inner, redis.RedisError):
+        exc = inner  # a broker error (kombu) wrapping the Redis one: say the Redis one
+    text = " ".join(str(exc).split())
+    if isinstance(exc, MasterNotFoundError):
+        # "No master found for 'name' : <pool repr> - network:ConnectionError": name + cause.
+        head, _, rest = text.partition(" : ")
+        cause = rest.rpartition(" - ")[2] if " - " in rest else ""
+        text = head + (f" (last error: {cause})" if cause else "")
+    elif len(text) > 300:
+        text = text[:300] + "..."
+    configuration = isinstance(exc, redis.AuthenticationError) or (
+        isinstance(exc, redis.ResponseError) and any(r in str(exc) for r in _CONFIG_REPLIES)
+    )
+    detail = type(exc).__name__ + (f" ({text.rstrip('. ')})" if text else "")
+    return StoreUnavailable(detail, transient=not configuration)

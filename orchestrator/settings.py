@@ -67,7 +67,7 @@ class FleetSettings(BaseSettings):
     worker_concurrency: int = 8
     #: Host and port the HTTP API binds to.
     api_host: str = "127.0.0.1"
-    api_port: int = 8765
+    api_port: int = Field(default=8765, ge=1, le=65535)
     #: Bearer token the API requires (issue: authentication); empty disables it on loopback.
     api_token: str = ""
     #: Largest HTTP request body the API reads, in bytes; a larger one answers 413.

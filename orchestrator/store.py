@@ -20,9 +20,9 @@ import redis
 from redis.commands.core import Script
 from tenacity import retry, retry_if_exception_type, stop_after_delay, wait_exponential
 
-from orchestrator.errors import StoreUnavailable, WriteUnconfirmed
+from orchestrator.errors import WriteUnconfirmed
 from orchestrator.keys import Keys, lua_prelude
-from orchestrator.redisconn import SentinelOptions, sync_client
+from orchestrator.redisconn import SentinelOptions, store_unavailable, sync_client
 from orchestrator.settings import FleetSettings, get_settings
 
 P = ParamSpec("P")
@@ -58,7 +58,7 @@ def translated() -> Iterator[None]:
     try:
         yield
     except redis.RedisError as exc:
-        raise StoreUnavailable(type(exc).__name__ + (f" ({exc})" if str(exc) else "")) from exc
+        raise store_unavailable(exc) from exc
 
 
 def retried(fn: Callable[P, T]) -> Callable[P, T]:

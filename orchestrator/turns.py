@@ -113,7 +113,7 @@ class Turn:
 
     def to_wire(self) -> dict[str, object]:
         """``{"turnId", "sessionId", "state", "source", "step", "usage", "stopReason"?,
-        "error"?}``."""
+        "error"?}``; ``stopReason`` is null for a failed turn."""
         out: dict[str, object] = {
             "turnId": self.turn_id,
             "sessionId": self.session_id,
@@ -122,7 +122,11 @@ class Turn:
             "step": self.step,
             "usage": dict(self.usage),
         }
-        if self.stop_reason:
+        if self.state is TurnState.FAILED:
+            # ACP has no stop reason for a failure (its prompt answer says end_turn, the error
+            # in the turn's last message); on the wire a failed turn's is null, see "error".
+            out["stopReason"] = None
+        elif self.stop_reason:
             out["stopReason"] = self.stop_reason
         if self.error:
             out["error"] = self.error
@@ -204,7 +208,8 @@ def start_turn(
     step itself drops duplicates), a fire of a reminder a stop deleted returns ``""`` and
     creates nothing, and one under an archived lineage raises ``SessionArchived`` with
     nothing stored (the reminder is marked ``refused``).
-    Raises ``InvalidParams`` (prompt not a string or too long), ``SessionNotFound``,
+    Raises ``InvalidParams`` (prompt not a string, too long, or, from a person (``source``
+    ``prompt``), empty or only whitespace), ``SessionNotFound``,
     ``SessionArchived``, ``TurnStopped``, ``StoreUnavailable``.
     """
     sid = check_session_id(session_id)
@@ -212,6 +217,8 @@ def start_turn(
         raise InvalidParams("prompt must be a string.", {"param": "prompt"})
     if len(prompt) > MAX_PROMPT:
         raise InvalidParams(f"prompt is longer than {MAX_PROMPT} characters.", {"param": "prompt"})
+    if source == "prompt" and not prompt.strip():
+        raise InvalidParams("prompt is empty: give the text of the turn.", {"param": "prompt"})
     check_utf8(prompt, "prompt")
     tid = new_id("turn")
     ms = store.now_ms()
@@ -282,7 +289,7 @@ def announce_end(
 ) -> None:
     """Publish and log that a turn ended in ``state`` (``stop_reason``: ACP's, the state's
     own by default)."""
-    reason = stop_reason or STOP_REASON[state]
+    reason = None if state is TurnState.FAILED else stop_reason or STOP_REASON[state]
     events.publish(store, "turn", session_id, turnId=turn_id, state=state.value, stopReason=reason)
     log.info(
         "turn %s ended %s%s",

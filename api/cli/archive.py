@@ -34,7 +34,7 @@ def archive(
     q: str | None = typer.Option(None, "--q", hidden=True),
     dry_run: bool = typer.Option(False, "--dry-run", hidden=True),
     auto: bool = typer.Option(False, "--auto", hidden=True),
-    idle_seconds: float = typer.Option(0, "--idle-seconds", hidden=True),
+    idle_seconds: float = typer.Option(0, "--idle-seconds", min=0, hidden=True),
 ) -> None:
     """Archive a session. Refused while it has live work unless --stop is given. With --stop
     on a terminal, the live items are listed and the archive stops exactly what was confirmed:
@@ -111,10 +111,16 @@ def _confirmation(
     from orchestrator.errors import InvalidParams
 
     if given:
+        if not stop:
+            raise InvalidParams("--confirmed needs --stop.", {"param": "confirmed"})
         pairs = [tuple(item.partition(":")[::2]) for item in given]
-        if not stop or any(not family or not item_id for family, item_id in pairs):
+        bad = [
+            item for item, (fam, ident) in zip(given, pairs, strict=True) if not fam or not ident
+        ]
+        if bad:
             raise InvalidParams(
-                "--confirmed takes FAMILY:ID items and needs --stop.", {"param": "confirmed"}
+                f"--confirmed takes FAMILY:ID items (turn:turn_..., job:job_...); got {bad[0]!r}.",
+                {"param": "confirmed"},
             )
         return [(family, item_id) for family, item_id in pairs]
     if not stop or as_json or not sys.stdin.isatty():

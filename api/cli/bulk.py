@@ -242,7 +242,10 @@ def auto_archive_command(
     dry_run: bool = typer.Option(False, "--dry-run", help="List what it would archive."),
     cwd: str | None = typer.Option(None, "--cwd", metavar="DIR", help="Only this directory."),
     idle_seconds: float = typer.Option(
-        0, "--idle-seconds", help="Idle age in seconds (default FLEET_AUTO_ARCHIVE_IDLE_SECONDS)."
+        0,
+        "--idle-seconds",
+        min=0,
+        help="Idle age in seconds (default FLEET_AUTO_ARCHIVE_IDLE_SECONDS).",
     ),
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:

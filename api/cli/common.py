@@ -97,16 +97,31 @@ class FleetCommand(typer.core.TyperCommand):
             raise typer.Exit(2) from None
 
     def invoke(self, ctx: click.Context) -> Any:
+        import pydantic
         import redis
 
-        from orchestrator.errors import StoreUnavailable
+        from orchestrator.redisconn import store_unavailable
 
         try:
             return super().invoke(ctx)
         except FleetError as exc:
             fail(exc)
         except redis.RedisError as exc:
-            fail(StoreUnavailable(f"Redis is unavailable: {exc}"))
+            fail(store_unavailable(exc))
+        except pydantic.ValidationError as exc:
+            if exc.title != "FleetSettings":
+                raise
+            fail(InvalidParams(_settings_problem(exc)))
+
+
+def _settings_problem(exc: Any) -> str:
+    """One line per setting a ``pydantic.ValidationError`` of ``FleetSettings`` refused,
+    named by its environment variable (``FLEET_API_PORT: Input should be ...``)."""
+    said = [
+        f"FLEET_{'_'.join(str(part) for part in e['loc']).upper()}: {e['msg']}"
+        for e in exc.errors()
+    ]
+    return "; ".join(said) + "."
 
 
 class FleetGroup(typer.core.TyperGroup):

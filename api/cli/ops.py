@@ -57,6 +57,7 @@ def reconcile(
 def sweep(
     stuck_seconds: float = typer.Option(
         0,
+        min=0,
         help="Seconds without progress before a turn is examined (default "
         "FLEET_TURN_STUCK_SECONDS).",
     ),

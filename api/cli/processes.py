@@ -142,13 +142,7 @@ def up(
         signal.signal(signal.SIGTERM, interrupt)
         while True:
             time.sleep(1)
-            # A worker that died (crash, OOM, kill -9) is replaced, so the fleet keeps
-            # serving every family; its jobs died with it and their leases lapse.
-            for w in fleet.restart_dead():
-                err.print(
-                    f"[yellow]worker {w.family}@{w.host} had exited; restarted "
-                    f"(log {w.log_path})[/yellow]"
-                )
+            api_proc = _restart_dead(fleet, api_proc, url)
     except KeyboardInterrupt:
         pass
     finally:
@@ -162,14 +156,37 @@ def up(
             embedded.stop()
 
 
+def _restart_dead(fleet: Any, api_proc: Any, url: str) -> Any:
+    """Replace every child of ``fleet up`` that exited, saying so on stderr; returns the API
+    process (a new one if the old one had exited, ``None`` without an API).
+
+    A worker that died (crash, OOM, kill -9) is replaced, so the fleet keeps serving every
+    family; its jobs died with it and their leases lapse. A dead API is restarted on the
+    same address, so the URL published in fleet.json answers again."""
+    for w in fleet.restart_dead():
+        err.print(
+            f"[yellow]worker {w.family}@{w.host} had exited; restarted (log {w.log_path})[/yellow]"
+        )
+    if api_proc is not None and api_proc.poll() is not None:
+        old, code = api_proc.pid, api_proc.returncode
+        api_proc = _start_api(url)
+        err.print(
+            f"[yellow]API (pid {old}) had exited with {code}; restarted as pid "
+            f"{api_proc.pid}[/yellow]"
+        )
+    return api_proc
+
+
 def _start_api(url: str) -> Any:
     """Start ``fleet api`` on ``url`` as a child process that dies with this one."""
     import subprocess
 
     from orchestrator.processes import die_with_parent
 
+    # -P: the working directory is not put first on sys.path (an ``acp.py`` there would
+    # be imported in place of the ACP library).
     return subprocess.Popen(
-        [sys.executable, "-m", "api.cli", "api"],
+        [sys.executable, "-P", "-m", "api.cli", "api"],
         env=dict(os.environ, FLEET_REDIS_URL=url),
         preexec_fn=die_with_parent(signal.SIGTERM, new_session=False),
     )
@@ -190,7 +207,7 @@ def api_bind_address(requested: str, token: str) -> str:
 @app.command("api")
 def serve_api(
     host: str = typer.Option("", help="Bind address (default FLEET_API_HOST)."),
-    port: int = typer.Option(0, help="Port (default FLEET_API_PORT)."),
+    port: int = typer.Option(0, min=0, max=65535, help="Port (default FLEET_API_PORT)."),
 ) -> None:
     """Serve the HTTP API (FastAPI on uvicorn)."""
     import uvicorn
@@ -258,7 +275,7 @@ def beat(
 
 @app.command()
 def flower(
-    port: int = typer.Option(5555, help="Port of Flower's web UI and HTTP API."),
+    port: int = typer.Option(5555, min=1, max=65535, help="Port of Flower's web UI and HTTP API."),
     address: str = typer.Option("127.0.0.1", help="Bind address."),
 ) -> None:
     """Run Flower against the fleet's broker and key prefix. With FLEET_FLOWER_BASIC_AUTH

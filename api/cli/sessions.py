@@ -10,7 +10,7 @@ from typing import Any
 import typer
 from rich.table import Table
 
-from api.cli.common import app, console, local_time, sessions_app, usage, when
+from api.cli.common import app, console, err, local_time, sessions_app, usage, when
 from api.cli.tables import fitted
 from orchestrator.sessions import Session
 
@@ -129,11 +129,20 @@ def sessions_new(
     cwd: str = typer.Argument(..., metavar="CWD", help="Absolute working directory."),
     parent: str | None = typer.Option(None, metavar="ID", help="Parent session id."),
 ) -> None:
-    """Create a session and print its id."""
+    """Create a session and print its id. A CWD that does not exist here is kept (the
+    session's tools run on a worker's host, where it may), with a note on stderr."""
+    import os
+
     from api.context import store
     from orchestrator.sessions import create_session
 
     print(create_session(store(), cwd, parent).session_id)
+    if not os.path.isdir(cwd):
+        err.print(
+            f"note: {cwd} is not a directory on this machine; the session keeps it, as its "
+            "tools run in it on a worker's host, where it must exist.",
+            highlight=False,
+        )
 
 
 @app.command()

@@ -39,8 +39,8 @@ from fastapi.responses import StreamingResponse
 from sse_starlette import EventSourceResponse, ServerSentEvent
 
 from api.deps import AUTH, SettingsDep, StoreDep
-from orchestrator.errors import InvalidParams, StoreUnavailable
-from orchestrator.redisconn import SentinelOptions, async_client
+from orchestrator.errors import InvalidParams
+from orchestrator.redisconn import SentinelOptions, async_client, store_unavailable
 from orchestrator.sessions import SESSION_ID_RE
 
 log = logging.getLogger(__name__)
@@ -199,7 +199,7 @@ async def events(
         cursor, gap = await _start(client, key, resume)
     except redis.RedisError as exc:
         await client.aclose()
-        raise StoreUnavailable(type(exc).__name__ + (f" ({exc})" if str(exc) else "")) from exc
+        raise store_unavailable(exc) from exc
     return EventSourceResponse(
         _stream(client, key, cursor, gap, sessionId),
         headers={"Cache-Control": "no-cache"},

@@ -554,6 +554,8 @@ def test_failed_turn_names_the_line(client: TestClient, fleet: Any) -> None:
     turn = client.get(f"/turns/{tid}").json()
     assert "line 1" in turn["error"]
     assert "dance" in turn["error"]
+    # A failure is no ACP stop reason (end_turn would read as a normal end): null
+    assert "stopReason" in turn and turn["stopReason"] is None, turn
 
 
 # --------------------------------------------------------------------------- archive of live work

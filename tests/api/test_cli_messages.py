@@ -1,0 +1,141 @@
+"""Bad command-line values get a usage error naming the option (exit 2, no traceback), and
+messages say what is wrong, not something else."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from api.cli import app
+
+runner = CliRunner()
+
+
+@pytest.fixture(autouse=True)
+def _wide_console(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("COLUMNS", "300")
+
+
+def _said(*args: str) -> tuple[int, str]:
+    result = runner.invoke(app, list(args))
+    output = " ".join(result.output.split())
+    assert "Traceback" not in output, output
+    return result.exit_code, output
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("flower", "--port", "99999"),
+        ("flower", "--port", "0"),
+        ("flower", "--port", "-1"),
+        ("api", "--port", "70000"),
+        ("api", "--port", "-5"),
+    ],
+)
+def test_a_port_out_of_range_is_a_usage_error(args: tuple[str, ...]) -> None:
+    code, said = _said(*args)
+    assert code == 2, said
+    assert "Invalid value for '--port'" in said, said
+
+
+def test_a_malformed_confirmed_item_is_named_not_blamed_on_a_missing_stop() -> None:
+    sid = "sess_" + "0" * 24
+    code, said = _said("archive", sid, "--stop", "--confirmed", "bogus")
+    assert code == 2, said
+    assert "needs --stop" not in said, said
+    assert "FAMILY:ID" in said and "'bogus'" in said, said
+    code, said = _said("archive", sid, "--confirmed", "turn:turn_1")
+    assert code == 2 and "--confirmed needs --stop" in said, said
+
+
+@pytest.mark.parametrize("command", [("auto-archive",), ("archive", "--auto")])
+def test_a_negative_idle_age_is_refused_naming_the_flag(command: tuple[str, ...]) -> None:
+    code, said = _said(*command, "--idle-seconds", "-5", "--dry-run")
+    assert code == 2, said
+    assert "Invalid value for '--idle-seconds'" in said, said
+    assert "FLEET_AUTO_ARCHIVE_IDLE_SECONDS" not in said, said
+
+
+def _fleet_with_redis(url: str) -> str:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FLEET_")}
+    env.update(FLEET_REDIS_URL=url, COLUMNS="300")
+    proc = subprocess.run(
+        [sys.executable, "-m", "api.cli", "sessions", "ls"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        stdin=subprocess.DEVNULL,
+    )
+    said = " ".join(proc.stderr.split())
+    assert proc.returncode == 2 and "Traceback" not in said, said
+    return said
+
+
+def test_a_bad_db_index_is_a_configuration_error_not_a_retry() -> None:
+    said = _fleet_with_redis("redis://127.0.0.1:6379/99")
+    assert "DB index is out of range" in said, said
+    assert "Try again" not in said and "FLEET_REDIS_URL" in said, said
+
+
+def test_a_refused_connection_says_so_once_without_a_double_period() -> None:
+    said = _fleet_with_redis(f"redis://127.0.0.1:{_closed_port()}/0")
+    assert "Connection refused" in said and "Try again shortly" in said, said
+    assert ".." not in said, said
+
+
+def test_a_sentinel_without_a_primary_is_one_short_line() -> None:
+    said = _fleet_with_redis(f"sentinel://127.0.0.1:{_closed_port()}")
+    assert "MasterNotFoundError" in said and "No master found for 'mymaster'" in said, said
+    assert "ConnectionPool" not in said and len(said) < 300, said
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_a_store_error_ending_in_a_period_gets_no_second_one() -> None:
+    import redis
+
+    from orchestrator.errors import StoreUnavailable
+    from orchestrator.redisconn import store_unavailable
+
+    refused = redis.ConnectionError("Error 111 connecting to 127.0.0.1:1. Connection refused.")
+    for message in (store_unavailable(refused).message, StoreUnavailable(str(refused)).message):
+        assert ".." not in message, message
+        assert message.endswith(("refused). Try again shortly.", "refused. Try again shortly."))
+
+
+def test_sweep_refuses_a_negative_stuck_age() -> None:
+    code, said = _said("sweep", "--stuck-seconds", "-1")
+    assert code == 2 and "Invalid value for '--stuck-seconds'" in said, said
+
+
+def test_a_session_in_a_directory_missing_here_is_kept_with_a_note(tmp_path: Path) -> None:
+    missing = str(tmp_path / "not" / "here")
+    result = runner.invoke(app, ["sessions", "new", missing])
+    assert result.exit_code == 0, result.output
+    assert result.stdout.strip().startswith("sess_"), result.stdout  # the id alone, for scripts
+    note = " ".join(result.stderr.split())
+    assert f"note: {missing} is not a directory on this machine" in note, note
+    assert "worker's host" in note, note
+    present = runner.invoke(app, ["sessions", "new", str(tmp_path)])
+    assert present.exit_code == 0 and "note:" not in present.output, present.output
+
+
+def test_a_setting_out_of_range_is_one_line_naming_the_variable(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("FLEET_API_PORT", "99999")
+    code, said = _said("api")
+    assert code == 2, said
+    assert "FLEET_API_PORT" in said and "65535" in said, said

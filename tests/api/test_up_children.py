@@ -1,0 +1,117 @@
+"""`fleet up`'s children: they never import a file of the working directory in place of a
+module of the project, and a dead API is restarted like a dead worker."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import httpx
+
+from tests.helpers import wait_for
+
+#: Files named like modules the fleet imports; importing one kills the process that does.
+SHADOWS = ("acp.py", "orchestrator.py")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@contextmanager
+def _fleet_up(
+    tmp_path: Path, redis_url: str
+) -> Iterator[tuple[subprocess.Popen[bytes], Path, str]]:
+    """``fleet up`` (its console script, as a user runs it) in ``tmp_path`` with the API."""
+    for name in SHADOWS:
+        (tmp_path / name).write_text("import os\nos._exit(7)\n")
+    port = _free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FLEET_")}
+    env.update(
+        FLEET_REDIS_URL=redis_url,
+        FLEET_KEY_PREFIX=f"upkids-{uuid.uuid4().hex[:8]}:",
+        FLEET_HOSTNAME="kidshost",
+        FLEET_API_PORT=str(port),
+        PYTHONUNBUFFERED="1",
+    )
+    out = tmp_path / "up.log"
+    fleet = Path(sys.executable).parent / "fleet"
+    with open(out, "wb") as log:
+        proc = subprocess.Popen(
+            [str(fleet), "up"],
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            cwd=tmp_path,
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+        )
+    try:
+        wait_for(
+            lambda: "API on" in out.read_text() or proc.poll() is not None,
+            90,
+            message="`fleet up` to start its API",
+        )
+        assert proc.poll() is None, out.read_text()[-3000:]
+        yield proc, out, f"http://127.0.0.1:{port}"
+    finally:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
+
+
+def _health(url: str) -> bool:
+    try:
+        return httpx.get(f"{url}/health", timeout=2).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def _api_pid(up: subprocess.Popen[bytes]) -> int:
+    import psutil
+
+    kids = psutil.Process(up.pid).children()
+    [api] = [p for p in kids if p.cmdline()[-1:] == ["api"]]
+    return int(api.pid)
+
+
+def test_files_in_the_working_directory_do_not_shadow_the_fleet_modules(
+    tmp_path: Path, redis_url: str
+) -> None:
+    # Given acp.py and orchestrator.py in the working directory of `fleet up`
+    with _fleet_up(tmp_path, redis_url) as (up, out, url):
+        # Then the API serves and every worker keeps running
+        wait_for(lambda: _health(url), 60, message=f"the API to answer:\n{out.read_text()}")
+        sid = httpx.post(f"{url}/sessions", json={"cwd": str(tmp_path)}, timeout=10)
+        assert sid.status_code in (200, 201), sid.text
+        assert up.poll() is None
+        assert "had exited" not in out.read_text(), out.read_text()
+
+
+def test_fleet_up_restarts_a_dead_api_and_says_so(tmp_path: Path, redis_url: str) -> None:
+    with _fleet_up(tmp_path, redis_url) as (up, out, url):
+        wait_for(lambda: _health(url), 60, message=f"the API to answer:\n{out.read_text()}")
+        # When the API is killed outright
+        first = _api_pid(up)
+        os.kill(first, signal.SIGKILL)
+        # Then `fleet up` says so and starts another, which serves
+        wait_for(
+            lambda: re.search(r"API \(pid \d+\) had exited with -9; restarted", out.read_text()),
+            30,
+            message=f"`fleet up` to restart its API:\n{out.read_text()}",
+        )
+        wait_for(lambda: _health(url), 60, message=f"the new API to answer:\n{out.read_text()}")
+        assert _api_pid(up) != first
+        assert up.poll() is None
