@@ -99,7 +99,9 @@ def _send(report: SweepReport, dispatcher: Dispatcher, sid: str, tid: str, step:
 
 
 def _ended(store: Store, sid: str, tid: str, state: TurnState, error: str = "") -> None:
-    fields: dict[str, Any] = {"turnId": tid, "state": state.value, "stopReason": STOP_REASON[state]}
+    # A failed turn has no ACP stop reason (as ``turns`` publishes it).
+    reason = None if state is TurnState.FAILED else STOP_REASON[state]
+    fields: dict[str, Any] = {"turnId": tid, "state": state.value, "stopReason": reason}
     if error:
         fields["error"] = error
     events.publish(store, "turn", sid, **fields)

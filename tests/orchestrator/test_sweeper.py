@@ -156,6 +156,7 @@ def test_a_step_lost_again_and_again_ends_the_turn_failed_and_starts_the_next(
     assert store.redis.zscore(store.keys.turns_inflight, lost) is None
     # And the turn's event (which settles a pending ACP prompt) and its error message are out
     assert turn_events(store, lost)[-1]["state"] == "failed"
+    assert turn_events(store, lost)[-1]["stopReason"] is None  # ACP has no reason for a failure
     last = json.loads(store.redis.lindex(store.keys.history(sid), -1))
     assert last["turnId"] == lost and last["content"]["text"].startswith("error: step 0 lost")
 
