@@ -116,7 +116,7 @@ def test_a_supervisor_that_may_not_renew_a_jobs_lease_kills_it_and_stops_trackin
         assert census(store, sid) == []
         # Then the supervisor's next renewal is refused: it kills the process, stops tracking
         wait_for(lambda: jid not in sup.owned(), 10, message="the job to be dropped")
-        assert not process_alive(pid)
+        wait_for(lambda: not process_alive(pid), 10, message="the job's process to die")
         # And the job stays lost (the census's record), its lease never revived
         assert store.redis.hget(store.keys.job(jid), "state") == JobState.LOST
         assert not store.redis.exists(store.keys.job_lease(jid))
