@@ -103,7 +103,7 @@ def api_server(
 ) -> Iterator[str]:
     """The HTTP API (uvicorn, in its own process; ``workers`` processes behind one socket when
     more than one; ``extra_env`` on top of its settings) on a free port; yields its base URL."""
-    port = _free_port()
+    port = free_port()
     env = dict(os.environ, FLEET_REDIS_URL=url, FLEET_KEY_PREFIX=prefix, FLEET_API_TOKEN="")
     env.update(extra_env or {})
     cmd = [
@@ -151,7 +151,8 @@ def cpu_seconds(pid: int) -> float:
     return total
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago."""
     import socket
 
     with socket.socket() as s:

@@ -38,7 +38,8 @@ from typing import Any
 import httpx
 
 from api.local import LocalFleet
-from bench.sentinels import SentinelGroup, free_port, sentinel_group
+from bench.common import free_port
+from bench.sentinels import SentinelGroup, sentinel_group
 from orchestrator import turns
 from orchestrator.errors import StoreUnavailable
 from orchestrator.processes import die_with_parent

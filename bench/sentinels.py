@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import signal
-import socket
 import subprocess
 import time
 from collections.abc import Iterator
@@ -21,19 +20,12 @@ from typing import Any
 import redis
 
 from api.embedded import find_redis_server
+from bench.common import free_port
 from orchestrator.processes import die_with_parent
 
 MASTER = "mymaster"
 DOWN_AFTER_MS = 1000
 FAILOVER_TIMEOUT_MS = 3000
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 @dataclass

@@ -128,32 +128,33 @@ def sync_client(url: str, options: SentinelOptions | None = None, **kwargs: Any)
     a malformed Sentinel URL."""
     if not is_sentinel(url):
         return redis.Redis.from_url(url, **kwargs)
-    opts = options or SentinelOptions.from_settings(get_settings())
-    address = parse_sentinel_url(url)
-    timeouts = {k: v for k, v in kwargs.items() if k.startswith("socket_")}
-    sentinel = Sentinel(  # type: ignore[no-untyped-call]
-        address.sentinels,
-        sentinel_kwargs=opts.sentinel_kwargs(timeouts),
-        **address.node_kwargs(),
-    )
-    return sentinel.master_for(  # type: ignore[no-untyped-call]
-        opts.master, redis_class=redis.Redis, **kwargs
-    )
+    return _primary(Sentinel, redis.Redis, url, options, kwargs)
 
 
 def async_client(url: str, options: SentinelOptions | None = None, **kwargs: Any) -> Any:
     """As ``sync_client``, with ``redis.asyncio`` (for the API's event streams)."""
     if not is_sentinel(url):
         return aioredis.Redis.from_url(url, **kwargs)
+    return _primary(AsyncSentinel, aioredis.Redis, url, options, kwargs)
+
+
+def _primary(
+    sentinel_class: Any,
+    redis_class: Any,
+    url: str,
+    options: SentinelOptions | None,
+    kwargs: dict[str, Any],
+) -> Any:
+    """The client of the primary the Sentinels of ``url`` name (sync or asyncio classes)."""
     opts = options or SentinelOptions.from_settings(get_settings())
     address = parse_sentinel_url(url)
     timeouts = {k: v for k, v in kwargs.items() if k.startswith("socket_")}
-    sentinel = AsyncSentinel(  # type: ignore[no-untyped-call]
+    sentinel = sentinel_class(
         address.sentinels,
         sentinel_kwargs=opts.sentinel_kwargs(timeouts),
         **address.node_kwargs(),
     )
-    return sentinel.master_for(opts.master, redis_class=aioredis.Redis, **kwargs)
+    return sentinel.master_for(opts.master, redis_class=redis_class, **kwargs)
 
 
 #: Replies of a Redis server that retrying cannot change: the URL or credentials are wrong.

@@ -24,6 +24,7 @@ import httpx
 
 from api.embedded import EmbeddedRedis
 from api.local import LocalFleet, WorkerProcess
+from bench.common import free_port
 from orchestrator.families import names as family_names
 from orchestrator.processes import die_with_parent
 
@@ -36,16 +37,6 @@ SOAK_ENV = {
     "FLEET_LOG_FORMAT": "json",
     "PYTHONUNBUFFERED": "1",
 }
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago."""
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 @dataclass
