@@ -13,7 +13,7 @@ from orchestrator.errors import SessionArchived
 from orchestrator.sessions import create_session, get_session
 from orchestrator.store import iso, new_id, now_ms
 from orchestrator.turns import start_turn
-from tests.helpers import RecordingDispatcher, wait_for
+from tests.helpers import FaultyDispatcher, RecordingDispatcher, wait_for
 from tests.workers.support import (
     history,
     item_of,
@@ -44,7 +44,11 @@ def test_a_step_for_an_archived_session_is_refused_without_a_model_request(
     sid = sessions.new()
     tid = start_turn(store, RecordingDispatcher(), sid, "say hi")  # its step is never sent
     assert store.run("turn_begin_step", [tid, 0, 5000, "a-copy"])[0] == "ok"
-    archive(store, dispatcher, sid, stop_activity=True)
+    # (its turn.stop is lost, so the copy below is what meets the archive: the gate, not the
+    # stop that would otherwise race it)
+    archive(
+        store, FaultyDispatcher(dispatcher, drop=frozenset({"turn.stop"})), sid, stop_activity=True
+    )
     store.redis.delete(store.keys.step_lease(tid))
     requests = model_requests(store, sid)
 
@@ -85,9 +89,10 @@ def test_a_redelivered_step_of_a_completed_turn_is_dropped_without_a_second_requ
 def test_a_late_copy_of_an_earlier_step_is_dropped_as_stale(
     fleet: Any, store: Any, dispatcher: Any, sessions: Any
 ) -> None:
-    # Given a turn whose second step is in a model request
+    # Given a turn whose second step is in a model request (long enough that the copy below
+    # arrives while it runs, on a loaded machine too)
     sid = sessions.new()
-    tid = start_turn(store, dispatcher, sid, "say first\nthink 1.5")
+    tid = start_turn(store, dispatcher, sid, "say first\nthink 8")
     wait_request(store, sid, tid, 1)
 
     # When a copy of its first step arrives again
