@@ -40,16 +40,15 @@ def test_a_step_for_an_archived_session_is_refused_without_a_model_request(
     fleet: Any, store: Any, dispatcher: Any, sessions: Any
 ) -> None:
     # Given a turn whose step was in flight when its session was archived with stopActivity
-    # (the archive marked it cancelling), and whose worker vanished (its lease lapsed)
+    # (the archive marked it cancelling), its first copy holding the step's lease (so neither
+    # the sweeper nor a census settles the turn meanwhile) and its turn.stop lost: the copy
+    # below is what meets the archive, and the gate is checked before the lease
     sid = sessions.new()
     tid = start_turn(store, RecordingDispatcher(), sid, "say hi")  # its step is never sent
-    assert store.run("turn_begin_step", [tid, 0, 5000, "a-copy"])[0] == "ok"
-    # (its turn.stop is lost, so the copy below is what meets the archive: the gate, not the
-    # stop that would otherwise race it)
+    assert store.run("turn_begin_step", [tid, 0, 120_000, "a-copy"])[0] == "ok"
     archive(
         store, FaultyDispatcher(dispatcher, drop=frozenset({"turn.stop"})), sid, stop_activity=True
     )
-    store.redis.delete(store.keys.step_lease(tid))
     requests = model_requests(store, sid)
 
     # When a copy of its step reaches the turn workers
