@@ -144,7 +144,9 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
         tmp_path_factory.mktemp("fleet"),
         hostname="test",
         job_hosts=2,
-        concurrency=8,
+        # Threads are cheap; the shared workers serve many tests at once, and the sweeper
+        # resumes the long steps some tests leave behind: 8 threads were seen all taken.
+        concurrency=16,
     )
     f.start()
     try:

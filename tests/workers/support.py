@@ -145,7 +145,7 @@ def log_text(w: Any) -> str:
     return str(w.log_path.read_text(errors="replace"))
 
 
-def wait_log(w: Any, needle: str, count: int = 1, timeout: float = 15.0) -> None:
+def wait_log(w: Any, needle: str, count: int = 1, timeout: float = 30.0) -> None:
     """Wait until ``needle`` appears ``count`` times in the worker's log."""
     wait_for(
         lambda: log_text(w).count(needle) >= count,
