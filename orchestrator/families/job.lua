@@ -18,10 +18,6 @@ local function count_live_jobs(key)
 end
 
 family('job', {
-  ids = function(sid)
-    local ids = redis.call('SMEMBERS', K.live_jobs(sid))
-    table.sort(ids)
-    return ids
-  end,
+  ids = function(sid) return sorted_members(K.live_jobs(sid)) end,
   verdict = job_verdict, hash = K.job, fields = {'label', 'host', 'pid'},
 })

@@ -1,10 +1,6 @@
 -- The reminder family's liveness rule: every stored reminder (armed, or firing until its turn
 -- is created) counts.
 family('reminder', {
-  ids = function(sid)
-    local ids = redis.call('SMEMBERS', K.live_reminders(sid))
-    table.sort(ids)
-    return ids
-  end,
+  ids = function(sid) return sorted_members(K.live_reminders(sid)) end,
   verdict = function() return 'live' end, hash = K.reminder, fields = {'prompt', 'dueAt'},
 })

@@ -4,6 +4,13 @@
 
 local function skey(sid) return K.session(sid) end
 
+-- The members of a set, sorted (the order the census lists them in).
+local function sorted_members(key)
+  local members = redis.call('SMEMBERS', key)
+  table.sort(members)
+  return members
+end
+
 -- The server's clock in epoch milliseconds (scripts replicate their effects, so TIME is safe).
 local function server_ms()
   local t = redis.call('TIME')
@@ -187,9 +194,7 @@ local function descendants(sid)
   while #level > 0 do
     local nxt = {}
     for _, s in ipairs(level) do
-      local kids = redis.call('SMEMBERS', K.children(s))
-      table.sort(kids)
-      for _, c in ipairs(kids) do
+      for _, c in ipairs(sorted_members(K.children(s))) do
         out[#out + 1] = c
         nxt[#nxt + 1] = c
       end
