@@ -177,7 +177,7 @@ def test_acp_rejects_probe_ids(store: Any, redis_url: str) -> None:
                     "prompt": [{"type": "text", "text": "hi"}],
                 }
                 msg = {"jsonrpc": "2.0", "id": 7, "method": method, "params": params}
-                answers = harness.run(json.dumps(msg))
+                answers = harness.run(json.dumps(msg), expect_id=7)
                 sent += 1
                 answer = next(m for m in answers if m.get("id") == 7)
                 if method == "session/delete":
