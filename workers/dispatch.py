@@ -2,9 +2,20 @@
 
 ``send_many`` publishes the messages of one operation (an archive's stops, a batch of
 reminder fires) through kombu's producer batch: every message and its ``task-sent`` event is
-built by Celery's own ``send_task`` and buffered, then written in one pipelined round trip to
-Redis. The messages are ordinary Celery messages: workers consume them unchanged and Flower
-sees them.
+buffered, then written in one pipelined round trip to Redis. The messages are ordinary Celery
+messages, built and published by Celery itself (``app.amqp.create_task_message`` and
+``app.amqp.send_task_message``, the two halves of ``send_task``): workers consume them
+unchanged and Flower sees them. What ``send_task`` would work out again for every message is
+worked out once per dispatcher instead:
+
+* the route of a (task, queue) pair (``app.amqp.router``), its queue bound to a channel once,
+  so kombu's declaration cache is consulted without copying the queue for every publish;
+* one ``task-sent`` event dispatcher, its exchange bound the same way.
+
+Where ``send_task`` would do more than that for a message, the message is sent with
+``send_task`` itself: inside a worker task (the message carries the task's root and parent
+ids), for a task registered in this process (its options apply), or when ``task_routes`` is
+configured (a router may look at the arguments).
 
 Transient broker errors are retried with tenacity for a short, bounded time; the last error
 is raised to the caller (``send``) or reported per message (``send_many``). A retried batch may
@@ -14,10 +25,14 @@ the exact items it stops, a reminder fire spends the reminder once).
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from celery import Celery
+from celery.events.dispatcher import EventDispatcher
+from celery.utils import uuid
 from kombu.exceptions import OperationalError
+from kombu.messaging import Producer
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from tenacity import retry, retry_if_exception_type, stop_after_attempt, wait_exponential
@@ -31,12 +46,18 @@ _transient = retry(
     reraise=True,
 )
 
+#: The publish options of a (task, queue) pair (``send_task_message`` keywords), or ``None``
+#: when its messages go through ``send_task``.
+_Route = dict[str, Any] | None
+
 
 class CeleryDispatcher:
-    """Publishes through ``app`` with ``send_task`` (no task code imported)."""
+    """Publishes through ``app`` by task name (no task code imported)."""
 
     def __init__(self, app: Celery) -> None:
         self.app = app
+        self._routes: dict[tuple[str, str], _Route] = {}
+        self._events: EventDispatcher | None = None
 
     @_transient
     def send(self, task: str, args: list[Any], queue: str) -> None:
@@ -58,13 +79,68 @@ class CeleryDispatcher:
 
     @_transient
     def _publish_batch(self, messages: list[Message]) -> None:
-        with self.app.producer_or_acquire() as producer, producer.batch():
+        app = self.app
+        with app.producer_or_acquire() as producer, producer.batch():
+            if app.current_worker_task is not None:
+                for task, args, queue in messages:
+                    self._send_task(producer, task, args, queue)
+                return
+            sent_event = app.conf.task_send_sent_event
+            reply_to = app.thread_oid
+            backend = app.backend
+            events = self._event_dispatcher(producer)
             for task, args, queue in messages:
-                self.app.send_task(
+                options = self._route(producer, task, queue)
+                if options is None:
+                    self._send_task(producer, task, args, queue)
+                    continue
+                # What send_task builds and publishes for a task it does not know, sent from
+                # outside any task: the same message, the same task-sent event.
+                task_id = uuid()
+                message = app.amqp.create_task_message(
+                    task_id,
                     task,
-                    args=args,
-                    queue=queue,
-                    routing_key=queue,
-                    retry=False,
-                    producer=producer,
+                    args,
+                    None,
+                    reply_to=reply_to,
+                    create_sent_event=sent_event,
+                    ignore_result=None,
                 )
+                backend.on_task_call(producer, task_id)
+                app.amqp.send_task_message(
+                    producer, task, message, event_dispatcher=events, **options
+                )
+
+    def _send_task(self, producer: Producer, task: str, args: list[Any], queue: str) -> None:
+        self.app.send_task(
+            task, args=args, queue=queue, routing_key=queue, retry=False, producer=producer
+        )
+
+    def _route(self, producer: Producer, task: str, queue: str) -> _Route:
+        """The publish options ``send_task`` would use for ``task`` to ``queue`` (worked out
+        once), or ``None`` when ``send_task`` must decide per message."""
+        key = (task, queue)
+        if key not in self._routes:
+            app = self.app
+            if app.conf.task_routes or (app.finalized and task in app.tasks):
+                self._routes[key] = None
+            else:
+                options = app.amqp.router.route(
+                    {"queue": queue, "routing_key": queue, "retry": False}, task
+                )
+                # Bound once: kombu then checks its per-connection declaration cache without
+                # binding a fresh copy of the queue for each message (the declaration itself
+                # is made on the publishing channel, as before).
+                options["queue"] = options["queue"].bind(producer.channel)
+                self._routes[key] = options
+        return self._routes[key]
+
+    def _event_dispatcher(self, producer: Producer) -> EventDispatcher:
+        """One ``task-sent`` dispatcher per process (an event names its sender's pid), its
+        exchange bound once (as the queues are)."""
+        events = self._events
+        if events is None or events.pid != os.getpid():
+            events = self.app.events.Dispatcher(enabled=False)
+            events.exchange = events.exchange.bind(producer.channel)
+            self._events = events
+        return events

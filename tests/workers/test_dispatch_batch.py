@@ -1,8 +1,10 @@
 """``CeleryDispatcher.send_many`` publishes ordinary Celery messages in one pipelined write.
 
-The messages it writes to Redis are compared field by field with what ``send_task`` writes for
-the same task, and the ``task-sent`` events Flower reads are counted on the broker's event
-channel; the round trips are counted with Redis's own ``INFO commandstats``.
+The messages it writes to Redis, and the ``task-sent`` events Flower reads on the broker's
+event channel, are compared field by field with what ``send_task`` writes for the same task:
+from outside any task (where ``send_many`` builds them with Celery's building blocks itself),
+from inside a worker task and for a task registered in the process (where it hands them to
+``send_task``). The round trips are counted on the socket.
 """
 
 from __future__ import annotations
@@ -11,12 +13,14 @@ import base64
 import json
 import uuid
 from collections.abc import Iterator
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 import redis
 import redis.connection
 from celery import Celery
+from kombu.transport import redis as kombu_redis
 
 from orchestrator.families import BatchDispatcher, send_all
 from orchestrator.settings import FleetSettings
@@ -28,6 +32,7 @@ pytestmark = pytest.mark.redis
 #: Per message, the fields that differ by nature (ids, clocks, per-delivery tags).
 VARYING_HEADERS = {"id", "root_id"}
 VARYING_PROPERTIES = {"correlation_id", "delivery_tag"}
+VARYING_EVENT_FIELDS = {"uuid", "root_id", "clock", "timestamp"}
 
 
 @pytest.fixture
@@ -53,13 +58,64 @@ def _pop_all(client: redis.Redis, key: str) -> list[dict[str, Any]]:
     return [json.loads(item) for item in reversed(raw)]
 
 
-def _shape(message: dict[str, Any]) -> dict[str, Any]:
-    """The message without the fields that vary per message, body decoded."""
+def _shape(message: dict[str, Any], varying_body: frozenset[str] = frozenset()) -> dict[str, Any]:
+    """The message without the fields that vary per message, body decoded (without the keys
+    ``varying_body`` of a body that is a mapping: an event's)."""
     headers = {k: v for k, v in message["headers"].items() if k not in VARYING_HEADERS}
     props = {k: v for k, v in message["properties"].items() if k not in VARYING_PROPERTIES}
     body = json.loads(base64.b64decode(message["body"]))
+    if isinstance(body, dict):
+        body = {k: v for k, v in body.items() if k not in varying_body}
     rest = {k: v for k, v in message.items() if k not in ("headers", "properties", "body")}
     return {"headers": headers, "properties": props, "body": body, **rest}
+
+
+def _events(app: Celery, redis_url: str) -> Any:
+    """A subscription to the broker's event channels (what Flower reads), subscribed."""
+    events = redis.Redis.from_url(redis_url).pubsub()
+    events.psubscribe(f"{app.conf.broker_transport_options['global_keyprefix']}*")
+    assert events.get_message(timeout=5)["type"] == "psubscribe"
+    return events
+
+
+def _next_events(events: Any, n: int) -> list[dict[str, Any]]:
+    """The next ``n`` events published, as they were written (envelope and all)."""
+    out = []
+    while len(out) < n and (msg := events.get_message(timeout=5)) is not None:
+        if msg["type"] == "pmessage":
+            out.append(json.loads(msg["data"]))
+    assert len(out) == n
+    return out
+
+
+def _same_as_send_task(app: Celery, redis_url: str) -> None:
+    """``send_many`` writes what ``send`` (``send_task``) writes for the same task, message
+    and ``task-sent`` event alike, apart from the fields that vary by nature."""
+    client = redis.Redis.from_url(redis_url)
+    dispatcher = CeleryDispatcher(app)
+    queue, key = "turn.ctl", _queue_key(app, "turn.ctl")
+    args: list[Any] = ["s-1", {"c-1": {"turns": ["t-1"], "jobs": ["j-1"]}}]
+    events = _events(app, redis_url)
+
+    dispatcher.send("turn.stop", args, queue)
+    (single,) = _pop_all(client, key)
+    (single_event,) = _next_events(events, 1)
+    assert dispatcher.send_many([("turn.stop", args, queue), ("turn.stop", args, queue)]) == [
+        None,
+        None,
+    ]
+    batched = _pop_all(client, key)
+    batched_events = _next_events(events, 2)
+    events.close()
+
+    assert len(batched) == 2
+    for message in batched:
+        assert _shape(message) == _shape(single)
+    varying = frozenset(VARYING_EVENT_FIELDS)
+    for event, message in zip(batched_events, batched, strict=True):
+        assert _shape(event, varying) == _shape(single_event, varying)
+        body = json.loads(base64.b64decode(event["body"]))
+        assert body["type"] == "task-sent" and body["uuid"] == message["headers"]["id"]
 
 
 def test_batched_messages_are_what_send_task_writes(app: Celery, redis_url: str) -> None:
@@ -82,6 +138,77 @@ def test_batched_messages_are_what_send_task_writes(app: Celery, redis_url: str)
         assert _shape(message) == _shape(single)
     assert batched[0]["headers"]["id"] != batched[1]["headers"]["id"]
     assert _shape(single)["body"][0] == args
+
+
+def test_batched_messages_and_events_match_send_task_field_by_field(
+    app: Celery, redis_url: str
+) -> None:
+    _same_as_send_task(app, redis_url)
+
+
+def test_inside_a_worker_task_batched_messages_carry_its_ids_as_send_task_does(
+    app: Celery, redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Sent from a task (the archive reconciler's stops), a message names the task as its
+    parent and its root as root, as ``send_task`` makes it."""
+    request = SimpleNamespace(id="parent-task", root_id="root-task", delivery_info={})
+    task = SimpleNamespace(request=request, add_trail=lambda result: result)
+    monkeypatch.setattr(Celery, "current_worker_task", property(lambda self: task))
+    _same_as_send_task(app, redis_url)
+    client = redis.Redis.from_url(redis_url)
+    CeleryDispatcher(app).send_many([("turn.stop", ["s-1", []], "turn.ctl")])
+    (message,) = _pop_all(client, _queue_key(app, "turn.ctl"))
+    assert (message["headers"]["parent_id"], message["headers"]["root_id"]) == (
+        "parent-task",
+        "root-task",
+    )
+
+
+def test_a_task_registered_here_keeps_its_own_options_in_a_batch(
+    app: Celery, redis_url: str
+) -> None:
+    """In a worker, the stop tasks are registered: their options apply as ``send_task``
+    applies them."""
+
+    @app.task(name="turn.stop", time_limit=30, soft_time_limit=20, shared=False)
+    def stop(*args: Any) -> None:  # pragma: no cover - never run here
+        return None
+
+    app.finalize()
+    _same_as_send_task(app, redis_url)
+    client = redis.Redis.from_url(redis_url)
+    CeleryDispatcher(app).send_many([("turn.stop", ["s-1", []], "turn.ctl")])
+    (message,) = _pop_all(client, _queue_key(app, "turn.ctl"))
+    assert message["headers"]["timelimit"] == [30, 20]
+
+
+def test_batches_share_the_channel_s_redis_client(
+    app: Celery, redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """kombu builds a Redis client per publish batch (its reply parsers set up each time);
+    the fleet's channel keeps one per connection pool, and builds a new one, still
+    publishing, once the pool is replaced (as after a lost connection)."""
+    client = redis.Redis.from_url(redis_url)
+    dispatcher = CeleryDispatcher(app)
+    message = ("turn.stop", ["s-1", []], "turn.ctl")
+    key = _queue_key(app, "turn.ctl")
+    assert dispatcher.send_many([message]) == [None]
+    built: list[Any] = []
+    real = kombu_redis.Channel._create_client
+
+    def create_client(self: Any, asynchronous: bool = False) -> Any:
+        built.append(asynchronous)
+        return real(self, asynchronous=asynchronous)
+
+    monkeypatch.setattr(kombu_redis.Channel, "_create_client", create_client)
+    for _ in range(5):
+        assert dispatcher.send_many([message, message]) == [None, None]
+    assert built == []
+    with app.producer_or_acquire() as producer:
+        producer.channel._disconnect_pools()
+    assert dispatcher.send_many([message]) == [None]
+    assert built == [False]
+    assert len(_pop_all(client, key)) == 12
 
 
 def test_a_batch_is_one_round_trip_and_emits_task_sent(
