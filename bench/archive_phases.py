@@ -1,23 +1,27 @@
-"""Benchmark 1 without HTTP: an archive with ``stopActivity`` in process, phase by phase.
+"""Benchmark 1 without HTTP: an archive with ``stopActivity`` in process, phase by phase, with
+the stop publish of ``CeleryDispatcher.send_many`` beside the way it published before.
 
     python -m bench.archive_phases [--n 600] [--redis-url URL]
 
 Sessions are seeded busy in all four families (``seed_busy``), then each is archived as the
 HTTP API archives it (``archive.archive(..., stop_activity=True, defer=executor.submit)``: the
-fan-out's counts and audit entry go to a single-thread executor). Printed, as median and p99
-(wall clock, ``time.perf_counter``) and the calling thread's CPU median
-(``time.thread_time``):
+fan-out's counts and audit entry go to a single-thread executor), alternately through two
+dispatchers, so both see the same load:
 
-- the whole archive;
-- its archive script round trip (``Store.run("archive")``);
-- its stop publish (``CeleryDispatcher.send_many``: 4 messages and their 4 ``task-sent``
-  events in one pipelined write);
-- the same 4 messages published with ``send_task`` inside one producer batch (how
-  ``send_many`` published them before it built the messages itself), interleaved with the
-  archives so both see the same load;
-- the floors: one fsynced write (``SET``), and a pipeline of 4 ``LPUSH`` + 4 ``PUBLISH``.
+- ``send_many``: the fleet's ``CeleryDispatcher`` (messages built with
+  ``app.amqp.create_task_message``, published with ``app.amqp.send_task_message`` in one
+  producer batch, through the fleet's broker transport);
+- ``send_task``: the same dispatcher publishing each message with ``app.send_task`` in one
+  producer batch, through kombu's own Redis transport (a Redis client built per batch): how
+  the stops were published before.
 
-Run it on a quiet machine, 2-3 times, and quote the load (``uptime``) with the figures.
+Printed per path, as median and p99 (wall clock, ``time.perf_counter``) and the calling
+thread's CPU median (``time.thread_time``): the whole archive, its archive script round trip
+and its stop publish (4 messages and their 4 ``task-sent`` events in one pipelined write);
+then the floors: one fsynced write (``SET``) and a pipeline of 4 ``LPUSH`` + 4 ``PUBLISH``.
+
+The machine's other work shows in wall clock first: quote the load (printed) with the figures
+and run it 2-3 times.
 """
 
 from __future__ import annotations
@@ -33,13 +37,6 @@ from typing import Any
 import redis
 
 from bench.common import configure, environment, ms, pct, seed_busy
-
-STOPS = [
-    ("turn.stop", ["s-1", ["t-1"]], "turn.ctl"),
-    ("job.stop", ["s-1", ["j-1"]], "job.ctl.bench-host"),
-    ("subagent.stop", ["s-1", {"c-1": {"turns": ["t-2"]}}], "subagent.ctl"),
-    ("reminder.stop", ["s-1", ["r-1"]], "reminder.ctl"),
-]
 
 
 class Phases:
@@ -64,49 +61,62 @@ class Phases:
 
     def lines(self) -> list[str]:
         out = []
-        for name, wall in self.wall.items():
-            cpu = self.cpu[name]
+        for name in sorted(self.wall):
+            wall, cpu = self.wall[name], self.cpu[name]
             out.append(
-                f"{name:<34} n={len(wall):<5} median {ms(statistics.median(wall))}"
+                f"{name:<36} n={len(wall):<5} median {ms(statistics.median(wall))}"
                 f"  p99 {ms(pct(wall, 0.99))}  cpu median {ms(statistics.median(cpu))}"
             )
         return out
 
 
-def send_task_batch(app: Any) -> None:
-    """The 4 stop messages through ``send_task`` in one producer batch."""
-    with app.producer_or_acquire() as producer, producer.batch():
-        for task, args, queue in STOPS:
-            app.send_task(
-                task, args=args, queue=queue, routing_key=queue, retry=False, producer=producer
-            )
+def send_task_dispatcher(url: str, prefix: str) -> Any:
+    """A ``CeleryDispatcher`` publishing a batch with ``send_task`` per message through
+    kombu's own Redis transport."""
+    from orchestrator.settings import FleetSettings
+    from workers.app import create_app
+    from workers.dispatch import CeleryDispatcher
+
+    class SendTaskDispatcher(CeleryDispatcher):
+        def _publish_batch(self, messages: list[Any]) -> None:
+            with self.app.producer_or_acquire() as producer, producer.batch():
+                for task, args, queue in messages:
+                    self._send_task(producer, task, args, queue)
+
+    app = create_app(FleetSettings(redis_url=url, key_prefix=prefix))
+    app.conf.broker_transport = "redis"
+    return SendTaskDispatcher(app)
 
 
 def run(url: str, prefix: str, n: int) -> list[str]:
     from orchestrator import archive
 
-    store, dispatcher = configure(url, prefix)
+    store, fleet = configure(url, prefix)
+    dispatchers = {"send_many": fleet, "send_task": send_task_dispatcher(url, prefix)}
     phases = Phases()
-    ids = seed_busy(store, n + 20)
+    ids = seed_busy(store, 2 * (n + 10))
     executor = concurrent.futures.ThreadPoolExecutor(1)
-    for sid in ids[:20]:  # warm-up: connections, scripts, declarations
-        archive.archive(store, dispatcher, sid, stop_activity=True, defer=executor.submit)
-        send_task_batch(dispatcher.app)
+    for name, dispatcher in dispatchers.items():
+        for sid in [ids.pop() for _ in range(10)]:  # warm-up: connections, scripts, queues
+            archive.archive(store, dispatcher, sid, stop_activity=True, defer=executor.submit)
     real_run = store.run
+    current = ["send_many"]
 
     def run_script(name: str, *args: Any, **kwargs: Any) -> Any:
         if name == "archive":
-            return phases.time("archive script", real_run)(name, *args, **kwargs)
+            timed = phases.time(f"{current[0]}: archive script", real_run)
+            return timed(name, *args, **kwargs)
         return real_run(name, *args, **kwargs)
 
-    store.run = run_script
-    dispatcher.send_many = phases.time("send_many (4 stops + 4 events)", dispatcher.send_many)
-    whole = phases.time("archive, stopActivity, in process", archive.archive)
-    reference = phases.time("send_task x4 in one batch", send_task_batch)
-    for sid in ids[20:]:
-        whole(store, dispatcher, sid, stop_activity=True, defer=executor.submit)
+    store.run = run_script  # type: ignore[method-assign]
+    archives = {}
+    for name, dispatcher in dispatchers.items():
+        dispatcher.send_many = phases.time(f"{name}: publish 4 stops", dispatcher.send_many)
+        archives[name] = phases.time(f"{name}: whole archive", archive.archive)
+    for i, sid in enumerate(ids):
+        name = current[0] = "send_many" if i % 2 == 0 else "send_task"
+        archives[name](store, dispatchers[name], sid, stop_activity=True, defer=executor.submit)
         executor.submit(lambda: None).result()  # the deferred write is not in the next one
-        reference(dispatcher.app)
     executor.shutdown()
     raw = redis.Redis.from_url(url)
     key = f"{prefix}bench:floor"
@@ -127,14 +137,14 @@ def run(url: str, prefix: str, n: int) -> list[str]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--n", type=int, default=600)
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
+    parser.add_argument("--n", type=int, default=600, help="archives per dispatcher")
     parser.add_argument("--redis-url", default=None)
     opts = parser.parse_args()
-    load = os.getloadavg()[0]
+    before = os.getloadavg()[0]
     with environment(opts.redis_url) as (url, prefix):
         lines = run(url, prefix, opts.n)
-    print(f"load average (1 min) at start: {load:.2f}")
+    print(f"load average (1 min): {before:.2f} before, {os.getloadavg()[0]:.2f} after")
     for line in lines:
         print(line)
 
