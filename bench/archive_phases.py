@@ -96,7 +96,7 @@ def run(url: str, prefix: str, n: int) -> list[str]:
     phases = Phases()
     ids = seed_busy(store, 2 * (n + 10))
     executor = concurrent.futures.ThreadPoolExecutor(1)
-    for name, dispatcher in dispatchers.items():
+    for dispatcher in dispatchers.values():
         for sid in [ids.pop() for _ in range(10)]:  # warm-up: connections, scripts, queues
             archive.archive(store, dispatcher, sid, stop_activity=True, defer=executor.submit)
     real_run = store.run

@@ -250,6 +250,38 @@ def test_a_batch_is_one_round_trip_and_emits_task_sent(
         assert json.loads(base64.b64decode(message["body"]))[0] == args
 
 
+def test_a_batch_goes_out_in_one_socket_write(
+    app: Celery, redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """redis-py cuts a pipeline into pieces of about 6 kB, and a server that reads the first
+    piece alone fsyncs its append-only file once per piece: an archive's four stops and
+    their events (about 8 kB) go out as one piece."""
+    client = redis.Redis.from_url(redis_url)
+    dispatcher = CeleryDispatcher(app)
+    ids = [f"t-{i:04d}" for i in range(40)]
+    messages = [
+        ("turn.stop", ["s-1", ids], "turn.ctl"),
+        ("job.stop", ["s-1", ids], "job.ctl.host-a"),
+        ("subagent.stop", ["s-1", {"c-1": {"turns": ids}}], "subagent.ctl"),
+        ("reminder.stop", ["s-1", ids], "reminder.ctl"),
+    ]
+    assert dispatcher.send_many(messages) == [None] * 4  # connects, declares the queues
+    pieces: list[int] = []
+    real = redis.connection.AbstractConnection.send_packed_command
+
+    def send(self: Any, command: Any, check_health: bool = True) -> None:
+        if not isinstance(command, bytes | str):
+            pieces.append(len(command))
+        real(self, command, check_health)
+
+    monkeypatch.setattr(redis.connection.AbstractConnection, "send_packed_command", send)
+    assert dispatcher.send_many(messages) == [None] * 4
+    monkeypatch.undo()
+    assert pieces == [1]
+    for _, _, queue in messages:
+        assert len(_pop_all(client, _queue_key(app, queue))) == 2
+
+
 def test_a_failed_batch_reports_every_message(redis_url: str) -> None:
     app = Celery("batch-down")
     configure(app, FleetSettings(redis_url="redis://127.0.0.1:1/0", key_prefix="unused:"))
