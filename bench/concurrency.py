@@ -6,8 +6,9 @@ run on sessions seeded for it. The clients are lean so the figure measures the A
 load generator on the same cores: 32 keep-alive HTTP/1.1 connections in one asyncio loop of
 the bench process (``h11`` speaks the protocol). Reported: archives a second, the latency
 median and p99, the API's CPU per archive (its processes' user + system time over the run,
-from ``/proc``) and what it allows per core, the load generator's CPU per archive, and how busy
-the machine's cores were (``/proc/stat``): when they are near 100%, the cores are the limit.
+from ``/proc``) and what it allows per core, Redis's and the load generator's CPU per archive
+(the ceiling all three allow on the machine's cores), and how busy the machine's cores were
+(``/proc/stat``, other users included): near 100%, the cores are the limit.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import h11
+import redis
 
 from bench.common import (
     Row,
@@ -98,22 +100,31 @@ def _run(base: str, ids: list[str]) -> tuple[float, list[float]]:
     return wall, lat
 
 
+def _redis_cpu(raw: redis.Redis) -> float:
+    """The Redis server's user + system CPU seconds so far (``INFO cpu``)."""
+    info = raw.info("cpu")
+    return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
+
+
 def _measure(url: str, prefix: str, store: Any, n: int, workers: int) -> dict[str, Any]:
     ids = seed_busy(store, n)
     warm = seed_busy(store, 4 * workers)
+    raw = redis.Redis.from_url(url)
     with api_server(url, prefix, workers=workers) as base:
         _run(base, warm)  # every process connected and its scripts loaded
         pid = api_pids[-1]
-        cpu0, own0 = cpu_seconds(pid), time.process_time()
+        cpu0, own0, redis0 = cpu_seconds(pid), time.process_time(), _redis_cpu(raw)
         with machine_busy() as busy:
             wall, lat = _run(base, ids)
         cpu, own = cpu_seconds(pid) - cpu0, time.process_time() - own0
+        server = _redis_cpu(raw) - redis0
     return {
         "rate": n / wall,
         "median": statistics.median(lat),
         "p99": pct(lat, 0.99),
         "cpu": cpu / n,
         "client": own / n,
+        "redis": server / n,
         "busy": busy[0],
     }
 
@@ -125,6 +136,7 @@ def bench_concurrency(url: str, prefix: str, n: int) -> list[Row]:
     cores = os.cpu_count() or 1
     rows: list[Row] = []
     for workers, r in results.items():
+        total = r["cpu"] + r["redis"] + r["client"]
         goal = ""
         if workers == 2:
             met = r["rate"] >= 500 and r["p99"] <= 0.02 and scale >= 1.6
@@ -138,8 +150,9 @@ def bench_concurrency(url: str, prefix: str, n: int) -> list[Row]:
                 f"n={n}",
                 f"{r['rate']:.0f} archives/s, median {ms(r['median'])}, p99 {ms(r['p99'])}; "
                 f"API CPU {ms(r['cpu'])} per archive ({1 / r['cpu']:.0f}/s per core)",
-                f"machine {r['busy']:.0f}% busy ({cores} cores, shared with the client at "
-                f"{ms(r['client'])} per archive and Redis)" + goal,
+                f"machine {r['busy']:.0f}% busy ({cores} cores); CPU per archive: API "
+                f"{ms(r['cpu'])} + Redis {ms(r['redis'])} + client {ms(r['client'])} = "
+                f"{ms(total)}, a ceiling of {cores / total:.0f}/s on {cores} cores" + goal,
             )
         )
     return rows
