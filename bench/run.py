@@ -36,6 +36,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 import redis
@@ -69,7 +70,8 @@ def bench_archive_http(url: str, prefix: str, n: int) -> list[Row]:
     with api_server(url, prefix) as base:
         ids = seed_busy(store, 2 * n)
         warm = seed_busy(store, 2)
-        lean = http.client.HTTPConnection(*base.removeprefix("http://").split(":"))
+        address = urlsplit(base)
+        lean = http.client.HTTPConnection(address.hostname or "127.0.0.1", address.port)
         body = json.dumps({"stopActivity": True})
         headers = {"Content-Type": "application/json"}
 
