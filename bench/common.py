@@ -179,3 +179,21 @@ def until(predicate: Callable[[], Any], timeout: float) -> None:
         retry=retry_if_result(lambda value: not value),
         retry_error_callback=timed_out,
     )(predicate)
+
+
+def _cpu_ticks() -> tuple[int, int]:
+    """(busy, total) jiffies of every core together, from ``/proc/stat`` (Linux)."""
+    fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    idle = fields[3] + fields[4]  # idle + iowait
+    return sum(fields) - idle, sum(fields)
+
+
+@contextmanager
+def machine_busy() -> Iterator[list[float]]:
+    """How busy the machine's cores were over the block, in percent of all of them (every
+    process counted, other users' too); the figure is in the yielded list after the block."""
+    found: list[float] = []
+    busy0, total0 = _cpu_ticks()
+    yield found
+    busy1, total1 = _cpu_ticks()
+    found.append(100.0 * (busy1 - busy0) / max(1, total1 - total0))
