@@ -231,7 +231,7 @@ def count_round_trips(monkeypatch: pytest.MonkeyPatch) -> list[bytes]:
     import redis.connection
 
     writes: list[bytes] = []
-    real = redis.connection.AbstractConnection.send_packed_command
+    real: Callable[..., None] = redis.connection.AbstractConnection.send_packed_command
 
     def send(self: Any, command: Any, check_health: bool = True) -> None:
         parts = [command] if isinstance(command, bytes | str) else list(command)
