@@ -8,8 +8,9 @@ The hops of one family's stop, each timed per session from what the fleet record
   is cancelled or flagged for its step, the job's process signalled, the reminder deleted);
 - exiting: the stop task ends -> the item's own end is recorded (``endedAt`` of the turn the
   step settles, of the job whose process exited; none for a reminder);
-- recording quiet: the last item's end -> ``quietAt`` on the session (the census a stop or a
-  step takes once it acted, ``activity.note_quiet``).
+- recording quiet: the last item's end (a reminder's: its stop's end; a turn's: its own, not
+  its ``turn.stop``'s, which may come later) -> ``quietAt`` on the session (the check a stop
+  or a step makes once it acted, ``activity.note_quiet``); with which family ended last.
 
 ``ended`` is the whole of it for one item: the response -> its recorded end. A turn's step in
 flight ends on its own, when its watch sees the turn no longer running (``steps._StepWatch``),
@@ -23,7 +24,8 @@ from __future__ import annotations
 
 import statistics
 import threading
-from collections import defaultdict
+import time
+from collections import Counter, defaultdict
 from datetime import datetime
 from typing import Any
 
@@ -109,13 +111,16 @@ def breakdown(
     events: StopEvents,
     answered: dict[str, float],
     before: dict[str, list[Any]],
+    label: str = "4",
 ) -> list[Row]:
-    """Rows: per family, the median and p99 of each hop, and the recording of quiet."""
+    """Rows (named ``label`` hops: the benchmark's number): per family, the median and p99 of
+    each hop, and the recording of quiet."""
     sids = list(answered)
     started = events.started(sids)
     hops: dict[tuple[str, str], list[float]] = defaultdict(list)
     record: list[float] = []
     to_quiet: list[float] = []
+    last_family: Counter[str] = Counter()
     for sid in sids:
         ends = _item_ends(store, sid, before[sid])
         for family, end in ends.items():
@@ -130,13 +135,17 @@ def breakdown(
         quiet = _ts(store.redis.hget(store.keys.session(sid), "quietAt"))
         if quiet is not None:
             to_quiet.append(quiet - answered[sid])
-        last = max(
-            [e for e in ends.values() if e is not None]
-            + [got[1] for (s, _), got in started.items() if s == sid],
-            default=None,
-        )
-        if quiet is not None and last is not None:
-            record.append(max(0.0, quiet - last))
+        # Each item's end: its recorded end, else (a reminder) its stop's end. Not a stop's
+        # end when the item has one of its own: a turn ends before its turn.stop (a poke).
+        item_end = {
+            family: end if end is not None else started.get((sid, family), (0.0, None))[1]
+            for family, end in ends.items()
+        }
+        known = {f: e for f, e in item_end.items() if e is not None}
+        if known:
+            last_family[max(known, key=lambda f: known[f])] += 1
+        if quiet is not None and known:
+            record.append(max(0.0, quiet - max(known.values())))
     rows: list[Row] = []
     for family in ("turn", "job", "reminder", "subagent"):
         parts = []
@@ -147,7 +156,7 @@ def breakdown(
         if parts:
             rows.append(
                 (
-                    f"4 hops: {family}",
+                    f"{label} hops: {family}",
                     f"n={len(hops[(family, 'delivery')])}",
                     "; ".join(parts),
                     "medians (p99)",
@@ -156,19 +165,39 @@ def breakdown(
     if to_quiet:
         rows.append(
             (
-                "4 archive response -> quietAt recorded by the fleet",
+                f"{label} archive response -> quietAt recorded by the fleet",
                 f"n={len(to_quiet)}",
                 f"median {ms(statistics.median(to_quiet))}, p99 {ms(pct(to_quiet, 0.99))}",
                 "goal p99 <= 300 ms: " + ("met" if pct(to_quiet, 0.99) <= 0.3 else "MISSED"),
             )
         )
     if record:
+        lasts = ", ".join(f"{family} {n}" for family, n in last_family.most_common())
         rows.append(
             (
-                "4 hops: last end -> quietAt recorded",
+                f"{label} hops: last item's end -> quietAt recorded",
                 f"n={len(record)}",
                 f"median {ms(statistics.median(record))}, p99 {ms(pct(record, 0.99))}",
-                "",
+                f"last to end: {lasts}",
             )
         )
     return rows
+
+
+def load_probe(store: Any, seconds: float = 1.0) -> tuple[float, int]:
+    """The store's load just before an archive, for the figures beside it: over ``seconds``,
+    the median of a ``PING`` round trip (s) and the most messages seen waiting in the turn
+    work queue (steps sent and not yet taken by the turn worker)."""
+    from orchestrator.families import Family, work_queue
+
+    queue = f"{store.keys.prefix}celery:{work_queue(Family.TURN)}"
+    pings: list[float] = []
+    waiting = 0
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        t0 = time.perf_counter()
+        store.redis.ping()
+        pings.append(time.perf_counter() - t0)
+        waiting = max(waiting, int(store.redis.llen(queue)))
+        time.sleep(0.02)
+    return statistics.median(pings), waiting

@@ -11,6 +11,15 @@ Printed side by side: time to quiet (no model step, no job process, nothing live
 model steps recorded after the archive, job processes still alive 5 s after it, reminders
 that still fired, and, with the turn worker offline at archive time and started after, the
 model steps that ran anyway.
+
+Each side is watched from its first archive on, every ``POLL`` s, as benchmark 4 watches its
+census, so a session's quiet is seen when it happens and not after the rest of the archive
+loop. agent-fleet's time to quiet is the ``quietAt`` it records; the time this watch first
+saw its census empty is printed beside it (benchmark 4's own measure). Its model steps are
+counted from each session's archive answer on. Printed too, for agent-fleet: the load
+before the archives (the store's round trip, the steps waiting for the turn worker: these
+sessions step every second, benchmark 4's do not) and the breakdown by family and hop of
+``bench/hops.py`` for the same sessions.
 """
 
 from __future__ import annotations
@@ -19,6 +28,7 @@ import os
 import signal
 import statistics
 import tempfile
+import threading
 import time
 from datetime import datetime
 from pathlib import Path
@@ -35,6 +45,8 @@ PROMPT = (
 OFFLINE_PROMPT = "think 1\nthink 1\nthink 1\nsay done"
 #: How long each side is watched after its archives.
 WINDOW = 10.0
+#: How often the watch sweeps the archived sessions (seconds).
+POLL = 0.005
 
 
 def _lineage(store: Any, sid: str) -> list[str]:
@@ -109,6 +121,14 @@ def _naive_archive(app: Any, store: Any, sids: list[str]) -> None:
             app.control.revoke(ids, terminate=True)
 
 
+def _fired(store: Any, reminder_ids: list[str]) -> set[str]:
+    """Those of ``reminder_ids`` that fired (their turn was created)."""
+    pipe = store.redis.pipeline(transaction=False)
+    for r in reminder_ids:
+        pipe.hget(store.keys.reminder(r), "state")
+    return {r for r, state in zip(reminder_ids, pipe.execute(), strict=True) if state == "fired"}
+
+
 def _first_arg(task: dict[str, Any]) -> str | None:
     args = task.get("args")
     if isinstance(args, list | tuple) and args:
@@ -116,73 +136,120 @@ def _first_arg(task: dict[str, Any]) -> str | None:
     return None
 
 
-def _watch(
-    store: Any,
-    side: str,
-    seeded: dict[str, dict[str, Any]],
-    at: dict[str, float],
-    before: dict[str, int],
-) -> dict[str, Any]:
-    """Watch the archived sessions until ``WINDOW`` seconds after the last archive (``at``:
-    wall-clock answers): when each went quiet (its last model request, no job process left;
-    for agent-fleet the ``quietAt`` it records, once its census is empty), and what ran."""
-    from orchestrator import activity
+class _Watch:
+    """Watches archived sessions from the first archive on (a thread), so a session's quiet is
+    seen when it happens, not after the rest of the archive loop: until ``WINDOW`` seconds
+    after the last archive, every ``POLL`` s, per session the model requests of its lineage,
+    its job processes and (agent-fleet) its census. ``at``: wall-clock answers, filled by the
+    archiving thread as it goes; ``done`` is set once the last archive answered."""
 
-    quiet: dict[str, float] = {}
-    last_step: dict[str, float] = {sid: at[sid] for sid in seeded}
-    lineages = {sid: _lineage(store, sid) for sid in seeded}
-    seen = dict(before)
-    pids_at_5s: int | None = None
-    end = max(at.values()) + WINDOW
-    while time.time() < end:
-        now = time.time()
-        pipe = store.redis.pipeline(transaction=False)
-        for sid in seeded:
-            for s in lineages[sid]:
-                pipe.llen(store.keys.model_requests(s))
+    def __init__(
+        self, store: Any, side: str, seeded: dict[str, dict[str, Any]], before: dict[str, int]
+    ) -> None:
+        self.store, self.side, self.seeded = store, side, seeded
+        self.at: dict[str, float] = {}
+        self.done = threading.Event()
+        #: When each went quiet: agent-fleet's own ``quietAt``; naive: its last model request
+        #: once no job process is left.
+        self.quiet: dict[str, float] = {}
+        #: agent-fleet: when this watch first saw the census empty and no job process left.
+        self.seen_empty: dict[str, float] = {}
+        #: agent-fleet: sessions whose census was empty with no ``quietAt`` recorded.
+        self.unrecorded: set[str] = set()
+        #: Model requests of each lineage as last seen, from its count when it was archived.
+        self.before = dict(before)
+        self.seen = dict(before)
+        #: Reminders that fired before their session's archive (due during the set-up).
+        self.fired_before: set[str] = set()
+        self.last_step: dict[str, float] = {}
+        self.pids_at_5s: int | None = None
+        self.lineages = {sid: _lineage(store, sid) for sid in seeded}
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def start(self) -> _Watch:
+        self._thread.start()
+        return self
+
+    def _sweep(self, now: float) -> None:
+        archived = [sid for sid in self.seeded if sid in self.at]
+        pipe = self.store.redis.pipeline(transaction=False)
+        for sid in archived:
+            for s in self.lineages[sid]:
+                pipe.llen(self.store.keys.model_requests(s))
         counts = iter(pipe.execute())
-        for sid in seeded:
-            count = sum(int(next(counts)) for _ in lineages[sid])
-            if count != seen[sid]:
-                seen[sid], last_step[sid] = count, now
-                quiet.pop(sid, None)
+        for sid in archived:
+            count = sum(int(next(counts)) for _ in self.lineages[sid])
+            self.last_step.setdefault(sid, self.at[sid])
+            if count != self.seen[sid]:
+                self.seen[sid], self.last_step[sid] = count, now
+                self.quiet.pop(sid, None)
         pending = [
             sid
-            for sid, info in seeded.items()
-            if sid not in quiet and not any(_alive(p) for p in info["pids"])
+            for sid in archived
+            if sid not in self.quiet and not any(_alive(p) for p in self.seeded[sid]["pids"])
         ]
-        if side == "agent-fleet":
-            for sid, items in activity.census_many(store, pending).items():
-                if not items:
-                    recorded = store.redis.hget(store.keys.session(sid), "quietAt")
-                    quiet[sid] = datetime.fromisoformat(recorded).timestamp() if recorded else now
+        if self.side == "agent-fleet":
+            self._census(pending, now)
         else:
             for sid in pending:
-                quiet[sid] = max(now, last_step[sid])
-        if pids_at_5s is None and now >= min(at.values()) + 5:
-            pids_at_5s = sum(_alive(p) for info in seeded.values() for p in info["pids"])
-        time.sleep(0.02)
-    fired = sum(
-        store.redis.hget(store.keys.reminder(r), "state") == "fired"
-        for info in seeded.values()
-        for r in info["reminders"]
-    )
-    steps = sum(seen[s] - before[s] for s in seeded)
-    for info in seeded.values():  # leave nothing running for the next side
-        for pid in info["pids"]:
-            if _alive(pid):
-                os.kill(pid, signal.SIGKILL)
-    waits = [quiet[s] - at[s] for s in quiet]
-    return {
-        "quiet": len(quiet),
-        "median": statistics.median(waits) if waits else None,
-        "p99": pct(waits, 0.99) if waits else None,
-        "steps": steps,
-        "pids": pids_at_5s or 0,
-        "fired": fired,
-        "jobs": sum(len(i["pids"]) for i in seeded.values()),
-        "reminders": sum(len(i["reminders"]) for i in seeded.values()),
-    }
+                self.quiet[sid] = max(now, self.last_step[sid])
+
+    def _census(self, pending: list[str], now: float) -> None:
+        from orchestrator import activity
+
+        for sid, items in activity.census_many(self.store, pending).items():
+            if items:
+                continue
+            self.seen_empty.setdefault(sid, now)
+            recorded = self.store.redis.hget(self.store.keys.session(sid), "quietAt")
+            if recorded:
+                self.quiet[sid] = datetime.fromisoformat(recorded).timestamp()
+            else:
+                self.unrecorded.add(sid)
+
+    def _run(self) -> None:
+        while not self.done.is_set() or time.time() < max(self.at.values()) + WINDOW:
+            now = time.time()
+            if self.at:
+                self._sweep(now)
+            if self.pids_at_5s is None and self.at and now >= min(self.at.values()) + 5:
+                self.pids_at_5s = sum(
+                    _alive(p) for info in self.seeded.values() for p in info["pids"]
+                )
+            time.sleep(POLL)
+
+    def archived(self, sid: str, answered: float) -> None:
+        """``sid``'s archive answered at ``answered`` (wall clock): its lineage's model
+        requests are counted now, so any counted later began after the answer."""
+        count = _requests(self.store, self.lineages[sid])
+        self.before[sid] = self.seen[sid] = count
+        self.fired_before |= _fired(self.store, self.seeded[sid]["reminders"])
+        self.at[sid] = answered
+
+    def result(self) -> dict[str, Any]:
+        """Once the window is over: the figures of this side (and its processes killed)."""
+        self._thread.join()
+        store, seeded = self.store, self.seeded
+        every = [r for info in seeded.values() for r in info["reminders"]]
+        fired = len(_fired(store, every) - self.fired_before)
+        for info in seeded.values():  # leave nothing running for the next side
+            for pid in info["pids"]:
+                if _alive(pid):
+                    os.kill(pid, signal.SIGKILL)
+        waits = [self.quiet[s] - self.at[s] for s in self.quiet]
+        empty = [self.seen_empty[s] - self.at[s] for s in self.seen_empty]
+        return {
+            "quiet": len(self.quiet),
+            "median": statistics.median(waits) if waits else None,
+            "p99": pct(waits, 0.99) if waits else None,
+            "empty": (statistics.median(empty), pct(empty, 0.99)) if empty else None,
+            "unrecorded": len(self.unrecorded - set(self.quiet)),
+            "steps": sum(self.seen[s] - self.before[s] for s in seeded),
+            "pids": self.pids_at_5s or 0,
+            "fired": fired,
+            "jobs": sum(len(i["pids"]) for i in seeded.values()),
+            "reminders": len(every) - len(self.fired_before),
+        }
 
 
 def _offline(fleet: Any, store: Any, dispatcher: Any, k: int) -> dict[str, int]:
@@ -214,44 +281,79 @@ def _offline(fleet: Any, store: Any, dispatcher: Any, k: int) -> dict[str, int]:
     return {side: _requests(store, sids) for side, sids in sides.items()}
 
 
+def _archive_side(
+    store: Any, dispatcher: Any, side: str, seeded: dict[str, dict[str, Any]]
+) -> tuple[dict[str, Any], list[Row]]:
+    """Archive ``seeded`` the ``side`` way under a watch; its figures, and for agent-fleet the
+    breakdown by family and hop (``bench/hops.py``) of the same sessions."""
+    from bench.hops import StopEvents, breakdown, load_probe
+    from orchestrator import activity, archive
+
+    sids = list(seeded)
+    fleet_side = side == "agent-fleet"
+    items = {sid: activity.census(store, sid) for sid in sids} if fleet_side else {}
+    ping, waiting = load_probe(store, 0.3)
+    before = {s: _requests(store, _lineage(store, s)) for s in sids}
+    events = StopEvents(dispatcher.app).start() if fleet_side else None
+    watch = _Watch(store, side, seeded, before).start()
+    try:
+        if fleet_side:
+            for sid in sids:
+                archive.archive(store, dispatcher, sid, stop_activity=True)
+                watch.archived(sid, time.time())
+        else:
+            watch.fired_before = _fired(store, [r for i in seeded.values() for r in i["reminders"]])
+            _naive_archive(dispatcher.app, store, sids)
+            watch.at.update(dict.fromkeys(sids, time.time()))
+        watch.done.set()
+        result = watch.result()
+    finally:
+        watch.done.set()
+        if events is not None:
+            events.stop()
+    hops = breakdown(store, events, watch.at, items, label="7") if events is not None else []
+    load = (
+        f"7 {side}: load before the archives",
+        f"n={len(sids)}",
+        f"Redis PING median {ms(ping)}; up to {waiting} steps waiting in the turn queue",
+        "the sessions' own steps (one a second each, and their subagents')",
+    )
+    return result, [load, *hops]
+
+
 def bench_naive(url: str, prefix: str, n: int) -> list[Row]:
     from api.local import LocalFleet
-    from orchestrator import archive
 
     store, dispatcher = configure(url, prefix)
     state = Path(tempfile.mkdtemp(prefix="fleet-bench-naive-"))
     fleet = LocalFleet(url, prefix, state, hostname="naive", concurrency=max(32, 3 * n))
     fleet.start()
     results: dict[str, dict[str, Any]] = {}
+    hops: list[Row] = []
     try:
         fleet.wait_ready(90)
         for side in ("naive Celery", "agent-fleet"):
             seeded = _busy(store, dispatcher, n, f"/bench/naive/{side}")
-            sids = list(seeded)
-            before = {s: _requests(store, _lineage(store, s)) for s in sids}
-            at: dict[str, float] = {}
-            if side == "agent-fleet":
-                for sid in sids:
-                    archive.archive(store, dispatcher, sid, stop_activity=True)
-                    at[sid] = time.time()
-            else:
-                _naive_archive(dispatcher.app, store, sids)
-                at = dict.fromkeys(sids, time.time())
-            results[side] = _watch(store, side, seeded, at, before)
+            results[side], found = _archive_side(store, dispatcher, side, seeded)
+            hops.extend(found)
         offline = _offline(fleet, store, dispatcher, 5)
     finally:
         fleet.stop()
-    return [_row(side, r, n, offline[side]) for side, r in results.items()]
+    return [*(_row(side, r, n, offline[side]) for side, r in results.items()), *hops]
 
 
 def _row(side: str, r: dict[str, Any], n: int, offline_steps: int) -> Row:
     quiet = f"quiet {r['quiet']}/{n} in {WINDOW:.0f} s" + (
         f" (median {ms(r['median'])}, p99 {ms(r['p99'])})" if r["median"] is not None else ""
     )
+    if r["empty"] is not None:
+        quiet += f"; census seen empty median {ms(r['empty'][0])}, p99 {ms(r['empty'][1])}"
+    if r["unrecorded"]:
+        quiet += f"; {r['unrecorded']} empty with no quietAt recorded"
     return (
         f"7 {side}: archive {n} busy sessions",
         f"n={n}",
         f"{quiet}; {r['steps']} model steps after; {r['pids']}/{r['jobs']} job processes alive"
-        f" at 5 s; {r['fired']}/{r['reminders']} reminders fired",
+        f" at 5 s; {r['fired']}/{r['reminders']} reminders fired after it",
         f"turn worker offline at archive: {offline_steps} model steps ran after (5 sessions)",
     )

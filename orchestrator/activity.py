@@ -115,36 +115,39 @@ def mark_quiet(store: Store, session_id: str, *, observe: bool = True) -> bool:
     if not marked:
         return False
     archived_at, root = marked
-    since = datetime.fromisoformat(archived_at).timestamp() if archived_at else ms / 1000
-    seconds = max(0.0, ms / 1000 - since)
-    if observe and root == "1":
-        metrics.observe(store, metrics.ARCHIVE_QUIET, seconds)
-    log.info("quiet %.3fs after its archive", seconds, extra={"session_id": session_id})
+    _quiet_recorded(store, session_id, ms, str(archived_at), observe and root == "1")
     return True
 
 
+def _quiet_recorded(store: Store, sid: str, ms: int, archived_at: str, observe: bool) -> None:
+    """Log (and with ``observe``, time in the histogram) a quiet recorded at ``ms`` (epoch
+    ms) for an archive at ``archived_at`` (ISO 8601, or empty)."""
+    since = datetime.fromisoformat(archived_at).timestamp() if archived_at else ms / 1000
+    seconds = max(0.0, ms / 1000 - since)
+    if observe:
+        metrics.observe(store, metrics.ARCHIVE_QUIET, seconds)
+    log.info("quiet %.3fs after its archive", seconds, extra={"session_id": sid})
+
+
 def note_quiet(store: Store, session_id: str) -> None:
-    """After a stop acted on ``session_id``: if it is archived, take its census (which records
-    it quiet when nothing is left), then the same for each archived ancestor, nearest first,
-    until one still has live work. So an archive is recorded quiet when its last work ends,
-    even if nobody reads its activity. Best effort: never raises (logged at debug)."""
+    """After a stop acted on ``session_id``: if it is archived and its subtree has no live work
+    left, record it quiet, then the same for each archived ancestor, nearest first, until one
+    still has live work. So an archive is recorded quiet when its last work ends, even if
+    nobody reads its activity. One script (``note_quiet.lua``: each family's liveness rule,
+    the server's clock), one round trip whatever the depth: it runs on a stop's or a step's
+    worker right after the work ended, on the way from the last item's end to ``quietAt``.
+    Items whose owner vanished count as not live and are left for a census to settle. Best
+    effort: never raises (logged at debug)."""
     try:
-        chain = [session_id, *_lineage(store, session_id)]
-        for sid in chain:
-            session = get_session(store, sid)
-            if not session.archived:
-                return  # nor are its ancestors: an archive covers the whole subtree
-            if session.quiet_at is None and census(store, sid):
-                return
+        marked = list(store.run("note_quiet", [session_id]))
     except FleetError as exc:
         log.debug("quiet check of %s skipped: %s", session_id, exc)
-
-
-@retried
-def _lineage(store: Store, session_id: str) -> list[str]:
-    """The session's ancestors, nearest first."""
-    found: list[str] = store.redis.lrange(store.keys.lineage(session_id), 0, -1)
-    return found
+        return
+    now = marked[0]
+    ms = int(datetime.fromisoformat(str(now)).timestamp() * 1000)
+    for i in range(1, len(marked), 3):
+        sid, archived_at, root = (str(v) for v in marked[i : i + 3])
+        _quiet_recorded(store, sid, ms, archived_at, root == "1")
 
 
 @retried

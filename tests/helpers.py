@@ -219,3 +219,26 @@ class FaultyDispatcher:
 
     def sent_for(self, sid: str) -> list[tuple[str, list[Any], str]]:
         return [m for m in self.sent if m[1] and m[1][0] == sid]
+
+
+#: redis-py's own probe of a connection idle past ``health_check_interval``: not a caller's.
+_HEALTH_CHECK = b"*1\r\n$4\r\nPING\r\n"
+
+
+def count_round_trips(monkeypatch: pytest.MonkeyPatch) -> list[bytes]:
+    """Record every write redis-py makes to a socket in this process from now on (one per
+    round trip: a pipeline is one), but its health checks; ``monkeypatch.undo()`` ends it."""
+    import redis.connection
+
+    writes: list[bytes] = []
+    real: Callable[..., None] = redis.connection.AbstractConnection.send_packed_command
+
+    def send(self: Any, command: Any, check_health: bool = True) -> None:
+        parts = [command] if isinstance(command, bytes | str) else list(command)
+        data = b"".join(p.encode() if isinstance(p, str) else bytes(p) for p in parts)
+        if data != _HEALTH_CHECK:
+            writes.append(data)
+        real(self, command, check_health)
+
+    monkeypatch.setattr(redis.connection.AbstractConnection, "send_packed_command", send)
+    return writes

@@ -13,8 +13,8 @@ from orchestrator.errors import SessionActive
 from orchestrator.metrics import Snapshot
 from orchestrator.model import ScriptedModel
 from orchestrator.store import Store
-from tests.helpers import RecordingDispatcher
-from tests.orchestrator.support import FailingDispatcher, deliver, stops
+from tests.helpers import RecordingDispatcher, count_round_trips
+from tests.orchestrator.support import FailingDispatcher, claim_job, deliver, stops
 
 
 def counted(before: Snapshot, after: Snapshot, counter: metrics.Counter) -> dict[str, int]:
@@ -235,3 +235,28 @@ def test_a_quiet_check_of_a_session_that_is_not_archived_does_nothing(
     activity.note_quiet(store, "sess_" + "0" * 24)  # unknown: skipped, never raises
     assert sessions.get_session(store, sid).quiet_at is None
     assert not store.redis.hexists(store.keys.session(sid), "quietAt")
+
+
+def test_the_end_of_a_subagents_last_work_records_its_whole_archive_quiet_in_one_round_trip(
+    store: Store, recorder: RecordingDispatcher, cwd: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given a session whose subagent runs a job, archived with stopActivity
+    sid = sessions.create_session(store, cwd).session_id
+    child = sessions.create_session(store, cwd, parent_id=sid).session_id
+    jid = jobs.create_job(store, recorder, child, 5, "sleep 5s")
+    claim_job(store, jid)
+    archive.archive(store, recorder, sid, stop_activity=True)
+    assert sessions.get_session(store, sid).quiet_at is None
+    before = quiet_count(metrics.snapshot(store))
+    # When the job's worker has ended it and checks for quiet, as a stop handler does
+    assert jobs.end_job(store, jid, jobs.JobState.STOPPED) == "ok"
+    writes = count_round_trips(monkeypatch)
+    activity.note_quiet(store, child)
+    monkeypatch.undo()
+    # Then the subagent and the session it reports to are recorded quiet, the archive timed
+    # once, in one round trip for the check and the marks (and one for the histogram): this
+    # is on the way from the last item's end to quietAt, on a worker that may be busy
+    assert sessions.get_session(store, child).quiet_at is not None
+    assert sessions.get_session(store, sid).quiet_at is not None
+    assert quiet_count(metrics.snapshot(store)) == before + 1
+    assert len(writes) == 2, [w[:80] for w in writes]
