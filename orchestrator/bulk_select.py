@@ -87,11 +87,11 @@ def _scan(
 
 
 @retried
-def _depths(store: Store, ids: list[str]) -> list[int]:
-    pipe = store.redis.pipeline(transaction=False)
-    for sid in ids:
-        pipe.llen(store.keys.lineage(sid))
-    return [int(n) for n in pipe.execute()]
+def _depths(store: Store, ids: list[str]) -> dict[str, int]:
+    """The lineage depth of each of ``ids`` that is not a root (``bulk_depths.lua``: one
+    script call for the chunk)."""
+    flat = store.script("bulk_depths")(keys=[], args=[store.keys.prefix, *ids])
+    return {ids[int(pos) - 1]: int(n) for pos, n in zip(flat[::2], flat[1::2], strict=True)}
 
 
 def roots_first(store: Store, ids: list[str]) -> list[str]:
@@ -99,9 +99,10 @@ def roots_first(store: Store, ids: list[str]) -> list[str]:
     ancestor comes before its descendants and archives them in its own transition."""
     depth: dict[str, int] = {}
     for start in range(0, len(ids), _SCAN_CHUNK):
-        part = ids[start : start + _SCAN_CHUNK]
-        depth.update(zip(part, _depths(store, part), strict=True))
-    return sorted(ids, key=lambda sid: depth[sid])
+        depth.update(_depths(store, ids[start : start + _SCAN_CHUNK]))
+    if not depth:
+        return list(ids)
+    return sorted(ids, key=lambda sid: depth.get(sid, 0))
 
 
 def _too_many(limit: int) -> TooManySessions:

@@ -272,9 +272,12 @@ end
 -- (settle_open_call). Call it after the archive write. Appends tid, sid, previous state, new
 -- state, label, settlement ('' when none) for each turn to out.
 local function stop_turns_for_archive(sid, out)
-  local ms = server_ms()
-  local now = iso_ms(ms)
+  local ms, now -- read once, at the first turn (most archived sessions have none)
   for _, t in ipairs(redis.call('ZRANGE', K.live_turns(sid), 0, -1)) do
+    if not ms then
+      ms = server_ms()
+      now = iso_ms(ms)
+    end
     local h = redis.call('HMGET', K.turn(t), 'state', 'label')
     local to = nil
     if h[1] == 'running' and redis.call('EXISTS', K.step_lease(t)) == 1 then
