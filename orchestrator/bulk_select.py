@@ -8,6 +8,7 @@ lineage depth), so a selected subtree is archived in its root's transition.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime
@@ -61,27 +62,31 @@ def _index_key(store: Store, cwd: str | None) -> str:
 
 @retried
 def _chunk(
-    store: Store, key: str, below: str, offset: int, fields: tuple[str, ...]
-) -> list[tuple[str, list[str | None]]]:
-    ids: list[str] = store.redis.zrangebyscore(key, "-inf", below, start=offset, num=_SCAN_CHUNK)
+    store: Store, key: str, below: float, offset: int, fields: tuple[str, ...]
+) -> tuple[list[tuple[str, list[str | None]]], bool]:
+    """Index entries ``offset``.. (by rank: O(log n) to reach, unlike a score range's
+    offset) with score below ``below``, and whether the index may hold more."""
+    rows = store.redis.zrange(key, offset, offset + _SCAN_CHUNK - 1, withscores=True)
+    ids = [str(sid) for sid, score in rows if score < below]
+    more = len(rows) == _SCAN_CHUNK and len(ids) == len(rows)
     if not ids or not fields:
-        return [(sid, []) for sid in ids]
+        return [(sid, []) for sid in ids], more
     pipe = store.redis.pipeline(transaction=False)
     for sid in ids:
         pipe.hmget(store.keys.session(sid), *fields)
-    return list(zip(ids, pipe.execute(), strict=True))
+    return list(zip(ids, pipe.execute(), strict=True)), more
 
 
 def _scan(
-    store: Store, key: str, below: str, fields: tuple[str, ...]
+    store: Store, key: str, below: float, fields: tuple[str, ...]
 ) -> Iterator[tuple[str, list[str | None]]]:
-    """Sessions of an index with score (last activity, epoch ms) below ``below`` (a ZRANGE
-    bound such as ``(1700000000000`` or ``+inf``), oldest first, with the hash ``fields``."""
+    """Sessions of an index with score (last activity, epoch ms) below ``below`` (``inf``
+    for all), oldest first, with the hash ``fields``."""
     offset = 0
     while True:
-        rows = _chunk(store, key, below, offset, fields)
+        rows, more = _chunk(store, key, below, offset, fields)
         yield from rows
-        if len(rows) < _SCAN_CHUNK:
+        if not more:
             return
         offset += len(rows)
 
@@ -131,7 +136,7 @@ def select(store: Store, flt: BulkFilter, *, limit: int | None = None) -> list[s
     needle = normalize_query(flt.q)
     if flt.q is not None and needle is None:
         raise InvalidParams("filter.q must not be blank.", {"param": "filter.q"})
-    below = "+inf" if flt.idle_since is None else f"({parse_instant(flt.idle_since, 'idleSince')}"
+    below = math.inf if flt.idle_since is None else parse_instant(flt.idle_since, "idleSince")
     found: list[str] = []
     fields = ("title",) if needle is not None else ()
     for sid, values in _scan(store, _index_key(store, cwd), below, fields):
@@ -159,9 +164,7 @@ def auto_candidates(
     cap = store.settings.bulk_filter_max if limit is None else limit
     where = None if cwd is None else check_cwd(cwd)
     found: list[str] = []
-    for sid, (unarchived,) in _scan(
-        store, _index_key(store, where), f"({cutoff}", ("unarchivedMs",)
-    ):
+    for sid, (unarchived,) in _scan(store, _index_key(store, where), cutoff, ("unarchivedMs",)):
         if int(unarchived or 0) >= cutoff:
             continue  # unarchived by hand since: idle only from then on
         found.append(sid)

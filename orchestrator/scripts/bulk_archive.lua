@@ -112,7 +112,9 @@ for i = FIRST, #ARGV do
               redis.call('HSET', skey(s), 'archived', '1', 'archivedAt', now, 'archiveTxn', txn)
             end
             moved[#moved + 1] = s
-            if stop == '1' then stop_turns_for_archive(s, turns) end
+            -- Only queued and running turns are stopped, and they are live: an idle subtree
+            -- has none to stop.
+            if stop == '1' and busy == 1 then stop_turns_for_archive(s, turns) end
             events[#events + 1] = s
             events[#events + 1] = redis.call('LLEN', K.history(s))
           end
