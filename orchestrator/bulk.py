@@ -76,7 +76,7 @@ __all__ = [
 #: Most session ids one bulk request may name.
 MAX_IDS = 10_000
 #: Sessions per batch: one Lua script, one census round, one stop message per family.
-BATCH_SIZE = 500
+BATCH_SIZE = 1_000
 #: How often a refusal whose census found nothing is tried again (as ``archive.archive``).
 _REFUSAL_RECHECKS = 3
 

@@ -299,9 +299,22 @@ end
 -- Appends an audit entry in the script that makes the change, so the record commits with it
 -- (the fields and the exact MAXLEN trimming of orchestrator/audit.py). rec is the JSON the
 -- caller built with audit.script_recorder: streams, caps, action, actor, default detail.
-local function record_in_script(rec, sid, outcome, at, detail)
+-- With untrimmed, the fleet-wide stream is not trimmed here: the caller, recording many
+-- entries, trims it once with trim_audit_all before its script ends (the same stream, as
+-- nothing outside the script can read it in between, without a trim per entry).
+local function record_in_script(rec, sid, outcome, at, detail, untrimmed)
   local fields = {'at', at, 'action', rec.action, 'outcome', outcome, 'actor', rec.actor,
     'sessionId', sid, 'detail', detail or rec.detail}
   redis.call('XADD', rec.auditSession .. sid, 'MAXLEN', rec.maxSession, '*', unpack(fields))
-  redis.call('XADD', rec.auditAll, 'MAXLEN', rec.maxGlobal, '*', unpack(fields))
+  if untrimmed then
+    redis.call('XADD', rec.auditAll, '*', unpack(fields))
+  else
+    redis.call('XADD', rec.auditAll, 'MAXLEN', rec.maxGlobal, '*', unpack(fields))
+  end
+end
+
+-- Trims the fleet-wide audit stream to its cap (exactly), after record_in_script(...,
+-- untrimmed) calls.
+local function trim_audit_all(rec)
+  redis.call('XTRIM', rec.auditAll, 'MAXLEN', rec.maxGlobal)
 end

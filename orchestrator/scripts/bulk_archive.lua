@@ -53,23 +53,36 @@ local function idle_enough(h)
   return clock < idle_before
 end
 
+-- sid -> its children, as read (no script changes them).
+local kids = {}
+-- sid -> true once an any_live found no live work in it: nothing in this script can start
+-- any (it only archives, and stops turns of busy subtrees), so an already archived
+-- descendant met later in the batch is known idle without reading its records again.
+local idle = {}
+
 -- The session and every descendant that is not deleted, breadth first (subtree in _lib.lua,
--- reading each hash through the cache).
+-- reading each hash and children set through the caches).
 local function tree(sid)
   local out, queue, i = {}, {sid}, 1
   while queue[i] do
     local s = queue[i]
     i = i + 1
     if read(s)[1] == '0' then out[#out + 1] = s end
-    for _, c in ipairs(redis.call('SMEMBERS', K.children(s))) do queue[#queue + 1] = c end
+    local c = kids[s]
+    if not c then
+      c = redis.call('SMEMBERS', K.children(s))
+      kids[s] = c
+    end
+    for _, child in ipairs(c) do queue[#queue + 1] = child end
   end
   return out
 end
 
 local function any_live(nodes)
   for _, s in ipairs(nodes) do
-    if has_live(s) then return 1 end
+    if not idle[s] and has_live(s) then return 1 end
   end
+  for _, s in ipairs(nodes) do idle[s] = true end
   return 0
 end
 
@@ -182,9 +195,10 @@ if dry ~= '1' then
     local recorded = rec.outcomes[names[string.lower(code)]]
     if recorded then
       counts[recorded] = (counts[recorded] or 0) + 1
-      record_in_script(rec, ARGV[FIRST + j - 1], recorded, now)
+      record_in_script(rec, ARGV[FIRST + j - 1], recorded, now, nil, true)
     end
   end
+  trim_audit_all(rec)
   for outcome, n in pairs(counts) do redis.call('HINCRBY', rec.metric, outcome, n) end
   -- The events, as archive.lua emits them (json.dumps of {type, sessionId, ...}).
   local stream_max = rec.eventsMax or 10000
