@@ -21,9 +21,10 @@ constant number of round trips. Stops are never awaited; a failed dispatch is lo
 reported, never undoes an archive. ``dryRun`` computes the same outcomes and writes nothing.
 
 The audit entry and the ``fleet_archives`` count of every session a batch archives (or finds
-archived) are written by the batch's script itself, so they commit with the batch: a process
-killed mid-run leaves no archive unaudited or uncounted. Refusals are recorded after the
-census that describes them.
+archived), and the events of every session it archives (``archived``, descendants included)
+and of every turn it stops, are written by the batch's script itself, so they commit with the
+batch: a process killed mid-run leaves no archive unaudited, uncounted or unannounced.
+Refusals are recorded after the census that describes them.
 
 A filter's selection is archived ancestors first (by lineage depth, then oldest activity
 first), so a selected subtree is archived in its root's transition and restored with it.
