@@ -66,9 +66,14 @@ def _chunk(
 ) -> tuple[list[tuple[str, list[str | None]]], bool]:
     """Index entries ``offset``.. (by rank: O(log n) to reach, unlike a score range's
     offset) with score below ``below``, and whether the index may hold more."""
-    rows = store.redis.zrange(key, offset, offset + _SCAN_CHUNK - 1, withscores=True)
-    ids = [str(sid) for sid, score in rows if score < below]
-    more = len(rows) == _SCAN_CHUNK and len(ids) == len(rows)
+    last = offset + _SCAN_CHUNK - 1
+    if below == math.inf:  # every entry: no scores to read
+        ids: list[str] = store.redis.zrange(key, offset, last)
+        more = len(ids) == _SCAN_CHUNK
+    else:
+        rows = store.redis.zrange(key, offset, last, withscores=True)
+        ids = [str(sid) for sid, score in rows if score < below]
+        more = len(rows) == _SCAN_CHUNK and len(ids) == len(rows)
     if not ids or not fields:
         return [(sid, []) for sid in ids], more
     pipe = store.redis.pipeline(transaction=False)
