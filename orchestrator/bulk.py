@@ -21,9 +21,10 @@ constant number of round trips. Stops are never awaited; a failed dispatch is lo
 reported, never undoes an archive. ``dryRun`` computes the same outcomes and writes nothing.
 
 The audit entry and the ``fleet_archives`` count of every session a batch archives (or finds
-archived) are written by the batch's script itself, so they commit with the batch: a process
-killed mid-run leaves no archive unaudited or uncounted. Refusals are recorded after the
-census that describes them.
+archived), and the events of every session it archives (``archived``, descendants included)
+and of every turn it stops, are written by the batch's script itself, so they commit with the
+batch: a process killed mid-run leaves no archive unaudited, uncounted or unannounced.
+Refusals are recorded after the census that describes them.
 
 A filter's selection is archived ancestors first (by lineage depth, then oldest activity
 first), so a selected subtree is archived in its root's transition and restored with it.
@@ -76,7 +77,7 @@ __all__ = [
 #: Most session ids one bulk request may name.
 MAX_IDS = 10_000
 #: Sessions per batch: one Lua script, one census round, one stop message per family.
-BATCH_SIZE = 500
+BATCH_SIZE = 1_000
 #: How often a refusal whose census found nothing is tried again (as ``archive.archive``).
 _REFUSAL_RECHECKS = 3
 
@@ -88,6 +89,16 @@ _FROM_SCRIPT = {
     "not_found": "not_found",
     "skipped": "skipped",
 }
+#: ``bulk_archive.lua``'s one-letter outcomes (upper case: the subtree has live work).
+_CODES = {
+    "a": "archived",
+    "l": "already_archived",
+    "n": "not_found",
+    "s": "skipped",
+    "x": "active",
+}
+#: Outcomes whose busy sessions the census reads after the write, with ``stopActivity``.
+_STOPPED = frozenset({"archived", "already_archived"})
 
 #: Outcomes ``bulk_archive.lua`` records (audit entry and count) in the script that writes
 #: them, so they commit with the batch; the others (refusals) are recorded afterwards.
@@ -164,7 +175,7 @@ class _Run:
     virtual: set[str] = field(default_factory=set)
     report: StopReport = field(default_factory=StopReport)
 
-    def script(self, ids: list[str]) -> list[Any]:
+    def script(self, ids: list[str]) -> tuple[str, list[Any]]:
         argv: list[Any] = [
             "1" if self.stop else "0",
             "1" if self.dry else "0",
@@ -175,8 +186,8 @@ class _Run:
             self.in_script_record(),
             *ids,
         ]
-        rows: list[Any] = self.store.run("bulk_archive", argv, durable=not self.dry)
-        return rows
+        codes, extras = self.store.run("bulk_archive", argv, durable=not self.dry)
+        return str(codes), list(extras)
 
     def in_script_record(self) -> str:
         """What ``bulk_archive.lua`` records with the batch it writes (JSON): the audit entry
@@ -191,6 +202,7 @@ class _Run:
                 if wire in self.recorded and wire in _RECORDED_IN_SCRIPT
             },
             metric=self.store.keys.metric(metrics.ARCHIVES.name),
+            eventsMax=events.STREAM_MAXLEN,
         )
 
     def batch(self, ids: list[str]) -> list[BulkItem]:
@@ -204,27 +216,27 @@ class _Run:
                 done[sid] = BulkItem(sid, "already_archived")
             else:
                 pending.append(sid)
-        archived: list[tuple[str, int]] = []
         busy: list[str] = []
         flipped: dict[str, list[ActivityItem]] = {}
-        # The turn events of the whole batch, published in one round trip with its archives.
-        ended: list[tuple[str, str, dict[str, object]]] = []
         for attempt in range(_REFUSAL_RECHECKS):
             if not pending:
                 break
             active: list[str] = []
-            for sid, outcome, _count, is_busy, would, turns, changed in self.script(pending):
-                if turns:  # stopped by the script itself; their turn events are published below
-                    flipped[sid] = stopped_by_archive(self.store, sid, list(turns), collect=ended)
+            codes, extras = self.script(pending)
+            for pos in range(0, len(extras), 3):
+                sid = pending[int(extras[pos]) - 1]
+                self.virtual.update(map(str, extras[pos + 1]))
+                if extras[pos + 2]:  # stopped (and their events emitted) by the script itself
+                    flipped[sid] = stopped_by_archive(
+                        self.store, sid, list(extras[pos + 2]), publish=False
+                    )
+            for sid, code in zip(pending, str(codes), strict=True):
+                outcome = _CODES[code.lower()]
                 if outcome == "active":
                     active.append(sid)
                     continue
-                done[sid] = BulkItem(sid, _FROM_SCRIPT[outcome])
-                if outcome == "archived":
-                    flat = list(changed)
-                    archived.extend(zip(map(str, flat[::2]), map(int, flat[1::2]), strict=True))
-                    self.virtual.update(would)
-                if int(is_busy) and self.stop and outcome in ("archived", "already"):
+                done[sid] = BulkItem(sid, outcome)
+                if code.isupper() and self.stop and outcome in _STOPPED:
                     busy.append(sid)
             pending = []
             if not active:
@@ -241,16 +253,9 @@ class _Run:
                     done[sid] = BulkItem(sid, "refused", found[sid])
                 else:
                     pending.append(sid)  # the work ended meanwhile: try the archive again
-        if not self.dry:
-            # Every session the batch archived, descendants included, gets its event (ACP's
-            # session_info_update), the session before its descendants, before any stop.
-            events.publish_many(
-                self.store,
-                [("archived", sid, {"archived": True, "historyLength": n}) for sid, n in archived]
-                + ended,
-            )
-        elif ended:
-            events.publish_many(self.store, ended)
+        # Every session the batch archived, descendants included, got its event (ACP's
+        # session_info_update) from the script, the session before its descendants, before
+        # any stop.
         if busy and not self.dry:
             # Read after the write, as a single archive does: anything that started before it
             # is seen here; anything after it is refused by the gate.

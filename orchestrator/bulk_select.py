@@ -8,6 +8,7 @@ lineage depth), so a selected subtree is archived in its root's transition.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime
@@ -61,37 +62,46 @@ def _index_key(store: Store, cwd: str | None) -> str:
 
 @retried
 def _chunk(
-    store: Store, key: str, below: str, offset: int, fields: tuple[str, ...]
-) -> list[tuple[str, list[str | None]]]:
-    ids: list[str] = store.redis.zrangebyscore(key, "-inf", below, start=offset, num=_SCAN_CHUNK)
+    store: Store, key: str, below: float, offset: int, fields: tuple[str, ...]
+) -> tuple[list[tuple[str, list[str | None]]], bool]:
+    """Index entries ``offset``.. (by rank: O(log n) to reach, unlike a score range's
+    offset) with score below ``below``, and whether the index may hold more."""
+    last = offset + _SCAN_CHUNK - 1
+    if below == math.inf:  # every entry: no scores to read
+        ids: list[str] = store.redis.zrange(key, offset, last)
+        more = len(ids) == _SCAN_CHUNK
+    else:
+        rows = store.redis.zrange(key, offset, last, withscores=True)
+        ids = [str(sid) for sid, score in rows if score < below]
+        more = len(rows) == _SCAN_CHUNK and len(ids) == len(rows)
     if not ids or not fields:
-        return [(sid, []) for sid in ids]
+        return [(sid, []) for sid in ids], more
     pipe = store.redis.pipeline(transaction=False)
     for sid in ids:
         pipe.hmget(store.keys.session(sid), *fields)
-    return list(zip(ids, pipe.execute(), strict=True))
+    return list(zip(ids, pipe.execute(), strict=True)), more
 
 
 def _scan(
-    store: Store, key: str, below: str, fields: tuple[str, ...]
+    store: Store, key: str, below: float, fields: tuple[str, ...]
 ) -> Iterator[tuple[str, list[str | None]]]:
-    """Sessions of an index with score (last activity, epoch ms) below ``below`` (a ZRANGE
-    bound such as ``(1700000000000`` or ``+inf``), oldest first, with the hash ``fields``."""
+    """Sessions of an index with score (last activity, epoch ms) below ``below`` (``inf``
+    for all), oldest first, with the hash ``fields``."""
     offset = 0
     while True:
-        rows = _chunk(store, key, below, offset, fields)
+        rows, more = _chunk(store, key, below, offset, fields)
         yield from rows
-        if len(rows) < _SCAN_CHUNK:
+        if not more:
             return
         offset += len(rows)
 
 
 @retried
-def _depths(store: Store, ids: list[str]) -> list[int]:
-    pipe = store.redis.pipeline(transaction=False)
-    for sid in ids:
-        pipe.llen(store.keys.lineage(sid))
-    return [int(n) for n in pipe.execute()]
+def _depths(store: Store, ids: list[str]) -> dict[str, int]:
+    """The lineage depth of each of ``ids`` that is not a root (``bulk_depths.lua``: one
+    script call for the chunk)."""
+    flat = store.script("bulk_depths")(keys=[], args=[store.keys.prefix, *ids])
+    return {ids[int(pos) - 1]: int(n) for pos, n in zip(flat[::2], flat[1::2], strict=True)}
 
 
 def roots_first(store: Store, ids: list[str]) -> list[str]:
@@ -99,9 +109,10 @@ def roots_first(store: Store, ids: list[str]) -> list[str]:
     ancestor comes before its descendants and archives them in its own transition."""
     depth: dict[str, int] = {}
     for start in range(0, len(ids), _SCAN_CHUNK):
-        part = ids[start : start + _SCAN_CHUNK]
-        depth.update(zip(part, _depths(store, part), strict=True))
-    return sorted(ids, key=lambda sid: depth[sid])
+        depth.update(_depths(store, ids[start : start + _SCAN_CHUNK]))
+    if not depth:
+        return list(ids)
+    return sorted(ids, key=lambda sid: depth.get(sid, 0))
 
 
 def _too_many(limit: int) -> TooManySessions:
@@ -130,7 +141,7 @@ def select(store: Store, flt: BulkFilter, *, limit: int | None = None) -> list[s
     needle = normalize_query(flt.q)
     if flt.q is not None and needle is None:
         raise InvalidParams("filter.q must not be blank.", {"param": "filter.q"})
-    below = "+inf" if flt.idle_since is None else f"({parse_instant(flt.idle_since, 'idleSince')}"
+    below = math.inf if flt.idle_since is None else parse_instant(flt.idle_since, "idleSince")
     found: list[str] = []
     fields = ("title",) if needle is not None else ()
     for sid, values in _scan(store, _index_key(store, cwd), below, fields):
@@ -158,9 +169,7 @@ def auto_candidates(
     cap = store.settings.bulk_filter_max if limit is None else limit
     where = None if cwd is None else check_cwd(cwd)
     found: list[str] = []
-    for sid, (unarchived,) in _scan(
-        store, _index_key(store, where), f"({cutoff}", ("unarchivedMs",)
-    ):
+    for sid, (unarchived,) in _scan(store, _index_key(store, where), cutoff, ("unarchivedMs",)):
         if int(unarchived or 0) >= cutoff:
             continue  # unarchived by hand since: idle only from then on
         found.append(sid)

@@ -272,9 +272,12 @@ end
 -- (settle_open_call). Call it after the archive write. Appends tid, sid, previous state, new
 -- state, label, settlement ('' when none) for each turn to out.
 local function stop_turns_for_archive(sid, out)
-  local ms = server_ms()
-  local now = iso_ms(ms)
+  local ms, now -- read once, at the first turn (most archived sessions have none)
   for _, t in ipairs(redis.call('ZRANGE', K.live_turns(sid), 0, -1)) do
+    if not ms then
+      ms = server_ms()
+      now = iso_ms(ms)
+    end
     local h = redis.call('HMGET', K.turn(t), 'state', 'label')
     local to = nil
     if h[1] == 'running' and redis.call('EXISTS', K.step_lease(t)) == 1 then
@@ -296,9 +299,22 @@ end
 -- Appends an audit entry in the script that makes the change, so the record commits with it
 -- (the fields and the exact MAXLEN trimming of orchestrator/audit.py). rec is the JSON the
 -- caller built with audit.script_recorder: streams, caps, action, actor, default detail.
-local function record_in_script(rec, sid, outcome, at, detail)
+-- With untrimmed, the fleet-wide stream is not trimmed here: the caller, recording many
+-- entries, trims it once with trim_audit_all before its script ends (the same stream, as
+-- nothing outside the script can read it in between, without a trim per entry).
+local function record_in_script(rec, sid, outcome, at, detail, untrimmed)
   local fields = {'at', at, 'action', rec.action, 'outcome', outcome, 'actor', rec.actor,
     'sessionId', sid, 'detail', detail or rec.detail}
   redis.call('XADD', rec.auditSession .. sid, 'MAXLEN', rec.maxSession, '*', unpack(fields))
-  redis.call('XADD', rec.auditAll, 'MAXLEN', rec.maxGlobal, '*', unpack(fields))
+  if untrimmed then
+    redis.call('XADD', rec.auditAll, '*', unpack(fields))
+  else
+    redis.call('XADD', rec.auditAll, 'MAXLEN', rec.maxGlobal, '*', unpack(fields))
+  end
+end
+
+-- Trims the fleet-wide audit stream to its cap (exactly), after record_in_script(...,
+-- untrimmed) calls.
+local function trim_audit_all(rec)
+  redis.call('XTRIM', rec.auditAll, 'MAXLEN', rec.maxGlobal)
 end

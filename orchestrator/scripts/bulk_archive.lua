@@ -12,98 +12,212 @@
 -- withUnarchive (the auto-archive policy), read in the same step as the write.
 -- With stopActivity the live turns of every session it archives are stopped in this same
 -- script (stop_turns_for_archive in _lib.lua).
--- Returns one row per session: {sid, outcome, n, busy, would, turns, changed}
---   outcome 'not_found' | 'already' | 'skipped' | 'active' | 'archived'
---   n       sessions this transition archived (or would archive) in the subtree
---   busy    1 when the subtree has live work (computed for 'active', for 'archived', and
---           with stopActivity for 'already'), so callers read the census only then
---   would   dry run only: the ids the transition would have archived
---   turns   flat list tid, sid, fromState, toState, label, settlement of the turns it
---           stopped (settlement: the tool-call settlement it wrote, JSON, or '')
---   changed flat list sid, historyLength of every session it archived (the session first, then
---           its descendants), so each gets its own 'archived' event
+-- Every session it archives gets its 'archived' event, and every turn it stops its events,
+-- emitted here as archive.lua emits them (so they commit with the batch): all the archived
+-- events of the batch in order (a session before its descendants), then the turn events.
+--
+-- Per session the script reads each session hash once (HMGET, cached for the batch) and
+-- writes it once; the archived set and the listing indexes are updated once per batch
+-- (variadic SADD/ZREM/ZADD, at the end of this same script, so nothing outside it can tell).
+--
+-- Returns {codes, extras}:
+--   codes   one character per session, in order: 'a' archived, 'l' already archived,
+--           'n' not found, 's' skipped, 'x' active (live work and no stopActivity); upper
+--           case ('A', 'L', 'X') when its subtree has live work (computed for active, for
+--           archived, and with stopActivity for already), so callers read the census only then
+--   extras  flat list position (1-based), would, turns for the sessions that have either:
+--           would  dry run only: the ids the transition would have archived
+--           turns  flat list tid, sid, fromState, toState, label, settlement of the turns it
+--                  stopped (settlement: the tool-call settlement it wrote, JSON, or '')
 local stop, dry, now, base = ARGV[2], ARGV[3], ARGV[4], ARGV[5]
 local idle_before, with_unarchive = tonumber(ARGV[6]), ARGV[7] == '1'
 local FIRST = 9
-local virtual = {}
+-- sid -> {deleted, archived, updatedMs, unarchivedMs, cwdHash}, as read (archived kept
+-- current by this script).
+local meta = {}
 
-local function idle_enough(k)
+local function read(s)
+  local h = meta[s]
+  if not h then
+    h = redis.call('HMGET', skey(s), 'deleted', 'archived', 'updatedMs', 'unarchivedMs',
+      'cwdHash')
+    meta[s] = h
+  end
+  return h
+end
+
+local function idle_enough(h)
   if not idle_before then return true end
-  local h = redis.call('HMGET', k, 'updatedMs', 'unarchivedMs')
-  local clock = tonumber(h[1]) or 0
-  if with_unarchive then clock = math.max(clock, tonumber(h[2]) or 0) end
+  local clock = tonumber(h[3]) or 0
+  if with_unarchive then clock = math.max(clock, tonumber(h[4]) or 0) end
   return clock < idle_before
 end
 
-local function is_archived(s)
-  return virtual[s] or redis.call('HGET', skey(s), 'archived') == '1'
+-- sid -> its children, as read (no script changes them).
+local kids = {}
+-- sid -> true once an any_live found no live work in it: nothing in this script can start
+-- any (it only archives, and stops turns of busy subtrees), so an already archived
+-- descendant met later in the batch is known idle without reading its records again.
+local idle = {}
+
+-- The session and every descendant that is not deleted, breadth first (subtree in _lib.lua,
+-- reading each hash and children set through the caches).
+local function tree(sid)
+  local out, queue, i = {}, {sid}, 1
+  while queue[i] do
+    local s = queue[i]
+    i = i + 1
+    if read(s)[1] == '0' then out[#out + 1] = s end
+    local c = kids[s]
+    if not c then
+      c = redis.call('SMEMBERS', K.children(s))
+      kids[s] = c
+    end
+    for _, child in ipairs(c) do queue[#queue + 1] = child end
+  end
+  return out
 end
 
 local function any_live(nodes)
   for _, s in ipairs(nodes) do
-    if has_live(s) then return 1 end
+    if not idle[s] and has_live(s) then return 1 end
   end
+  for _, s in ipairs(nodes) do idle[s] = true end
   return 0
 end
 
-local out = {}
+local codes, extras = {}, {}
+local moved = {} -- sessions archived, in order (the set and index updates at the end)
+local events = {} -- sid, historyLength of every session archived, in order
+local stopped = {} -- the turns stopped, flat as stop_turns_for_archive lists them
 for i = FIRST, #ARGV do
   local sid = ARGV[i]
-  local k = skey(sid)
-  if redis.call('EXISTS', k) == 0 or redis.call('HGET', k, 'deleted') ~= '0' then
-    out[#out + 1] = {sid, 'not_found', 0, 0, {}, {}, {}}
-  elseif is_archived(sid) then
-    local busy = 0
-    if stop == '1' then busy = any_live(subtree(sid)) end
-    out[#out + 1] = {sid, 'already', 0, busy, {}, {}, {}}
-  elseif not idle_enough(k) then
-    out[#out + 1] = {sid, 'skipped', 0, 0, {}, {}, {}}
+  local h = read(sid)
+  local code
+  if h[1] ~= '0' then
+    code = 'n'
+  elseif h[2] == '1' then
+    code = 'l'
+    if stop == '1' and any_live(tree(sid)) == 1 then code = 'L' end
+  elseif not idle_enough(h) then
+    code = 's'
   else
-    local nodes = subtree(sid)
+    local nodes = tree(sid)
     local busy = any_live(nodes)
     if busy == 1 and stop ~= '1' then
-      out[#out + 1] = {sid, 'active', 0, 1, {}, {}, {}}
+      code = 'X'
     else
       local txn = base .. '.' .. (i - FIRST + 1)
-      local n, would, turns, changed = 0, {}, {}, {}
+      local would, turns = {}, {}
       for _, s in ipairs(nodes) do
-        if not is_archived(s) then
+        local m = read(s)
+        if m[2] ~= '1' then
+          m[2] = '1'
           if dry == '1' then
-            virtual[s] = true
             would[#would + 1] = s
           else
-            redis.call('HSET', skey(s), 'archived', '1', 'archivedAt', now, 'archiveTxn', txn)
             -- An idle subtree is quiet from its archive on (what archive.py records with
             -- mark_quiet); a busy one is marked by the census after its stops.
-            if busy == 0 then redis.call('HSET', skey(s), 'quietAt', now, 'quietTxn', txn) end
-            redis.call('SADD', K.archived, s)
-            move_index(s, 'active', 'archived')
-            if stop == '1' then stop_turns_for_archive(s, turns) end
-            changed[#changed + 1] = s
-            changed[#changed + 1] = redis.call('LLEN', K.history(s))
+            if busy == 0 then
+              redis.call('HSET', skey(s), 'archived', '1', 'archivedAt', now, 'archiveTxn', txn,
+                'quietAt', now, 'quietTxn', txn)
+            else
+              redis.call('HSET', skey(s), 'archived', '1', 'archivedAt', now, 'archiveTxn', txn)
+            end
+            moved[#moved + 1] = s
+            -- Only queued and running turns are stopped, and they are live: an idle subtree
+            -- has none to stop.
+            if stop == '1' and busy == 1 then stop_turns_for_archive(s, turns) end
+            events[#events + 1] = s
+            events[#events + 1] = redis.call('LLEN', K.history(s))
           end
-          n = n + 1
         end
       end
-      out[#out + 1] = {sid, 'archived', n, busy, would, turns, changed}
+      code = busy == 1 and 'A' or 'a'
+      if #would > 0 or #turns > 0 then
+        extras[#extras + 1] = i - FIRST + 1
+        extras[#extras + 1] = would
+        extras[#extras + 1] = turns
+        for _, v in ipairs(turns) do stopped[#stopped + 1] = v end
+      end
     end
   end
+  codes[#codes + 1] = code
 end
+
+-- Variadic calls in chunks (a Lua stack holds a few thousand arguments).
+local CHUNK = 2000
+local function each_chunk(list, fn)
+  for j = 1, #list, CHUNK do
+    fn({unpack(list, j, math.min(j + CHUNK - 1, #list))})
+  end
+end
+
+if #moved > 0 then
+  -- The archived set and the listing indexes (move_index in _lib.lua, per batch): each
+  -- session keeps its score, its last activity.
+  each_chunk(moved, function(part) redis.call('SADD', K.archived, unpack(part)) end)
+  local by_cwd = {}
+  for _, s in ipairs(moved) do
+    local m = meta[s]
+    local cwd = m[5] or ''
+    by_cwd[cwd] = by_cwd[cwd] or {}
+    local list = by_cwd[cwd]
+    list[#list + 1] = tonumber(m[3]) or 0
+    list[#list + 1] = s
+  end
+  local all = {}
+  for cwd, pairs_ in pairs(by_cwd) do
+    local members = {}
+    for j = 2, #pairs_, 2 do members[#members + 1] = pairs_[j] end
+    if cwd ~= '' then
+      each_chunk(members, function(part) redis.call('ZREM', idx('active', cwd), unpack(part)) end)
+      each_chunk(pairs_, function(part) redis.call('ZADD', idx('archived', cwd), unpack(part)) end)
+    end
+    for _, v in ipairs(pairs_) do all[#all + 1] = v end
+  end
+  local members = {}
+  for j = 2, #all, 2 do members[#members + 1] = all[j] end
+  each_chunk(members, function(part) redis.call('ZREM', idx('active'), unpack(part)) end)
+  each_chunk(all, function(part) redis.call('ZADD', idx('archived'), unpack(part)) end)
+end
+
 -- The batch's audit entries and archive counts commit with it: a crash after this script
 -- leaves no archive unaudited or uncounted, and a retry finds them 'already'. ARGV[8] is
--- audit.script_recorder's JSON plus outcomes = {scriptOutcome = recordedOutcome} and
--- metric = the fleet_archives key; refusals are recorded by the caller, which learns the
--- live items from the census.
+-- audit.script_recorder's JSON plus outcomes = {scriptOutcome = recordedOutcome}, metric =
+-- the fleet_archives key and eventsMax = the event stream's cap; refusals are recorded by the
+-- caller, which learns the live items from the census.
 if dry ~= '1' then
   local rec = cjson.decode(ARGV[8])
+  local names = {a = 'archived', l = 'already', n = 'not_found', s = 'skipped', x = 'active'}
   local counts = {}
-  for _, row in ipairs(out) do
-    local recorded = rec.outcomes[row[2]]
+  for j, code in ipairs(codes) do
+    local recorded = rec.outcomes[names[string.lower(code)]]
     if recorded then
       counts[recorded] = (counts[recorded] or 0) + 1
-      record_in_script(rec, row[1], recorded, now)
+      record_in_script(rec, ARGV[FIRST + j - 1], recorded, now, nil, true)
     end
   end
+  trim_audit_all(rec)
   for outcome, n in pairs(counts) do redis.call('HINCRBY', rec.metric, outcome, n) end
+  -- The events, as archive.lua emits them (json.dumps of {type, sessionId, ...}).
+  local stream_max = rec.eventsMax or 10000
+  for j = 1, #events, 2 do
+    emit_event(string.format(
+      '{"type": "archived", "sessionId": "%s", "archived": true, "historyLength": %d}',
+      events[j], events[j + 1]), stream_max)
+  end
+  for j = 1, #stopped, 6 do
+    local tid, tsid, to, settlement = stopped[j], stopped[j + 1], stopped[j + 3], stopped[j + 5]
+    if settlement ~= '' then
+      redis.call('PUBLISH', K.events, string.format(
+        '{"type": "update", "sessionId": "%s", "update": %s}', tsid, settlement))
+    end
+    if to == 'cancelled' then
+      -- stopReason as turns.STOP_REASON[cancelled]
+      emit_event(string.format('{"type": "turn", "sessionId": "%s", "turnId": "%s", '
+        .. '"state": "cancelled", "stopReason": "cancelled"}', tsid, tid), stream_max)
+    end
+  end
 end
-return out
+return {table.concat(codes), extras}

@@ -212,6 +212,44 @@ def test_every_descendant_a_bulk_archive_archives_gets_its_event(
     assert archived == [parent, child, grandchild]
 
 
+def test_a_batchs_events_commit_with_its_script(
+    store: Store, recorder: RecordingDispatcher, cwd: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given a busy session (a running turn) with an idle child, and a process that can no
+    # longer publish anything itself once the batch's script has run
+    parent = new(store, cwd)
+    child = new(store, cwd, parent=parent)
+    turn = turns.start_turn(store, recorder, parent, "think 5")
+    top = store.redis.xrevrange(store.keys.event_stream, count=1)
+    since = top[0][0] if top else "0-0"
+    monkeypatch.setattr(events, "publish_many", lambda *a, **kw: None)
+
+    bulk.bulk_archive(store, recorder, session_ids=[parent, child], stop_activity=True)
+
+    # Then the script itself emitted every archived event, the session before its child,
+    # then the turn it stopped
+    later = store.redis.xrange(store.keys.event_stream, f"({since}", "+")
+    payloads = [json.loads(fields["event"]) for _, fields in later]
+    assert [(p["type"], p["sessionId"]) for p in payloads] == [
+        ("archived", parent),
+        ("archived", child),
+        ("turn", parent),
+    ]
+    assert payloads[0] == {
+        "type": "archived",
+        "sessionId": parent,
+        "archived": True,
+        "historyLength": store.redis.llen(store.keys.history(parent)),
+    }
+    assert payloads[2] == {
+        "type": "turn",
+        "sessionId": parent,
+        "turnId": turn,
+        "state": "cancelled",
+        "stopReason": "cancelled",
+    }
+
+
 # --------------------------------------------------------------------------- batching
 
 
