@@ -118,6 +118,26 @@ local function subtree(sid)
   return out
 end
 
+-- Marks quiet, for archive transition txn, every session of nodes archived in that same
+-- transition and not yet marked (a session archived again later has a new transition).
+local function mark_transition_quiet(nodes, txn, now)
+  for _, s in ipairs(nodes) do
+    local d = redis.call('HMGET', skey(s), 'archived', 'archiveTxn', 'quietTxn')
+    if d[1] == '1' and d[2] == txn and d[3] ~= txn then
+      redis.call('HSET', skey(s), 'quietAt', now, 'quietTxn', txn)
+    end
+  end
+end
+
+-- '1' when a session whose parent is parent was the one its transition txn was asked for
+-- (its parent is not in the transition), else '0'.
+local function transition_root(parent, txn)
+  if parent and parent ~= '' and redis.call('HGET', skey(parent), 'archiveTxn') == txn then
+    return '0'
+  end
+  return '1'
+end
+
 -- Nearest archived session among sid and its ancestors, or false.
 local function archived_in_lineage(sid)
   if redis.call('SISMEMBER', K.archived, sid) == 1 then return sid end
@@ -210,6 +230,31 @@ end
 local function emit_event(payload, stream_max)
   redis.call('XADD', K.event_stream, 'MAXLEN', '~', stream_max, '*', 'event', payload)
   redis.call('PUBLISH', K.events, payload)
+end
+
+-- An archive's events, as events.publish_many writes them (json.dumps of {type, sessionId,
+-- ...}): `archived` holds (sessionId, historyLength) pairs, one per session archived, the
+-- session first; `turns` holds the stopped turns as stop_turns_for_archive lists them, six
+-- fields each (turn id, session id, previous state, new state, label, settlement): a settled
+-- tool call's update, then a `turn` event for each turn that ended cancelled.
+local function emit_archive_events(archived, turns, stream_max)
+  for i = 1, #archived, 2 do
+    emit_event(string.format(
+      '{"type": "archived", "sessionId": "%s", "archived": true, "historyLength": %d}',
+      archived[i], archived[i + 1]), stream_max)
+  end
+  for i = 1, #turns, 6 do
+    local tid, tsid, to, settlement = turns[i], turns[i + 1], turns[i + 3], turns[i + 5]
+    if settlement ~= '' then
+      redis.call('PUBLISH', K.events, string.format(
+        '{"type": "update", "sessionId": "%s", "update": %s}', tsid, settlement))
+    end
+    if to == 'cancelled' then
+      -- stopReason as turns.STOP_REASON[cancelled]
+      emit_event(string.format('{"type": "turn", "sessionId": "%s", "turnId": "%s", '
+        .. '"state": "cancelled", "stopReason": "cancelled"}', tsid, tid), stream_max)
+    end
+  end
 end
 
 -- Move a turn to a terminal state; if it was the session's running turn, promote the oldest

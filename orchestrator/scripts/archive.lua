@@ -67,25 +67,8 @@ end
 record_in_script(rec, sid, 'archived', now, string.format(
   '{"archivedCount":%d,"stopActivity":%s,"stoppedTurns":%d}', n, stop_json, #turns / 6))
 redis.call('HINCRBY', rec.metric, 'archived', 1)
--- The events, as events.publish_many writes them (json.dumps of {type, sessionId, ...}).
-local stream_max = rec.eventsMax or 10000
-for i = 1, #archived, 2 do
-  emit_event(string.format(
-    '{"type": "archived", "sessionId": "%s", "archived": true, "historyLength": %d}',
-    archived[i], archived[i + 1]), stream_max)
-end
-for i = 1, #turns, 6 do
-  local tid, tsid, to, settlement = turns[i], turns[i + 1], turns[i + 3], turns[i + 5]
-  if settlement ~= '' then
-    redis.call('PUBLISH', K.events, string.format(
-      '{"type": "update", "sessionId": "%s", "update": %s}', tsid, settlement))
-  end
-  if to == 'cancelled' then
-    -- stopReason as turns.STOP_REASON[cancelled]
-    emit_event(string.format('{"type": "turn", "sessionId": "%s", "turnId": "%s", '
-      .. '"state": "cancelled", "stopReason": "cancelled"}', tsid, tid), stream_max)
-  end
-end
+-- The events, as events.publish_many writes them.
+emit_archive_events(archived, turns, rec.eventsMax or 10000)
 local census = {}
 if stop == '1' then
   census[1] = sid

@@ -200,24 +200,7 @@ if dry ~= '1' then
   end
   trim_audit_all(rec)
   for outcome, n in pairs(counts) do redis.call('HINCRBY', rec.metric, outcome, n) end
-  -- The events, as archive.lua emits them (json.dumps of {type, sessionId, ...}).
-  local stream_max = rec.eventsMax or 10000
-  for j = 1, #events, 2 do
-    emit_event(string.format(
-      '{"type": "archived", "sessionId": "%s", "archived": true, "historyLength": %d}',
-      events[j], events[j + 1]), stream_max)
-  end
-  for j = 1, #stopped, 6 do
-    local tid, tsid, to, settlement = stopped[j], stopped[j + 1], stopped[j + 3], stopped[j + 5]
-    if settlement ~= '' then
-      redis.call('PUBLISH', K.events, string.format(
-        '{"type": "update", "sessionId": "%s", "update": %s}', tsid, settlement))
-    end
-    if to == 'cancelled' then
-      -- stopReason as turns.STOP_REASON[cancelled]
-      emit_event(string.format('{"type": "turn", "sessionId": "%s", "turnId": "%s", '
-        .. '"state": "cancelled", "stopReason": "cancelled"}', tsid, tid), stream_max)
-    end
-  end
+  -- The events, as archive.lua emits them.
+  emit_archive_events(events, stopped, rec.eventsMax or 10000)
 end
 return {table.concat(codes), extras}

@@ -9,12 +9,5 @@ local h = redis.call('HMGET', skey(sid), 'archived', 'deleted', 'archiveTxn', 'q
   'archivedAt', 'parentId')
 if h[1] ~= '1' or h[2] ~= '0' or not h[3] or h[3] == '' or h[4] == h[3] then return {} end
 local txn = h[3]
-for _, s in ipairs(subtree(sid)) do
-  local d = redis.call('HMGET', skey(s), 'archived', 'archiveTxn', 'quietTxn')
-  if d[1] == '1' and d[2] == txn and d[3] ~= txn then
-    redis.call('HSET', skey(s), 'quietAt', now, 'quietTxn', txn)
-  end
-end
-local root = '1'
-if h[6] and h[6] ~= '' and redis.call('HGET', skey(h[6]), 'archiveTxn') == txn then root = '0' end
-return {h[5] or '', root}
+mark_transition_quiet(subtree(sid), txn, now)
+return {h[5] or '', transition_root(h[6], txn)}

@@ -23,19 +23,10 @@ for _, sid in ipairs(chain) do
     for _, s in ipairs(nodes) do
       if has_live(s) then return out end
     end
-    for _, s in ipairs(nodes) do
-      local d = redis.call('HMGET', skey(s), 'archived', 'archiveTxn', 'quietTxn')
-      if d[1] == '1' and d[2] == txn and d[3] ~= txn then
-        redis.call('HSET', skey(s), 'quietAt', now, 'quietTxn', txn)
-      end
-    end
-    local root = '1'
-    if h[6] and h[6] ~= '' and redis.call('HGET', skey(h[6]), 'archiveTxn') == txn then
-      root = '0'
-    end
+    mark_transition_quiet(nodes, txn, now)
     out[#out + 1] = sid
     out[#out + 1] = h[5] or ''
-    out[#out + 1] = root
+    out[#out + 1] = transition_root(h[6], txn)
   end
 end
 return out

@@ -14,12 +14,11 @@ import json
 from typing import Any
 
 import pytest
-import redis.connection
 
 from orchestrator import archive, audit, jobs, reminders, sessions, turns
 from orchestrator.families import Family
 from orchestrator.store import Store, iso, now_ms
-from tests.helpers import RecordingDispatcher
+from tests.helpers import RecordingDispatcher, count_round_trips
 
 pytestmark = pytest.mark.redis
 
@@ -40,27 +39,6 @@ def _busy(store: Store, cwd: str) -> str:
     return sid
 
 
-#: redis-py's own probe of a connection idle past ``health_check_interval``: not the archive's.
-HEALTH_CHECK = b"*1\r\n$4\r\nPING\r\n"
-
-
-def _count_writes(monkeypatch: pytest.MonkeyPatch) -> list[bytes]:
-    """Record every write redis-py makes to a socket from now on (one per round trip), but
-    its health checks."""
-    writes: list[bytes] = []
-    real = redis.connection.AbstractConnection.send_packed_command
-
-    def send(self: Any, command: Any, check_health: bool = True) -> None:
-        parts = [command] if isinstance(command, bytes | str) else list(command)
-        data = b"".join(p.encode() if isinstance(p, str) else bytes(p) for p in parts)
-        if data != HEALTH_CHECK:
-            writes.append(data)
-        real(self, command, check_health)
-
-    monkeypatch.setattr(redis.connection.AbstractConnection, "send_packed_command", send)
-    return writes
-
-
 def test_an_archive_with_stop_is_three_round_trips(
     store: Store, dispatcher: Any, tmp_path: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -71,7 +49,7 @@ def test_an_archive_with_stop_is_three_round_trips(
     before = store.redis.xlen(store.keys.event_stream)
 
     # When a session busy in all four families is archived with stopActivity
-    writes = _count_writes(monkeypatch)
+    writes = count_round_trips(monkeypatch)
     with audit.acting_as("tester"):
         result = archive.archive(store, dispatcher, sid, stop_activity=True)
     monkeypatch.undo()

@@ -24,6 +24,7 @@ from kombu.transport import redis as kombu_redis
 
 from orchestrator.families import BatchDispatcher, send_all
 from orchestrator.settings import FleetSettings
+from tests.helpers import count_round_trips
 from workers.app import configure
 from workers.dispatch import CeleryDispatcher
 
@@ -229,7 +230,7 @@ def test_a_batch_is_one_round_trip_and_emits_task_sent(
     events = client.pubsub()
     events.psubscribe(f"{app.conf.broker_transport_options['global_keyprefix']}*")
     assert events.get_message(timeout=5)["type"] == "psubscribe"
-    writes = _count_writes(monkeypatch)
+    writes = count_round_trips(monkeypatch)
     assert isinstance(dispatcher, BatchDispatcher)
     assert send_all(dispatcher, messages) == [None] * 4
     assert len(writes) == 1, "the four messages and their events are one pipelined write"
@@ -291,17 +292,3 @@ def test_a_failed_batch_reports_every_message(redis_url: str) -> None:
     )
     assert len(errors) == 2 and all(isinstance(e, Exception) for e in errors)
     app.close()
-
-
-def _count_writes(monkeypatch: pytest.MonkeyPatch) -> list[bytes]:
-    """Record every write redis-py makes to a socket from now on (one per round trip)."""
-    writes: list[bytes] = []
-    real = redis.connection.AbstractConnection.send_packed_command
-
-    def send(self: Any, command: Any, check_health: bool = True) -> None:
-        parts = [command] if isinstance(command, bytes | str) else list(command)
-        writes.append(b"".join(p.encode() if isinstance(p, str) else bytes(p) for p in parts))
-        real(self, command, check_health)
-
-    monkeypatch.setattr(redis.connection.AbstractConnection, "send_packed_command", send)
-    return writes
