@@ -56,44 +56,47 @@ def parse_instant(value: object, param: str) -> int:
     return int(moment.timestamp() * 1000)
 
 
-def _index_key(store: Store, cwd: str | None) -> str:
-    return store.keys.index("active", None if cwd is None else cwd_hash(cwd))
+#: Where a scan stands: the (score, member) of the last index entry it read, or ``None``.
+_Cursor = tuple[str, str] | None
 
 
 @retried
 def _chunk(
-    store: Store, key: str, below: float, offset: int, fields: tuple[str, ...]
-) -> tuple[list[tuple[str, list[str | None]]], bool]:
-    """Index entries ``offset``.. (by rank: O(log n) to reach, unlike a score range's
-    offset) with score below ``below``, and whether the index may hold more."""
-    last = offset + _SCAN_CHUNK - 1
-    if below == math.inf:  # every entry: no scores to read
-        ids: list[str] = store.redis.zrange(key, offset, last)
-        more = len(ids) == _SCAN_CHUNK
-    else:
-        rows = store.redis.zrange(key, offset, last, withscores=True)
-        ids = [str(sid) for sid, score in rows if score < below]
-        more = len(rows) == _SCAN_CHUNK and len(ids) == len(rows)
+    store: Store, where: str, below: float, cursor: _Cursor, fields: tuple[str, ...]
+) -> tuple[list[tuple[str, list[str | None]]], _Cursor, bool]:
+    """The index entries after ``cursor`` (``scripts/index_page.lua``: found by position,
+    so sessions archived or active meanwhile shift nothing past the scan) with score below
+    ``below``, the new cursor, and whether the index may hold more."""
+    last_score, last = cursor or ("", "")
+    flat = store.run("index_page", [where, last_score, last, _SCAN_CHUNK])
+    pairs = [(str(flat[i]), str(flat[i + 1])) for i in range(0, len(flat), 2)]
+    ids = [sid for sid, score in pairs if float(score) < below]
+    more = len(pairs) == _SCAN_CHUNK and len(ids) == len(pairs)
+    after = (pairs[-1][1], pairs[-1][0]) if pairs else cursor
     if not ids or not fields:
-        return [(sid, []) for sid in ids], more
+        return [(sid, []) for sid in ids], after, more
     pipe = store.redis.pipeline(transaction=False)
     for sid in ids:
         pipe.hmget(store.keys.session(sid), *fields)
-    return list(zip(ids, pipe.execute(), strict=True)), more
+    return list(zip(ids, pipe.execute(), strict=True)), after, more
 
 
 def _scan(
-    store: Store, key: str, below: float, fields: tuple[str, ...]
+    store: Store, cwd: str | None, below: float, fields: tuple[str, ...]
 ) -> Iterator[tuple[str, list[str | None]]]:
-    """Sessions of an index with score (last activity, epoch ms) below ``below`` (``inf``
-    for all), oldest first, with the hash ``fields``."""
-    offset = 0
+    """Sessions not archived (in ``cwd`` when given) with score (last activity, epoch ms)
+    below ``below`` (``inf`` for all), oldest first, each once, with the hash ``fields``."""
+    where = "" if cwd is None else cwd_hash(cwd)
+    cursor: _Cursor = None
+    seen: set[str] = set()
     while True:
-        rows, more = _chunk(store, key, below, offset, fields)
-        yield from rows
+        rows, cursor, more = _chunk(store, where, below, cursor, fields)
+        for row in rows:
+            if row[0] not in seen:  # moved past the scan by new activity: read again
+                seen.add(row[0])
+                yield row
         if not more:
             return
-        offset += len(rows)
 
 
 @retried
@@ -144,7 +147,7 @@ def select(store: Store, flt: BulkFilter, *, limit: int | None = None) -> list[s
     below = math.inf if flt.idle_since is None else parse_instant(flt.idle_since, "idleSince")
     found: list[str] = []
     fields = ("title",) if needle is not None else ()
-    for sid, values in _scan(store, _index_key(store, cwd), below, fields):
+    for sid, values in _scan(store, cwd, below, fields):
         if needle is not None and not title_matches(values[0], needle):
             continue
         found.append(sid)
@@ -169,7 +172,7 @@ def auto_candidates(
     cap = store.settings.bulk_filter_max if limit is None else limit
     where = None if cwd is None else check_cwd(cwd)
     found: list[str] = []
-    for sid, (unarchived,) in _scan(store, _index_key(store, where), cutoff, ("unarchivedMs",)):
+    for sid, (unarchived,) in _scan(store, where, cutoff, ("unarchivedMs",)):
         if int(unarchived or 0) >= cutoff:
             continue  # unarchived by hand since: idle only from then on
         found.append(sid)

@@ -652,3 +652,74 @@ def test_idle_sessions_are_recorded_quiet_from_their_archive_on(
     assert read(store, root).quiet_at is not None
     assert read(store, child).quiet_at == read(store, root).quiet_at
     assert read(store, busy).archived and read(store, busy).quiet_at is None
+
+
+def _archive_during_the_scan(
+    monkeypatch: pytest.MonkeyPatch, store: Store, change: Any, chunk: int = 5
+) -> None:
+    """Scan in chunks of ``chunk`` entries and call ``change(cursor)`` after each chunk is
+    read, before the next: what a concurrent request does between two round trips."""
+    from orchestrator import bulk_select
+
+    real = bulk_select._chunk
+    monkeypatch.setattr(bulk_select, "_SCAN_CHUNK", chunk)
+
+    def chunk_then_change(*args: Any) -> Any:
+        result = real(*args)
+        change([sid for sid, _ in result[0]])
+        return result
+
+    monkeypatch.setattr(bulk_select, "_chunk", chunk_then_change)
+
+
+def test_a_filter_selects_every_session_though_others_are_archived_during_its_scan(
+    store: Store, recorder: RecordingDispatcher, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given 30 idle sessions, oldest first, scanned 5 index entries per round trip
+    cwd = unique_cwd()
+    ids = [new(store, cwd) for _ in range(30)]
+    for i, sid in enumerate(ids):
+        backdate(store, sid, 1_000_000 + i)
+    taken: list[str] = []
+
+    def archive_some(read: list[str]) -> None:
+        # Between two chunks another request archives two sessions already read, one of
+        # them the chunk's last (the scan's place), and the session one further on
+        for sid in (read[0], read[-1]):
+            archive.archive(store, recorder, sid)
+            taken.append(sid)
+        nxt = ids.index(read[-1]) + 2
+        if nxt < len(ids) and ids[nxt] not in taken:
+            archive.archive(store, recorder, ids[nxt])
+            taken.append(ids[nxt])
+
+    _archive_during_the_scan(monkeypatch, store, archive_some)
+    # When the filter selects
+    selected = bulk.select(store, bulk.BulkFilter(cwd=cwd))
+    # Then every session nobody archived meanwhile is selected, each once
+    left = [sid for sid in ids if sid not in taken]
+    assert left and set(left) <= set(selected)
+    assert len(selected) == len(set(selected))
+
+
+def test_a_session_active_again_during_the_scan_is_selected_once(
+    store: Store, recorder: RecordingDispatcher, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given 12 idle sessions scanned 5 entries per round trip
+    cwd = unique_cwd()
+    ids = [new(store, cwd) for _ in range(12)]
+    for i, sid in enumerate(ids):
+        backdate(store, sid, 1_000_000 + i)
+    moved: list[str] = []
+
+    def touch_first(read: list[str]) -> None:
+        # After the first chunk, a session already read becomes the newest
+        if not moved:
+            backdate(store, read[0], 2_000_000)
+            moved.append(read[0])
+
+    _archive_during_the_scan(monkeypatch, store, touch_first)
+    # When a filter without idleSince selects
+    selected = bulk.select(store, bulk.BulkFilter(cwd=cwd))
+    # Then it is selected once, with every other session
+    assert sorted(selected) == sorted(ids)
