@@ -89,19 +89,19 @@ def _next_events(events: Any, n: int) -> list[dict[str, Any]]:
     return out
 
 
-def _same_as_send_task(app: Celery, redis_url: str) -> None:
-    """``send_many`` writes what ``send`` (``send_task``) writes for the same task, message
-    and ``task-sent`` event alike, apart from the fields that vary by nature."""
+def _same_as_send_task(app: Celery, redis_url: str, task: str = "turn.stop") -> None:
+    """``send_many`` writes what ``send`` (``send_task``) writes for the same ``task``,
+    message and ``task-sent`` event alike, apart from the fields that vary by nature."""
     client = redis.Redis.from_url(redis_url)
     dispatcher = CeleryDispatcher(app)
     queue, key = "turn.ctl", _queue_key(app, "turn.ctl")
     args: list[Any] = ["s-1", {"c-1": {"turns": ["t-1"], "jobs": ["j-1"]}}]
     events = _events(app, redis_url)
 
-    dispatcher.send("turn.stop", args, queue)
+    dispatcher.send(task, args, queue)
     (single,) = _pop_all(client, key)
     (single_event,) = _next_events(events, 1)
-    assert dispatcher.send_many([("turn.stop", args, queue), ("turn.stop", args, queue)]) == [
+    assert dispatcher.send_many([(task, args, queue), (task, args, queue)]) == [
         None,
         None,
     ]
@@ -171,14 +171,19 @@ def test_a_task_registered_here_keeps_its_own_options_in_a_batch(
     """In a worker, the stop tasks are registered: their options apply as ``send_task``
     applies them."""
 
-    @app.task(name="turn.stop", time_limit=30, soft_time_limit=20, shared=False)
+    # A name no shared task has: once this process has imported the fleet's task modules,
+    # finalizing any app registers their shared tasks first (turn.stop among them), and a
+    # second callable under the same name is not registered.
+    name = f"probe.stop.{uuid.uuid4().hex[:8]}"
+
+    @app.task(name=name, time_limit=30, soft_time_limit=20, shared=False)
     def stop(*args: Any) -> None:  # pragma: no cover - never run here
         return None
 
     app.finalize()
-    _same_as_send_task(app, redis_url)
+    _same_as_send_task(app, redis_url, name)
     client = redis.Redis.from_url(redis_url)
-    CeleryDispatcher(app).send_many([("turn.stop", ["s-1", []], "turn.ctl")])
+    CeleryDispatcher(app).send_many([(name, ["s-1", []], "turn.ctl")])
     (message,) = _pop_all(client, _queue_key(app, "turn.ctl"))
     assert message["headers"]["timelimit"] == [30, 20]
 
