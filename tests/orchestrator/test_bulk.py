@@ -654,9 +654,15 @@ def test_idle_sessions_are_recorded_quiet_from_their_archive_on(
     assert read(store, busy).archived and read(store, busy).quiet_at is None
 
 
-def _archive_during_the_scan(
-    monkeypatch: pytest.MonkeyPatch, store: Store, change: Any, chunk: int = 5
-) -> None:
+def _idle_in_order(store: Store, cwd: str, n: int) -> list[str]:
+    """``n`` sessions in ``cwd`` whose last activity is in creation order, long ago."""
+    ids = [new(store, cwd) for _ in range(n)]
+    for i, sid in enumerate(ids):
+        backdate(store, sid, 1_000_000 + i)
+    return ids
+
+
+def _archive_during_the_scan(monkeypatch: pytest.MonkeyPatch, change: Any, chunk: int = 5) -> None:
     """Scan in chunks of ``chunk`` entries and call ``change(cursor)`` after each chunk is
     read, before the next: what a concurrent request does between two round trips."""
     from orchestrator import bulk_select
@@ -677,9 +683,7 @@ def test_a_filter_selects_every_session_though_others_are_archived_during_its_sc
 ) -> None:
     # Given 30 idle sessions, oldest first, scanned 5 index entries per round trip
     cwd = unique_cwd()
-    ids = [new(store, cwd) for _ in range(30)]
-    for i, sid in enumerate(ids):
-        backdate(store, sid, 1_000_000 + i)
+    ids = _idle_in_order(store, cwd, 30)
     taken: list[str] = []
 
     def archive_some(read: list[str]) -> None:
@@ -693,7 +697,7 @@ def test_a_filter_selects_every_session_though_others_are_archived_during_its_sc
             archive.archive(store, recorder, ids[nxt])
             taken.append(ids[nxt])
 
-    _archive_during_the_scan(monkeypatch, store, archive_some)
+    _archive_during_the_scan(monkeypatch, archive_some)
     # When the filter selects
     selected = bulk.select(store, bulk.BulkFilter(cwd=cwd))
     # Then every session nobody archived meanwhile is selected, each once
@@ -707,9 +711,7 @@ def test_a_session_active_again_during_the_scan_is_selected_once(
 ) -> None:
     # Given 12 idle sessions scanned 5 entries per round trip
     cwd = unique_cwd()
-    ids = [new(store, cwd) for _ in range(12)]
-    for i, sid in enumerate(ids):
-        backdate(store, sid, 1_000_000 + i)
+    ids = _idle_in_order(store, cwd, 12)
     moved: list[str] = []
 
     def touch_first(read: list[str]) -> None:
@@ -718,7 +720,7 @@ def test_a_session_active_again_during_the_scan_is_selected_once(
             backdate(store, read[0], 2_000_000)
             moved.append(read[0])
 
-    _archive_during_the_scan(monkeypatch, store, touch_first)
+    _archive_during_the_scan(monkeypatch, touch_first)
     # When a filter without idleSince selects
     selected = bulk.select(store, bulk.BulkFilter(cwd=cwd))
     # Then it is selected once, with every other session
