@@ -414,6 +414,43 @@ def test_delete_asks_for_confirmation_and_cancel_keeps_the_session(
     assert server.call("GET", f"/sessions/{sid}")[0] == 404
 
 
+def test_a_refresh_of_the_list_keeps_the_rows_and_the_open_menu_under_the_pointer(
+    server: Server, page: Any
+) -> None:
+    # Given a list with two sessions, one of them with its row menu open
+    other = server.session("Refreshed neighbour")
+    sid = server.session("Menu stays open")
+    page.goto(server.base + "/console")
+    _row(page, other).wait_for()
+    page.locator('#live[data-state="live"]').wait_for()
+    menu = _menu(page, sid)
+    menu.wait_for()
+    page.evaluate(
+        'sid => { window.__menu = document.querySelector(`.row[data-session-id="${sid}"]'
+        " [role=menu]`); window.__row = window.__menu.closest('li'); }",
+        sid,
+    )
+    assert page.evaluate("window.__menu.contains(document.activeElement)")
+    # When another client renames the other session, and the list refreshes live
+    server.ok("PUT", f"/sessions/{other}/title", {"title": "Renamed neighbour"})
+    _row(page, other).locator(".t").get_by_text("Renamed neighbour", exact=True).wait_for()
+    # Then the open menu is the same element, still open and focused, in the same row
+    assert page.evaluate("window.__menu.isConnected && window.__row.isConnected")
+    assert page.evaluate("window.__menu.contains(document.activeElement)")
+    assert _row(page, sid).locator("button.more").get_attribute("aria-expanded") == "true"
+    assert menu.count() == 1
+    assert page.evaluate(
+        'sid => document.querySelector(`.row[data-session-id="${sid}"] [role=menu]`)'
+        " === window.__menu",
+        sid,
+    )
+    # And a click in it acts on its session
+    menu.get_by_role("menuitem", name="Delete…").click(timeout=5_000)
+    page.locator("#confirm-delete").wait_for(state="visible")
+    page.locator("#delete-cancel").click()
+    assert server.call("GET", f"/sessions/{sid}")[0] == 200
+
+
 def test_refusal_dialog_asks_again_when_the_work_changed_before_confirming(
     server: Server, page: Any, store: Any
 ) -> None:

@@ -37,10 +37,16 @@ export function localTime(iso) {
 export function timeEl(iso) {
   const el = document.createElement("time");
   el.className = "when";
+  setTime(el, iso);
+  return el;
+}
+
+// Point a <time> element made by timeEl at `iso`; nothing changes when it already reads it.
+export function setTime(el, iso) {
+  if (el.dateTime === iso) return;
   el.dateTime = iso;
   el.title = localTime(iso);
   el.textContent = relativeTime(iso);
-  return el;
 }
 
 // Re-read every relative time on the page (called once a minute).
