@@ -431,9 +431,11 @@ def test_a_refresh_of_the_list_keeps_the_rows_and_the_open_menu_under_the_pointe
         sid,
     )
     assert page.evaluate("window.__menu.contains(document.activeElement)")
-    # When another client renames the other session, and the list refreshes live
+    # When another client renames the other session and creates a third, and the list
+    # refreshes live
     server.ok("PUT", f"/sessions/{other}/title", {"title": "Renamed neighbour"})
     _row(page, other).locator(".t").get_by_text("Renamed neighbour", exact=True).wait_for()
+    _row(page, server.session("Newcomer")).wait_for()
     # Then the open menu is the same element, still open and focused, in the same row
     assert page.evaluate("window.__menu.isConnected && window.__row.isConnected")
     assert page.evaluate("window.__menu.contains(document.activeElement)")
