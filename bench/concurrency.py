@@ -28,6 +28,7 @@ import json
 import os
 import statistics
 import time
+from functools import partial
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -166,7 +167,7 @@ def bench_concurrency(url: str, prefix: str, n: int, quick: bool = False) -> lis
             closed[workers] = _closed(url, store, base, n)
             if workers == 2 or not quick:
                 rates = QUICK_RATES if quick else RATES
-                runs[workers] = climb(rates, lambda r, b=base: _paced(url, store, b, r))
+                runs[workers] = climb(rates, partial(_paced, url, store, base))
     scale = closed[2]["rate"] / closed[1]["rate"]
     rows = [_closed_row(1, n, closed[1], None), _closed_row(2, n, closed[2], scale)]
     # Seeding ran at fsync everysec on the private server only (``fsync_relaxed``).
