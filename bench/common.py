@@ -62,7 +62,32 @@ def environment(url: str | None) -> Iterator[tuple[str, str]]:
     from api.embedded import EmbeddedRedis
 
     with EmbeddedRedis(Path(tempfile.mkdtemp(prefix="fleet-bench-"))) as server:
-        yield server.url, prefix
+        embedded_urls.add(server.url)
+        try:
+            yield server.url, prefix
+        finally:
+            embedded_urls.discard(server.url)
+
+
+#: URLs of the private servers ``environment`` runs now (only these may have fsync relaxed).
+embedded_urls: set[str] = set()
+
+
+@contextmanager
+def fsync_relaxed(url: str) -> Iterator[bool]:
+    """For seeding only: on a private server of ``environment``, ``appendfsync everysec`` in
+    the block and ``always`` again after it, so no measurement runs relaxed; any other server
+    is left as it is. Yields whether fsync was relaxed."""
+    if url not in embedded_urls:
+        yield False
+        return
+    raw = redis.Redis.from_url(url)
+    raw.config_set("appendfsync", "everysec")
+    try:
+        yield True
+    finally:
+        raw.config_set("appendfsync", "always")
+        raw.close()
 
 
 def configure(url: str, prefix: str, **settings_fields: Any) -> tuple[Any, Any]:
@@ -95,6 +120,24 @@ def seed_busy(store: Any, n: int, cwd: str = "/bench/busy", host: str = "bench-h
         turns.start_turn(store, null, child, "think 600", source="subagent")
         ids.append(sid)
     return ids
+
+
+def seed_busy_many(
+    store: Any, n: int, cwd: str = "/bench/busy", per_host: int = 250, threads: int = 4
+) -> list[str]:
+    """``seed_busy`` for ``n`` sessions from ``threads`` threads in chunks of 250, a job host
+    per ``per_host`` sessions (a job's claim counts its host's live jobs, so one host for all
+    would make seeding quadratic); the ids in chunk order."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    tag = uuid.uuid4().hex[:6]
+    chunk = min(250, per_host)
+    with ThreadPoolExecutor(threads) as pool:
+        futures = [
+            pool.submit(seed_busy, store, min(chunk, n - i), cwd, f"bench-{tag}-{i // per_host}")
+            for i in range(0, n, chunk)
+        ]
+        return [sid for f in futures for sid in f.result()]
 
 
 @contextmanager

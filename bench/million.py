@@ -12,13 +12,21 @@ from __future__ import annotations
 
 import statistics
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import httpx
 
-from bench.common import Row, api_pids, api_server, configure, ms, pct, seed_busy, timed
+from bench.common import (
+    Row,
+    api_pids,
+    api_server,
+    configure,
+    ms,
+    pct,
+    seed_busy_many,
+    timed,
+)
 
 SMALL = 10_000
 
@@ -102,18 +110,6 @@ def _script_seconds(store: Any) -> float:
     return sum(int(stats.get(f"cmdstat_{c}", {}).get("usec", 0)) for c in ("evalsha", "eval")) / 1e6
 
 
-def _busy(store: Any, n: int, cwd: str) -> None:
-    """``n`` busy sessions in ``cwd``, seeded from 16 threads, 1,000 per job host (a claim
-    counts its host's live jobs)."""
-    chunk = 250
-    with ThreadPoolExecutor(16) as pool:
-        for f in [
-            pool.submit(seed_busy, store, min(chunk, n - i), cwd, f"bench-host-{i // 1000}")
-            for i in range(0, n, chunk)
-        ]:
-            f.result()
-
-
 def bench_million(url: str, prefix: str, size: int, idle: int, busy: int) -> list[Row]:
     store, _ = configure(url, prefix)
     rows: list[Row] = []
@@ -152,7 +148,8 @@ def bench_million(url: str, prefix: str, size: int, idle: int, busy: int) -> lis
             "goal <= 1 KiB: " + ("met" if per <= 1024 else "MISSED"),
         )
     )
-    _busy(store, busy, "/bench/bulk")
+    # 1,000 per job host: a claim counts its host's live jobs.
+    seed_busy_many(store, busy, "/bench/bulk", per_host=1000, threads=16)
     with api_server(url, prefix, extra_env={"FLEET_BULK_FILTER_MAX": str(idle + 2 * busy)}) as base:
         pid = api_pids[-1]
         with httpx.Client(base_url=base, timeout=300) as client:
