@@ -28,7 +28,7 @@ class Keys:
 
     # -- sessions ---------------------------------------------------------------------------
     def session(self, sid: str) -> str:
-        """HASH: sessionId, cwd, title, titleSource (client|generated|''), parentId,
+        """HASH: cwd, title, titleSource (client|generated|''), parentId,
         createdAt/updatedAt (ISO 8601), updatedMs, archived ('0'|'1'), archivedAt, archiveTxn
         (id of the archive transition that archived it), deleted ('0'|'1'), quietAt and
         quietTxn (when a census first found it quiet after the archive transition quietTxn);
@@ -36,7 +36,9 @@ class Keys:
         transition the attempts count for), reconcileAttempts, reconcileNextMs (epoch ms before
         which it is not retried) and archiveHazard (JSON {since, attempts, families}); model
         (the model name it asked for, '' for the backend's default); inputTokens and
-        outputTokens (model usage of all its turns, ``orchestrator/usage.py``)."""
+        outputTokens (model usage of all its turns, ``orchestrator/usage.py``). The id is the
+        key's suffix, not a field (hashes written by earlier versions still hold a
+        ``sessionId`` field equal to it, which readers ignore)."""
         return f"{self.prefix}session:{sid}"
 
     def lineage(self, sid: str) -> str:

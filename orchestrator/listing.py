@@ -259,4 +259,6 @@ def _load_many(store: Store, ids: list[str]) -> list[Session | None]:
     pipe = store.redis.pipeline(transaction=False)
     for sid in ids:
         pipe.hgetall(store.keys.session(sid))
-    return [Session.from_hash(h) if h else None for h in pipe.execute()]
+    return [
+        Session.from_hash(sid, h) if h else None for sid, h in zip(ids, pipe.execute(), strict=True)
+    ]

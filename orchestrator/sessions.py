@@ -123,7 +123,7 @@ def get_session(store: Store, session_id: str, *, include_deleted: bool = False)
     h = _read(store, sid)
     if not h or (h.get("deleted") == "1" and not include_deleted):
         raise SessionNotFound(sid)
-    return Session.from_hash(h)
+    return Session.from_hash(sid, h)
 
 
 MAX_CONVERSATION = 1000

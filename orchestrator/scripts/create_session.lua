@@ -42,7 +42,9 @@ if parent ~= '' then
     archived_at = now
   end
 end
-redis.call('HSET', k, 'sessionId', sid, 'cwd', cwd, 'cwdHash', cwd_hash, 'parentId', parent,
+-- The id is the key's suffix, so the hash does not store it (hashes written before this
+-- still hold a sessionId field; readers ignore it).
+redis.call('HSET', k, 'cwd', cwd, 'cwdHash', cwd_hash, 'parentId', parent,
   'title', '', 'titleSource', '', 'createdAt', now, 'updatedAt', now, 'updatedMs', ms,
   'archived', archived, 'archivedAt', archived_at, 'archiveTxn', txn, 'deleted', '0',
   'model', model)

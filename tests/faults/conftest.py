@@ -49,7 +49,7 @@ def assert_consistent(store: Store, session_ids: Iterable[str] | None = None) ->
     )
     for key in keys:
         h = store.redis.hgetall(key)
-        sid = h["sessionId"]
+        sid = key.removeprefix(f"{k.prefix}session:")
         if h.get("deleted") != "0":
             continue
         live.add(sid)

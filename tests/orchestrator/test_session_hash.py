@@ -1,0 +1,72 @@
+"""The stored session hash: the id is its key's suffix, not a field; hashes written by earlier
+versions (which held a ``sessionId`` field) still read the same."""
+
+from __future__ import annotations
+
+from orchestrator import archive, sessions, titles
+from orchestrator.sessions import Session
+from orchestrator.store import Store
+from tests.helpers import RecordingDispatcher
+from tests.orchestrator.support import chain, unique_cwd
+
+
+def _listed(store: Store, **params: object) -> list[str]:
+    return [s.session_id for s in sessions.list_sessions(store, limit=100, **params).sessions]
+
+
+def test_a_new_session_hash_holds_no_session_id_field(store: Store) -> None:
+    root, child = chain(store, 1)
+
+    for s in (root, child):
+        h = store.redis.hgetall(store.keys.session(s.session_id))
+        assert h["cwd"] == root.cwd  # the hash is there...
+        assert "sessionId" not in h  # ...without the id its key name already holds
+
+
+def test_every_read_of_a_new_session_returns_its_id(store: Store) -> None:
+    # Given an active session and an archived one with a title, in one cwd
+    cwd = unique_cwd()
+    active, gone = (sessions.create_session(store, cwd) for _ in range(2))
+    titles.set_title(store, gone.session_id, "findable title")
+    archive.archive(store, RecordingDispatcher(), gone.session_id)
+
+    # Then each read names each session by its id
+    assert sessions.get_session(store, active.session_id).session_id == active.session_id
+    assert sessions.get_session(store, gone.session_id).session_id == gone.session_id
+    assert _listed(store, cwd=cwd) == [active.session_id]
+    assert _listed(store, cwd=cwd, archived="only") == [gone.session_id]
+    assert set(_listed(store, cwd=cwd, archived="include")) == {gone.session_id, active.session_id}
+    assert _listed(store, cwd=cwd, archived="include", q="findable") == [gone.session_id]
+    assert gone.session_id in _listed(store, archived="only")
+
+
+def test_a_hash_written_with_a_session_id_field_still_reads(store: Store) -> None:
+    # Given sessions whose hashes hold the sessionId field, as earlier versions wrote them
+    cwd = unique_cwd()
+    root, child = chain(store, 1, cwd)
+    titles.set_title(store, child.session_id, "older hash")
+    for s in (root, child):
+        store.redis.hset(store.keys.session(s.session_id), "sessionId", s.session_id)
+
+    # Then reads, lists and searches return them as before, and writes still apply
+    got = sessions.get_session(store, child.session_id)
+    assert (got.session_id, got.parent_id, got.title) == (
+        child.session_id,
+        root.session_id,
+        "older hash",
+    )
+    assert set(_listed(store, cwd=cwd)) == {child.session_id, root.session_id}
+    assert _listed(store, cwd=cwd, q="older") == [child.session_id]
+    archive.archive(store, RecordingDispatcher(), root.session_id)
+    assert set(_listed(store, cwd=cwd, archived="only")) == {root.session_id, child.session_id}
+    assert sessions.get_session(store, root.session_id).to_info()["sessionId"] == root.session_id
+
+
+def test_the_id_comes_from_the_key_not_from_a_stored_field() -> None:
+    # An older hash's field is ignored: the id passed (the key's suffix) is the one used.
+    h = {"cwd": "/x", "createdAt": "t", "updatedAt": "t", "sessionId": "sess_other"}
+
+    assert Session.from_hash("sess_key", h).session_id == "sess_key"
+    assert Session.from_hash("sess_key", {k: v for k, v in h.items() if k != "sessionId"}) == (
+        Session.from_hash("sess_key", h)
+    )
