@@ -79,13 +79,17 @@ def args_repr(value: Any, maxlen: int | None, maxlevels: int) -> str:
     ``list``, ``tuple`` and ``dict`` (scalar keys) whose text is shorter than ``maxlen`` are
     written directly (the same text, several times faster); anything else is given to
     ``saferepr``."""
-    out: list[str] = []
-    if _plain(value, 0, maxlevels, out):
-        text = "".join(out)
-        # Shorter than the budget: saferepr truncated nothing.
-        if maxlen is None or len(text) < maxlen:
-            return text
+    text = plain_repr(value, maxlevels)
+    # Shorter than the budget: saferepr truncated nothing.
+    if text is not None and (maxlen is None or len(text) < maxlen):
+        return text
     return str(saferepr(value, maxlen, maxlevels))
+
+
+def plain_repr(value: Any, maxlevels: int) -> str | None:
+    """``saferepr(value, None, maxlevels)`` for a plain value (``args_repr``), else ``None``."""
+    out: list[str] = []
+    return "".join(out) if _plain(value, 0, maxlevels, out) else None
 
 
 def _plain(value: Any, level: int, maxlevels: int, out: list[str]) -> bool:
@@ -205,7 +209,11 @@ class Template:
         utcoffset: float,
     ) -> list[Command]:
         """The ``LPUSH`` of the message and the ``PUBLISH`` of its event (``tags``: their
-        delivery tags; ``timestamp`` in seconds since the epoch, ``utcoffset`` in hours)."""
+        delivery tags; ``timestamp`` in seconds since the epoch, ``utcoffset`` in hours).
+        Raises ``TypeError`` for ``args`` that are not a list or tuple, as Celery does."""
+        args = args or ()  # as Celery's message: no arguments are written ``()``
+        if not isinstance(args, list | tuple):
+            raise TypeError("task args must be a list or tuple")
         payload = serialize((args, {}, self.embed), serializer="json")[2]
         ident, argsrepr = json_str(task_id), json_str(self._reprs(args))
         event = self.event_body.render(
