@@ -138,7 +138,8 @@ def test_templated_messages_and_events_are_what_send_task_writes(app: Celery) ->
 
     # When they are sent in batches (the first message of the first batch teaches the
     # template, every later one is rendered from it)
-    sent, clocks = [], []
+    sent, clocks, times = [], [], []
+    started = time.time()
     for _ in range(3):
         assert dispatcher.send_many([("turn.stop", a, QUEUE) for a in ARGS]) == [None] * 6
         sent.extend(zip(_pop_all(app), _next_events(events, len(ARGS)), strict=True))
@@ -150,12 +151,15 @@ def test_templated_messages_and_events_are_what_send_task_writes(app: Celery) ->
         single, single_event = singles[i % len(ARGS)]
         _same_but_ids(message, single)
         _same_event_but_ids(event, single_event, message["headers"]["id"])
-        clocks.append(json.loads(base64.b64decode(event["body"]))["clock"])
+        body = json.loads(base64.b64decode(event["body"]))
+        clocks.append(body["clock"])
+        times.append(body["timestamp"])
     ids = [m["headers"]["id"] for m, _ in sent]
     tags = [m["properties"]["delivery_tag"] for m, _ in sent]
     tags += [e["properties"]["delivery_tag"] for _, e in sent]
     assert len(set(ids)) == len(ids) and len(set(tags)) == len(tags)
     assert clocks == sorted(clocks) and len(set(clocks)) == len(clocks)
+    assert started <= times[0] and times == sorted(times) and times[-1] <= time.time()
 
 
 def test_a_reply_to_is_the_sending_thread_s(app: Celery) -> None:
