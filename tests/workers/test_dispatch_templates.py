@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 import redis
-from celery import Celery, signals
+from celery import Celery, _state, signals
 from celery.contrib.testing.worker import start_worker
 
 from orchestrator.settings import FleetSettings
@@ -223,17 +223,24 @@ def test_a_real_worker_runs_a_templated_message(app: Celery, redis_url: str) -> 
 
     dispatcher = CeleryDispatcher(app)
     queue = f"probe.{uuid.uuid4().hex[:8]}"
-    with start_worker(
-        worker_app, pool="solo", perform_ping_check=False, queues=[queue], loglevel="WARNING"
-    ):
-        # When two messages are sent, the second rendered from a template
-        assert dispatcher.send_many([(name, ARGS[1], queue)]) == [None]
-        assert dispatcher._templates.get((name, queue)) is not None
-        assert dispatcher.send_many([(name, ARGS[2], queue)]) == [None]
-        # Then the worker runs both with their arguments
-        assert done.wait(30)
+    # start_worker makes its app the current and the default one, for good: later tests
+    # that call shared tasks from new threads would find this app's registry.
+    saved = (_state._tls.current_app, _state.default_app)
+    try:
+        with start_worker(
+            worker_app, pool="solo", perform_ping_check=False, queues=[queue], loglevel="WARNING"
+        ):
+            # When two messages are sent, the second rendered from a template
+            assert dispatcher.send_many([(name, ARGS[1], queue)]) == [None]
+            assert dispatcher._templates.get((name, queue)) is not None
+            assert dispatcher.send_many([(name, ARGS[2], queue)]) == [None]
+            # Then the worker runs both with their arguments
+            assert done.wait(30)
+    finally:
+        _state._set_current_app(saved[0])
+        _state.set_default_app(saved[1])
+        worker_app.close()
     assert [args for _, args in ran] == [ARGS[1], ARGS[2]]
-    worker_app.close()
 
 
 def test_a_forked_child_renders_messages_with_its_own_pid(app: Celery) -> None:
