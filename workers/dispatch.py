@@ -76,6 +76,7 @@ class CeleryDispatcher:
         self._routes: dict[tuple[str, str], _Route] = {}
         self._events: EventDispatcher | None = None
         self._templates = messages.Templates()
+        self._configured_for_templates: bool | None = None
 
     @_transient
     def send(self, task: str, args: list[Any], queue: str) -> None:
@@ -111,7 +112,7 @@ class CeleryDispatcher:
                 if options is None:
                     self._send_task(producer, task, args, queue)
                     continue
-                template = self._templates.get((task, queue)) if session else None
+                template = None if session is None else self._templates.get((task, queue))
                 if template is None:
                     learn = session if not self._templates.known((task, queue)) else None
                     self._send_built(producer, (task, queue), args, options, events, learn)
@@ -174,17 +175,22 @@ class CeleryDispatcher:
     def _template_session(self, producer: Producer, batch: Any) -> PublishBatch | None:
         """The fleet's publish batch of ``batch`` when templates may be used (the module
         docstring lists when not), else ``None``."""
-        app = self.app
-        conf = app.conf
+        if self._configured_for_templates is None:
+            # Read at the first batch, like the routes: configuration is set before sending
+            # (a template holds the options of its first message as they were then).
+            app, conf = self.app, self.app.conf
+            self._configured_for_templates = not (
+                conf.task_protocol != 2
+                or conf.task_serializer != "json"
+                or conf.task_compression
+                or not conf.task_send_sent_event
+                or type(app.backend).on_task_call is not BaseBackend.on_task_call
+            )
         if (
-            conf.task_protocol != 2
-            or conf.task_serializer != "json"
-            or conf.task_compression
-            or not conf.task_send_sent_event
+            not self._configured_for_templates
             or signals.before_task_publish.receivers
             or signals.after_task_publish.receivers
             or signals.task_sent.receivers
-            or type(app.backend).on_task_call is not BaseBackend.on_task_call
         ):
             return None
         # kombu's producer batch makes its transport's batch on the first publish; asked for
