@@ -3,7 +3,7 @@
 ``send_many`` publishes the messages of one operation (an archive's stops, a batch of
 reminder fires) through kombu's producer batch: every message and its ``task-sent`` event is
 buffered, then written in one pipelined round trip to Redis. The messages are ordinary Celery
-messages, built and published by Celery itself (``app.amqp.create_task_message`` and
+messages, as Celery builds and publishes them (``app.amqp.create_task_message`` and
 ``app.amqp.send_task_message``, the two halves of ``send_task``): workers consume them
 unchanged and Flower sees them. What ``send_task`` would work out again for every message is
 worked out once per dispatcher instead:
@@ -18,7 +18,8 @@ worked out once per dispatcher instead:
   cannot be rendered back byte for byte stays with Celery.
 
 Templates are not used, and every message is built by Celery, while anything could make
-Celery write something else: task protocol other than 2, a serializer other than ``json``,
+Celery write something else: task protocol other than 2 (the configuration is read at the
+first batch), a serializer other than ``json``,
 compression, a receiver of ``before_task_publish``/``after_task_publish``/``task_sent``, a
 result backend that acts on each send, events of sent tasks turned off, or a broker transport
 other than the fleet's Redis one (``workers.broker``).
