@@ -1,16 +1,18 @@
 """Benchmark 1 without HTTP: an archive with ``stopActivity`` in process, phase by phase, with
-the stop publish of ``CeleryDispatcher.send_many`` beside the way it published before.
+the stop publish of ``CeleryDispatcher.send_many`` beside the ways it published before.
 
     python -m bench.archive_phases [--n 600] [--redis-url URL]
 
 Sessions are seeded busy in all four families (``seed_busy``), then each is archived as the
 HTTP API archives it (``archive.archive(..., stop_activity=True, defer=executor.submit)``: the
-fan-out's counts and audit entry go to a single-thread executor), alternately through two
-dispatchers, so both see the same load:
+fan-out's counts and audit entry go to a single-thread executor), in turn through three
+dispatchers, so all see the same load:
 
-- ``send_many``: the fleet's ``CeleryDispatcher`` (messages built with
-  ``app.amqp.create_task_message``, published with ``app.amqp.send_task_message`` in one
+- ``send_many``: the fleet's ``CeleryDispatcher`` (messages rendered from templates learned
+  from the first message Celery built for each task and queue, ``workers.messages``, in one
   producer batch, through the fleet's broker transport);
+- ``celery-built``: the same with templates off: every message built with
+  ``app.amqp.create_task_message`` and published with ``app.amqp.send_task_message``;
 - ``send_task``: the same dispatcher publishing each message with ``app.send_task`` in one
   producer batch, through kombu's own Redis transport (a Redis client built per batch): how
   the stops were published before.
@@ -88,13 +90,31 @@ def send_task_dispatcher(url: str, prefix: str) -> Any:
     return SendTaskDispatcher(app)
 
 
+def celery_built_dispatcher(url: str, prefix: str) -> Any:
+    """A ``CeleryDispatcher`` with templates off: Celery builds every message."""
+    from orchestrator.settings import FleetSettings
+    from workers.app import create_app
+    from workers.dispatch import CeleryDispatcher
+
+    class CeleryBuilt(CeleryDispatcher):
+        def _template_session(self, producer: Any, batch: Any) -> None:
+            return None
+
+    return CeleryBuilt(create_app(FleetSettings(redis_url=url, key_prefix=prefix)))
+
+
 def run(url: str, prefix: str, n: int) -> list[str]:
     from orchestrator import archive
 
     store, fleet = configure(url, prefix)
-    dispatchers = {"send_many": fleet, "send_task": send_task_dispatcher(url, prefix)}
+    dispatchers = {
+        "send_many": fleet,
+        "celery-built": celery_built_dispatcher(url, prefix),
+        "send_task": send_task_dispatcher(url, prefix),
+    }
+    names = list(dispatchers)
     phases = Phases()
-    ids = seed_busy(store, 2 * (n + 10))
+    ids = seed_busy(store, len(names) * (n + 10))
     executor = concurrent.futures.ThreadPoolExecutor(1)
     for dispatcher in dispatchers.values():
         for sid in [ids.pop() for _ in range(10)]:  # warm-up: connections, scripts, queues
@@ -114,7 +134,7 @@ def run(url: str, prefix: str, n: int) -> list[str]:
         dispatcher.send_many = phases.time(f"{name}: publish 4 stops", dispatcher.send_many)
         archives[name] = phases.time(f"{name}: whole archive", archive.archive)
     for i, sid in enumerate(ids):
-        name = current[0] = "send_many" if i % 2 == 0 else "send_task"
+        name = current[0] = names[i % len(names)]
         archives[name](store, dispatchers[name], sid, stop_activity=True, defer=executor.submit)
         executor.submit(lambda: None).result()  # the deferred write is not in the next one
     executor.shutdown()

@@ -143,6 +143,52 @@ def _one_write(connection_class: type) -> type:
     return type(f"OneWrite{connection_class.__name__}", (_OneWrite, connection_class), {})
 
 
+class PublishBatch(kombu_redis.PublishBatch):
+    """kombu's publish batch (one pipeline for a producer batch), which can also record the
+    commands of each message it buffers and buffer commands rendered elsewhere
+    (``workers.messages``) in the same pipeline."""
+
+    #: When a list, the commands of each message published are appended to it (one list per
+    #: message), as they are buffered to be written.
+    recording: list[list[Any]] | None = None
+    _current: list[Any] | None = None
+
+    def publish(self, message: Any, **kwargs: Any) -> Any:
+        if self.recording is None:
+            return super().publish(message, **kwargs)
+        self._current = []
+        try:
+            result = super().publish(message, **kwargs)
+            self.recording.append(self._current)
+        finally:
+            self._current = None
+        return result
+
+    def add(self, name: str, *args: Any) -> None:
+        super().add(name, *args)
+        if self._current is not None:
+            self._current.append((name, args))
+
+    def put(self, commands: list[tuple[str, tuple[Any, ...]]]) -> None:
+        """Buffer ``commands`` (``(name, args)``, as ``add`` takes them) as one message's,
+        flushing as ``publish`` does when the batch is full. Raises what the pipeline raises;
+        the batch is then unusable, as after a failed ``publish``."""
+        self._check_usable()
+        if self._buffered and self._buffered + len(commands) > self.max_size:
+            self.flush()
+        try:
+            for name, args in commands:
+                getattr(self.pipeline, name)(*args)
+        except BaseException as exc:
+            self._failed = exc
+            self._buffered = 0
+            self.pipeline.reset()
+            raise
+        self._buffered += len(commands)
+        if self._buffered >= self.max_size:
+            self.flush()
+
+
 class _FleetChannel:
     """What both channels add to kombu's (the module docstring): a closed transport is a
     connection error, and held messages go back before consuming."""
@@ -169,6 +215,10 @@ class _FleetChannel:
         params = super()._connparams(asynchronous=asynchronous)  # type: ignore[misc]
         params["connection_class"] = _one_write(params["connection_class"])
         return params
+
+    def create_publish_batch(self, max_size: int) -> PublishBatch:
+        """A ``PublishBatch`` (above) for a producer batch of at most ``max_size`` commands."""
+        return PublishBatch(self, max_size)
 
     def basic_consume(self, queue: str, *args: Any, **kwargs: Any) -> Any:
         # Held messages go back first; until they can, consuming more would only hold more.

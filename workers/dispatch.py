@@ -3,14 +3,26 @@
 ``send_many`` publishes the messages of one operation (an archive's stops, a batch of
 reminder fires) through kombu's producer batch: every message and its ``task-sent`` event is
 buffered, then written in one pipelined round trip to Redis. The messages are ordinary Celery
-messages, built and published by Celery itself (``app.amqp.create_task_message`` and
+messages, as Celery builds and publishes them (``app.amqp.create_task_message`` and
 ``app.amqp.send_task_message``, the two halves of ``send_task``): workers consume them
 unchanged and Flower sees them. What ``send_task`` would work out again for every message is
 worked out once per dispatcher instead:
 
 * the route of a (task, queue) pair (``app.amqp.router``), its queue bound to a channel once,
   so kombu's declaration cache is consulted without copying the queue for every publish;
-* one ``task-sent`` event dispatcher, its exchange bound the same way.
+* one ``task-sent`` event dispatcher, its exchange bound the same way;
+* the message itself, as a template (``workers.messages``): the first message of a (task,
+  queue) pair is built and published by Celery while the batch records the commands it
+  writes; later ones are rendered from what was recorded, filling in only what varies (ids,
+  arguments, clock, time), and buffered in the same pipeline. A pair whose first message
+  cannot be rendered back byte for byte stays with Celery.
+
+Templates are not used, and every message is built by Celery, while anything could make
+Celery write something else: task protocol other than 2 (the configuration is read at the
+first batch), a serializer other than ``json``,
+compression, a receiver of ``before_task_publish``/``after_task_publish``/``task_sent``, a
+result backend that acts on each send, events of sent tasks turned off, or a broker transport
+other than the fleet's Redis one (``workers.broker``).
 
 Where ``send_task`` would do more than that for a message, the message is sent with
 ``send_task`` itself: inside a worker task (the message carries the task's root and parent
@@ -26,11 +38,15 @@ the exact items it stops, a reminder fire spends the reminder once).
 from __future__ import annotations
 
 import os
+import time
+from functools import partial
 from typing import Any
 
-from celery import Celery
+from celery import Celery, signals
+from celery.backends.base import BaseBackend
 from celery.events.dispatcher import EventDispatcher
 from celery.utils import uuid
+from celery.utils.time import utcoffset
 from kombu.exceptions import OperationalError
 from kombu.messaging import Producer
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -38,6 +54,8 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from tenacity import retry, retry_if_exception_type, stop_after_attempt, wait_exponential
 
 from orchestrator.families import Message
+from workers import messages
+from workers.broker import PublishBatch
 
 _transient = retry(
     retry=retry_if_exception_type((OperationalError, RedisConnectionError, RedisTimeoutError)),
@@ -58,6 +76,8 @@ class CeleryDispatcher:
         self.app = app
         self._routes: dict[tuple[str, str], _Route] = {}
         self._events: EventDispatcher | None = None
+        self._templates = messages.Templates()
+        self._configured_for_templates: bool | None = None
 
     @_transient
     def send(self, task: str, args: list[Any], queue: str) -> None:
@@ -80,36 +100,113 @@ class CeleryDispatcher:
     @_transient
     def _publish_batch(self, messages: list[Message]) -> None:
         app = self.app
-        with app.producer_or_acquire() as producer, producer.batch():
+        with app.producer_or_acquire() as producer, producer.batch() as batch:
             if app.current_worker_task is not None:
                 for task, args, queue in messages:
                     self._send_task(producer, task, args, queue)
                 return
-            sent_event = app.conf.task_send_sent_event
-            reply_to = app.thread_oid
-            backend = app.backend
             events = self._event_dispatcher(producer)
+            session = self._template_session(producer, batch)
+            declared: set[str] = set()
             for task, args, queue in messages:
                 options = self._route(producer, task, queue)
                 if options is None:
                     self._send_task(producer, task, args, queue)
                     continue
-                # What send_task builds and publishes for a task it does not know, sent from
-                # outside any task: the same message, the same task-sent event.
-                task_id = uuid()
-                message = app.amqp.create_task_message(
-                    task_id,
-                    task,
-                    args,
-                    None,
-                    reply_to=reply_to,
-                    create_sent_event=sent_event,
-                    ignore_result=None,
+                template = None if session is None else self._templates.get((task, queue))
+                if template is None:
+                    learn = session if not self._templates.known((task, queue)) else None
+                    self._send_built(producer, (task, queue), args, options, events, learn)
+                    continue
+                assert session is not None
+                if not declared:  # as Celery declares the event exchange for each event
+                    producer.maybe_declare(events.exchange)
+                if queue not in declared:
+                    producer.maybe_declare(options["queue"])
+                    declared.add(queue)
+                session.put(
+                    template.commands(
+                        uuid(),
+                        args,
+                        app.thread_oid,
+                        (uuid(), uuid()),
+                        events.clock.forward(),
+                        time.time(),
+                        utcoffset(),
+                    )
                 )
-                backend.on_task_call(producer, task_id)
-                app.amqp.send_task_message(
-                    producer, task, message, event_dispatcher=events, **options
-                )
+
+    def _send_built(
+        self,
+        producer: Producer,
+        pair: tuple[str, str],
+        args: list[Any],
+        options: dict[str, Any],
+        events: EventDispatcher,
+        learn: PublishBatch | None = None,
+    ) -> None:
+        """Build and publish one message as ``send_task`` would for a task it does not know,
+        sent from outside any task (the same message, the same ``task-sent`` event); with
+        ``learn`` (the batch it goes through), record what it writes and learn the pair's
+        template from it."""
+        app, task = self.app, pair[0]
+        task_id, reply_to = uuid(), app.thread_oid
+        message = app.amqp.create_task_message(
+            task_id,
+            task,
+            args,
+            None,
+            reply_to=reply_to,
+            create_sent_event=app.conf.task_send_sent_event,
+            ignore_result=None,
+        )
+        app.backend.on_task_call(producer, task_id)
+        if learn is None:
+            app.amqp.send_task_message(producer, task, message, event_dispatcher=events, **options)
+            return
+        recorded: list[list[Any]] = []
+        learn.recording = recorded
+        try:
+            app.amqp.send_task_message(producer, task, message, event_dispatcher=events, **options)
+        finally:
+            learn.recording = None
+        template = messages.learn(recorded, task_id, args, reply_to, self._reprs())
+        self._templates.put(pair, template)
+
+    def _template_session(self, producer: Producer, batch: Any) -> PublishBatch | None:
+        """The fleet's publish batch of ``batch`` when templates may be used (the module
+        docstring lists when not), else ``None``."""
+        if self._configured_for_templates is None:
+            # Read at the first batch, like the routes: configuration is set before sending
+            # (a template holds the options of its first message as they were then).
+            app, conf = self.app, self.app.conf
+            self._configured_for_templates = not (
+                conf.task_protocol != 2
+                or conf.task_serializer != "json"
+                or conf.task_compression
+                or not conf.task_send_sent_event
+                or type(app.backend).on_task_call is not BaseBackend.on_task_call
+            )
+        if (
+            not self._configured_for_templates
+            or signals.before_task_publish.receivers
+            or signals.after_task_publish.receivers
+            or signals.task_sent.receivers
+        ):
+            return None
+        # kombu's producer batch makes its transport's batch on the first publish; asked for
+        # it here, it makes it now (the same one the publishes below go through).
+        session = batch.state._get_session(producer.channel)
+        return session if isinstance(session, PublishBatch) else None
+
+    def _reprs(self) -> Any:
+        """``argsrepr`` as this app's ``create_task_message`` writes it."""
+        app = self.app
+        return partial(
+            messages.args_repr,
+            maxlen=app.amqp.argsrepr_maxsize,
+            maxlevels=app.conf.task_repr_maxlevels,
+        )
 
     def _send_task(self, producer: Producer, task: str, args: list[Any], queue: str) -> None:
         self.app.send_task(
