@@ -2,15 +2,18 @@
 family its one live item belongs to, though most sessions are known idle from one EXISTS
 over their children set and every family's item key (``item_keys``/``has_live`` in
 ``_lib.lua``): a family whose key the check missed would let its work run on after the
-archive. A family that names no key (the test-only ``probe``) is still read on its own."""
+archive. A family that names no key (the test-only ``probe``) is still read on its own.
+A batch counts its stop dispatches, and its refusals, in one round trip each."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
+import redis
 
-from orchestrator import archive, bulk, jobs, reminders, sessions, turns
+from orchestrator import archive, bulk, jobs, metrics, reminders, sessions, turns
 from orchestrator.activity import census
 from orchestrator.errors import SessionActive
 from orchestrator.store import Store
@@ -146,3 +149,82 @@ def test_a_family_that_names_no_item_key_is_still_read(
     result = bulk.bulk_archive(store, recorder, flt=bulk.BulkFilter(cwd=cwd), stop_activity=True)
     assert result.totals["archived"] == 1
     assert ("probe.stop_many", [{busy: ["p1"]}], "probe.ctl") in recorder.sent
+
+
+# --------------------------------------------------------------------------- counting
+
+
+class MetricTrips:
+    """Counts the Redis round trips that add to a metric (an ``HINCRBY`` of a metric hash
+    sent on its own or in a pipeline; those inside a script are not round trips of theirs)."""
+
+    def __init__(self, store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.count = 0
+        prefix = store.keys.metric("")
+        plain = redis.Redis.execute_command
+        execute = redis.client.Pipeline.execute
+
+        def is_metric(args: tuple[Any, ...]) -> bool:
+            return str(args[0]).upper() == "HINCRBY" and str(args[1]).startswith(prefix)
+
+        def command(client: Any, *args: Any, **kwargs: Any) -> Any:
+            self.count += is_metric(args)
+            return plain(client, *args, **kwargs)
+
+        def pipeline(pipe: Any, *args: Any, **kwargs: Any) -> Any:
+            self.count += any(is_metric(c[0]) for c in pipe.command_stack)
+            return execute(pipe, *args, **kwargs)
+
+        monkeypatch.setattr(redis.Redis, "execute_command", command)
+        monkeypatch.setattr(redis.client.Pipeline, "execute", pipeline)
+
+
+def _busy_everywhere(store: Store, rec: RecordingDispatcher, cwd: str, host: str) -> str:
+    """A session with a live item of every family (jobs claimed on ``host``)."""
+    sid = sessions.create_session(store, cwd).session_id
+    for make in (_turn, _reminder, _subagent):
+        make(store, rec, sid, cwd)
+    jid = jobs.create_job(store, rec, sid, 30, "sleep 30s")
+    assert claim_job(store, jid, host) == "ok"
+    return sid
+
+
+def test_a_batch_counts_its_stops_in_one_round_trip(
+    store: Store, recorder: RecordingDispatcher, cwd: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given busy sessions with work of every family, jobs on two hosts
+    ids = [_busy_everywhere(store, recorder, cwd, f"host{i % 2}") for i in range(4)]
+    before = metrics.snapshot(store).counters["fleet_stop_dispatches"]
+    # When they are archived with stopActivity in one batch
+    trips = MetricTrips(store, monkeypatch)
+    result = bulk.bulk_archive(store, recorder, session_ids=ids, stop_activity=True)
+    # Then its five stop messages (one per family, jobs per host) are counted in one trip
+    assert result.totals["archived"] == 4
+    assert trips.count == 1
+    monkeypatch.undo()
+    after = metrics.snapshot(store).counters["fleet_stop_dispatches"]
+    grew = {k[0]: n - before.get(k, 0) for k, n in after.items() if n != before.get(k, 0)}
+    assert grew == {"turn": 1, "job": 2, "subagent": 1, "reminder": 1}
+
+
+def test_a_batch_counts_its_refusals_in_one_round_trip(
+    store: Store, recorder: RecordingDispatcher, cwd: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given busy sessions with work of every family
+    ids = [_busy_everywhere(store, recorder, cwd, "hostA") for _ in range(3)]
+    before = metrics.snapshot(store).counters
+    # When they are archived without stopActivity in one batch
+    trips = MetricTrips(store, monkeypatch)
+    result = bulk.bulk_archive(store, recorder, session_ids=ids)
+    # Then the refusals, by outcome and by family, are counted in one trip
+    assert result.totals["refused"] == 3
+    assert trips.count == 1
+    monkeypatch.undo()
+    after = metrics.snapshot(store).counters
+    refusals = after["fleet_archive_refusals"]
+    old = before["fleet_archive_refusals"]
+    assert {k[0]: n - old.get(k, 0) for k, n in refusals.items() if n != old.get(k, 0)} == {
+        f: 3 for f in ("turn", "job", "subagent", "reminder")
+    }
+    refused = ("refused",)
+    assert after["fleet_archives"][refused] - before["fleet_archives"].get(refused, 0) == 3
