@@ -291,18 +291,22 @@ class _Run:
         """Count the batch's refusals and add them to the audit trail (best effort; what the
         script wrote, ``_RECORDED_IN_SCRIPT``, it recorded itself)."""
         items = [item for item in items if item.outcome not in _RECORDED_IN_SCRIPT]
-        counts = Counter(item.outcome for item in items if item.outcome != "not_found")
-        for outcome, n in counts.items():
-            if outcome in self.recorded:
-                metrics.incr(self.store, metrics.ARCHIVES, outcome, by=n)
+        outcomes = Counter(item.outcome for item in items if item.outcome != "not_found")
         families = Counter(
-            family
+            str(family)
             for item in items
             for family in {a.family for a in item.activity or []}
             if item.outcome == "refused" and "refused" in self.recorded
         )
-        for family, n in families.items():
-            metrics.incr(self.store, metrics.ARCHIVE_REFUSALS, family, by=n)
+        metrics.incr_many(
+            self.store,
+            [
+                (metrics.ARCHIVES, (outcome,), n)
+                for outcome, n in outcomes.items()
+                if outcome in self.recorded
+            ]
+            + [(metrics.ARCHIVE_REFUSALS, (family,), n) for family, n in families.items()],
+        )
         audit.record_many(
             self.store,
             [

@@ -151,16 +151,18 @@ def dispatch_stops_many(
 ) -> StopReport:
     """``dispatch_stops`` for a bulk batch: one message per family (per host for jobs) for
     all the sessions in ``items_by_session``. Never waits; raises only ``UnknownFamily``
-    (before anything is sent); failures are logged and reported (added to ``report`` when given)."""
+    (before anything is sent); failures are logged and reported (added to ``report`` when given).
+    With ``store``, the messages are counted as ``dispatch_stops`` counts them, in one round
+    trip."""
     report = report if report is not None else StopReport()
     messages = stop_messages_many(items_by_session)
     errors = send_all(dispatcher, [(m.task, m.args, m.queue) for m in messages])
+    counts: list[tuple[metrics.Counter, tuple[str, ...], int]] = []
     for message, error in zip(messages, errors, strict=True):
         family = str(message.family)
         if error is None:
             report.sent[family] = report.sent.get(family, 0) + message.count
-            if store is not None:
-                metrics.incr(store, metrics.STOP_DISPATCHES, family)
+            counts.append((metrics.STOP_DISPATCHES, (family,), 1))
             continue
         report.failed.append((family, f"{type(error).__name__}: {error}"))
         log.warning(
@@ -172,6 +174,7 @@ def dispatch_stops_many(
             error,
             extra={"family": family},
         )
-        if store is not None:
-            metrics.incr(store, metrics.STOP_FAILURES, family)
+        counts.append((metrics.STOP_FAILURES, (family,), 1))
+    if store is not None:
+        metrics.incr_many(store, counts)
     return report

@@ -18,6 +18,7 @@ local function count_live_jobs(key)
 end
 
 family('job', {
+  key = K.live_jobs,
   ids = function(sid) return sorted_members(K.live_jobs(sid)) end,
   verdict = job_verdict, hash = K.job, fields = {'label', 'host', 'pid'},
 })

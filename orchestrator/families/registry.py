@@ -53,7 +53,9 @@ class FamilySpec:
       ``<name>.ctl`` (``control_queue``), per host when ``host_stops`` (a stop must reach the
       host owning the item), and ``extra_queues`` its workers also consume.
     - Census: ``lua``, the Lua file registering its liveness rule (``family(name, ...)``,
-      ``orchestrator/scripts/_lib.lua``), ``item`` turning a live row into an
+      ``orchestrator/scripts/_lib.lua``; naming the one key that holds a session's item ids,
+      when there is one, lets the live-work checks pass an idle session with one EXISTS
+      across families), ``item`` turning a live row into an
       ``ActivityItem``, ``settle`` for items whose owner vanished. A family without ``lua`` is
       not a session's own records (``subagent``: derived from the descendants).
     - Stops: ``payload`` is what a stop carries for one session's items (ids by default; the

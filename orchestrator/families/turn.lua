@@ -11,6 +11,7 @@ local function turn_verdict(tid)
 end
 
 family('turn', {
+  key = K.live_turns,
   ids = function(sid) return redis.call('ZRANGE', K.live_turns(sid), 0, -1) end,
   verdict = turn_verdict, hash = K.turn, fields = {'state', 'prompt'},
 })

@@ -151,20 +151,40 @@ end
 -- (orchestrator/families). Each registers its liveness rule here, the one place it is written,
 -- from its own Lua (put after this library by orchestrator.store):
 --   family(name, {ids = function(sid) -> item ids, verdict = function(id) -> 'live' | 'stale'
---     | false, hash = function(id) -> key, fields = {hash fields the census labels with}})
+--     | false, hash = function(id) -> key, fields = {hash fields the census labels with},
+--     key = function(sid) -> the one key ids reads (optional)})
 -- 'stale': the item's owner vanished (a lease lapsed); it does not count, and the census
--- settles it.
+-- settles it. A family that names its key lets a session with no item of any such family be
+-- known idle from one EXISTS (item_keys, has_live) instead of a read per family; a family
+-- without one is always read through its ids.
 local FAMILIES = {}
 local function family(name, spec)
   spec.name = name
   FAMILIES[#FAMILIES + 1] = spec
 end
 
--- Whether the session itself has live work (its own items of any family).
-local function has_live(sid)
+-- The keys of the session's own items of every family that names one, appended to out.
+local function item_keys(sid, out)
+  out = out or {}
   for _, f in ipairs(FAMILIES) do
-    for _, id in ipairs(f.ids(sid)) do
-      if f.verdict(id) == 'live' then return true end
+    if f.key then out[#out + 1] = f.key(sid) end
+  end
+  return out
+end
+
+-- Whether the session itself has live work (its own items of any family). bare says what
+-- the caller already knows of item_keys(sid): true, none exists (those families are not
+-- read); false, some exists (read them all); nil, nothing (one EXISTS tells first).
+local function has_live(sid, bare)
+  if bare == nil then
+    local keys = item_keys(sid)
+    bare = #keys > 0 and redis.call('EXISTS', unpack(keys)) == 0
+  end
+  for _, f in ipairs(FAMILIES) do
+    if not (bare and f.key) then
+      for _, id in ipairs(f.ids(sid)) do
+        if f.verdict(id) == 'live' then return true end
+      end
     end
   end
   return false

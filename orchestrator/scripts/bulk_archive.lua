@@ -17,8 +17,10 @@
 -- events of the batch in order (a session before its descendants), then the turn events.
 --
 -- Per session the script reads each session hash once (HMGET, cached for the batch) and
--- writes it once; the archived set and the listing indexes are updated once per batch
--- (variadic SADD/ZREM/ZADD, at the end of this same script, so nothing outside it can tell).
+-- writes it once; an idle session without children costs one EXISTS over its children set
+-- and every family's item key. The archived set and the listing indexes are updated once
+-- per batch (variadic SADD/ZREM/ZADD, at the end of this same script, so nothing outside it
+-- can tell).
 --
 -- Returns {codes, extras}:
 --   codes   one character per session, in order: 'a' archived, 'l' already archived,
@@ -55,6 +57,9 @@ end
 
 -- sid -> its children, as read (no script changes them).
 local kids = {}
+-- sid -> what tree learnt of its item keys (item_keys in _lib.lua, for has_live): true none
+-- exists, false some does, nil not known.
+local bare = {}
 -- sid -> true once an any_live found no live work in it: nothing in this script can start
 -- any (it only archives, and stops turns of busy subtrees), so an already archived
 -- descendant met later in the batch is known idle without reading its records again.
@@ -70,7 +75,17 @@ local function tree(sid)
     if read(s)[1] == '0' then out[#out + 1] = s end
     local c = kids[s]
     if not c then
-      c = redis.call('SMEMBERS', K.children(s))
+      -- Most sessions have no children and no items: one EXISTS over the children set and
+      -- every family's item key says so, instead of a read of each.
+      local keys = item_keys(s, {K.children(s)})
+      if redis.call('EXISTS', unpack(keys)) == 0 then
+        c = {}
+        bare[s] = true
+      else
+        c = redis.call('SMEMBERS', K.children(s))
+        -- No children: what exists is an item key. Children: it may be theirs only.
+        if #c == 0 and #keys > 1 then bare[s] = false end
+      end
       kids[s] = c
     end
     for _, child in ipairs(c) do queue[#queue + 1] = child end
@@ -80,7 +95,7 @@ end
 
 local function any_live(nodes)
   for _, s in ipairs(nodes) do
-    if not idle[s] and has_live(s) then return 1 end
+    if not idle[s] and has_live(s, bare[s]) then return 1 end
   end
   for _, s in ipairs(nodes) do idle[s] = true end
   return 0

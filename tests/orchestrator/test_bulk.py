@@ -311,7 +311,7 @@ def test_a_busy_batch_reads_the_census_in_a_few_pipelined_round_trips(
     store: Store, recorder: RecordingDispatcher, cwd: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(bulk.audit, "record", lambda *a, **k: None)
-    monkeypatch.setattr(bulk.metrics, "incr", lambda *a, **k: None)
+    monkeypatch.setattr(bulk.metrics, "incr_many", lambda *a, **k: None)
     ids = [new(store, cwd) for _ in range(30)]
     for sid in ids:
         reminders.create_reminder(store, sid, 60, "later")
