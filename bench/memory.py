@@ -13,18 +13,18 @@ and not when it doesn't. So the idle sessions are added in steps, and
 
 A quiet step is one in which no table's slot count changed (read from the counts, below), no
 fork child (AOF rewrite, RDB save) ran, and whose growth per session is within ``TOLERANCE`` of
-the median of the steps so far not known to be disturbed (a resize not seen in the counts, such
-as an incremental rehash finishing and freeing the old table). A quiet step's growth holds no
-bucket arrays, so each session's share of them is added back at the tables' size after the
-fleet was seeded (the start of the span; a table the span creates, at its end).
+the median of the steps not known to be disturbed (else a resize the counts do not show, such
+as an incremental rehash finishing and freeing the old table, was in it). A quiet step's growth
+holds no bucket arrays, so each session's share of them is added back at the tables' size after
+the fleet was seeded (the start of the span; a table the span creates, at its end).
 
 Slots, on Redis 7.0 (``DEBUG HTSTATS`` is off unless ``enable-debug-command`` is set at
 start-up): the keyspace's from ``MEMORY STATS`` (``overhead.hashtable.main`` = keys * (24 B
 dictEntry + 16 B robj) + slots * 8 B; during a rehash both tables' slots); a sorted set's
 (skiplist encoding; a listpack one has no dict) from its cardinality: a dict that only grew has
 the smallest power of two >= its entries, at least 4. A fork child stops dicts from growing
-until it exits (a run with an AOF rewrite in the span read 978 where others read over 1,100),
-so each step first waits for none to be running.
+until it exits (a million run with an AOF rewrite in its span read 978, one without 1,143), so
+each step first waits for none to be running.
 """
 
 from __future__ import annotations
