@@ -7,7 +7,7 @@ A batch counts its stop dispatches, and its refusals, in one round trip each."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -114,19 +114,6 @@ def test_a_session_whose_only_live_item_is_of_one_family_is_stopped_with_stop_ac
     assert sessions.get_session(store, busy).archived is True
     deliver(store, recorder, [m for m in recorder.sent[before:] if m[0] in STOP_MANY_TASKS])
     assert census(store, busy) == []
-
-
-@pytest.fixture
-def probe() -> Iterator[str]:
-    """The test-only ``probe`` family (no item key named), registered for one test."""
-    from orchestrator import families
-    from tests.orchestrator.probe import SPEC
-
-    families.register(SPEC)
-    try:
-        yield SPEC.name
-    finally:
-        families.unregister(SPEC.name)
 
 
 def test_a_family_that_names_no_item_key_is_still_read(

@@ -3,8 +3,6 @@ an unknown family is an error everywhere, never a fallthrough to another family.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 
 from orchestrator import archive, sessions
@@ -37,21 +35,10 @@ def test_the_queues_of_an_unknown_family_raise() -> None:
     with pytest.raises(InvalidParams, match="fish"):
         worker_queues("fish", "host1")  # type: ignore[arg-type]
 
+    # --------------------------------------------------------------------------- a fifth family
+
 
 # --------------------------------------------------------------------------- a fifth family
-
-
-@pytest.fixture
-def probe() -> Iterator[str]:
-    """The test-only ``probe`` family, registered for one test (``tests/orchestrator/probe``)."""
-    from orchestrator import families
-    from tests.orchestrator.probe import SPEC
-
-    families.register(SPEC)
-    try:
-        yield SPEC.name
-    finally:
-        families.unregister(SPEC.name)
 
 
 def test_the_census_and_the_archive_scripts_see_a_registered_family(

@@ -11,6 +11,7 @@ from typing import Any
 
 import psutil
 import pytest
+import redis
 
 from orchestrator.activity import census
 from orchestrator.families import Family
@@ -199,3 +200,23 @@ def paused_consumer(app: Any, node: str, queue: str) -> Iterator[None]:
         resumed = app.control.add_consumer(queue, destination=[node], reply=True, timeout=5)
         if not (resumed and "ok" in resumed[0].get(node, {})):
             pytest.fail(f"could not resume {queue} on {node}: {resumed}")
+
+
+def subscribe_events(app: Any) -> Any:
+    """A subscription to every channel of ``app``'s broker prefix (where Flower reads the
+    ``task-sent`` events), already confirmed."""
+    events = redis.Redis.from_url(app.conf.broker_url).pubsub()
+    events.psubscribe(f"{app.conf.broker_transport_options['global_keyprefix']}*")
+    assert events.get_message(timeout=5)["type"] == "psubscribe"
+    return events
+
+
+def next_events(events: Any, n: int) -> list[dict[str, Any]]:
+    """The next ``n`` messages published to ``events``, decoded as written (envelope and all);
+    fails when fewer arrive within 5 s of each other."""
+    out = []
+    while len(out) < n and (msg := events.get_message(timeout=5)) is not None:
+        if msg["type"] == "pmessage":
+            out.append(json.loads(msg["data"]))
+    assert len(out) == n
+    return out

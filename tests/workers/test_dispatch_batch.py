@@ -12,7 +12,6 @@ from __future__ import annotations
 import base64
 import json
 import uuid
-from collections.abc import Iterator
 from types import SimpleNamespace
 from typing import Any
 
@@ -25,6 +24,7 @@ from kombu.transport import redis as kombu_redis
 from orchestrator.families import BatchDispatcher, send_all
 from orchestrator.settings import FleetSettings
 from tests.helpers import count_round_trips
+from tests.workers.support import next_events, subscribe_events
 from workers.app import configure
 from workers.dispatch import CeleryDispatcher
 
@@ -34,19 +34,6 @@ pytestmark = pytest.mark.redis
 VARYING_HEADERS = {"id", "root_id"}
 VARYING_PROPERTIES = {"correlation_id", "delivery_tag"}
 VARYING_EVENT_FIELDS = {"uuid", "root_id", "clock", "timestamp"}
-
-
-@pytest.fixture
-def app(redis_url: str) -> Iterator[Celery]:
-    prefix = f"fleet-test-batch-{uuid.uuid4().hex[:8]}:"
-    app = Celery("batch-test")
-    configure(app, FleetSettings(redis_url=redis_url, key_prefix=prefix))
-    yield app
-    client = redis.Redis.from_url(redis_url)
-    keys = list(client.scan_iter(match=f"{prefix}*"))
-    if keys:
-        client.delete(*keys)
-    app.close()
 
 
 def _queue_key(app: Celery, queue: str) -> str:
@@ -71,24 +58,6 @@ def _shape(message: dict[str, Any], varying_body: frozenset[str] = frozenset()) 
     return {"headers": headers, "properties": props, "body": body, **rest}
 
 
-def _events(app: Celery, redis_url: str) -> Any:
-    """A subscription to the broker's event channels (what Flower reads), subscribed."""
-    events = redis.Redis.from_url(redis_url).pubsub()
-    events.psubscribe(f"{app.conf.broker_transport_options['global_keyprefix']}*")
-    assert events.get_message(timeout=5)["type"] == "psubscribe"
-    return events
-
-
-def _next_events(events: Any, n: int) -> list[dict[str, Any]]:
-    """The next ``n`` events published, as they were written (envelope and all)."""
-    out = []
-    while len(out) < n and (msg := events.get_message(timeout=5)) is not None:
-        if msg["type"] == "pmessage":
-            out.append(json.loads(msg["data"]))
-    assert len(out) == n
-    return out
-
-
 def _same_as_send_task(app: Celery, redis_url: str, task: str = "turn.stop") -> None:
     """``send_many`` writes what ``send`` (``send_task``) writes for the same ``task``,
     message and ``task-sent`` event alike, apart from the fields that vary by nature."""
@@ -96,17 +65,17 @@ def _same_as_send_task(app: Celery, redis_url: str, task: str = "turn.stop") -> 
     dispatcher = CeleryDispatcher(app)
     queue, key = "turn.ctl", _queue_key(app, "turn.ctl")
     args: list[Any] = ["s-1", {"c-1": {"turns": ["t-1"], "jobs": ["j-1"]}}]
-    events = _events(app, redis_url)
+    events = subscribe_events(app)
 
     dispatcher.send(task, args, queue)
     (single,) = _pop_all(client, key)
-    (single_event,) = _next_events(events, 1)
+    (single_event,) = next_events(events, 1)
     assert dispatcher.send_many([(task, args, queue), (task, args, queue)]) == [
         None,
         None,
     ]
     batched = _pop_all(client, key)
-    batched_events = _next_events(events, 2)
+    batched_events = next_events(events, 2)
     events.close()
 
     assert len(batched) == 2

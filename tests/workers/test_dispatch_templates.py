@@ -16,7 +16,7 @@ import os
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from types import SimpleNamespace
 from typing import Any
 
@@ -27,6 +27,7 @@ from celery.contrib.testing.worker import start_worker
 
 from orchestrator.settings import FleetSettings
 from tests.helpers import count_round_trips
+from tests.workers.support import next_events, subscribe_events
 from workers import broker
 from workers.app import configure
 from workers.dispatch import CeleryDispatcher
@@ -57,19 +58,6 @@ VARYING = {
 VARYING_EVENT = {("uuid",), ("root_id",), ("clock",), ("timestamp",)}
 
 
-@pytest.fixture
-def app(redis_url: str) -> Iterator[Celery]:
-    prefix = f"fleet-test-templates-{uuid.uuid4().hex[:8]}:"
-    app = Celery("templates-test")
-    configure(app, FleetSettings(redis_url=redis_url, key_prefix=prefix))
-    yield app
-    client = redis.Redis.from_url(redis_url)
-    keys = list(client.scan_iter(match=f"{prefix}*"))
-    if keys:
-        client.delete(*keys)
-    app.close()
-
-
 def _key(app: Celery, queue: str = QUEUE) -> str:
     return f"{app.conf.broker_transport_options['global_keyprefix']}{queue}"
 
@@ -94,22 +82,6 @@ def _without(tree: dict[str, Any], paths: set[tuple[str, ...]]) -> dict[str, Any
     return out
 
 
-def _subscribe(app: Celery) -> Any:
-    events = redis.Redis.from_url(app.conf.broker_url).pubsub()
-    events.psubscribe(f"{app.conf.broker_transport_options['global_keyprefix']}*")
-    assert events.get_message(timeout=5)["type"] == "psubscribe"
-    return events
-
-
-def _next_events(events: Any, n: int) -> list[dict[str, Any]]:
-    out = []
-    while len(out) < n and (msg := events.get_message(timeout=5)) is not None:
-        if msg["type"] == "pmessage":
-            out.append(json.loads(msg["data"]))
-    assert len(out) == n
-    return out
-
-
 def _same_but_ids(message: dict[str, Any], single: dict[str, Any]) -> None:
     assert _without(message, VARYING) == _without(single, VARYING)
     assert message["body"] == single["body"]  # the same bytes, base64 and all
@@ -130,11 +102,11 @@ def _same_event_but_ids(event: dict[str, Any], single: dict[str, Any], task_id: 
 def test_templated_messages_and_events_are_what_send_task_writes(app: Celery) -> None:
     # Given what send_task writes for each kind of arguments
     dispatcher = CeleryDispatcher(app)
-    events = _subscribe(app)
+    events = subscribe_events(app)
     singles = []
     for args in ARGS:
         dispatcher.send("turn.stop", args, QUEUE)
-        singles.append((_pop_all(app)[0], _next_events(events, 1)[0]))
+        singles.append((_pop_all(app)[0], next_events(events, 1)[0]))
 
     # When they are sent in batches (the first message of the first batch teaches the
     # template, every later one is rendered from it)
@@ -142,7 +114,7 @@ def test_templated_messages_and_events_are_what_send_task_writes(app: Celery) ->
     started = time.time()
     for _ in range(3):
         assert dispatcher.send_many([("turn.stop", a, QUEUE) for a in ARGS]) == [None] * 6
-        sent.extend(zip(_pop_all(app), _next_events(events, len(ARGS)), strict=True))
+        sent.extend(zip(_pop_all(app), next_events(events, len(ARGS)), strict=True))
     events.close()
 
     # Then every message and event is send_task's but for ids, tags, clock and time
@@ -245,7 +217,7 @@ def test_a_real_worker_runs_a_templated_message(app: Celery, redis_url: str) -> 
 
 def test_a_forked_child_renders_messages_with_its_own_pid(app: Celery) -> None:
     dispatcher = CeleryDispatcher(app)
-    events = _subscribe(app)
+    events = subscribe_events(app)
     dispatcher.send_many([("turn.stop", ARGS[0], QUEUE)])
     assert dispatcher._templates.get(PAIR) is not None
     pid = os.fork()
@@ -257,7 +229,7 @@ def test_a_forked_child_renders_messages_with_its_own_pid(app: Celery) -> None:
         time.sleep(0.05)
     assert done[0] == pid and os.waitstatus_to_exitcode(done[1]) == 0
     parent_event, child_event = (
-        json.loads(base64.b64decode(e["body"])) for e in _next_events(events, 2)
+        json.loads(base64.b64decode(e["body"])) for e in next_events(events, 2)
     )
     events.close()
     parent, child = _pop_all(app)

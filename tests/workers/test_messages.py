@@ -10,20 +10,15 @@ from __future__ import annotations
 
 import math
 import os
-import uuid
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
-import redis
 from celery import Celery
 from celery.utils.saferepr import saferepr
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from orchestrator.settings import FleetSettings
 from workers import messages
-from workers.app import configure
 from workers.dispatch import CeleryDispatcher
 
 scalars = (
@@ -78,19 +73,6 @@ def test_a_pattern_fills_its_slots_and_keeps_percent_signs() -> None:
     )
     with pytest.raises(ValueError):
         messages.Pattern.learn({"a": 1}, {("b",): "one"})
-
-
-@pytest.fixture
-def app(redis_url: str) -> Iterator[Celery]:
-    prefix = f"fleet-test-messages-{uuid.uuid4().hex[:8]}:"
-    app = Celery("messages-test")
-    configure(app, FleetSettings(redis_url=redis_url, key_prefix=prefix))
-    yield app
-    client = redis.Redis.from_url(redis_url)
-    keys = list(client.scan_iter(match=f"{prefix}*"))
-    if keys:
-        client.delete(*keys)
-    app.close()
 
 
 def _first_message(app: Celery, monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
