@@ -29,7 +29,7 @@ from api.acp import LIST_PAGE
 from orchestrator import archive as archive_ops
 from orchestrator import sessions as session_ops
 from orchestrator import titles, turns
-from tests.helpers import RecordingDispatcher, fail_if_a_worker_died, wait_for
+from tests.helpers import STARTUP_TIMEOUT, RecordingDispatcher, fail_if_a_worker_died, wait_for
 from tests.workers.support import model_requests
 
 #: The capabilities acp.md requires (values are objects; loadSession is the one boolean).
@@ -257,7 +257,14 @@ class StdioAgent(RpcPeer):
 def stdio_agent(name: str) -> Iterator[StdioAgent]:
     agent = StdioAgent(name)
     try:
-        init = agent.call("initialize", {"protocolVersion": 1, "clientCapabilities": {}})
+        # The first answer waits for the process to start (imports dominate: slow on a loaded
+        # machine); it comes at once if the process exits (its stdout ends).
+        try:
+            init = agent.call(
+                "initialize", {"protocolVersion": 1, "clientCapabilities": {}}, STARTUP_TIMEOUT
+            )
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}\n{name}'s stderr:\n{agent.stderr()}") from None
         assert init["protocolVersion"] == 1
         yield agent
         assert agent.alive(), f"{name} exited:\n{agent.stderr()}"
