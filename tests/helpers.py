@@ -15,6 +15,14 @@ import httpx
 import pytest
 from fastapi.testclient import TestClient
 
+#: Seconds a startup-only wait may take: a process importing and starting, a worker
+#: registering, a server beginning to answer. Starting ``fleet acp`` or ``fleet api`` costs
+#: about 2 s of CPU, and on a 2-core machine at load average 20 a process gets a tenth of a core,
+#: so this is generous; ``FLEET_TEST_STARTUP_TIMEOUT`` overrides it. It bounds only readiness
+#: waits, never what a test asserts, and ``wait_until_up`` still fails at once if the process
+#: exits.
+STARTUP_TIMEOUT = float(os.environ.get("FLEET_TEST_STARTUP_TIMEOUT", "120"))
+
 
 class RecordingDispatcher:
     """A dispatcher that records what it would send (for tests of the orchestrator alone)."""
@@ -96,7 +104,7 @@ def fail_if_a_worker_died(waiting_for: str = "") -> None:
             )
 
 
-def revive(fleet: Any, label: str, timeout: float = 90.0) -> list[str]:
+def revive(fleet: Any, label: str, timeout: float = STARTUP_TIMEOUT) -> list[str]:
     """Start a replacement for every worker of ``fleet`` that died without a test stopping it,
     wait for their heartbeats, and warn (``WorkerRestarted``) naming each with its log tail.
     Returns the descriptions of the dead workers (empty when all were alive)."""
@@ -138,15 +146,6 @@ def wait_for(
         if time.monotonic() > deadline:
             pytest.fail(f"timed out after {timeout}s waiting for {message}")
         time.sleep(interval)
-
-
-#: Seconds a startup-only wait may take: a process importing and starting, a worker
-#: registering, a server beginning to answer. Starting ``fleet acp`` or ``fleet api`` costs
-#: about 2 s of CPU, and on a 2-core machine at load average 20 a process gets a tenth of a core,
-#: so this is generous; ``FLEET_TEST_STARTUP_TIMEOUT`` overrides it. It bounds only readiness
-#: waits, never what a test asserts, and ``wait_until_up`` still fails at once if the process
-#: exits.
-STARTUP_TIMEOUT = float(os.environ.get("FLEET_TEST_STARTUP_TIMEOUT", "120"))
 
 
 def wait_until_up(

@@ -1154,7 +1154,8 @@ def test_stdin_eof_ends_the_process_cleanly() -> None:
         agent.send({"jsonrpc": "2.0", "id": 1, "method": "session/list", "params": {}})
         assert agent.proc.stdin is not None
         agent.proc.stdin.close()
-        assert agent.proc.wait(15) == 0, agent.stderr()
+        # The process starts, answers and exits: the bound is its start's.
+        assert agent.proc.wait(STARTUP_TIMEOUT) == 0, agent.stderr()
         agent._reader.join(5)
         assert agent.response(1, 1)[1]["result"]["sessions"] is not None
         agent.check_clean()
