@@ -9,12 +9,11 @@ import os
 import socket
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-import httpx
+from tests.helpers import http_ok, wait_until_up
 
 
 def free_port() -> int:
@@ -74,7 +73,7 @@ def api_process(log_path: Path, command: str = "fleet api", **env: str) -> Itera
     """Start the API (``command``, a key of ``COMMANDS``) on a free loopback port with this
     run's Redis and key prefix (conftest's environment), no token unless ``env`` sets one, and
     ``env`` applied; wait for ``/health``; stop it (SIGTERM, then SIGKILL) when the block
-    ends. Its stdout and stderr go to ``log_path``."""
+    ends (the wait fails at once if it exits). Its stdout and stderr go to ``log_path``."""
     port = free_port()
     full = dict(os.environ)
     full.pop("FLEET_API_TOKEN", None)
@@ -89,16 +88,7 @@ def api_process(log_path: Path, command: str = "fleet api", **env: str) -> Itera
         )
     server = ApiProcess(proc, port, log_path)
     try:
-        deadline = time.monotonic() + 30
-        while True:
-            assert proc.poll() is None, f"fleet api exited ({proc.returncode}):\n{server.log()}"
-            try:
-                if httpx.get(f"{server.base}/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert time.monotonic() < deadline, f"fleet api not up in 30 s:\n{server.log()}"
-            time.sleep(0.1)
+        wait_until_up(lambda: http_ok(f"{server.base}/health"), proc, command, server.log)
         yield server
     finally:
         server.stop()

@@ -20,7 +20,13 @@ from typing import Any
 import pytest
 import redis
 
-from tests.helpers import RecordingDispatcher, revive, watched_fleets, watching
+from tests.helpers import (
+    STARTUP_TIMEOUT,
+    RecordingDispatcher,
+    revive,
+    watched_fleets,
+    watching,
+)
 
 _PREFIX = f"fleet-test-{uuid.uuid4().hex[:10]}:"
 _EMBEDDED: Any = None
@@ -150,7 +156,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     )
     f.start()
     try:
-        f.wait_ready(90)
+        f.wait_ready(STARTUP_TIMEOUT)
         yield f
     finally:
         f.stop()

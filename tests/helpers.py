@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import signal
+import subprocess
 import time
 import warnings
 from collections.abc import Callable, Iterator
@@ -12,6 +14,14 @@ from typing import Any
 import httpx
 import pytest
 from fastapi.testclient import TestClient
+
+#: Seconds a startup-only wait may take: a process importing and starting, a worker
+#: registering, a server beginning to answer. Starting ``fleet acp`` or ``fleet api`` costs
+#: about 2 s of CPU, and on a 2-core machine at load average 20 a process gets a tenth of a core,
+#: so this is generous; ``FLEET_TEST_STARTUP_TIMEOUT`` overrides it. It bounds only readiness
+#: waits, never what a test asserts, and ``wait_until_up`` still fails at once if the process
+#: exits.
+STARTUP_TIMEOUT = float(os.environ.get("FLEET_TEST_STARTUP_TIMEOUT", "120"))
 
 
 class RecordingDispatcher:
@@ -94,7 +104,7 @@ def fail_if_a_worker_died(waiting_for: str = "") -> None:
             )
 
 
-def revive(fleet: Any, label: str, timeout: float = 90.0) -> list[str]:
+def revive(fleet: Any, label: str, timeout: float = STARTUP_TIMEOUT) -> list[str]:
     """Start a replacement for every worker of ``fleet`` that died without a test stopping it,
     wait for their heartbeats, and warn (``WorkerRestarted``) naming each with its log tail.
     Returns the descriptions of the dead workers (empty when all were alive)."""
@@ -136,6 +146,37 @@ def wait_for(
         if time.monotonic() > deadline:
             pytest.fail(f"timed out after {timeout}s waiting for {message}")
         time.sleep(interval)
+
+
+def wait_until_up(
+    probe: Callable[[], Any],
+    proc: subprocess.Popen[Any],
+    what: str,
+    output: Callable[[], str] = lambda: "",
+    timeout: float = STARTUP_TIMEOUT,
+    interval: float = 0.1,
+) -> Any:
+    """Poll ``probe`` until it returns a truthy value (returned) while ``proc`` starts. Fails
+    the test at once, quoting ``output()`` (the process's log), if ``proc`` exits first, and
+    after ``timeout`` seconds otherwise; ``what`` names the process in the message."""
+    deadline = time.monotonic() + timeout
+    while True:
+        if proc.poll() is not None:
+            pytest.fail(f"{what} exited with {proc.returncode} before it was up:\n{output()}")
+        value = probe()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            pytest.fail(f"{what} not up after {timeout:.0f} s:\n{output()}")
+        time.sleep(interval)
+
+
+def http_ok(url: str) -> bool:
+    """Whether a GET of ``url`` answers 200 (a probe for ``wait_until_up``)."""
+    try:
+        return httpx.get(url, timeout=2).status_code == 200
+    except httpx.HTTPError:
+        return False
 
 
 class NoServerErrors(TestClient):

@@ -25,6 +25,9 @@ if (!["stdio", "ws"].includes(transport) || !cwd || target.length === 0) {
 }
 
 const STEP_TIMEOUT_MS = 30_000;
+// The first answer also waits for the agent process to start, slow on a loaded machine
+// (pytest passes its startup bound, tests/helpers.py STARTUP_TIMEOUT, in seconds).
+const STARTUP_TIMEOUT_MS = 1000 * Number(process.env.FLEET_TEST_STARTUP_TIMEOUT || 120);
 let passed = 0;
 let failed = 0;
 
@@ -170,6 +173,7 @@ async function run(ctx) {
       clientInfo: { name: "agent-fleet-test-driver", version: "0.0.0" },
     }),
     "initialize",
+    STARTUP_TIMEOUT_MS,
   );
   check("initialize: protocolVersion 1", init?.protocolVersion === 1, init);
   check("initialize: loadSession true", init?.agentCapabilities?.loadSession === true, init);

@@ -18,7 +18,7 @@ import pytest
 import redis
 
 from tests.api.test_acp_stdio import StdioAgent
-from tests.helpers import wait_for
+from tests.helpers import STARTUP_TIMEOUT, wait_for
 
 STORE_UNAVAILABLE, REQUEST_CANCELLED = -32010, -32800
 
@@ -51,7 +51,8 @@ def test_a_request_pending_at_stdin_eof_is_answered_with_redis_unreachable(
         agent.send({"jsonrpc": "2.0", "id": 1, "method": "session/list", "params": {}})
         assert agent.proc.stdin is not None
         agent.proc.stdin.close()
-        assert agent.proc.wait(30) == 0, agent.stderr()
+        # The process starts, answers and exits: the bound is its start's.
+        assert agent.proc.wait(STARTUP_TIMEOUT) == 0, agent.stderr()
         agent._reader.join(5)
         _, answer = agent.response(1, 1)
         assert answer["error"]["code"] == STORE_UNAVAILABLE, answer
@@ -129,7 +130,7 @@ def test_a_request_pending_at_stdin_eof_is_answered_with_redis_stopped(
 ) -> None:
     url, pid = private_redis
     with agent_on(url, monkeypatch) as agent:
-        agent.call("initialize", {"protocolVersion": 1, "clientCapabilities": {}})
+        agent.call("initialize", {"protocolVersion": 1, "clientCapabilities": {}}, STARTUP_TIMEOUT)
         os.kill(pid, signal.SIGSTOP)
         agent.send({"jsonrpc": "2.0", "id": 7, "method": "session/list", "params": {}})
         assert agent.proc.stdin is not None

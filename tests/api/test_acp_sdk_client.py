@@ -15,17 +15,17 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
-import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
+
+from tests.api_process import api_process
+from tests.helpers import STARTUP_TIMEOUT
 
 DRIVER_DIR = Path(__file__).resolve().parents[1] / "acp_driver"
 
@@ -61,50 +61,18 @@ def node() -> str:
     return node
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
 def _agent_env() -> dict[str, str]:
     env = dict(os.environ)  # FLEET_REDIS_URL / FLEET_KEY_PREFIX of this run (conftest)
     env.pop("FLEET_API_TOKEN", None)
+    env["FLEET_TEST_STARTUP_TIMEOUT"] = str(STARTUP_TIMEOUT)  # the driver's initialize bound
     return env
 
 
 @pytest.fixture(scope="module")
 def api_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """``fleet api`` on a free port (uvicorn, a real WebSocket server)."""
-    port = _free_port()
-    log = (tmp_path_factory.mktemp("acp-api") / "api.log").open("wb")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "api.cli", "api", "--host", "127.0.0.1", "--port", str(port)],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        env=_agent_env(),
-    )
-    try:
-        deadline = time.monotonic() + 30
-        while True:
-            assert proc.poll() is None, f"fleet api exited ({proc.returncode}); see {log.name}"
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert time.monotonic() < deadline, "fleet api did not answer /health in 30 s"
-            time.sleep(0.1)
-        yield f"ws://127.0.0.1:{port}/acp"
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(5)
-        log.close()
+    with api_process(tmp_path_factory.mktemp("acp-api") / "api.log") as server:
+        yield f"ws://127.0.0.1:{server.port}/acp"
 
 
 def _run_driver(node: str, *args: str) -> list[dict[str, Any]]:
@@ -114,7 +82,7 @@ def _run_driver(node: str, *args: str) -> list[dict[str, Any]]:
         env=_agent_env(),
         capture_output=True,
         text=True,
-        timeout=150,
+        timeout=STARTUP_TIMEOUT + 150,
     )
     lines = [json.loads(line) for line in done.stdout.splitlines() if line.strip()]
     failed = [line for line in lines if line.get("ok") is False]

@@ -29,7 +29,7 @@ from api.acp import LIST_PAGE
 from orchestrator import archive as archive_ops
 from orchestrator import sessions as session_ops
 from orchestrator import titles, turns
-from tests.helpers import RecordingDispatcher, fail_if_a_worker_died, wait_for
+from tests.helpers import STARTUP_TIMEOUT, RecordingDispatcher, fail_if_a_worker_died, wait_for
 from tests.workers.support import model_requests
 
 #: The capabilities acp.md requires (values are objects; loadSession is the one boolean).
@@ -257,7 +257,14 @@ class StdioAgent(RpcPeer):
 def stdio_agent(name: str) -> Iterator[StdioAgent]:
     agent = StdioAgent(name)
     try:
-        init = agent.call("initialize", {"protocolVersion": 1, "clientCapabilities": {}})
+        # The first answer waits for the process to start (imports dominate: slow on a loaded
+        # machine); it comes at once if the process exits (its stdout ends).
+        try:
+            init = agent.call(
+                "initialize", {"protocolVersion": 1, "clientCapabilities": {}}, STARTUP_TIMEOUT
+            )
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}\n{name}'s stderr:\n{agent.stderr()}") from None
         assert init["protocolVersion"] == 1
         yield agent
         assert agent.alive(), f"{name} exited:\n{agent.stderr()}"
@@ -1147,7 +1154,8 @@ def test_stdin_eof_ends_the_process_cleanly() -> None:
         agent.send({"jsonrpc": "2.0", "id": 1, "method": "session/list", "params": {}})
         assert agent.proc.stdin is not None
         agent.proc.stdin.close()
-        assert agent.proc.wait(15) == 0, agent.stderr()
+        # The process starts, answers and exits: the bound is its start's.
+        assert agent.proc.wait(STARTUP_TIMEOUT) == 0, agent.stderr()
         agent._reader.join(5)
         assert agent.response(1, 1)[1]["result"]["sessions"] is not None
         agent.check_clean()

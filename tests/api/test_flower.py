@@ -18,7 +18,8 @@ import pytest
 
 from orchestrator import sessions, turns
 from orchestrator.store import Store
-from tests.helpers import wait_for
+from tests.helpers import STARTUP_TIMEOUT, http_ok, wait_for, wait_until_up
+from tests.workers.support import active_step, wait_turn_state
 
 
 def _free_port() -> int:
@@ -48,16 +49,8 @@ def _running_flower(tmp_path: Path) -> Iterator[tuple[str, Path]]:
     log = tmp_path / "flower.log"
     proc = _flower(port, log)
     base = f"http://127.0.0.1:{port}"
-
-    def answers() -> bool:
-        assert proc.poll() is None, log.read_text()
-        try:
-            return httpx.get(f"{base}/healthcheck", timeout=2).status_code == 200
-        except httpx.HTTPError:
-            return False
-
     try:
-        wait_for(answers, 60, message="Flower to answer")
+        wait_until_up(lambda: http_ok(f"{base}/healthcheck"), proc, "fleet flower", log.read_text)
         yield base, log
     finally:
         proc.terminate()
@@ -69,36 +62,36 @@ def test_flower_on_loopback_answers_its_api_without_auth_and_names_every_task(
     fleet: Any, store: Store, dispatcher: Any, tmp_path: Path
 ) -> None:
     # A turn whose step is already running when Flower starts: Flower sees its end, never
-    # its start, and still shows it by name. Flower's event receiver must be connected while
-    # the step still runs; on a machine so loaded that it is not, the round is run again.
-    for attempt in range(3):
-        sid = sessions.create_session(store, "/tmp/fleet-flower-test").session_id
-        tid = turns.start_turn(store, dispatcher, sid, "think 8\nsay hello")
-        wait_for(lambda tid=tid: _running(store, tid), 30, message="the turn's first step to run")
-        with _running_flower(tmp_path / str(attempt)) as (base, log):
-            wait_for(lambda base=base: _receives_events(base), 30, message="Flower's events")
-            if not _running(store, tid):
-                continue  # its step ended before Flower could hear it: another round
-            wait_for(
-                lambda tid=tid: (
-                    (t := turns.get_turn(store, tid)) is not None and t.state.value == "completed"
-                ),
-                30,
-                message="the turn to complete",
-            )
+    # its start, and still shows it by name. The step runs until the turn is cancelled, once
+    # Flower's event receiver hears the workers (however long Flower takes to start).
+    sid = sessions.create_session(store, "/tmp/fleet-flower-test").session_id
+    tid = turns.start_turn(store, dispatcher, sid, "think 600\nsay never")
+    try:
+        wait_for(lambda: _running(store, tid), 30, message="the turn's first step to run")
+        _, step = wait_for(
+            lambda: active_step(dispatcher.app, tid, len(fleet.workers)),
+            30,
+            message="the step's task among the workers' active ones",
+        )
+        with _running_flower(tmp_path) as (base, log):
+            wait_for(lambda: _receives_events(base), STARTUP_TIMEOUT, message="Flower's events")
+            assert _running(store, tid)
+            turns.cancel_session_turns(store, dispatcher, sid, [tid])
+            wait_turn_state(store, tid, "cancelled", timeout=30)
 
-            def listed(base: str = base, sid: str = sid) -> dict[str, Any]:
+            def listed() -> dict[str, Any]:
                 response = httpx.get(f"{base}/api/tasks", timeout=5)
                 assert response.status_code == 200, (response.status_code, response.text)
                 tasks: dict[str, Any] = response.json()
-                return tasks if any(sid in str(t.get("args")) for t in tasks.values()) else {}
+                return tasks if step in tasks else {}
 
-            tasks = wait_for(listed, 30, message="Flower to list the turn's step")
+            tasks = wait_for(listed, 30, message="Flower to list the step it saw end")
+            assert tasks[step].get("name") == "turn.step", tasks[step]
             unnamed = [(u, t.get("state")) for u, t in tasks.items() if not t.get("name")]
             assert not unnamed, unnamed
             assert "Traceback" not in log.read_text()
-            return
-    pytest.fail("Flower never heard the workers while a step ran, in three rounds")
+    finally:  # a failed test must not leave its step thinking in the shared fleet
+        turns.cancel_session_turns(store, dispatcher, sid, [tid])
 
 
 def _receives_events(base: str) -> bool:

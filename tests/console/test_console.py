@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 import redis
 
-from tests.helpers import fail_if_a_worker_died
+from tests.helpers import STARTUP_TIMEOUT, fail_if_a_worker_died
 
 CHROMIUM = os.environ.get("FLEET_TEST_CHROMIUM", "/usr/bin/chromium")
 CHROMIUM_ARGS = [
@@ -87,7 +87,7 @@ class Server:
             stdout=self._log,
             stderr=subprocess.STDOUT,
         )
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + STARTUP_TIMEOUT
         while True:
             try:
                 urllib.request.urlopen(self.base + "/health", timeout=1).read()

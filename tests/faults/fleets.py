@@ -29,7 +29,7 @@ from api.local import LocalFleet, WorkerProcess
 from orchestrator.families import Family
 from orchestrator.settings import FleetSettings
 from orchestrator.store import Store
-from tests.helpers import stopping_on_purpose, watching
+from tests.helpers import STARTUP_TIMEOUT, stopping_on_purpose, watching
 from workers.app import configure
 from workers.dispatch import CeleryDispatcher
 
@@ -73,7 +73,7 @@ class PrivateFleet:
         key = self.store.keys.worker_heartbeat(family.value, f"{family.value}@{old.host}")
         self.store.redis.delete(key)  # the dead worker's heartbeat must not count as ready
         self.fleet.restart_dead()
-        self.fleet.wait_ready(60)
+        self.fleet.wait_ready(STARTUP_TIMEOUT)
         return self.worker(family)
 
 
@@ -100,7 +100,7 @@ def private_fleet(
     )
     fleet.start(families)
     try:
-        fleet.wait_ready(90)
+        fleet.wait_ready(STARTUP_TIMEOUT)
         with watching(fleet, name):
             yield PrivateFleet(fleet, store, CeleryDispatcher(app))
     finally:

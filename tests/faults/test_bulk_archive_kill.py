@@ -26,7 +26,7 @@ import pytest
 from orchestrator import bulk, metrics
 from orchestrator.sessions import create_session
 from orchestrator.store import Store
-from tests.helpers import RecordingDispatcher
+from tests.helpers import RecordingDispatcher, http_ok, wait_until_up
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -73,16 +73,7 @@ def api(private: Store, redis_url: str, tmp_path: Path) -> Iterator[Api]:
         )
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 30
-        while True:
-            assert proc.poll() is None, log.read_text()
-            try:
-                if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert time.monotonic() < deadline, "fleet api did not answer /health in 30 s"
-            time.sleep(0.05)
+        wait_until_up(lambda: http_ok(f"{url}/health"), proc, "fleet api", log.read_text)
         yield Api(proc, url, log)
     finally:
         if proc.poll() is None:

@@ -25,7 +25,7 @@ from orchestrator.families import Family
 from orchestrator.sessions import create_session
 from orchestrator.turns import start_turn
 from tests.faults.fleets import PrivateFleet, private_fleet
-from tests.helpers import stopping_on_purpose, wait_for
+from tests.helpers import STARTUP_TIMEOUT, stopping_on_purpose, wait_for
 from tests.workers.support import history, requests_of, wait_job_pid
 
 pytestmark = pytest.mark.timeout(180)
@@ -76,7 +76,7 @@ def kill_turn_worker(private: PrivateFleet) -> None:
     """Start a second turn worker, wait for it, then SIGKILL the first by PID and reap it."""
     old = private.worker(Family.TURN)
     private.fleet.start_worker(Family.TURN, f"orphans-{len(private.fleet.workers)}")
-    private.fleet.wait_ready(90)
+    private.fleet.wait_ready(STARTUP_TIMEOUT)
     stopping_on_purpose(old.process.pid, signal.SIGKILL)
     old.process.send_signal(signal.SIGKILL)
     old.process.wait(10)

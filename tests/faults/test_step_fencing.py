@@ -4,10 +4,11 @@ worker: once it resumes, its copy of the step lands nothing (fencing tokens,
 
 Each test runs turn workers of its own (run prefix + ``fencing:``) with a visibility timeout of
 10 minutes, so the frozen worker's unacknowledged step never comes back: the second copy is the
-sweeper's resume (``FLEET_TURN_STUCK_SECONDS=2``, a pass every 0.5 s). The step runs on the
-first worker; a second one is started, then the first is frozen with SIGSTOP by PID until the
-sweeper's copy began on the second (its lease of 5 s lapsed), then continued with SIGCONT.
-The next step outlasts the second copy, so a copy that still wrote would be seen twice."""
+sweeper's resume (``FLEET_TURN_STUCK_SECONDS=2``, a pass every 0.5 s). Two turn workers are up
+before the turn starts (starting one inside the step's window would race it on a loaded
+machine); the one running the step is frozen with SIGSTOP by PID until the sweeper's copy began
+on the other (its lease of 5 s lapsed), then continued with SIGCONT. The next step outlasts
+the second copy, so a copy that still wrote would be seen twice."""
 
 from __future__ import annotations
 
@@ -26,12 +27,19 @@ from orchestrator.sessions import create_session
 from orchestrator.settings import FleetSettings
 from orchestrator.store import Store
 from orchestrator.turns import start_turn
-from tests.helpers import wait_for
-from tests.workers.support import history, requests_of, wait_log, wait_turn_state
+from tests.helpers import STARTUP_TIMEOUT, wait_for
+from tests.workers.support import (
+    history,
+    requests_of,
+    wait_log,
+    wait_turn_state,
+    worker_running,
+)
 from workers.app import configure
 from workers.dispatch import CeleryDispatcher
 
-pytestmark = pytest.mark.timeout(240)
+# Two workers start (STARTUP_TIMEOUT) before what each test checks.
+pytestmark = pytest.mark.timeout(STARTUP_TIMEOUT + 150)
 
 
 @pytest.fixture(scope="module")
@@ -66,8 +74,9 @@ def fleet(
         },
     )
     fleet.start([Family.TURN])
+    fleet.start_worker(Family.TURN, "fence-1")
     try:
-        fleet.wait_ready(90)
+        fleet.wait_ready(STARTUP_TIMEOUT)
         yield fleet
     finally:
         # A stopped worker would ignore SIGTERM: let it run before the fleet stops it.
@@ -90,15 +99,13 @@ def updates(store: Store, sid: str, tid: str, kind: str) -> list[dict[str, Any]]
 def freeze_past_the_lease_while_the_sweeper_resumes(
     store: Store, dispatcher: CeleryDispatcher, fleet: LocalFleet, prompt: str
 ) -> tuple[str, str, Any]:
-    """Run ``prompt`` until its step 0 began on the first worker, start a second worker,
-    SIGSTOP the first until the sweeper's copy of step 0 began, then SIGCONT it. Returns
+    """Run ``prompt`` until its step 0 began on one of the two workers, SIGSTOP that one
+    until the sweeper's copy of step 0 began on the other, then SIGCONT it. Returns
     (session id, turn id, the frozen worker)."""
     sid = create_session(store, "/tmp/faults-fencing").session_id
     tid = start_turn(store, dispatcher, sid, prompt)
-    wait_for(lambda: requests_of(store, sid, tid) == [0], 15, message="step 0 began")
-    [first] = fleet.workers
-    fleet.start_worker(Family.TURN, "fence-1")
-    fleet.wait_ready(90)
+    wait_for(lambda: requests_of(store, sid, tid) == [0], 30, message="step 0 began")
+    first = worker_running(dispatcher.app, fleet, tid)
     first.process.send_signal(signal.SIGSTOP)
     try:
         wait_for(
@@ -126,9 +133,15 @@ def test_a_model_step_frozen_past_its_lease_lands_nothing_once_its_worker_resume
     texts = [u["content"]["text"] for u in updates(store, sid, tid, "agent_message_chunk")]
     assert texts == ["(thought for 8s)", "(thought for 1s)"]
     assert requests_of(store, sid, tid) == [0, 0, 1]
-    # And the turn ended once, and the frozen copy was dropped as superseded
-    assert [e["state"] for e in turn_events(store, tid)] == ["completed"]
+    # And the frozen copy was dropped as superseded, and the turn ended once (its end event
+    # is published after its state is written: waited for, then counted)
+    wait_for(
+        lambda: any(e["state"] == "completed" for e in turn_events(store, tid)),
+        30,
+        message="the turn's end event",
+    )
     wait_log(first, "superseded", timeout=30)
+    assert [e["state"] for e in turn_events(store, tid)] == ["completed"]
 
 
 def test_a_tool_call_frozen_past_its_lease_lands_nothing_once_its_worker_resumes(
@@ -154,6 +167,12 @@ def test_a_tool_call_frozen_past_its_lease_lands_nothing_once_its_worker_resumes
     texts = [u["content"]["text"] for u in updates(store, sid, tid, "agent_message_chunk")]
     assert texts == ["(thought for 1s)"]
     assert requests_of(store, sid, tid) == [0, 0, 1]
-    # And the turn ended once, and the frozen copy was dropped as superseded
-    assert [e["state"] for e in turn_events(store, tid)] == ["completed"]
+    # And the frozen copy was dropped as superseded, and the turn ended once (its end event
+    # is published after its state is written: waited for, then counted)
+    wait_for(
+        lambda: any(e["state"] == "completed" for e in turn_events(store, tid)),
+        30,
+        message="the turn's end event",
+    )
     wait_log(first, "superseded", timeout=30)
+    assert [e["state"] for e in turn_events(store, tid)] == ["completed"]

@@ -26,12 +26,13 @@ from orchestrator.sessions import create_session
 from orchestrator.settings import FleetSettings
 from orchestrator.store import Store
 from orchestrator.turns import start_turn
-from tests.helpers import wait_for
+from tests.helpers import STARTUP_TIMEOUT, wait_for
 from tests.workers.support import turn_state, wait_log, wait_turn_state
 from workers.app import configure
 from workers.dispatch import CeleryDispatcher
 
-pytestmark = [pytest.mark.redis, pytest.mark.timeout(90)]
+# Each test starts workers (STARTUP_TIMEOUT) before what it checks.
+pytestmark = [pytest.mark.redis, pytest.mark.timeout(STARTUP_TIMEOUT + 120)]
 
 PREFIX = "brk:"
 
@@ -102,7 +103,7 @@ def test_a_worker_with_a_step_in_flight_rides_out_redis_crashes_and_is_ready_aga
 ) -> None:
     # Given a turn worker and a job worker
     rig.fleet.start([Family.TURN, Family.JOB])
-    rig.fleet.wait_ready(60)
+    rig.fleet.wait_ready(STARTUP_TIMEOUT)
     for crash in range(3):  # each crash the same proof; three show it holds again and again
         # ... with a long step in flight (a delivered, unacknowledged message)
         _, long_tid = rig.prompt("think 4")
@@ -129,7 +130,7 @@ def test_a_worker_with_a_step_in_flight_rides_out_redis_crashes_and_is_ready_aga
 def test_a_full_redis_makes_workers_wait_not_exit_and_no_message_is_lost(rig: Rig) -> None:
     # Given turn and job workers, paused (SIGSTOP) while ten turns with a job each are queued
     rig.fleet.start([Family.TURN, Family.JOB])
-    rig.fleet.wait_ready(60)
+    rig.fleet.wait_ready(STARTUP_TIMEOUT)
     for w in rig.fleet.workers:
         os.kill(w.process.pid, signal.SIGSTOP)
     tids = [rig.prompt("exec 0.1\nsay done")[1] for _ in range(10)]
@@ -166,7 +167,7 @@ def test_a_full_redis_makes_workers_wait_not_exit_and_no_message_is_lost(rig: Ri
 def test_a_worker_in_warm_shutdown_behind_a_long_step_is_no_longer_ready(rig: Rig) -> None:
     # Given a ready turn worker running a long step
     rig.fleet.start([Family.TURN])
-    rig.fleet.wait_ready(60)
+    rig.fleet.wait_ready(STARTUP_TIMEOUT)
     _, tid = rig.prompt("think 60")
     wait_for(
         lambda: rig.store.redis.exists(rig.store.keys.step_lease(tid)),
@@ -200,7 +201,7 @@ def test_a_job_worker_started_while_redis_is_down_waits_for_it_instead_of_exitin
         assert w.process.poll() is None, "the job worker exited while Redis was down"
         private_redis.start()
         # Then the same process takes its host name and becomes ready
-        fleet.wait_ready(60)
+        fleet.wait_ready(STARTUP_TIMEOUT)
         assert w.process.poll() is None
     finally:
         fleet.stop()

@@ -155,6 +155,33 @@ def wait_log(w: Any, needle: str, count: int = 1, timeout: float = 30.0) -> None
     )
 
 
+def active_step(app: Any, turn_id: str, workers: int = 1) -> tuple[str, str] | None:
+    """(worker name, Celery task id) of a step of ``turn_id`` running now, as Celery's remote
+    control (``inspect().active()`` on ``app``, waiting for ``workers`` replies at most 2 s)
+    reports it; ``None`` when no worker reports one."""
+    active = app.control.inspect(timeout=2.0, limit=workers).active() or {}
+    for name, tasks in active.items():
+        for task in tasks:
+            if turn_id in json.dumps(task.get("args")):
+                return name, str(task["id"])
+    return None
+
+
+def worker_running(app: Any, fleet: Any, turn_id: str, timeout: float = 30.0) -> Any:
+    """The worker of ``fleet`` (a ``WorkerProcess``) running a step of ``turn_id`` now
+    (``active_step``). Fails the test when none reports one within ``timeout`` seconds."""
+
+    def find() -> Any:
+        live = [w for w in fleet.workers if w.process.poll() is None]
+        found = active_step(app, turn_id, len(live))
+        for w in live:
+            if found and f"{w.family.value}@{w.host}" == found[0]:
+                return w
+        return None
+
+    return wait_for(find, timeout, message=f"a worker running a step of {turn_id}")
+
+
 def sleep_processes(root_pid: int, seconds: str) -> list[psutil.Process]:
     """Live ``sleep <seconds>`` processes descending from ``root_pid`` (each test uses its
     own odd duration, so the processes of one test are told apart from the others')."""
