@@ -17,7 +17,7 @@ from collections.abc import Iterator
 import pytest
 import redis
 
-from tests.api.test_acp_stdio import StdioAgent
+from tests.api.test_acp_stdio import TIMEOUT, StdioAgent
 from tests.helpers import STARTUP_TIMEOUT, wait_for
 
 STORE_UNAVAILABLE, REQUEST_CANCELLED = -32010, -32800
@@ -65,7 +65,9 @@ def test_the_relay_outage_is_logged_once_with_its_reason(monkeypatch: pytest.Mon
         # retries are counted over.
         for rid in (1, 2, 3):
             agent.send({"jsonrpc": "2.0", "id": rid, "method": "session/list", "params": {}})
-            assert agent.response(rid)[1]["error"]["code"] == STORE_UNAVAILABLE
+            # (the first answer also waits for the process to start)
+            bound = STARTUP_TIMEOUT if rid == 1 else TIMEOUT
+            assert agent.response(rid, bound)[1]["error"]["code"] == STORE_UNAVAILABLE
         lines = relay_lines(agent)
         assert 1 <= len(lines) <= 2, lines
         reasons = [json.loads(line)["message"].rstrip() for line in lines]
@@ -148,7 +150,8 @@ def test_an_outage_and_its_recovery_are_logged_once_each(monkeypatch: pytest.Mon
         server = start_redis(port, data)
         try:
             with agent_on(f"redis://127.0.0.1:{port}/0", monkeypatch) as agent:
-                agent.call("initialize", {"protocolVersion": 1, "clientCapabilities": {}})
+                init = {"protocolVersion": 1, "clientCapabilities": {}}
+                agent.call("initialize", init, STARTUP_TIMEOUT)
                 stop_redis(server)
                 wait_for(lambda: relay_lines(agent), 20, message="the outage logged")
                 server = start_redis(port, data)
