@@ -139,7 +139,9 @@ def test_a_shell_tools_process_dies_with_its_sigkilled_turn_worker_and_archive_s
         # Given a turn whose step runs the shell tool (sleep 92.345)
         sid = create_session(store, "/tmp/orphans").session_id
         start_turn(store, dispatcher, sid, f"say before\nexec {marker}\nsay after")
-        [first] = wait_for(lambda: sleeps(marker), 30, message="the shell tool's child")
+        [first] = wait_for(
+            lambda: sleeps(marker), STARTUP_TIMEOUT, message="the shell tool's child"
+        )
 
         # When its turn worker is SIGKILLed by PID
         kill_turn_worker(private)
@@ -160,7 +162,9 @@ def test_a_resumed_step_settles_the_lost_copys_tool_call_failed_and_never_runs_i
         # Given a turn whose step runs the shell tool (sleep 93.456)
         sid = create_session(store, "/tmp/orphans").session_id
         tid = start_turn(store, dispatcher, sid, f"say before\nexec {marker}\nsay after")
-        leaders = {p.pid for p in wait_for(lambda: sleeps(marker), 30, message="the child")}
+        leaders = {
+            p.pid for p in wait_for(lambda: sleeps(marker), STARTUP_TIMEOUT, message="the child")
+        }
         [lost_call] = tool_calls(store, sid)
 
         def one_copy_at_most() -> bool:
