@@ -19,6 +19,7 @@ from typing import Any
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Column, Table
+from rich.text import Text
 
 from api.cli.common import app, console, err, usage, when
 from orchestrator.bulk import BulkResult
@@ -106,7 +107,9 @@ def _print_human(result: BulkResult) -> None:
     if sent:
         console.print("stops sent: " + ", ".join(f"{fam} {n}" for fam, n in sorted(sent.items())))
     for family, error in result.stop_report.failed:
-        err.print(f"[yellow]warning[/yellow]: stop dispatch for {family} failed: {error}")
+        err.print(
+            Text.assemble(("warning", "yellow"), f": stop dispatch for {family} failed: {error}")
+        )
 
 
 def _finish(result: BulkResult, as_json: bool, *, strict: bool) -> None:
