@@ -31,17 +31,35 @@ _LISTED = 200
 
 def read_ids(path: str) -> list[str]:
     """Session ids from a file (``-``: stdin), one a line; blank lines and ``#`` comments are
-    skipped."""
+    skipped. A file that cannot be read or is not UTF-8 is a usage error (exit 2) saying why."""
     try:
-        text = sys.stdin.read() if path == "-" else Path(path).read_text(encoding="utf-8")
+        if path != "-":
+            raw = Path(path).read_bytes()
+        elif hasattr(sys.stdin, "buffer"):
+            raw = sys.stdin.buffer.read()
+        else:  # a text stream standing in for stdin
+            raw = sys.stdin.read().encode("utf-8", "surrogateescape")
+        text = raw.decode("utf-8")
     except OSError as exc:
         usage(f"cannot read --ids-file {path}: {exc.strerror or exc}")
+    except UnicodeDecodeError as exc:
+        usage(f"cannot read --ids-file {path}: {_not_utf8(exc)}")
     out: list[str] = []
     for line in text.splitlines():
         line = line.split("#", 1)[0].strip()
         if line:
             out.append(line)
     return out
+
+
+def _not_utf8(exc: UnicodeDecodeError) -> str:
+    """Where UTF-8 decoding stopped: the byte, its line and its offset in the file."""
+    data = bytes(exc.object)
+    line = data.count(b"\n", 0, exc.start) + 1
+    return (
+        f"not UTF-8 text: byte 0x{data[exc.start]:02x} on line {line} "
+        f"(offset {exc.start}): {exc.reason}."
+    )
 
 
 class _Bar:
