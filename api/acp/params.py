@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Annotated, Any, TypeVar
 
 from acp import schema
-from pydantic import BaseModel, Field, StrictInt, StrictStr, ValidationError
+from pydantic import BaseModel, Field, StrictInt, StrictStr, ValidationError, field_validator
 
 from orchestrator.errors import InvalidParams
 
@@ -22,6 +22,7 @@ __all__ = [
     "ActivityRequest",
     "ArchiveSessionRequest",
     "CancelRequestNotification",
+    "InitializeRequest",
     "ListSessionsRequest",
     "SetSessionTitleRequest",
     "UnarchiveSessionRequest",
@@ -52,6 +53,20 @@ class SetSessionTitleRequest(_SessionRequest):
     or null title reaches the domain, which answers "Title must not be empty."."""
 
     title: str | None = None
+
+
+class InitializeRequest(schema.InitializeRequest):
+    """``initialize`` params with ``protocolVersion`` an integer, as acp.md and the schema say
+    (``uint16``): the package's model reads any string (and ``true``, ``1.5``) as a version,
+    so a client's mistake would pass unnoticed."""
+
+    protocol_version: Annotated[StrictInt, Field(alias="protocolVersion", ge=0, le=65535)]
+
+    @field_validator("protocol_version", mode="before")
+    @classmethod
+    def _coerce_protocol_version(cls, value: Any) -> Any:
+        # Replaces the package's validator of the same name, which turns "x" into 1.
+        return value
 
 
 class ListSessionsRequest(schema.ListSessionsRequest):
