@@ -131,3 +131,13 @@ def test_live_work_labels_show_literally(fleet: Any, store: Store) -> None:
         assert label in bulk.stdout, bulk.stdout
     finally:
         _run("archive", sid, "--stop", "--json")
+
+
+def test_a_followed_turn_and_the_conversation_show_the_text_literally(
+    fleet: Any, store: Store
+) -> None:
+    sid = sessions.create_session(store, _cwd()).session_id
+    followed = _run("prompt", sid, f"say {RAW}")
+    assert RAW in followed.stdout.splitlines(), followed.stdout
+    shown = _run("sessions", "show", sid).stdout.splitlines()
+    assert f"> say {RAW}" in shown and RAW in shown, shown
