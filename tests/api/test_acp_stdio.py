@@ -424,7 +424,7 @@ def test_invalid_request_for_bad_id_types(agent: StdioAgent, bad_id: Any) -> Non
     assert msg["id"] is None  # an unusable id is never echoed
 
 
-@pytest.mark.parametrize("version", ["x", "1", "2024-11-05", 1.5, True, None, [1]])
+@pytest.mark.parametrize("version", ["x", "1", "2024-11", 1.5, True, None, [1]])
 def test_initialize_refuses_a_protocol_version_that_is_not_an_integer(
     agent: StdioAgent, version: Any
 ) -> None:
@@ -437,6 +437,11 @@ def test_initialize_refuses_a_protocol_version_that_is_not_an_integer(
         in agent.error("initialize", {"protocolVersion": -5}, INVALID_PARAMS)["message"]
     )
     assert agent.call("initialize", {"protocolVersion": 1})["protocolVersion"] == 1
+
+
+def test_initialize_reads_a_legacy_date_version_as_version_1(agent: StdioAgent) -> None:
+    # Early clients (some editors still) send the date of the revision they speak.
+    assert agent.call("initialize", {"protocolVersion": "2024-11-05"})["protocolVersion"] == 1
 
 
 @pytest.mark.parametrize("method", ["session/cancel", "$/cancel_request"])
