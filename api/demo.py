@@ -32,6 +32,7 @@ from typing import Any
 import psutil
 import redis
 from rich.console import Console
+from rich.text import Text
 from tenacity import RetryCallState, Retrying, retry_if_result, stop_after_delay, wait_fixed
 
 from api.embedded import resolve_redis_url
@@ -65,15 +66,17 @@ class Timeline:
         self.console = console
         self.t0 = time.monotonic()
 
-    def say(self, text: str, style: str = "") -> None:
-        stamp = f"[dim]{time.monotonic() - self.t0:7.3f}s[/dim]"
-        self.console.print(f"{stamp}  {text}", style=style or None, highlight=False)
+    def say(self, text: str | Text) -> None:
+        """A line after the time since the start; ``text`` is printed as it is (a ``Text``
+        may style its parts), never read as Rich markup."""
+        stamp = (f"{time.monotonic() - self.t0:7.3f}s", "dim")
+        self.console.print(Text.assemble(stamp, "  ", text))
 
     def ok(self, text: str) -> None:
-        self.say(f"[green]✓[/green] {text}")
+        self.say(Text.assemble(("✓", "green"), " ", text))
 
     def detail(self, text: str) -> None:
-        self.console.print(f"            {text}", highlight=False)
+        self.console.print(Text(f"            {text}"))
 
 
 def _until(predicate: Callable[[], Any], timeout: float, what: str) -> Any:
@@ -100,7 +103,7 @@ def scenario(store: Store, dispatcher: Any, tl: Timeline) -> None:
     """The scenario itself; raises ``Expectation`` when something does not hold."""
     parent = sessions.create_session(store, str(Path.cwd()))
     sid = parent.session_id
-    tl.say(f"created session [bold]{sid}[/bold]")
+    tl.say(Text.assemble("created session ", (sid, "bold")))
     tid = turns.start_turn(store, dispatcher, sid, PARENT_PROMPT)
     tl.say(f"prompted turn {tid}: spawn a subagent, run a job, set a reminder, keep thinking")
     items = _busy_in_four_families(store, sid, tl)
@@ -259,7 +262,7 @@ def run_demo(console: Console) -> int:
     try:
         url, embedded = resolve_redis_url(settings)
     except RuntimeError as exc:
-        console.print(f"[red]demo cannot start[/red]: {exc}")
+        console.print(Text.assemble(("demo cannot start", "red"), f": {exc}"))
         return 2
     # On a shared Redis, a fresh prefix keeps the demo's keys apart from real sessions.
     prefix = settings.key_prefix
@@ -280,8 +283,10 @@ def run_demo(console: Console) -> int:
         scenario(store, celery_dispatcher(settings), tl)
         passed = True
     except (Expectation, RuntimeError) as exc:
-        tl.say(f"[red]✗ {exc}[/red]")
-        console.print(f"[red]demo failed[/red]; worker logs in {fleet.state_dir / 'logs'}")
+        tl.say(Text(f"✗ {exc}", "red"))
+        console.print(
+            Text.assemble(("demo failed", "red"), f"; worker logs in {fleet.state_dir / 'logs'}")
+        )
         return 1
     finally:
         fleet.stop()
@@ -289,5 +294,5 @@ def run_demo(console: Console) -> int:
         if embedded is not None:
             embedded.stop()
         _clean(url, prefix, embedded, settings.state_dir, passed)
-    console.print("[green]demo passed[/green]: every expectation held.")
+    console.print(Text.assemble(("demo passed", "green"), ": every expectation held."))
     return 0

@@ -313,3 +313,9 @@ def unarchive(store: Store, session_id: str) -> int:
     log.info("unarchived (%s in subtree)", result[1], extra={"session_id": sid})
     events.publish_many(store, [("unarchived", str(s), {"archived": False}) for s in result[2]])
     return int(result[1])
+
+
+def unarchive_to_wire(session_id: str, restored: int) -> dict[str, Any]:
+    """JSON shape of an unarchive, used by the REST API and the CLI: ``{"sessionId",
+    "archived": false, "restored"}`` (``restored``: what ``unarchive`` returned)."""
+    return {"sessionId": session_id, "archived": False, "restored": restored}

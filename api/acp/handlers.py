@@ -53,7 +53,7 @@ AGENT_CAPABILITIES: dict[str, Any] = {
 }
 
 
-async def initialize(conn: AcpConnection, req: p.schema.InitializeRequest) -> dict[str, Any]:
+async def initialize(conn: AcpConnection, req: p.InitializeRequest) -> dict[str, Any]:
     """The highest protocol version supported that is not higher than asked (1)."""
     return {
         "protocolVersion": min(max(req.protocol_version, 1), PROTOCOL_VERSION),
@@ -218,7 +218,7 @@ async def session_activity(conn: AcpConnection, req: p.ActivityRequest) -> dict[
 
 
 METHODS: dict[str, Method] = {
-    "initialize": Method(p.schema.InitializeRequest, initialize),
+    "initialize": Method(p.InitializeRequest, initialize),
     "session/new": Method(p.schema.NewSessionRequest, new_session),
     "session/load": Method(p.schema.LoadSessionRequest, load_session),
     "session/resume": Method(p.schema.ResumeSessionRequest, resume_session),

@@ -11,17 +11,22 @@ own ``_agentFleet/activity``. Values the domain checks itself with its own messa
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Any, TypeVar
 
 from acp import schema
-from pydantic import BaseModel, Field, StrictInt, StrictStr, ValidationError
+from pydantic import BaseModel, Field, StrictInt, StrictStr, ValidationError, field_validator
 
 from orchestrator.errors import InvalidParams
+
+#: A protocol version as early clients sent it: the date of the revision they speak.
+_LEGACY_VERSION = re.compile(r"\d{4}-\d{2}-\d{2}")
 
 __all__ = [
     "ActivityRequest",
     "ArchiveSessionRequest",
     "CancelRequestNotification",
+    "InitializeRequest",
     "ListSessionsRequest",
     "SetSessionTitleRequest",
     "UnarchiveSessionRequest",
@@ -52,6 +57,24 @@ class SetSessionTitleRequest(_SessionRequest):
     or null title reaches the domain, which answers "Title must not be empty."."""
 
     title: str | None = None
+
+
+class InitializeRequest(schema.InitializeRequest):
+    """``initialize`` params with ``protocolVersion`` an integer, as acp.md and the schema say
+    (``uint16``), or a legacy date string (``"2024-11-05"``, which some editors still send),
+    read as version 1 as the package reads it. The package's model reads any other string
+    (and ``true``, ``1.5``) as a version too, so a client's mistake would pass unnoticed: those
+    are refused (-32602 naming the field)."""
+
+    protocol_version: Annotated[StrictInt, Field(alias="protocolVersion", ge=0, le=65535)]
+
+    @field_validator("protocol_version", mode="before")
+    @classmethod
+    def _coerce_protocol_version(cls, value: Any) -> Any:
+        # Replaces the package's validator of the same name, which turns "x" into 1.
+        if isinstance(value, str) and _LEGACY_VERSION.fullmatch(value):
+            return 1
+        return value
 
 
 class ListSessionsRequest(schema.ListSessionsRequest):

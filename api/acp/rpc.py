@@ -126,6 +126,20 @@ def _request(msg: Any) -> tuple[Any, str]:
     return msg_id, method
 
 
+def _not_a_request(method: str, notifications: dict[str, Method]) -> RpcError:
+    """The error answering a request for ``method``, which has no request: -32600 when it is
+    a notification (sent with an id by mistake; acp.md: ``session/cancel`` is one), else
+    -32601."""
+    if method in notifications:
+        return RpcError(
+            INVALID_REQUEST,
+            f"Invalid request: {method} is a notification, which gets no answer; "
+            "send it without an id.",
+            {"method": method},
+        )
+    return RpcError(METHOD_NOT_FOUND, f"Method not found: {method}")
+
+
 def _rejected(exc: InputRejected) -> tuple[Any, RpcError]:
     """(id, error) for a message over a parse limit: -32602 with its id when only its params
     broke the limit, -32600 when the rest of it did, -32700 when it could not be parsed at
@@ -224,7 +238,7 @@ class RpcEndpoint:
         try:
             if entry is None:
                 if is_request:
-                    raise RpcError(METHOD_NOT_FOUND, f"Method not found: {method}")
+                    raise _not_a_request(method, self.notifications)
                 return
             result = await entry.handler(self, parse(entry.params, msg.get("params")))
             if is_request:

@@ -10,6 +10,10 @@ import typer
 from api.cli.common import app, console, fail, usage
 from orchestrator.errors import FleetError
 
+#: ``--json`` of ``archive`` and ``unarchive``: the outcome as the HTTP API answers it, and a
+#: refusal as ``{"error": ...}`` on stdout (``api.cli.common.fail``).
+_JSON = typer.Option(False, "--json", help="Print JSON (for scripts).")
+
 
 @app.command()
 def archive(
@@ -25,7 +29,7 @@ def archive(
         "else live refuses the archive (activity_changed) and nothing is written.",
         show_default=False,
     ),
-    as_json: bool = typer.Option(False, "--json", help="Print JSON (for scripts)."),
+    as_json: bool = _JSON,
     # The spellings before `fleet bulk-archive` and `fleet auto-archive`, still served.
     bulk: bool = typer.Option(False, "--bulk", hidden=True),
     ids_file: str | None = typer.Option(None, "--ids-file", hidden=True),
@@ -136,13 +140,18 @@ def _confirmation(
 
 
 @app.command()
-def unarchive(session_id: str) -> None:
-    """Unarchive a session (restores nothing that was stopped)."""
+def unarchive(session_id: str, as_json: bool = _JSON) -> None:
+    """Unarchive a session (restores nothing that was stopped). Exit status: 0 unarchived (or
+    was not archived), 2 refused (with --json, as JSON on stdout)."""
     from api.context import store
     from orchestrator.archive import unarchive as do_unarchive
+    from orchestrator.archive import unarchive_to_wire
 
     try:
         n = do_unarchive(store(), session_id)
     except FleetError as exc:
         fail(exc)
+    if as_json:
+        print(json.dumps(unarchive_to_wire(session_id, n), indent=2))
+        return
     console.print(f"{session_id}: " + ("unarchived" if n else "was not archived"))

@@ -19,6 +19,7 @@ from typing import Any
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Column, Table
+from rich.text import Text
 
 from api.cli.common import app, console, err, usage, when
 from orchestrator.bulk import BulkResult
@@ -30,17 +31,35 @@ _LISTED = 200
 
 def read_ids(path: str) -> list[str]:
     """Session ids from a file (``-``: stdin), one a line; blank lines and ``#`` comments are
-    skipped."""
+    skipped. A file that cannot be read or is not UTF-8 is a usage error (exit 2) saying why."""
     try:
-        text = sys.stdin.read() if path == "-" else Path(path).read_text(encoding="utf-8")
+        if path != "-":
+            raw = Path(path).read_bytes()
+        elif hasattr(sys.stdin, "buffer"):
+            raw = sys.stdin.buffer.read()
+        else:  # a text stream standing in for stdin
+            raw = sys.stdin.read().encode("utf-8", "surrogateescape")
+        text = raw.decode("utf-8")
     except OSError as exc:
         usage(f"cannot read --ids-file {path}: {exc.strerror or exc}")
+    except UnicodeDecodeError as exc:
+        usage(f"cannot read --ids-file {path}: {_not_utf8(exc)}")
     out: list[str] = []
     for line in text.splitlines():
         line = line.split("#", 1)[0].strip()
         if line:
             out.append(line)
     return out
+
+
+def _not_utf8(exc: UnicodeDecodeError) -> str:
+    """Where UTF-8 decoding stopped: the byte, its line and its offset in the file."""
+    data = bytes(exc.object)
+    line = data.count(b"\n", 0, exc.start) + 1
+    return (
+        f"not UTF-8 text: byte 0x{data[exc.start]:02x} on line {line} "
+        f"(offset {exc.start}): {exc.reason}."
+    )
 
 
 class _Bar:
@@ -106,7 +125,9 @@ def _print_human(result: BulkResult) -> None:
     if sent:
         console.print("stops sent: " + ", ".join(f"{fam} {n}" for fam, n in sorted(sent.items())))
     for family, error in result.stop_report.failed:
-        err.print(f"[yellow]warning[/yellow]: stop dispatch for {family} failed: {error}")
+        err.print(
+            Text.assemble(("warning", "yellow"), f": stop dispatch for {family} failed: {error}")
+        )
 
 
 def _finish(result: BulkResult, as_json: bool, *, strict: bool) -> None:

@@ -20,6 +20,7 @@ from typing import Any, NoReturn
 import typer
 import typer.core
 from rich.console import Console, ConsoleDimensions
+from rich.text import Text
 from typer import _click as click  # typer's own click, which its commands are built on
 from typer._click.exceptions import UsageError
 from typer._click.globals import get_current_context
@@ -163,7 +164,15 @@ app.add_typer(sessions_app, name="sessions")
 
 class _Out(Console):
     """stdout: as wide as the terminal, or as ``COLUMNS`` says; a pipe or a file gets lines
-    that are never wrapped."""
+    that are never wrapped.
+
+    A string is printed as it is: no Rich markup (``[/b]`` in a title, a directory or an id
+    is text, not a tag) and no emoji codes (``root:x:0:0`` stays so). Styled output is a
+    ``rich.text.Text`` (``Text.assemble(("error", "red"), ...)``), whose plain parts are
+    literal too."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(markup=False, emoji=False, **kwargs)
 
     @property
     def size(self) -> ConsoleDimensions:
@@ -232,7 +241,7 @@ def fail(exc: FleetError) -> NoReturn:
     if json_wanted():
         print(json.dumps(error_body(exc.code, message, exc.data), indent=2))
         raise typer.Exit(2)
-    err.print(f"[red]error[/red] ({exc.code}): {message}", highlight=False)
+    err.print(Text.assemble(("error", "red"), f" ({exc.code}): {message}"))
     if isinstance(exc, SessionActive):
         for item in exc.items:
             err.print(f"  - {item.family:9} {item.id}  {item.label}", highlight=False)

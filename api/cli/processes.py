@@ -10,6 +10,7 @@ import time
 from typing import Any
 
 import typer
+from rich.text import Text
 
 from api.cli.common import (
     LOOPBACK,
@@ -105,16 +106,18 @@ def up(
     running = discovery.find(settings.state_dir)
     if running is not None:
         err.print(
-            f"[red]error[/red]: `fleet up` already runs with the state directory "
-            f"{settings.state_dir} (pid {running.pid}, {running.redis_url}); stop it first "
-            "or use another FLEET_STATE_DIR.",
-            highlight=False,
+            Text.assemble(
+                ("error", "red"),
+                f": `fleet up` already runs with the state directory {settings.state_dir} "
+                f"(pid {running.pid}, {running.redis_url}); stop it first or use another "
+                "FLEET_STATE_DIR.",
+            )
         )
         raise typer.Exit(2)
     try:
         url, embedded = resolve_redis_url(settings)
     except RuntimeError as exc:
-        err.print(f"[red]error[/red]: {exc}")
+        err.print(Text.assemble(("error", "red"), f": {exc}"))
         raise typer.Exit(2) from None
     fleet = LocalFleet(
         url, settings.key_prefix, settings.state_dir, hostname=settings.hostname, job_hosts=hosts
@@ -125,8 +128,11 @@ def up(
         fleet.start()
         fleet.wait_ready()
         console.print(
-            f"[green]fleet up[/green] on {url} (prefix {settings.key_prefix!r}); "
-            f"{len(fleet.workers)} workers, logs in {settings.state_dir / 'logs'}"
+            Text.assemble(
+                ("fleet up", "green"),
+                f" on {url} (prefix {settings.key_prefix!r}); "
+                f"{len(fleet.workers)} workers, logs in {settings.state_dir / 'logs'}",
+            )
         )
         console.print(f"job workers on {', '.join(fleet.job_host_names())}")
         api_url = f"http://{settings.api_host}:{settings.api_port}" if api else None
@@ -165,14 +171,15 @@ def _restart_dead(fleet: Any, api_proc: Any, url: str) -> Any:
     same address, so the URL published in fleet.json answers again."""
     for w in fleet.restart_dead():
         err.print(
-            f"[yellow]worker {w.family}@{w.host} had exited; restarted (log {w.log_path})[/yellow]"
+            Text(f"worker {w.family}@{w.host} had exited; restarted (log {w.log_path})", "yellow")
         )
     if api_proc is not None and api_proc.poll() is not None:
         old, code = api_proc.pid, api_proc.returncode
         api_proc = _start_api(url)
         err.print(
-            f"[yellow]API (pid {old}) had exited with {code}; restarted as pid "
-            f"{api_proc.pid}[/yellow]"
+            Text(
+                f"API (pid {old}) had exited with {code}; restarted as pid {api_proc.pid}", "yellow"
+            )
         )
     return api_proc
 
@@ -198,8 +205,11 @@ def api_bind_address(requested: str, token: str) -> str:
     if token or requested in LOOPBACK:
         return requested
     err.print(
-        f"[yellow]FLEET_API_TOKEN is not set: binding to 127.0.0.1 instead of {requested}. "
-        "Set a token to serve the API beyond this machine.[/yellow]"
+        Text(
+            f"FLEET_API_TOKEN is not set: binding to 127.0.0.1 instead of {requested}. "
+            "Set a token to serve the API beyond this machine.",
+            "yellow",
+        )
     )
     return "127.0.0.1"
 
@@ -255,7 +265,7 @@ def beat(
     age = idle_seconds or settings.auto_archive_idle_seconds
     every = interval or settings.auto_archive_interval_seconds
     if every <= 0:
-        err.print("[red]error[/red]: the auto-archive interval must be positive.")
+        err.print(Text.assemble(("error", "red"), ": the auto-archive interval must be positive."))
         raise typer.Exit(2)
     celery_app = create_app(settings)
     reconcile_every = settings.reconcile_interval_seconds

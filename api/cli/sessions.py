@@ -9,6 +9,7 @@ from typing import Any
 
 import typer
 from rich.table import Table
+from rich.text import Text
 
 from api.cli.common import app, console, err, local_time, sessions_app, usage, when
 from api.cli.tables import fitted
@@ -107,17 +108,17 @@ def sessions_show(
     if s.parent_id:
         rows.append(("parent", s.parent_id))
     for name, value in rows:
-        console.print(f"[bold]{name:9}[/bold] {value}", highlight=False)
-    console.print(f"[bold]{'activity':9}[/bold] " + ("none" if not items else ""))
+        console.print(Text.assemble((f"{name:9}", "bold"), f" {value}"))
+    console.print(Text.assemble((f"{'activity':9}", "bold"), " " + ("none" if not items else "")))
     for item in items:
         console.print(f"  - {item.family:9} {item.id}  {item.label}", highlight=False)
-    console.print("[bold]conversation[/bold]" + ("" if updates else " (empty)"))
+    console.print(Text.assemble(("conversation", "bold"), "" if updates else " (empty)"))
     from api.cli.turns import render_update
 
     for update in updates:
         line = render_update(update, prompts=True)
         if line:
-            console.print(line, highlight=False, markup=False)
+            console.print(line, highlight=False)
 
 
 def _at(iso_time: str | None) -> str:

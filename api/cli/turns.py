@@ -14,6 +14,7 @@ import json
 from typing import Any
 
 import typer
+from rich.text import Text
 
 from api.cli.common import app, console, err
 from orchestrator.store import Store
@@ -72,7 +73,7 @@ def follow(store: Store, session_id: str, turn_id: str, as_json: bool, start: in
                 else:
                     line = render_update(update)
                     if line:
-                        console.print(line, highlight=False, markup=False)
+                        console.print(line, highlight=False)
             if turn is not None and turn.state not in LIVE_STATES:
                 return turn
             pubsub.get_message(timeout=_WAKE_SECONDS)
@@ -124,5 +125,5 @@ def prompt(
         return
     if not as_json:
         reason = f": {turn.error}" if turn.error else ""
-        err.print(f"[red]turn {turn.state.value}[/red]{reason}", highlight=False)
+        err.print(Text.assemble((f"turn {turn.state.value}", "red"), reason))
     raise typer.Exit(1)

@@ -69,4 +69,4 @@ def archive_(
 def unarchive_(session_id: str, store: StoreDep) -> dict[str, Any]:
     """Unarchive (idempotent); restores nothing that was stopped."""
     restored = archive.unarchive(store, session_id)
-    return {"sessionId": session_id, "archived": False, "restored": restored}
+    return archive.unarchive_to_wire(session_id, restored)

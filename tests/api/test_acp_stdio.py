@@ -424,6 +424,47 @@ def test_invalid_request_for_bad_id_types(agent: StdioAgent, bad_id: Any) -> Non
     assert msg["id"] is None  # an unusable id is never echoed
 
 
+@pytest.mark.parametrize("version", ["x", "1", "2024-11", 1.5, True, None, [1]])
+def test_initialize_refuses_a_protocol_version_that_is_not_an_integer(
+    agent: StdioAgent, version: Any
+) -> None:
+    # acp.md and the schema: protocolVersion is an integer (uint16), as -5 is refused.
+    err = agent.error("initialize", {"protocolVersion": version}, INVALID_PARAMS)
+    assert "protocolVersion" in err["message"], err
+    assert err["data"]["param"] == "protocolVersion", err
+    assert (
+        "protocolVersion"
+        in agent.error("initialize", {"protocolVersion": -5}, INVALID_PARAMS)["message"]
+    )
+    assert agent.call("initialize", {"protocolVersion": 1})["protocolVersion"] == 1
+
+
+def test_initialize_reads_a_legacy_date_version_as_version_1(agent: StdioAgent) -> None:
+    # Early clients (some editors still) send the date of the revision they speak.
+    assert agent.call("initialize", {"protocolVersion": "2024-11-05"})["protocolVersion"] == 1
+
+
+@pytest.mark.parametrize("method", ["session/cancel", "$/cancel_request"])
+def test_a_notification_sent_as_a_request_is_told_to_drop_the_id(
+    agent: StdioAgent, method: str
+) -> None:
+    # acp.md: session/cancel is a notification; a request is not a method it lacks.
+    params = {"sessionId": "sess_000000000000000000000000", "requestId": 1}
+    err = agent.error(method, params, INVALID_REQUEST)
+    assert "Method not found" not in err["message"], err
+    assert f"{method} is a notification" in err["message"], err
+    assert "without an id" in err["message"], err
+
+
+@pytest.mark.parametrize("rid", [4, "four", None])
+def test_an_invalid_request_echoes_an_id_it_could_read(agent: StdioAgent, rid: Any) -> None:
+    # JSON-RPC 2.0: the id is null only when it could not be determined.
+    mark = agent.mark()
+    agent.send({"jsonrpc": "1.0", "id": rid, "method": "initialize", "params": {}})
+    _, msg = agent.wait(lambda m: (m.get("error") or {}).get("code") == INVALID_REQUEST, since=mark)
+    assert "id" in msg and msg["id"] == rid and type(msg["id"]) is type(rid), msg
+
+
 def test_string_and_null_ids_are_echoed(agent: StdioAgent) -> None:
     agent.send({"jsonrpc": "2.0", "id": "req-ä", "method": "session/list", "params": {}})
     _, msg = agent.response("req-ä")

@@ -15,7 +15,7 @@ from click.testing import Result
 from typer.testing import CliRunner
 
 from api.cli import app
-from tests.helpers import wait_for
+from tests.helpers import rest_client, wait_for
 
 ID_RE = re.compile(r"^sess_[0-9a-f]{24}$")
 TURN_RE = re.compile(r"^turn_[0-9a-f]{24}$")
@@ -135,6 +135,23 @@ def test_archive_json_of_a_quiet_session() -> None:
     assert body["sessionId"] == sid
     assert body["outcome"] == "archived"
     assert body["stopped"] == []
+
+
+def test_unarchive_json_answers_what_the_http_api_answers() -> None:
+    sid = _new()
+    _ok("archive", sid)
+    assert json.loads(_ok("unarchive", sid, "--json")) == {
+        "sessionId": sid,
+        "archived": False,
+        "restored": 1,
+    }
+    again = json.loads(_ok("unarchive", sid, "--json"))
+    with rest_client() as client:
+        assert again == client.post(f"/sessions/{sid}/unarchive").json()
+    assert again["restored"] == 0
+    missing = _run("unarchive", "sess_doesnotexist", "--json")
+    assert missing.exit_code == 2, missing.output
+    assert json.loads(missing.stdout)["error"]["code"] == "session_not_found"
 
 
 @pytest.mark.parametrize("command", ["archive", "unarchive", "activity"])

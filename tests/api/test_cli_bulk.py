@@ -26,7 +26,7 @@ def _wide_console(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("COLUMNS", "300")
 
 
-def _run(*args: str, input: str | None = None) -> Result:
+def _run(*args: str, input: str | bytes | None = None) -> Result:
     result = runner.invoke(app, list(args), input=input)
     assert "Traceback" not in result.output, result.output
     assert result.exit_code in (0, 1, 2), (result.exit_code, result.output, result.exception)
@@ -154,3 +154,19 @@ def test_the_single_archive_still_works(store: Store) -> None:
     result = _run("archive", sid)
     assert result.exit_code == 0 and "archived" in result.stdout
     assert json.loads(_run("archive", sid, "--json").stdout)["outcome"] == "already_archived"
+
+
+def test_an_ids_file_that_is_not_utf8_is_refused_naming_the_byte(tmp_path: Path) -> None:
+    ids_file = tmp_path / "ids.txt"
+    ids_file.write_bytes(b"sess_000000000000000000000001\nsess_\xff01\n")
+    result = _run("bulk-archive", "--ids-file", str(ids_file), "--dry-run")
+    assert result.exit_code == 2, result.output
+    said = " ".join(result.stderr.split())
+    assert f"error (invalid_params): cannot read --ids-file {ids_file}" in said, said
+    assert "0xff" in said and "line 2" in said and "offset 35" in said, said
+    as_json = _run("bulk-archive", "--ids-file", str(ids_file), "--json")
+    assert as_json.exit_code == 2, as_json.output
+    assert json.loads(as_json.stdout)["error"]["code"] == "invalid_params", as_json.stdout
+    from_stdin = _run("bulk-archive", "--ids-file", "-", input=ids_file.read_bytes())
+    assert from_stdin.exit_code == 2, from_stdin.output
+    assert "cannot read --ids-file -" in from_stdin.stderr, from_stdin.stderr
