@@ -31,13 +31,18 @@ thread free (a prefetch multiplier of 1 with late acknowledgement, ``workers/app
 begins it at once (it takes its lease), so a delivery still held without its step beginning
 ``FLEET_TURN_STUCK_SECONDS`` after the sweeper first saw it (noted on the turn: ``heldTag``,
 ``heldMs``) is held by a dead worker (kombu would hand it back only after the visibility
-timeout) and the step is lost; before that it is ``waiting``. (A step retried after a store
-failure waits out its back-off, at most ``workers.retry.RETRY_BACKOFF_MAX``, in the unacked
-hash of a live worker: past that the sweeper resends it, as it did before, and the later copy
-is dropped.) A step found in neither is lost. A suspect the bounded
-scan could not rule on (the queue or the hash is longer than ``SCAN_LIMIT``) waits for a
-later pass rather than being resent on a guess. Suspects only are looked for, and one scan
-serves them all, so a pass costs no scan while every running turn holds its lease.
+timeout) and the step is lost; before that it is ``waiting``. A held step that began (the
+turn's ``stepToken``) and lost its lease is lost at once, as before the broker was asked: the
+worker that began it died with it (kombu keeps a killed worker's step in the hash until the
+visibility timeout), or froze past its lease (fencing drops what it writes late). (A step
+retried after a store failure waits out its back-off, at most
+``workers.retry.RETRY_BACKOFF_MAX``, in the unacked hash of a live worker: past the grace the
+sweeper resends it, as it did before, and the later copy is dropped.)
+
+A step found in neither is lost. A suspect the bounded scan could not rule on (the queue or
+the hash is longer than ``SCAN_LIMIT``) waits for a later pass rather than being resent on a
+guess. Suspects only are looked for, and one scan serves them all, so a pass costs no scan
+while every running turn holds its lease.
 
 Two things stay as they were before the broker was asked. A ``cancelling`` turn whose step
 holds no lease is settled wherever its message is: no copy of its step would settle it

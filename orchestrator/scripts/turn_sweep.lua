@@ -11,7 +11,9 @@
 --     taken by a worker that has not begun it: the first pass that sees that delivery notes
 --     it on the turn (heldTag, heldMs), and once it was held stuckMs without the step
 --     beginning, its worker is taken for dead (a live one begins a step it took at once: it
---     takes one only with a thread free) and the step is lost;
+--     takes one only with a thread free) and the step is lost. A held step that began
+--     (stepToken, cleared when the turn advances) and lost its lease is lost at once: the
+--     copy that began it died or froze (a held message is most likely its own);
 --   * a running turn whose step is lost (no lease, no message) is resumed: the caller
 --     dispatches its current step again (a duplicate copy is dropped by turn_begin_step).
 --     Losses of the same step are counted on the turn (resumes, resumeStep); past
@@ -33,7 +35,7 @@ local tk = K.turn(tid)
 local score = redis.call('ZSCORE', inflight, tid)
 if not score then return {'gone'} end
 local h = redis.call('HMGET', tk, 'state', 'step', 'sessionId', 'resumes', 'resumeStep',
-  'heldTag', 'heldMs')
+  'heldTag', 'heldMs', 'stepToken')
 local state = h[1]
 if state ~= 'running' and state ~= 'cancelling' then
   redis.call('ZREM', inflight, tid)
@@ -60,8 +62,12 @@ if seen ~= '' then
   -- The turn moved on since the scan (it would be fresh): look again next pass.
   if seen_step ~= step then return {'fresh'} end
   local held_for = -1
-  if seen == 'held' and h[6] == seen_tag then held_for = now - (tonumber(h[7]) or now) end
-  if seen == 'held' and h[6] ~= seen_tag then
+  if seen == 'held' and h[8] then
+    held_for = stuck_ms -- the step began (stepToken) and its lease lapsed: its worker is gone
+  elseif seen == 'held' and h[6] == seen_tag then
+    held_for = now - (tonumber(h[7]) or now)
+  end
+  if seen == 'held' and held_for < 0 then
     redis.call('HSET', tk, 'heldTag', seen_tag, 'heldMs', now)
   elseif h[6] and (seen ~= 'held' or held_for >= stuck_ms) then
     redis.call('HDEL', tk, 'heldTag', 'heldMs')

@@ -146,3 +146,14 @@ def test_another_delivery_of_the_step_starts_the_grace_again(
     queue(store, message(step_message_id(stale, 0)))
     assert run(store, recorder).waiting == [stale]
     assert store.redis.hget(store.keys.turn(stale), "heldTag") is None
+
+
+def test_a_held_step_that_began_and_lost_its_lease_is_lost_at_once(
+    store: Store, recorder: RecordingDispatcher, stale: str
+) -> None:
+    # Given the step began (its copy's token on the turn, its lease lapsed since) and its
+    # message is still held unacknowledged: its worker died mid-step
+    store.redis.hset(store.keys.turn(stale), "stepToken", "t1")
+    take(store, message(step_message_id(stale, 0)))
+    # Then the first pass resumes it, as before the broker was asked
+    assert run(store, recorder).turns["resumed"] == [stale]
