@@ -16,6 +16,10 @@ import functools
 import inspect
 from dataclasses import dataclass
 
+#: kombu's name of its hash of unacknowledged messages (under ``Keys.broker_prefix``), given
+#: to the transport by ``workers/app.py`` so the two cannot disagree.
+BROKER_UNACKED = "unacked"
+
 #: Session states an index is kept for.
 INDEX_STATES = ("all", "active", "archived")
 
@@ -77,7 +81,9 @@ class Keys:
         id of the tool call its step has open, settled as cancelled by an archive), said ('1'
         once its prompt is in the conversation: recorded when its first step is admitted); the
         sweeper's bookkeeping (``orchestrator/sweeper.py``): resumes (times step ``resumeStep``
-        was found lost and dispatched again) and resumeStep; the fencing of its current step
+        was found lost and dispatched again), resumeStep, and heldTag and heldMs (the
+        delivery of its step it found taken by a worker and not begun, and since when, epoch
+        ms on Redis's clock); the fencing of its current step
         (``orchestrator/fencing.py``): stepToken (the token of the copy that began it last)
         and stepLeaseMs (that copy's lease length, to re-take a lapsed lease); inputTokens and
         outputTokens (its model usage)."""
@@ -177,6 +183,27 @@ class Keys:
     def ops_counter(self, name: str) -> str:
         """STRING (counter): how many ``ops.ping`` tasks named ``name`` ran."""
         return f"{self.prefix}ops:{name}"
+
+    # -- the broker (kombu's Redis transport, configured in ``workers/app.py``) -------------
+    @property
+    def broker_prefix(self) -> str:
+        """Prefix of every key of the Celery broker (kombu's ``global_keyprefix``): its
+        queues and its record of unacknowledged messages live beside the fleet's state."""
+        return f"{self.prefix}celery:"
+
+    def broker_queue(self, queue: str) -> str:
+        """LIST: the messages waiting in broker queue ``queue`` (a family's queue name), as
+        kombu's Redis transport keeps them: JSON, pushed on the left, taken from the right.
+        Messages sent with a priority go to other lists (none of the fleet's are)."""
+        return f"{self.broker_prefix}{queue}"
+
+    @property
+    def broker_unacked(self) -> str:
+        """HASH: the messages a worker took and has not acknowledged yet (steps are
+        acknowledged when they end), kombu's delivery tag -> JSON ``[message, exchange,
+        routing key]``; kombu hands an entry back to its queue after the visibility
+        timeout. ``BROKER_UNACKED`` names it in the transport's options."""
+        return f"{self.broker_prefix}{BROKER_UNACKED}"
 
     # -- events -----------------------------------------------------------------------------
     @property

@@ -22,6 +22,7 @@ from kombu.entity import Queue
 
 from orchestrator import families
 from orchestrator.families import Family
+from orchestrator.keys import BROKER_UNACKED, Keys
 from orchestrator.redisconn import SentinelOptions, is_sentinel
 from orchestrator.settings import FleetSettings
 
@@ -71,6 +72,7 @@ def configure(app: Celery, settings: FleetSettings) -> None:
     """Apply agent-fleet's Celery configuration for ``settings`` to ``app``. Raises
     ``MissingRedisUrl`` when ``settings.redis_url`` is unset (there is no default broker)."""
     url = settings.require_redis_url()
+    keys = Keys(settings.key_prefix)
     app.conf.update(
         broker_url=url,
         # kombu's Redis transport, made to reconnect on a restarting, failed-over or full
@@ -82,8 +84,10 @@ def configure(app: Celery, settings: FleetSettings) -> None:
         # Redis is away (the default ends the worker after 100 failed attempts).
         broker_connection_max_retries=None,
         broker_transport_options={
-            # Broker keys live under the fleet's prefix, beside its state.
-            "global_keyprefix": f"{settings.key_prefix}celery:",
+            # Broker keys live under the fleet's prefix, beside its state, named by
+            # orchestrator/keys.py (the turn sweeper looks for a step's message in them).
+            "global_keyprefix": keys.broker_prefix,
+            "unacked_key": BROKER_UNACKED,
             "queue_order_strategy": "priority",
             "visibility_timeout": settings.visibility_timeout_seconds,
             # kombu sweeps for messages past the visibility timeout only every interval x

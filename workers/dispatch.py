@@ -53,7 +53,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from tenacity import retry, retry_if_exception_type, stop_after_attempt, wait_exponential
 
-from orchestrator.families import Message
+from orchestrator.families import Message, message_id
 from workers import messages
 from workers.broker import PublishBatch
 
@@ -83,7 +83,14 @@ class CeleryDispatcher:
     def send(self, task: str, args: list[Any], queue: str) -> None:
         """Send ``task`` with positional ``args`` to ``queue``. Raises the broker's error after
         three attempts."""
-        self.app.send_task(task, args=args, queue=queue, routing_key=queue, retry=False)
+        self.app.send_task(
+            task,
+            args=args,
+            queue=queue,
+            routing_key=queue,
+            retry=False,
+            task_id=message_id(task, args),
+        )
 
     def send_many(self, messages: list[Message]) -> list[Exception | None]:
         """Publish ``(task, args, queue)`` messages in one pipelined write; return, per
@@ -126,7 +133,7 @@ class CeleryDispatcher:
                     declared.add(queue)
                 session.put(
                     template.commands(
-                        uuid(),
+                        message_id(task, args) or uuid(),
                         args,
                         app.thread_oid,
                         (uuid(), uuid()),
@@ -150,7 +157,7 @@ class CeleryDispatcher:
         ``learn`` (the batch it goes through), record what it writes and learn the pair's
         template from it."""
         app, task = self.app, pair[0]
-        task_id, reply_to = uuid(), app.thread_oid
+        task_id, reply_to = message_id(task, args) or uuid(), app.thread_oid
         message = app.amqp.create_task_message(
             task_id,
             task,
@@ -210,7 +217,13 @@ class CeleryDispatcher:
 
     def _send_task(self, producer: Producer, task: str, args: list[Any], queue: str) -> None:
         self.app.send_task(
-            task, args=args, queue=queue, routing_key=queue, retry=False, producer=producer
+            task,
+            args=args,
+            queue=queue,
+            routing_key=queue,
+            retry=False,
+            producer=producer,
+            task_id=message_id(task, args),
         )
 
     def _route(self, producer: Producer, task: str, queue: str) -> _Route:

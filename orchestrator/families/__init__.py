@@ -34,8 +34,10 @@ from orchestrator.families.base import (
     Family,
     Message,
     Task,
+    message_id,
     send_all,
     send_step,
+    step_message_id,
 )
 from orchestrator.families.registry import (
     FamilySpec,
@@ -65,10 +67,12 @@ __all__ = [
     "control_queue",
     "families",
     "get",
+    "message_id",
     "names",
     "register",
     "send_all",
     "send_step",
+    "step_message_id",
     "unregister",
     "work_queue",
 ]

@@ -46,7 +46,9 @@ MAINTENANCE_QUEUE = "maintenance"
 
 
 class Dispatcher(Protocol):
-    """Sends a task by name to a queue and returns without waiting for it to run.
+    """Sends a task by name to a queue and returns without waiting for it to run. A
+    dispatcher that publishes to the broker names each message ``message_id(task, args)``
+    when that is not ``None``.
 
     Raises whatever the transport raises when the message cannot be published; callers that
     must not fail (the archive fan-out) catch and log.
@@ -85,6 +87,23 @@ class BatchDispatcher(Dispatcher, Protocol):
         ...
 
 
+def step_message_id(turn_id: str, index: int) -> str:
+    """The task id of every message of step ``index`` of a turn: the turn sweeper looks for
+    it in the broker to tell a step waiting for a worker from a lost one
+    (``orchestrator/sweeper.py``; ``scripts/turn_broker_scan.lua`` builds the same). Copies
+    of a step share it, as a retried task keeps its id."""
+    return f"{turn_id}.step.{index}"
+
+
+def message_id(task: str, args: list[Any]) -> str | None:
+    """The task id a dispatcher gives a message of ``task`` with ``args``: a step's
+    (``step_message_id``), ``None`` (a random one) for any other."""
+    if task == Task.TURN_STEP and len(args) == 3:
+        return step_message_id(str(args[1]), int(args[2]))
+    return None
+
+
 def send_step(dispatcher: Dispatcher, session_id: str, turn_id: str, index: int) -> None:
-    """Send step ``index`` of a turn to the turn queue."""
+    """Send step ``index`` of a turn to the turn queue (a real dispatcher gives it the task
+    id ``step_message_id``)."""
     dispatcher.send(Task.TURN_STEP, [session_id, turn_id, index], Family.TURN.value)

@@ -1,27 +1,41 @@
--- ARGV: prefix, tid, stuckMs, maxResumes, failedStopReason, cancelledStopReason
+-- ARGV: prefix, tid, stuckMs, maxResumes, failedStopReason, cancelledStopReason,
+--   seen, seenStep, seenTag: what turn_broker_scan.lua found of the step's message just
+--   before ('queued', 'held' with its delivery tag, 'unseen', 'absent'; '' when not looked)
 -- The sweeper's decision for one member of turns:inflight, read and written in one step on
 -- Redis's clock (TIME), so sweepers on several workers never act twice on the same loss: a
 -- resume re-scores the member, and the next sweeper finds it fresh.
 --   * a member whose turn is not running or cancelling (ended, queued, missing) is removed;
 --   * a member with progress within stuckMs, or whose step holds its lease, is left alone;
---   * a running turn whose step is lost (no lease) is resumed: the caller dispatches its
---     current step again (a duplicate copy is dropped by turn_begin_step). Losses of the same
---     step are counted on the turn (resumes, resumeStep); past maxResumes it ends 'failed';
---   * a cancelling turn whose step is gone (lease lapsed) ends 'cancelled'.
+--   * a running turn whose step holds no lease but whose message the broker still holds is
+--     left alone ('waiting'): queued behind busy workers, or beyond the scan's bound; or
+--     taken by a worker that has not begun it: the first pass that sees that delivery notes
+--     it on the turn (heldTag, heldMs), and once it was held stuckMs without the step
+--     beginning, its worker is taken for dead (a live one begins a step it took at once: it
+--     takes one only with a thread free) and the step is lost. A held step that began
+--     (stepToken, cleared when the turn advances) and lost its lease is lost at once: the
+--     copy that began it died or froze (a held message is most likely its own);
+--   * a running turn whose step is lost (no lease, no message) is resumed: the caller
+--     dispatches its current step again (a duplicate copy is dropped by turn_begin_step).
+--     Losses of the same step are counted on the turn (resumes, resumeStep); past
+--     maxResumes it ends 'failed';
+--   * a cancelling turn whose step holds no lease ends 'cancelled', wherever its message is
+--     (a copy that reaches a worker later settles nothing: turn_begin_step drops it).
 -- A turn ending here settles the tool call its lost step left open (settle_open_call):
 -- 'failed', or 'cancelled' for a cancelling one, never in an archived lineage.
--- Returns {'gone'} | {'removed', state} | {'fresh'} | {'leased'}
+-- Returns {'gone'} | {'removed', state} | {'fresh'} | {'leased'} | {'waiting', seen}
 --   | {'resume', sid, step, losses}
 --   | {'failed', sid, promotedTid|'', losses, error, wroteHistory '0'|'1', settlement|''}
 --   | {'cancelled', sid, promotedTid|'', settlement|''}
 local tid, stuck_ms, max_resumes = ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
 local failed_reason, cancelled_reason = ARGV[5], ARGV[6]
+local seen, seen_step, seen_tag = ARGV[7] or '', ARGV[8] or '', ARGV[9] or ''
 local inflight = K.turns_inflight
 local tk = K.turn(tid)
 
 local score = redis.call('ZSCORE', inflight, tid)
 if not score then return {'gone'} end
-local h = redis.call('HMGET', tk, 'state', 'step', 'sessionId', 'resumes', 'resumeStep')
+local h = redis.call('HMGET', tk, 'state', 'step', 'sessionId', 'resumes', 'resumeStep',
+  'heldTag', 'heldMs', 'stepToken')
 local state = h[1]
 if state ~= 'running' and state ~= 'cancelling' then
   redis.call('ZREM', inflight, tid)
@@ -42,6 +56,25 @@ if state == 'cancelling' then
   local nxt = finish_turn(tid, 'cancelled', cancelled_reason, '', now, iso_ms(now))
   redis.call('ZREM', inflight, tid)
   return {'cancelled', sid, nxt, settled}
+end
+
+if seen ~= '' then
+  -- The turn moved on since the scan (it would be fresh): look again next pass.
+  if seen_step ~= step then return {'fresh'} end
+  local held_for = -1
+  if seen == 'held' and h[8] then
+    held_for = stuck_ms -- the step began (stepToken) and its lease lapsed: its worker is gone
+  elseif seen == 'held' and h[6] == seen_tag then
+    held_for = now - (tonumber(h[7]) or now)
+  end
+  if seen == 'held' and held_for < 0 then
+    redis.call('HSET', tk, 'heldTag', seen_tag, 'heldMs', now)
+  elseif h[6] and (seen ~= 'held' or held_for >= stuck_ms) then
+    redis.call('HDEL', tk, 'heldTag', 'heldMs')
+  end
+  if seen == 'queued' or seen == 'unseen' or (seen == 'held' and held_for < stuck_ms) then
+    return {'waiting', seen}
+  end
 end
 
 -- Losses are counted per step: a turn that moved on since the last loss starts again at 0.

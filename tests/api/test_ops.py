@@ -345,5 +345,6 @@ def test_worker_logs_are_json_lines_with_the_tasks_context(client: TestClient, f
     assert entry["session_id"] == sid
     assert entry["turn_id"] == tid
     assert entry["family"] == "turn"
-    assert re.fullmatch(r"[0-9a-f-]{36}", entry["task_id"])
+    # (a step's task id names its turn and step: families.step_message_id)
+    assert re.fullmatch(rf"{re.escape(tid)}\.step\.\d+", entry["task_id"])
     assert entry["level"] == "INFO" and entry["logger"] == "orchestrator.turns"
