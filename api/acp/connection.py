@@ -52,7 +52,7 @@ class AcpConnection(RpcEndpoint):
             params = entry[2].get("params")
             sid = params.get("sessionId") if isinstance(params, dict) else None
             if isinstance(sid, str) and sid:
-                await self.cancel_turns(sid, self.prompts.turns(sid))
+                await self.cancel_turns(sid, self.prompts.cancel(sid))
                 return
         await super().cancel_request(request_id)
 

@@ -178,6 +178,8 @@ async def prompt(conn: AcpConnection, req: p.schema.PromptRequest) -> dict[str, 
     try:
         tid = started = await call_store(turns.start_turn, conn.store, conn.dispatcher, sid, text)
         future = conn.prompts.track(sid, started)
+        if conn.prompts.take_cancel(sid):  # cancelled before its turn was tracked
+            await conn.cancel_turns(sid, [started])
         # The event normally settles the future; the poll covers a lost event.
         while not (await asyncio.wait({future}, timeout=_PROMPT_POLL))[0]:
             turn = await call_store(turns.get_turn, conn.store, started)
@@ -205,7 +207,7 @@ def _turn_event(sid: str, tid: str, state: turns.TurnState) -> dict[str, Any]:
 async def cancel(conn: AcpConnection, req: p.schema.CancelNotification) -> None:
     # ACP session/cancel: the client cancels its prompt turn in flight on this session,
     # never a turn another client (or a later prompt of its own) started since.
-    await conn.cancel_turns(req.session_id, conn.prompts.turns(req.session_id))
+    await conn.cancel_turns(req.session_id, conn.prompts.cancel(req.session_id))
 
 
 async def cancel_request(conn: AcpConnection, req: p.CancelRequestNotification) -> None:

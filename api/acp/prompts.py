@@ -4,6 +4,11 @@ A prompt waits on a future keyed by its turn id; the forwarder (``Streams``) set
 the turn's ``stopReason`` once the turn's updates have been sent. A turn may end before its
 prompt's future exists (a fast turn): its reason is kept a while and settles the future as
 soon as it is made.
+
+A cancel may also come first: the client sees its prompt's ``user_message_chunk`` as soon as
+the turn is stored, which can be before the prompt has tracked its turn here. ``cancel``
+counts the prompts of the session that have begun and have no turn tracked yet, and each of
+them learns it from ``take_cancel`` once its turn is tracked, and stops that turn.
 """
 
 from __future__ import annotations
@@ -24,6 +29,8 @@ class Prompts:
         # sessionId -> the turns of this connection's prompts in flight (what a cancel stops).
         self._turns: dict[str, set[str]] = {}
         self._ended: OrderedDict[str, str] = OrderedDict()
+        # sessionId -> prompts on it that were cancelled before their turn was tracked.
+        self._early: dict[str, int] = {}
 
     def begin(self, sid: str) -> None:
         """A prompt on ``sid`` starts (before its turn exists)."""
@@ -39,6 +46,31 @@ class Prompts:
             self._futures[tid] = future
         return future
 
+    def cancel(self, sid: str) -> list[str]:
+        """The client cancels its prompts on ``sid``: the turns tracked now (sorted), to stop
+        at once; each prompt begun and not tracked yet gets ``True`` from ``take_cancel``."""
+        tracked = self._turns.get(sid, set())
+        untracked = self._count.get(sid, 0) - len(tracked)
+        if untracked > 0:
+            self._early[sid] = untracked
+        return sorted(tracked)
+
+    def take_cancel(self, sid: str) -> bool:
+        """After ``track``: whether this prompt was cancelled before its turn was tracked
+        (its turn is then to be stopped). Answers ``True`` once per prompt ``cancel``
+        counted."""
+        return self._spend_early(sid)
+
+    def _spend_early(self, sid: str) -> bool:
+        left = self._early.get(sid, 0)
+        if left <= 0:
+            return False
+        if left == 1:
+            del self._early[sid]
+        else:
+            self._early[sid] = left - 1
+        return True
+
     def settle(self, tid: str, reason: str) -> None:
         """Turn ``tid`` ended with ``reason``: resolve its prompt (or remember the reason)."""
         future = self._futures.pop(tid, None)
@@ -51,7 +83,9 @@ class Prompts:
 
     def finish(self, sid: str, tid: str | None) -> None:
         """The prompt on ``sid`` (of turn ``tid``, if one was started) is answered."""
-        if tid is not None:
+        if tid is None:
+            self._spend_early(sid)  # it never got a turn: a cancel counted for it is spent
+        else:
             self._futures.pop(tid, None)
             mine = self._turns.get(sid, set())
             mine.discard(tid)
@@ -62,14 +96,11 @@ class Prompts:
             self._count[sid] = left
         else:
             self._count.pop(sid, None)
+            self._early.pop(sid, None)
 
     def pending(self, sid: str) -> bool:
         """Whether a prompt of this connection waits on ``sid``."""
         return bool(self._count.get(sid))
-
-    def turns(self, sid: str) -> list[str]:
-        """The turns of this connection's prompts in flight on ``sid``, sorted."""
-        return sorted(self._turns.get(sid, ()))
 
     def sessions(self) -> set[str]:
         """The sessions prompts of this connection wait on."""
