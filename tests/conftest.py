@@ -72,24 +72,23 @@ os.environ.setdefault("FLEET_MAX_SUBAGENT_DEPTH", "200")
 #: The files that take longest (seconds of wall clock each, measured with ``--durations=0`` on
 #: the 2-core machine), longest first. They run before every other file: xdist hands files
 #: out in collection order (``--no-loadscope-reorder`` in pyproject's addopts), so a long file
-#: never starts while the other worker is about to run out of work. A file missing here only
+#: never starts while the other workers are about to run out of work. A file missing here only
 #: runs in its collection place; a name here that no longer exists changes nothing.
 LONG_FILES = (
-    "tests/faults/test_soak.py",  # 50
-    "tests/faults/test_step_fencing.py",  # 33
-    "tests/faults/test_failover.py",  # 22
-    "tests/console/test_console.py",  # 28
-    "tests/faults/test_turn_sweeper.py",  # 26
-    "tests/faults/test_worker_broker.py",  # 20
-    "tests/api/test_acp_stdio.py",  # 20
-    "tests/api/test_demo.py",  # 18
+    "tests/faults/test_step_fencing.py",  # 37
+    "tests/faults/test_soak.py",  # 35
+    "tests/faults/test_turn_sweeper.py",  # 29
+    "tests/console/test_console.py",  # 25
+    "tests/faults/test_sentinel.py",  # 21
+    "tests/faults/test_failover.py",  # 18
+    "tests/faults/test_worker_broker.py",  # 18
     "tests/faults/test_races.py",  # 17
+    "tests/api/test_demo.py",  # 16
     "tests/api/test_acp_redis_down.py",  # 16
-    "tests/faults/test_killed_worker_children.py",  # 15
-    "tests/faults/test_sentinel.py",  # 15
-    "tests/faults/test_redis_down.py",  # 15
+    "tests/faults/test_killed_worker_children.py",  # 14
     "tests/api/test_up_children.py",  # 12
     "tests/faults/test_stops_and_reminders.py",  # 12
+    "tests/faults/test_redis_down.py",  # 12
 )
 
 
