@@ -3,7 +3,9 @@ replicas and Sentinels, each a ``redis-server`` process on a free port, with sho
 timeouts (down after 1 s, failover timeout 3 s) so a failover completes in a few seconds.
 
 Every node runs append-only with ``appendfsync always``, as the fleet's production topology
-recommends. Processes are signalled by PID only.
+recommends, and starts a full resynchronisation at once (``repl-diskless-sync-delay 0``;
+Redis waits 5 s by default for more replicas to share the transfer, which only delayed the
+replicas' first sync here). Processes are signalled by PID only.
 """
 
 from __future__ import annotations
@@ -93,7 +95,7 @@ class SentinelGroup:
             time.sleep(0.05)
 
     def start(self, replicas: int = 2, sentinels: int = 3) -> SentinelGroup:
-        durable = 'appendonly yes\nappendfsync always\nsave ""\n'
+        durable = 'appendonly yes\nappendfsync always\nsave ""\nrepl-diskless-sync-delay 0\n'
         primary = self._start("primary", durable)
         self.data.append(primary)
         for i in range(replicas):
