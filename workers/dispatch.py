@@ -83,14 +83,7 @@ class CeleryDispatcher:
     def send(self, task: str, args: list[Any], queue: str) -> None:
         """Send ``task`` with positional ``args`` to ``queue``. Raises the broker's error after
         three attempts."""
-        self.app.send_task(
-            task,
-            args=args,
-            queue=queue,
-            routing_key=queue,
-            retry=False,
-            task_id=message_id(task, args),
-        )
+        self._send_task(None, task, args, queue)
 
     def send_many(self, messages: list[Message]) -> list[Exception | None]:
         """Publish ``(task, args, queue)`` messages in one pipelined write; return, per
@@ -215,7 +208,9 @@ class CeleryDispatcher:
             maxlevels=app.conf.task_repr_maxlevels,
         )
 
-    def _send_task(self, producer: Producer, task: str, args: list[Any], queue: str) -> None:
+    def _send_task(self, producer: Producer | None, task: str, args: list[Any], queue: str) -> None:
+        """``send_task`` of one message, through ``producer`` (``None``: one of the app's
+        pool)."""
         self.app.send_task(
             task,
             args=args,

@@ -84,15 +84,22 @@ def a_busy_thread(private: PrivateFleet, seconds: int) -> str:
     return tid
 
 
+def a_queued_turn(private: PrivateFleet) -> tuple[str, str]:
+    """``(sid, tid)`` of a new turn ``say hi`` once its step message waits in the queue."""
+    store = private.store
+    sid = create_session(store, "/tmp/faults-sweepq").session_id
+    tid = start_turn(store, private.dispatcher, sid, "say hi")
+    wait_for(lambda: len(queued_steps(private, tid)) == 1, 10, message="the step queued")
+    return sid, tid
+
+
 def test_a_step_queued_behind_a_busy_worker_is_never_resumed_or_failed_and_runs_once(
     private: PrivateFleet,
 ) -> None:
     store, dispatcher = private.store, private.dispatcher
     # Given the worker's only thread busy for 6 s and a turn whose step waits behind it
     busy = a_busy_thread(private, 6)
-    sid = create_session(store, "/tmp/faults-sweepq").session_id
-    tid = start_turn(store, dispatcher, sid, "say hi")
-    wait_for(lambda: len(queued_steps(private, tid)) == 1, 10, message="the step queued")
+    sid, tid = a_queued_turn(private)
 
     # When it has waited past FLEET_TURN_STUCK_SECONDS, the worker's sweeper passing every
     # 0.25 s, and a sweep runs here as well
@@ -117,12 +124,10 @@ def test_a_step_queued_behind_a_busy_worker_is_never_resumed_or_failed_and_runs_
 
 
 def test_a_step_whose_queued_message_is_lost_is_resumed(private: PrivateFleet) -> None:
-    store, dispatcher = private.store, private.dispatcher
+    store = private.store
     # Given a turn whose step waits behind a busy thread
     a_busy_thread(private, 4)
-    sid = create_session(store, "/tmp/faults-sweepq").session_id
-    tid = start_turn(store, dispatcher, sid, "say hi")
-    wait_for(lambda: len(queued_steps(private, tid)) == 1, 10, message="the step queued")
+    sid, tid = a_queued_turn(private)
 
     # When its message is lost from the queue
     [raw] = queued_steps(private, tid)
@@ -138,12 +143,10 @@ def test_a_step_whose_queued_message_is_lost_is_resumed(private: PrivateFleet) -
 def test_a_step_taken_by_a_worker_that_never_begins_it_is_resumed_after_a_grace(
     private: PrivateFleet,
 ) -> None:
-    store, dispatcher = private.store, private.dispatcher
+    store = private.store
     # Given a turn whose step waits behind a busy thread
     a_busy_thread(private, 5)
-    sid = create_session(store, "/tmp/faults-sweepq").session_id
-    tid = start_turn(store, dispatcher, sid, "say hi")
-    wait_for(lambda: len(queued_steps(private, tid)) == 1, 10, message="the step queued")
+    sid, tid = a_queued_turn(private)
 
     # When a worker takes its message and dies before beginning it: the message is moved to
     # the unacked hash, as kombu records it (it would come back after 10 minutes)

@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import json
 import re
-import uuid
-from collections.abc import Iterator
 from datetime import datetime
 
 import pytest
@@ -57,16 +55,9 @@ def run(store: Store, recorder: RecordingDispatcher, **kw: object) -> sweeper.Sw
 
 
 @pytest.fixture
-def store(redis_url: str, key_prefix: str) -> Iterator[Store]:
-    """A store on a prefix of this test alone (overrides the run's shared one)."""
-    prefix = f"{key_prefix}sweep-{uuid.uuid4().hex[:8]}:"
-    s = Store(redis_url, prefix)
-    try:
-        yield s
-    finally:
-        for key in s.redis.scan_iter(match=f"{prefix}*", count=1000):
-            s.redis.delete(key)
-        s.close()
+def store(own_store: Store) -> Store:
+    """A store on a prefix of this test alone: a sweep acts on every member of the index."""
+    return own_store
 
 
 @pytest.fixture

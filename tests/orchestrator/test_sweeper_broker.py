@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Iterator
 
 import pytest
 
@@ -26,16 +25,9 @@ def redis_ms(store: Store) -> int:
 
 
 @pytest.fixture
-def store(redis_url: str, key_prefix: str) -> Iterator[Store]:
-    """A store on a prefix of this test alone (a sweep acts on every member of the index)."""
-    prefix = f"{key_prefix}sweepb-{uuid.uuid4().hex[:8]}:"
-    s = Store(redis_url, prefix)
-    try:
-        yield s
-    finally:
-        for key in s.redis.scan_iter(match=f"{prefix}*", count=1000):
-            s.redis.delete(key)
-        s.close()
+def store(own_store: Store) -> Store:
+    """A store on a prefix of this test alone: a sweep acts on every member of the index."""
+    return own_store
 
 
 @pytest.fixture
