@@ -24,7 +24,7 @@ from orchestrator.archive import archive
 from orchestrator.families import Family
 from orchestrator.sessions import create_session
 from orchestrator.turns import start_turn
-from tests.faults.fleets import PrivateFleet, private_fleet
+from tests.faults.fleets import PrivateFleet, private_fleet, sweeping
 from tests.helpers import STARTUP_TIMEOUT, stopping_on_purpose, wait_for
 from tests.workers.support import history, requests_of, wait_job_pid
 
@@ -35,12 +35,7 @@ pytestmark = pytest.mark.timeout(180)
 def private(
     redis_url: str, key_prefix: str, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[PrivateFleet]:
-    env = {
-        "FLEET_VISIBILITY_TIMEOUT_SECONDS": "600",
-        "FLEET_TURN_STUCK_SECONDS": "2",
-        "FLEET_TURN_SWEEP_INTERVAL_SECONDS": "0.5",
-        "FLEET_JOB_LEASE_SECONDS": "2",
-    }
+    env = sweeping(2, 0.5, FLEET_JOB_LEASE_SECONDS="2")
     families = [Family.TURN, Family.JOB]
     with private_fleet(redis_url, key_prefix, tmp_path_factory, "orphans", families, env) as fleet:
         yield fleet

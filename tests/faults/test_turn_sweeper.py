@@ -24,7 +24,7 @@ from orchestrator.families import Family
 from orchestrator.sessions import create_session, get_session
 from orchestrator.store import Store
 from orchestrator.turns import start_turn
-from tests.faults.fleets import PrivateFleet, private_fleet
+from tests.faults.fleets import PrivateFleet, private_fleet, sweeping
 from tests.helpers import STARTUP_TIMEOUT, wait_for
 from tests.workers.support import requests_of, wait_request, wait_turn_state, worker_running
 
@@ -55,11 +55,7 @@ def kill_the_step(private: PrivateFleet, tid: str) -> None:
 def private(
     redis_url: str, key_prefix: str, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[PrivateFleet]:
-    env = {
-        "FLEET_VISIBILITY_TIMEOUT_SECONDS": "600",
-        "FLEET_TURN_STUCK_SECONDS": "2",
-        "FLEET_TURN_SWEEP_INTERVAL_SECONDS": "0.5",
-    }
+    env = sweeping(2, 0.5)
     with private_fleet(
         redis_url, key_prefix, tmp_path_factory, "sweeper", [Family.TURN], env
     ) as fleet:

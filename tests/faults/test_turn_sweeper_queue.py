@@ -20,7 +20,7 @@ from orchestrator.families import Family
 from orchestrator.sessions import create_session
 from orchestrator.store import Store
 from orchestrator.turns import start_turn
-from tests.faults.fleets import PrivateFleet, private_fleet
+from tests.faults.fleets import PrivateFleet, private_fleet, sweeping
 from tests.helpers import STARTUP_TIMEOUT, wait_for
 from tests.workers.support import requests_of, turn_state, wait_request, wait_turn_state
 
@@ -33,11 +33,7 @@ STUCK = 1.0
 def private(
     redis_url: str, key_prefix: str, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[PrivateFleet]:
-    env = {
-        "FLEET_VISIBILITY_TIMEOUT_SECONDS": "600",
-        "FLEET_TURN_STUCK_SECONDS": str(STUCK),
-        "FLEET_TURN_SWEEP_INTERVAL_SECONDS": "0.25",
-    }
+    env = sweeping(STUCK, 0.25)
     with private_fleet(
         redis_url, key_prefix, tmp_path_factory, "sweepq", [Family.TURN], env, concurrency=1
     ) as fleet:
