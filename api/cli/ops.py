@@ -65,7 +65,8 @@ def sweep(
 ) -> None:
     """Run the turn sweeper once (turn workers run it every FLEET_TURN_SWEEP_INTERVAL_SECONDS):
     a running turn whose step is lost is resumed (or ended failed after
-    FLEET_TURN_MAX_RESUMES), a cancelling one whose step is gone ends cancelled."""
+    FLEET_TURN_MAX_RESUMES), a cancelling one whose step is gone ends cancelled; one whose
+    step's message still waits in the broker is left waiting."""
     from api.context import dispatcher, store
     from orchestrator.sweeper import sweep as run_sweep
 
@@ -77,7 +78,9 @@ def sweep(
         print(json.dumps(report.to_wire()))
         return
     totals = ", ".join(f"{action} {n}" for action, n in report.totals.items())
-    console.print(f"sweep: {report.examined} examined, {totals}")
+    console.print(f"sweep: {report.examined} examined, {totals}, waiting {len(report.waiting)}")
     for action, tids in report.turns.items():
         for tid in tids:
             console.print(f"  {tid}: {action}")
+    for tid in report.waiting:
+        console.print(f"  {tid}: waiting (its step's message is in the broker)")

@@ -262,4 +262,6 @@ def test_sweep_runs_one_pass_of_the_turn_sweeper_and_prints_what_it_did() -> Non
     report = json.loads(_ok("sweep", "--json", "--stuck-seconds", "86400"))
     assert report["examined"] == 0
     assert report["totals"] == {"resumed": 0, "failed": 0, "settled": 0, "removed": 0}
-    assert "sweep: 0 examined" in _flat(_ok("sweep", "--stuck-seconds", "86400"))
+    assert report["waiting"] == 0
+    said = _flat(_ok("sweep", "--stuck-seconds", "86400"))
+    assert "sweep: 0 examined" in said and "waiting 0" in said
