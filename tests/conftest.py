@@ -162,6 +162,23 @@ def store_with() -> Iterator[Any]:
 
 
 @pytest.fixture
+def own_store() -> Iterator[Any]:
+    """A store on a prefix of this test alone (for tests whose code acts on every member of a
+    fleet-wide index, as a sweep does, or that check what is left under the prefix); its keys
+    are deleted after the test."""
+    from orchestrator.store import Store
+
+    prefix = f"{_PREFIX}own-{uuid.uuid4().hex[:8]}:"
+    s = Store(REDIS_URL, prefix)
+    try:
+        yield s
+    finally:
+        for key in s.redis.scan_iter(match=f"{prefix}*", count=1000):
+            s.redis.delete(key)
+        s.close()
+
+
+@pytest.fixture
 def recorder() -> RecordingDispatcher:
     """A fresh ``RecordingDispatcher``."""
     return RecordingDispatcher()

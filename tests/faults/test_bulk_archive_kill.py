@@ -16,7 +16,6 @@ import subprocess
 import sys
 import threading
 import time
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -46,15 +45,9 @@ class Api:
 
 
 @pytest.fixture
-def private(redis_url: str, key_prefix: str) -> Iterator[Store]:
-    prefix = f"{key_prefix}bulkkill-{uuid.uuid4().hex[:8]}:"
-    store = Store(redis_url, prefix)
-    try:
-        yield store
-    finally:
-        for key in store.redis.scan_iter(match=f"{prefix}*", count=1000):
-            store.redis.delete(key)
-        store.close()
+def private(own_store: Store) -> Store:
+    """A store on a prefix of this test alone."""
+    return own_store
 
 
 @pytest.fixture

@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Iterator
 
 import pytest
 
-from orchestrator.store import Store
 from tests.orchestrator.support import unique_cwd
 
 
@@ -29,17 +27,3 @@ def probe() -> Iterator[str]:
         yield SPEC.name
     finally:
         families.unregister(SPEC.name)
-
-
-@pytest.fixture
-def own_store(redis_url: str, key_prefix: str) -> Iterator[Store]:
-    """A store on a prefix of this test alone (for tests whose code acts on every member of a
-    fleet-wide index, as a sweep does); its keys are deleted after the test."""
-    prefix = f"{key_prefix}own-{uuid.uuid4().hex[:8]}:"
-    s = Store(redis_url, prefix)
-    try:
-        yield s
-    finally:
-        for key in s.redis.scan_iter(match=f"{prefix}*", count=1000):
-            s.redis.delete(key)
-        s.close()
