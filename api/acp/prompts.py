@@ -59,9 +59,6 @@ class Prompts:
         """After ``track``: whether this prompt was cancelled before its turn was tracked
         (its turn is then to be stopped). Answers ``True`` once per prompt ``cancel``
         counted."""
-        return self._spend_early(sid)
-
-    def _spend_early(self, sid: str) -> bool:
         left = self._early.get(sid, 0)
         if left <= 0:
             return False
@@ -84,7 +81,7 @@ class Prompts:
     def finish(self, sid: str, tid: str | None) -> None:
         """The prompt on ``sid`` (of turn ``tid``, if one was started) is answered."""
         if tid is None:
-            self._spend_early(sid)  # it never got a turn: a cancel counted for it is spent
+            self.take_cancel(sid)  # it never got a turn: a cancel counted for it is spent
         else:
             self._futures.pop(tid, None)
             mine = self._turns.get(sid, set())
