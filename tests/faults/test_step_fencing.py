@@ -97,14 +97,21 @@ def updates(store: Store, sid: str, tid: str, kind: str) -> list[dict[str, Any]]
 
 
 def freeze_past_the_lease_while_the_sweeper_resumes(
-    store: Store, dispatcher: CeleryDispatcher, fleet: LocalFleet, prompt: str
+    store: Store, dispatcher: CeleryDispatcher, fleet: LocalFleet, prompt: str, opens_call: bool
 ) -> tuple[str, str, Any]:
-    """Run ``prompt`` until its step 0 began on one of the two workers, SIGSTOP that one
-    until the sweeper's copy of step 0 began on the other, then SIGCONT it. Returns
-    (session id, turn id, the frozen worker)."""
+    """Run ``prompt`` until its step 0 began on one of the two workers (and, with
+    ``opens_call``, recorded its tool call), SIGSTOP that one until the sweeper's copy of step
+    0 began on the other, then SIGCONT it. Returns (session id, turn id, the frozen worker)."""
     sid = create_session(store, "/tmp/faults-fencing").session_id
     tid = start_turn(store, dispatcher, sid, prompt)
     wait_for(lambda: requests_of(store, sid, tid) == [0], 30, message="step 0 began")
+    if opens_call:
+        # Frozen between its step's start and its tool call, the first copy would open none.
+        wait_for(
+            lambda: len(updates(store, sid, tid, "tool_call")) == 1,
+            30,
+            message="step 0's tool call was recorded",
+        )
     first = worker_running(dispatcher.app, fleet, tid)
     first.process.send_signal(signal.SIGSTOP)
     try:
@@ -125,7 +132,7 @@ def test_a_model_step_frozen_past_its_lease_lands_nothing_once_its_worker_resume
     # Given step 0 of a turn (a model request of 8 s) frozen on its worker past its lease
     # while the sweeper runs it again on a second worker, and the first worker then resumed
     sid, tid, first = freeze_past_the_lease_while_the_sweeper_resumes(
-        store, dispatcher, fleet, "think 8\nthink 1"
+        store, dispatcher, fleet, "think 8\nthink 1", opens_call=False
     )
     # When the turn runs to its end
     wait_turn_state(store, tid, "completed", timeout=90)
@@ -151,7 +158,7 @@ def test_a_tool_call_frozen_past_its_lease_lands_nothing_once_its_worker_resumes
     # Given step 0 of a turn (an exec child of 8 s) frozen on its worker past its lease while
     # the sweeper runs it again on a second worker, and the first worker then resumed
     sid, tid, first = freeze_past_the_lease_while_the_sweeper_resumes(
-        store, dispatcher, fleet, "exec 8\nthink 1"
+        store, dispatcher, fleet, "exec 8\nthink 1", opens_call=True
     )
     # When the turn runs to its end
     wait_turn_state(store, tid, "completed", timeout=90)
