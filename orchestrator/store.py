@@ -181,13 +181,12 @@ class Store:
         with translated():
             if not durable or (self._waitaof is False and not self.min_replicas_ack):
                 return script(keys=[], args=argv)
-            pipe = self.redis.pipeline(transaction=False)
-            script(keys=[], args=argv, client=pipe)
-            if self._waitaof is not False:
-                pipe.execute_command("WAITAOF", 1, 0, 1000)
-            if self.min_replicas_ack:
-                pipe.execute_command("WAIT", self.min_replicas_ack, self.replica_ack_timeout_ms)
-            result, *acks = pipe.execute(raise_on_error=False)
+            result, *acks = self._pipelined(script, argv)
+            if isinstance(result, redis.exceptions.NoScriptError):
+                # The server's script cache was emptied (a restart, a failover, SCRIPT FLUSH):
+                # the script did not run. Load it and write once more.
+                script.sha = self.redis.script_load(script.script)
+                result, *acks = self._pipelined(script, argv)
         if isinstance(result, Exception):
             with translated():
                 raise result
@@ -201,6 +200,45 @@ class Store:
             if int(acked) < self.min_replicas_ack:
                 raise WriteUnconfirmed(int(acked), self.min_replicas_ack)
         return result
+
+    def queue_script(self, pipe: Any, name: str, args: list[Any]) -> None:
+        """Queue the Lua script ``name`` with ``[prefix, *args]`` on a redis-py ``pipe`` by
+        its digest (``EVALSHA``); send the pipeline with ``execute``. (A pipeline holding a
+        redis-py ``Script`` asks the server ``SCRIPT EXISTS`` first: a round trip more.)"""
+        pipe.evalsha(self.script(name).sha, 0, self.keys.prefix, *args)
+
+    def execute(self, pipe: Any) -> list[Any]:
+        """Send ``pipe`` (one round trip) and return its replies, errors among them (never
+        raised). A script queued with ``queue_script`` that the server no longer has
+        (``NOSCRIPT``: its cache was emptied by a restart, a failover or ``SCRIPT FLUSH``) did
+        not run: it is loaded and run on its own after the others, and its reply (or error)
+        takes the place of the refusal."""
+        stack = list(pipe.command_stack)
+        replies: list[Any] = pipe.execute(raise_on_error=False)
+        for i, reply in enumerate(replies):
+            if isinstance(reply, redis.exceptions.NoScriptError):
+                command = stack[i][0]  # ("EVALSHA", sha, numkeys, *args)
+                script = next(s for s in self._scripts.values() if s.sha == command[1])
+                try:
+                    script.sha = self.redis.script_load(script.script)
+                    replies[i] = self.redis.evalsha(script.sha, *command[2:])
+                except redis.RedisError as exc:
+                    replies[i] = exc
+        return replies
+
+    def _pipelined(self, script: Script, argv: list[Any]) -> list[Any]:
+        """``script`` with its ``WAITAOF`` and ``WAIT`` in one pipeline (one round trip); the
+        replies, errors included. The script goes by its digest (``EVALSHA``): a pipeline
+        holding a redis-py ``Script`` asks the server ``SCRIPT EXISTS`` first, one more round
+        trip per write."""
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.evalsha(script.sha, 0, *argv)
+        if self._waitaof is not False:
+            pipe.execute_command("WAITAOF", 1, 0, 1000)
+        if self.min_replicas_ack:
+            pipe.execute_command("WAIT", self.min_replicas_ack, self.replica_ack_timeout_ms)
+        replies: list[Any] = pipe.execute(raise_on_error=False)
+        return replies
 
     def _check_waitaof(self, ack: Any) -> None:
         if isinstance(ack, redis.ResponseError):

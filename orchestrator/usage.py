@@ -32,10 +32,11 @@ def record(
             tokens = (("input", usage.input_tokens), ("output", usage.output_tokens))
             for direction, count in tokens:
                 metrics.queue_incr(pipe, store, metrics.MODEL_TOKENS, (direction,), count)
-            args: list[str | int] = [store.keys.prefix, session_id, turn_id]
-            args += [usage.input_tokens, usage.output_tokens]
-            store.script("usage_add")(keys=[], args=args, client=pipe)
-        pipe.execute()
+            args = [session_id, turn_id, usage.input_tokens, usage.output_tokens]
+            store.queue_script(pipe, "usage_add", args)
+        failed = [r for r in store.execute(pipe) if isinstance(r, Exception)]
+        if failed:
+            raise failed[0]
     except Exception as exc:  # best effort: usage never fails the step it counts
         log.warning("usage of turn %s not counted: %s", turn_id, exc)
 
