@@ -267,7 +267,7 @@ def _fan_out(
             if entry is not None:
                 when = at or iso(store.now_ms())
                 audit.record_into(pipe, store, [entry], at=when, actor=actor)
-            pipe.execute()
+            audit.raise_first(store.execute(pipe))
         except Exception as exc:  # best effort: the archive and its stops are already made
             log.warning(
                 "stop fan-out of %s not counted or recorded: %s: %s",

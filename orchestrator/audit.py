@@ -1,10 +1,12 @@
 """The audit trail: an append-only record of every lifecycle change, in Redis streams.
 
 Each change (archive, unarchive, set_title, delete, close, and the bulk forms of these) is one
-entry ``{at, action, outcome, actor, sessionId, detail}`` appended to the session's stream
-(``Keys.audit``, capped at ``FLEET_AUDIT_MAX_PER_SESSION``) and to the fleet-wide stream
-(``Keys.audit_all``, capped at ``FLEET_AUDIT_MAX_GLOBAL``); the oldest entries are trimmed.
-Refusals are recorded too (outcome ``refused``).
+entry ``{at, action, outcome, actor, sessionId, detail}`` appended to the fleet-wide stream
+(``Keys.audit_all``, capped at ``FLEET_AUDIT_MAX_GLOBAL``) and to the session's trail
+(``Keys.audit_log``, a list capped at ``FLEET_AUDIT_MAX_PER_SESSION``), the same entry id in
+both (the stream's); the oldest entries are trimmed. Refusals are recorded too (outcome
+``refused``). A session's entries written before its trail was a list are in a stream of its
+own (``Keys.audit``), read with the list.
 
 Who asked is the *actor*: the interface that received the request sets it (``rest:<client
 host>``, ``acp:stdio``, ``acp:ws:<client host>``, ``cli``, ``worker``) with ``acting_as``
@@ -103,7 +105,7 @@ def script_recorder(store: Store, action: str, detail: dict[str, Any], **extra: 
     return json.dumps(
         {
             "auditAll": k.audit_all,
-            "auditSession": k.audit(""),
+            "auditSession": k.audit_log(""),
             "maxSession": settings.audit_max_per_session,
             "maxGlobal": settings.audit_max_global,
             "action": action,
@@ -128,11 +130,11 @@ def record_many(
     try:
         pipe = store.redis.pipeline(transaction=False)
         record_into(pipe, store, entries, at=iso(store.now_ms()), actor=actor)
-        replies = pipe.execute()
+        ids = raise_first(store.execute(pipe))[-1]
     except Exception as exc:  # best effort: the change itself is already made
         _not_recorded(entries, exc)
         return []
-    return [str(entry_id) for entry_id in replies[::2]]
+    return [str(entry_id) for entry_id in ids]
 
 
 def record_into(
@@ -143,30 +145,26 @@ def record_into(
     at: str,
     actor: str | None = None,
 ) -> None:
-    """Queue ``record_many``'s entries on a redis-py ``pipe`` the caller executes (two
-    ``XADD`` per entry, per-session then fleet-wide), so they share a round trip with other
-    best-effort writes. ``at`` is the entries' time (ISO 8601, from the server's clock)."""
-    settings = store.settings
-    who = actor or current_actor()
-    k = store.keys
+    """Queue ``record_many``'s entries on a redis-py ``pipe`` the caller sends with
+    ``Store.execute`` (one script, ``audit_record.lua``, whose reply is the entry ids), so they
+    share a round trip with other best-effort writes. ``at`` is the entries' time (ISO 8601,
+    from the server's clock)."""
+    # Exact trimming (no "~"): the cap is a promise to the operator.
+    rec = json.loads(script_recorder(store, "", {}, at=at))
+    if actor is not None:
+        rec["actor"] = actor
+    args: list[Any] = [json.dumps(rec)]
     for session_id, action, outcome, detail in entries:
-        fields = {
-            "at": at,
-            "action": action,
-            "outcome": outcome,
-            "actor": who,
-            "sessionId": session_id,
-            "detail": detail_json(detail),
-        }
-        # Exact trimming (no "~"): the cap is a promise to the operator, and removing one
-        # entry per append is cheap at these sizes.
-        pipe.xadd(
-            k.audit(session_id),
-            fields,
-            maxlen=settings.audit_max_per_session,
-            approximate=False,
-        )
-        pipe.xadd(k.audit_all, fields, maxlen=settings.audit_max_global, approximate=False)
+        args += [session_id, action, outcome, detail_json(detail)]
+    store.queue_script(pipe, "audit_record", args)
+
+
+def raise_first(replies: list[Any]) -> list[Any]:
+    """``replies`` of ``Store.execute``, or the first error among them raised."""
+    for reply in replies:
+        if isinstance(reply, Exception):
+            raise reply
+    return replies
 
 
 def _not_recorded(entries: list[tuple[str, str, str, dict[str, Any]]], exc: Exception) -> None:
@@ -219,7 +217,26 @@ def read(
         )
     if before == "0-0":
         return []  # nothing comes before the first possible id
-    key = store.keys.audit_all if session_id is None else store.keys.audit(session_id)
     top = "+" if before is None else f"({before}"
-    rows = store.redis.xrevrange(key, max=top, min="-", count=count)
-    return [_decode(entry_id, fields) for entry_id, fields in rows]
+    if session_id is None:
+        rows = store.redis.xrevrange(store.keys.audit_all, max=top, min="-", count=count)
+        return [_decode(entry_id, fields) for entry_id, fields in rows]
+    # The session's trail (a list, capped, so read whole) and what its older stream holds.
+    pipe = store.redis.pipeline(transaction=False)
+    pipe.lrange(store.keys.audit_log(session_id), 0, -1)
+    pipe.xrevrange(store.keys.audit(session_id), max=top, min="-", count=count)
+    listed, streamed = pipe.execute()
+    entries = [_decode(entry_id, fields) for entry_id, fields in streamed]
+    for raw in listed:
+        fields = json.loads(raw)
+        entries.append(_decode(fields.pop("id"), {**fields, "sessionId": session_id}))
+    limit = _id_key(before) if before is not None else None
+    entries = [e for e in entries if limit is None or _id_key(e["id"]) < limit]
+    entries.sort(key=lambda e: _id_key(e["id"]), reverse=True)
+    return entries[:count]
+
+
+def _id_key(entry_id: str) -> tuple[int, int]:
+    """A stream entry id (``<ms>-<seq>``) as numbers, in the stream's order."""
+    ms, _, seq = entry_id.partition("-")
+    return int(ms), int(seq or 0)

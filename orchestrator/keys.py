@@ -225,9 +225,17 @@ class Keys:
         ``sum`` and ``count`` to numbers."""
         return f"{self.prefix}metrics:{name}"
 
+    def audit_log(self, sid: str) -> str:
+        """LIST: the session's lifecycle changes (``orchestrator/audit.py``), oldest first,
+        capped at ``FLEET_AUDIT_MAX_PER_SESSION`` entries; each a JSON object ``{id, at,
+        action, outcome, actor, detail}`` whose ``id`` is the same entry's id in ``audit_all``.
+        A list, not a stream: a stream's first node takes 4 KB on Redis >= 7.0 (it is
+        preallocated), a list with one entry a few hundred bytes."""
+        return f"{self.prefix}auditlog:{sid}"
+
     def audit(self, sid: str) -> str:
-        """STREAM: the session's lifecycle changes (``orchestrator/audit.py``), capped at
-        ``FLEET_AUDIT_MAX_PER_SESSION`` entries."""
+        """STREAM: the session's lifecycle changes as recorded before ``audit_log`` held them
+        (same fields, ``sessionId`` too); read, merged with ``audit_log``, never written."""
         return f"{self.prefix}audit:{sid}"
 
     @property

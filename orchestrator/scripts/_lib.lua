@@ -362,20 +362,30 @@ local function stop_turns_for_archive(sid, out)
 end
 
 -- Appends an audit entry in the script that makes the change, so the record commits with it
--- (the fields and the exact MAXLEN trimming of orchestrator/audit.py). rec is the JSON the
--- caller built with audit.script_recorder: streams, caps, action, actor, default detail.
+-- (the fields and the exact trimming of orchestrator/audit.py). rec is the JSON the caller
+-- built with audit.script_recorder: keys, caps, action, actor, default detail; action, when
+-- given, is this entry's own. The fleet-wide stream's entry id is the entry's id; the
+-- session's trail (Keys.audit_log, a LIST) gets the same entry as JSON with that id.
 -- With untrimmed, the fleet-wide stream is not trimmed here: the caller, recording many
 -- entries, trims it once with trim_audit_all before its script ends (the same stream, as
 -- nothing outside the script can read it in between, without a trim per entry).
-local function record_in_script(rec, sid, outcome, at, detail, untrimmed)
-  local fields = {'at', at, 'action', rec.action, 'outcome', outcome, 'actor', rec.actor,
-    'sessionId', sid, 'detail', detail or rec.detail}
-  redis.call('XADD', rec.auditSession .. sid, 'MAXLEN', rec.maxSession, '*', unpack(fields))
+-- Returns the entry id.
+local function record_in_script(rec, sid, outcome, at, detail, untrimmed, action)
+  action = action or rec.action
+  detail = detail or rec.detail
+  local fields = {'at', at, 'action', action, 'outcome', outcome, 'actor', rec.actor,
+    'sessionId', sid, 'detail', detail}
+  local id
   if untrimmed then
-    redis.call('XADD', rec.auditAll, '*', unpack(fields))
+    id = redis.call('XADD', rec.auditAll, '*', unpack(fields))
   else
-    redis.call('XADD', rec.auditAll, 'MAXLEN', rec.maxGlobal, '*', unpack(fields))
+    id = redis.call('XADD', rec.auditAll, 'MAXLEN', rec.maxGlobal, '*', unpack(fields))
   end
+  local key = rec.auditSession .. sid
+  local n = redis.call('RPUSH', key, cjson.encode({id = id, at = at, action = action,
+    outcome = outcome, actor = rec.actor, detail = detail}))
+  if n > rec.maxSession then redis.call('LTRIM', key, n - rec.maxSession, -1) end
+  return id
 end
 
 -- Trims the fleet-wide audit stream to its cap (exactly), after record_in_script(...,

@@ -9,6 +9,7 @@ recorded), or once a third of the sessions are archived, whichever comes first."
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import socket
@@ -87,10 +88,11 @@ def _archive_entries(store: Store, ids: list[str]) -> dict[str, list[str]]:
     """Per session, the outcomes of its bulk-archive audit entries."""
     pipe = store.redis.pipeline(transaction=False)
     for sid in ids:
-        pipe.xrange(store.keys.audit(sid), "-", "+")
+        pipe.lrange(store.keys.audit_log(sid), 0, -1)
+    trails = [[json.loads(raw) for raw in rows] for rows in pipe.execute()]
     return {
-        sid: [f["outcome"] for _, f in rows if f["action"] == "bulk_archive"]
-        for sid, rows in zip(ids, pipe.execute(), strict=True)
+        sid: [e["outcome"] for e in trail if e["action"] == "bulk_archive"]
+        for sid, trail in zip(ids, trails, strict=True)
     }
 
 

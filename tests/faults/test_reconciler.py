@@ -163,7 +163,7 @@ def test_a_dry_run_reports_what_it_would_stop_and_writes_and_sends_nothing(
         store, FaultyDispatcher(dispatcher, drop=frozenset({"job.stop"})), sid, stop_activity=True
     )
     before = store.redis.hgetall(store.keys.session(sid))
-    audit_before = store.redis.xlen(store.keys.audit(sid))
+    audit_before = store.redis.llen(store.keys.audit_log(sid))
 
     # When the reconciler runs dry
     forward = FaultyDispatcher(dispatcher)
@@ -174,7 +174,7 @@ def test_a_dry_run_reports_what_it_would_stop_and_writes_and_sends_nothing(
     assert {"sessionId": sid, "outcome": "would_restop", "families": ["job"]} in report.sessions
     assert forward.sent == []
     assert store.redis.hgetall(store.keys.session(sid)) == before
-    assert store.redis.xlen(store.keys.audit(sid)) == audit_before
+    assert store.redis.llen(store.keys.audit_log(sid)) == audit_before
     assert [i.id for i in census(store, sid)] == [jid] and process_alive(pid)
 
 

@@ -195,8 +195,8 @@ def test_the_trails_are_capped_by_configuration(store_with: Any, cwd: str) -> No
     sid = sessions.create_session(store, cwd).session_id
     for n in range(10):
         titles.set_title(store, sid, f"title {n}")
-    # Then only the newest are kept, in both streams
-    assert store.redis.xlen(store.keys.audit(sid)) == 3
+    # Then only the newest are kept, in the session's trail and fleet-wide
+    assert store.redis.llen(store.keys.audit_log(sid)) == 3
     assert store.redis.xlen(store.keys.audit_all) == 7
     assert [e["detail"]["title"] for e in trail(store, sid)] == ["title 9", "title 8", "title 7"]
 

@@ -1,0 +1,94 @@
+"""A session's audit trail is a list (``Keys.audit_log``) holding each entry with the id the
+fleet-wide stream gave it: a stream per session cost 4.7 KB from its first entry on Redis
+>= 7.0 (its first node is preallocated at ``stream-node-max-bytes``), which every archived
+session carried. Entries a session got before (in a stream of its own, ``Keys.audit``) are
+still read, merged with the list in id order, and paged across with ``before``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from orchestrator import archive, audit, sessions, titles
+from orchestrator.store import Store
+from tests.helpers import RecordingDispatcher, count_round_trips
+
+pytestmark = pytest.mark.redis
+
+
+def _legacy_entry(store: Store, sid: str, title: str) -> str:
+    """An entry as the stream-per-session code wrote it; returns its id."""
+    fields = {
+        "at": "2026-11-01T00:00:00.000Z",
+        "action": "set_title",
+        "outcome": "set",
+        "actor": "old-api",
+        "sessionId": sid,
+        "detail": audit.detail_json({"title": title}),
+    }
+    return str(store.redis.xadd(store.keys.audit(sid), fields))  # type: ignore[arg-type]
+
+
+def _titles(entries: list[dict[str, Any]]) -> list[str]:
+    return [e["detail"]["title"] for e in entries]
+
+
+def test_an_archived_sessions_trail_costs_hundreds_of_bytes_not_a_stream_node(
+    store: Store, recorder: RecordingDispatcher, tmp_path: Any
+) -> None:
+    # Given a session archived (one audit entry, written by the archive's own script)
+    sid = sessions.create_session(store, str(tmp_path)).session_id
+    archive.archive(store, recorder, sid)
+    # Then its trail is one list entry, far below a stream's first node (4,736 bytes)
+    assert store.redis.type(store.keys.audit_log(sid)) == "list"
+    assert not store.redis.exists(store.keys.audit(sid))
+    assert store.redis.memory_usage(store.keys.audit_log(sid)) < 600
+    # And the entry carries the fleet-wide stream's id for it
+    (entry,) = audit.read(store, sid)
+    assert store.redis.xrange(store.keys.audit_all, entry["id"], entry["id"])
+
+
+def test_entries_of_the_older_per_session_stream_are_read_with_the_list_in_id_order(
+    store: Store, tmp_path: Any
+) -> None:
+    # Given a session with two entries in its stream (older code) and two in its list
+    sid = sessions.create_session(store, str(tmp_path)).session_id
+    _legacy_entry(store, sid, "old 1")
+    _legacy_entry(store, sid, "old 2")
+    titles.set_title(store, sid, "new 1")
+    titles.set_title(store, sid, "new 2")
+    # When its trail is read whole, and one entry per page
+    whole = audit.read(store, sid)
+    pages: list[dict[str, Any]] = []
+    while True:
+        page = audit.read(store, sid, 1, pages[-1]["id"] if pages else None)
+        if not page:
+            break
+        pages += page
+    # Then both read newest first, each entry once, with its session and actor
+    assert _titles(whole) == ["new 2", "new 1", "old 2", "old 1"]
+    assert pages == whole
+    assert {e["sessionId"] for e in whole} == {sid}
+    assert [e["actor"] for e in whole][2:] == ["old-api", "old-api"]
+
+
+def test_entries_recorded_together_are_one_round_trip_and_get_the_fleet_wide_ids(
+    store: Store, tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given two sessions, and the recording script loaded once
+    a = sessions.create_session(store, str(tmp_path)).session_id
+    b = sessions.create_session(store, str(tmp_path)).session_id
+    audit.record(store, a, "close", "closed")
+    # When an entry each is recorded at once
+    writes = count_round_trips(monkeypatch)
+    ids = audit.record_many(
+        store, [(a, "delete", "deleted", {"n": 1}), (b, "delete", "deleted", {"n": 2})]
+    )
+    monkeypatch.undo()
+    # Then it took one round trip besides the server's clock, and each session's trail holds
+    # its entry under the id the fleet-wide stream gave it
+    assert len(writes) == 2, [w[:60] for w in writes]  # TIME, then the script
+    assert [audit.read(store, a, 1)[0]["id"], audit.read(store, b, 1)[0]["id"]] == ids
+    fleet_wide = {e["id"]: e["sessionId"] for e in audit.read(store, None, 50)}
+    assert [fleet_wide[i] for i in ids] == [a, b]
