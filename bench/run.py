@@ -30,6 +30,7 @@ import json
 import os
 import platform
 import statistics
+import subprocess
 import sys
 import tempfile
 import threading
@@ -269,6 +270,23 @@ def bench_throughput(url: str, prefix: str, n: int) -> list[Row]:
     ]
 
 
+def redis_label(url: str | None) -> str:
+    """The Redis the figures were measured on: the server at ``url``, else the binary the
+    private servers run (``redis-server`` on ``PATH`` first, as ``api/embedded.py`` picks)."""
+    if url:
+        client = redis.Redis.from_url(url)
+        version, allocator = client.info("server")["redis_version"], client.info("memory")
+        return f"Redis {version} ({allocator.get('mem_allocator', '?')}) at {url}"
+    from api.redis_binary import find_redis_server
+
+    binary = find_redis_server()
+    if binary is None:
+        return "no redis-server"
+    out = subprocess.run([binary, "--version"], capture_output=True, text=True).stdout
+    fields = dict(part.split("=", 1) for part in out.split() if "=" in part)
+    return f"Redis {fields.get('v', '?')} ({fields.get('malloc', '?')}) from {binary}"
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="smaller sizes")
@@ -323,7 +341,7 @@ def main() -> int:
         "result",
         "compared with / goal",
         title=f"agent-fleet benchmarks: {platform.node()}, {os.cpu_count()} cores, "
-        f"Python {platform.python_version()}",
+        f"Python {platform.python_version()}, {redis_label(args.redis_url)}",
     )
     for row in rows:
         table.add_row(*row)
