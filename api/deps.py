@@ -13,7 +13,6 @@ dependency in its thread pool, one thread hop per dependency per request.
 from __future__ import annotations
 
 import hmac
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Annotated, Any
 
@@ -22,6 +21,7 @@ from starlette.requests import HTTPConnection
 
 from api.context import checked_redis_url
 from api.wiring import celery_dispatcher
+from orchestrator.bookkeeping import Bookkeeper
 from orchestrator.errors import InvalidParams
 from orchestrator.families import Dispatcher
 from orchestrator.settings import FleetSettings
@@ -37,11 +37,12 @@ class Wiring:
     store: Store
     dispatcher: Dispatcher
     owned: list[Any] = field(default_factory=list)
-    #: Runs best-effort bookkeeping after a response (``archive.archive``'s ``defer``), in
-    #: order, on one thread; drained at shutdown.
-    background: ThreadPoolExecutor = field(
-        default_factory=lambda: ThreadPoolExecutor(1, thread_name_prefix="fleet-bookkeeping")
-    )
+    #: Writes best-effort bookkeeping after a response (``archive.archive``'s ``defer``),
+    #: coalesced on one thread; drained at shutdown.
+    background: Bookkeeper = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.background = Bookkeeper(self.store)
 
     @classmethod
     def build(
@@ -68,7 +69,7 @@ class Wiring:
     def close(self) -> None:
         """Finish the queued bookkeeping, then release the connections of what ``build`` made
         (at the application's shutdown)."""
-        self.background.shutdown(wait=True)
+        self.background.close()
         for item in self.owned:
             item.close()
 

@@ -32,7 +32,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from orchestrator import audit, events, metrics
+from orchestrator import audit, bookkeeping, events, metrics
 from orchestrator.activity import (
     ActivityItem,
     census,
@@ -63,8 +63,9 @@ MAX_CONFIRMED = 10_000
 
 #: What a confirmation names: (family, id) pairs as ``ActivityItem`` gives them.
 Confirmed = list[tuple[str, str]]
-#: Runs a piece of best-effort bookkeeping later, off the caller's path.
-Defer = Callable[[Callable[[], None]], object]
+#: Runs a piece of best-effort bookkeeping later, off the caller's path: given a function
+#: that queues its writes on a redis-py pipeline (``bookkeeping.Bookkeeper.submit``).
+Defer = Callable[[bookkeeping.Fill], object]
 
 
 @dataclass
@@ -105,9 +106,9 @@ def archive(
     """Archive a session (and its subtree). ``confirmed``: with ``stop_activity``, the
     (family, id) pairs the user confirmed stopping (a refusal's ``activity``); anything live
     beyond them refuses the archive with ``ActivityChanged`` and writes nothing. ``defer``:
-    given the stop fan-out's bookkeeping (its counts and ``stop`` audit entry, one best-effort
-    round trip), runs it off the caller's path (a single-thread executor's ``submit``, as the
-    HTTP API passes); it runs inline when ``None``.
+    given the stop fan-out's bookkeeping (its counts and ``stop`` audit entry, as a function
+    queuing them on a pipeline), writes it off the caller's path (``Bookkeeper.submit``, as
+    the HTTP API passes); it is written inline, one round trip, when ``None``.
 
     Every outcome, a refusal included, is counted (``fleet_archives``) and recorded in the
     audit trail; an archive's entry and count are written by its script, so they commit with
@@ -247,10 +248,10 @@ def _fan_out(
 ) -> StopReport:
     """Send the stops of ``items`` (``dispatch_stops``), then count them and record what was
     sent as a ``stop`` audit entry beside the archive's, both in one pipelined round trip
-    (best effort, like the fan-out: a failure is logged), through ``defer`` when given.
-    ``at``: the entry's time (ISO 8601), the archive's own when known, else the server's."""
-    pipe = store.redis.pipeline(transaction=False)
-    report = dispatch_stops(dispatcher, sid, items, store=store, pipe=pipe)
+    (best effort, like the fan-out: a failure is logged; ``bookkeeping.write``), through
+    ``defer`` when given. ``at``: the entry's time (ISO 8601), the archive's own when known,
+    else the server's."""
+    report = dispatch_stops(dispatcher, sid, items)
     entry: tuple[str, str, str, dict[str, Any]] | None = None
     if items or report.failed:
         failures = [family for family, _ in report.failed]
@@ -262,25 +263,15 @@ def _fan_out(
         entry = (sid, "stop", "partial" if failures else "sent", detail)
     actor = audit.current_actor()
 
-    def write() -> None:
-        try:
-            if entry is not None:
-                when = at or iso(store.now_ms())
-                audit.record_into(pipe, store, [entry], at=when, actor=actor)
-            audit.raise_first(store.execute(pipe))
-        except Exception as exc:  # best effort: the archive and its stops are already made
-            log.warning(
-                "stop fan-out of %s not counted or recorded: %s: %s",
-                sid,
-                type(exc).__name__,
-                exc,
-                extra={"session_id": sid},
-            )
+    def fill(pipe: Any) -> None:
+        metrics.incr_into(pipe, store, report.counts)
+        if entry is not None:
+            audit.record_into(pipe, store, [entry], at=at or iso(store.now_ms()), actor=actor)
 
     if defer is None:
-        write()
+        bookkeeping.write(store, [fill])
     else:
-        defer(write)
+        defer(fill)
     return report
 
 

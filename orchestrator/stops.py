@@ -25,6 +25,11 @@ class StopReport:
 
     sent: dict[str, int] = field(default_factory=dict)
     failed: list[tuple[str, str]] = field(default_factory=list)
+    #: The metric increments the dispatches make (``fleet_stop_dispatches`` and
+    #: ``fleet_stop_failures`` by family, one per message), for ``metrics.incr_into``.
+    counts: list[tuple[metrics.Counter, tuple[str, ...], int]] = field(
+        default_factory=list, repr=False
+    )
 
 
 #: One stop message's worth of items: the family, its queue, the items by session.
@@ -84,18 +89,16 @@ def dispatch_stops(
     items: list[ActivityItem],
     *,
     store: Store | None = None,
-    pipe: Any = None,
 ) -> StopReport:
     """Ask each family with live items to stop them. The requests are sent and never awaited;
     a failed one is logged and reported, and never keeps the others from being sent. Raises
     only ``UnknownFamily``, for an item of no registered family, before anything is sent.
-    With ``store``, each request is counted (``fleet_stop_dispatches``/``fleet_stop_failures``
-    by family, in one round trip; queued on ``pipe`` instead when given, which the caller
-    executes)."""
+    Each request is counted (``fleet_stop_dispatches``/``fleet_stop_failures`` by family):
+    with ``store`` in one round trip, else left in the report's ``counts`` for the caller."""
     report = StopReport()
     messages = stop_messages(session_id, items)
     errors = send_all(dispatcher, [(m.task, m.args, m.queue) for m in messages])
-    counts: list[tuple[metrics.Counter, tuple[str, ...], int]] = []
+    counts = report.counts
     for message, error in zip(messages, errors, strict=True):
         family = str(message.family)
         if error is None:
@@ -115,9 +118,7 @@ def dispatch_stops(
         )
         log.debug("stop dispatch for %s failed", family, exc_info=error, extra=extra)
         counts.append((metrics.STOP_FAILURES, (family,), 1))
-    if store is not None and pipe is not None:
-        metrics.incr_into(pipe, store, counts)
-    elif store is not None:
+    if store is not None:
         metrics.incr_many(store, counts)
     return report
 

@@ -5,12 +5,11 @@ change it records."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 from typing import Any
 
 import pytest
 
-from orchestrator import archive, audit, metrics, sessions, titles, turns
+from orchestrator import archive, audit, bookkeeping, metrics, sessions, titles, turns
 from orchestrator.errors import AncestorArchived, InvalidParams, SessionActive
 from orchestrator.store import Store
 from tests.helpers import RecordingDispatcher
@@ -216,13 +215,13 @@ def test_a_deferred_stop_record_is_written_when_its_runner_runs_it(store: Store,
     # Given an archive with stopActivity whose bookkeeping is deferred (as the HTTP API does)
     sid = sessions.create_session(store, cwd).session_id
     turns.start_turn(store, RecordingDispatcher(), sid, "think 5")
-    later: list[Callable[[], None]] = []
+    later: list[bookkeeping.Fill] = []
     with audit.acting_as("tester"):
         archive.archive(store, RecordingDispatcher(), sid, stop_activity=True, defer=later.append)
     # Then the archive is recorded at once, the stop entry only when the runner runs it,
     # with the actor of the request
     assert summary(trail(store, sid)) == [("archive", "archived", "tester")]
-    [write] = later
-    write()
+    [fill] = later
+    bookkeeping.write(store, [fill])
     stop, _ = trail(store, sid)
     assert (stop["action"], stop["outcome"], stop["actor"]) == ("stop", "sent", "tester")
