@@ -52,7 +52,7 @@ def archive_(
     item in ``error.data.activity``. With ``stopActivity``: archived first, stops sent;
     with ``confirmedActivity`` too, only if nothing live is missing from it (else 409
     ``activity_changed``, nothing written). The stops' ``stop`` audit entry and counts are
-    written just after the response."""
+    written after the response (with other archives' within 20 ms)."""
     body = body or StopBody()
     result = archive.archive(
         fleet.store,
