@@ -9,13 +9,34 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictBool, StrictStr
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictStr,
+)
 
 from orchestrator import archive, bulk, turns
 from orchestrator.families import names as family_names
 
 #: The most turns a cancel may name.
 MAX_TURN_IDS = 1000
+
+
+def _decimal_digits(value: object) -> object:
+    """A query integer must be written in ASCII decimal digits alone: ``+1``, `` 1``, ``1_0``,
+    ``1.0`` or ``١`` would be read as numbers by ``int`` and by pydantic's lax mode."""
+    if isinstance(value, str) and not (value.isascii() and value.isdigit()):
+        raise ValueError("must be a whole number written in decimal digits (0-9) alone")
+    return value
+
+
+#: A query parameter's integer, parsed strictly (with ``Query`` for its bounds):
+#: ``Annotated[int, QUERY_INT, Query(ge=1, le=...)]``.
+QUERY_INT = BeforeValidator(_decimal_digits)
 
 
 class _Strict(BaseModel):

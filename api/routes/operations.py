@@ -12,6 +12,7 @@ from fastapi.responses import JSONResponse
 
 from api import metrics as api_metrics
 from api.deps import AUTH, DispatcherDep, StoreDep
+from api.routes.bodies import QUERY_INT
 from orchestrator import audit, sessions
 from orchestrator.families import Dispatcher
 from orchestrator.heartbeats import live_workers
@@ -89,7 +90,7 @@ def metrics_(store: StoreDep) -> Response:
 @router.get("/audit", dependencies=AUTH)
 def audit_all(
     store: StoreDep,
-    limit: Annotated[int, Query(ge=1, le=audit.MAX_READ)] = 50,
+    limit: Annotated[int, QUERY_INT, Query(ge=1, le=audit.MAX_READ)] = 50,
     before: Annotated[str | None, Query(description="Entry id to page on from.")] = None,
 ) -> dict[str, Any]:
     """The fleet-wide audit trail, newest first."""
@@ -100,7 +101,7 @@ def audit_all(
 def audit_session(
     session_id: str,
     store: StoreDep,
-    limit: Annotated[int, Query(ge=1, le=audit.MAX_READ)] = 50,
+    limit: Annotated[int, QUERY_INT, Query(ge=1, le=audit.MAX_READ)] = 50,
     before: Annotated[str | None, Query(description="Entry id to page on from.")] = None,
 ) -> dict[str, Any]:
     """A session's audit trail, newest first (kept after the session is deleted)."""

@@ -8,7 +8,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Query
 
 from api.deps import AUTH, DispatcherDep, StoreDep
-from api.routes.bodies import CreateSession, StopBody, TitleBody
+from api.routes.bodies import QUERY_INT, CreateSession, StopBody, TitleBody
 from orchestrator import activity, deletion, sessions, titles
 
 router = APIRouter(dependencies=AUTH)
@@ -27,7 +27,7 @@ def list_(
     archived: Annotated[str | None, Query(description="exclude | include | only")] = None,
     cwd: Annotated[str | None, Query(description="Exact absolute cwd.")] = None,
     cursor: Annotated[str | None, Query(description="nextCursor of the previous page.")] = None,
-    limit: Annotated[int, Query(ge=1, le=sessions.MAX_PAGE)] = sessions.DEFAULT_PAGE,
+    limit: Annotated[int, QUERY_INT, Query(ge=1, le=sessions.MAX_PAGE)] = sessions.DEFAULT_PAGE,
     q: Annotated[
         str | None,
         Query(description="Title search: case-insensitive substring of the title."),
@@ -94,7 +94,7 @@ def get_activity(session_id: str, store: StoreDep, dispatcher: DispatcherDep) ->
 def get_conversation(
     session_id: str,
     store: StoreDep,
-    limit: Annotated[int, Query(ge=1, le=sessions.MAX_CONVERSATION)] = 200,
+    limit: Annotated[int, QUERY_INT, Query(ge=1, le=sessions.MAX_CONVERSATION)] = 200,
 ) -> dict[str, Any]:
     """The last ``limit`` updates of the conversation (ACP ``session/update`` payloads,
     oldest first); archived sessions keep theirs."""

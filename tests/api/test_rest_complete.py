@@ -240,13 +240,26 @@ def test_an_unknown_archived_value_is_refused_never_coerced(client: TestClient, 
 
 @pytest.mark.parametrize(
     "params",
-    [{"limit": "abc"}, {"limit": "0"}, {"limit": "201"}, {"limit": "1.5"}, {"cursor": "nope"}],
+    [{"limit": "abc"}, {"limit": "0"}, {"limit": "201"}, {"limit": "1.5"}, {"cursor": "nope"}]
+    + [{"limit": v} for v in ("1_0", "+1", " 1", "5 ", "\n3\t", "\u0661", "1e1", "0x5")],
 )
 def test_malformed_query_values_are_422_with_the_reason(
     client: TestClient, params: dict[str, str]
 ) -> None:
     error = _error(client.get("/sessions", params=params), 422, "invalid_params")
     assert next(iter(params)) in error["message"]
+
+
+@pytest.mark.parametrize("path", ["/audit", "/sessions/{sid}/audit", "/sessions/{sid}/conversation"])
+@pytest.mark.parametrize("value", ["1_0", "+1", " 1", "5 ", "1.0"])
+def test_a_limit_not_written_in_digits_alone_is_refused_on_every_route(
+    client: TestClient, path: str, value: str
+) -> None:
+    sid = _new(client, _cwd())
+    url = path.format(sid=sid)
+    error = _error(client.get(url, params={"limit": value}), 422, "invalid_params")
+    assert "limit" in error["message"]
+    assert client.get(url, params={"limit": "05"}).status_code == 200
 
 
 # --------------------------------------------------------------------------- bulk archive
