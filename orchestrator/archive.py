@@ -227,9 +227,7 @@ def _archive(
         if not after:
             mark_quiet(store, sid)
         done.stopped = merge_items(flipped, after)
-        done.stop_report = _fan_out(
-            store, dispatcher, sid, done.stopped, at=str(result[5]), defer=defer
-        )
+        done.stop_report = _fan_out(store, dispatcher, sid, done.stopped, defer=defer)
     else:
         # The script found no live work when it wrote, so the subtree is quiet already; it is
         # marked so (not observed: there was nothing to stop and no time to measure).
@@ -243,14 +241,13 @@ def _fan_out(
     sid: str,
     items: list[ActivityItem],
     *,
-    at: str | None = None,
     defer: Defer | None = None,
 ) -> StopReport:
     """Send the stops of ``items`` (``dispatch_stops``), then count them and record what was
     sent as a ``stop`` audit entry beside the archive's, both in one pipelined round trip
     (best effort, like the fan-out: a failure is logged; ``bookkeeping.write``), through
-    ``defer`` when given. ``at``: the entry's time (ISO 8601), the archive's own when known,
-    else the server's."""
+    ``defer`` when given. The entry's time is when it is written (the server's clock), so it
+    sorts by time as by id with the entries around it."""
     report = dispatch_stops(dispatcher, sid, items)
     entry: tuple[str, str, str, dict[str, Any]] | None = None
     if items or report.failed:
@@ -266,7 +263,7 @@ def _fan_out(
     def fill(pipe: Any) -> None:
         metrics.incr_into(pipe, store, report.counts)
         if entry is not None:
-            audit.record_into(pipe, store, [entry], at=at or iso(store.now_ms()), actor=actor)
+            audit.record_into(pipe, store, [entry], actor=actor)
 
     if defer is None:
         bookkeeping.write(store, [fill])

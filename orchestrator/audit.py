@@ -31,7 +31,7 @@ from contextvars import ContextVar
 from typing import Any
 
 from orchestrator.errors import InvalidParams
-from orchestrator.store import Store, iso, retried
+from orchestrator.store import Store, retried
 
 log = logging.getLogger(__name__)
 
@@ -129,7 +129,7 @@ def record_many(
         return []
     try:
         pipe = store.redis.pipeline(transaction=False)
-        record_into(pipe, store, entries, at=iso(store.now_ms()), actor=actor)
+        record_into(pipe, store, entries, actor=actor)
         ids = raise_first(store.execute(pipe))[-1]
     except Exception as exc:  # best effort: the change itself is already made
         _not_recorded(entries, exc)
@@ -142,15 +142,14 @@ def record_into(
     store: Store,
     entries: list[tuple[str, str, str, dict[str, Any]]],
     *,
-    at: str,
     actor: str | None = None,
 ) -> None:
     """Queue ``record_many``'s entries on a redis-py ``pipe`` the caller sends with
     ``Store.execute`` (one script, ``audit_record.lua``, whose reply is the entry ids), so they
-    share a round trip with other best-effort writes. ``at`` is the entries' time (ISO 8601,
-    from the server's clock)."""
+    share a round trip with other best-effort writes. Their time is the server's clock when
+    the script runs."""
     # Exact trimming (no "~"): the cap is a promise to the operator.
-    rec = json.loads(script_recorder(store, "", {}, at=at))
+    rec = json.loads(script_recorder(store, "", {}))
     if actor is not None:
         rec["actor"] = actor
     args: list[Any] = [json.dumps(rec)]

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from orchestrator import archive, audit, sessions, titles
+from orchestrator import archive, audit, bookkeeping, sessions, titles, turns
 from orchestrator.store import Store
 from tests.helpers import RecordingDispatcher, count_round_trips
 
@@ -86,9 +86,28 @@ def test_entries_recorded_together_are_one_round_trip_and_get_the_fleet_wide_ids
         store, [(a, "delete", "deleted", {"n": 1}), (b, "delete", "deleted", {"n": 2})]
     )
     monkeypatch.undo()
-    # Then it took one round trip besides the server's clock, and each session's trail holds
-    # its entry under the id the fleet-wide stream gave it
-    assert len(writes) == 2, [w[:60] for w in writes]  # TIME, then the script
+    # Then it took one round trip (the script reads the server's clock itself), and each
+    # session's trail holds its entry under the id the fleet-wide stream gave it
+    assert len(writes) == 1, [w[:60] for w in writes]
     assert [audit.read(store, a, 1)[0]["id"], audit.read(store, b, 1)[0]["id"]] == ids
     fleet_wide = {e["id"]: e["sessionId"] for e in audit.read(store, None, 50)}
     assert [fleet_wide[i] for i in ids] == [a, b]
+
+
+def test_an_entry_written_late_is_timed_when_written_so_time_and_id_sort_alike(
+    store: Store, tmp_path: Any
+) -> None:
+    # Given a busy session archived with stopActivity whose stop bookkeeping is deferred (as
+    # over HTTP), then unarchived before that bookkeeping is written
+    sid = sessions.create_session(store, str(tmp_path)).session_id
+    turns.start_turn(store, RecordingDispatcher(), sid, "think 600")
+    later: list[bookkeeping.Fill] = []
+    archive.archive(store, RecordingDispatcher(), sid, stop_activity=True, defer=later.append)
+    archive.unarchive(store, sid)
+    bookkeeping.write(store, later)
+    # When its trail is read
+    entries = audit.read(store, sid)
+    # Then the stop entry comes first (newest), and the times never go up down the list
+    assert [e["action"] for e in entries] == ["stop", "unarchive", "archive"]
+    times = [e["at"] for e in entries]
+    assert times == sorted(times, reverse=True)
