@@ -250,7 +250,9 @@ def test_malformed_query_values_are_422_with_the_reason(
     assert next(iter(params)) in error["message"]
 
 
-@pytest.mark.parametrize("path", ["/audit", "/sessions/{sid}/audit", "/sessions/{sid}/conversation"])
+@pytest.mark.parametrize(
+    "path", ["/audit", "/sessions/{sid}/audit", "/sessions/{sid}/conversation"]
+)
 @pytest.mark.parametrize("value", ["1_0", "+1", " 1", "5 ", "1.0"])
 def test_a_limit_not_written_in_digits_alone_is_refused_on_every_route(
     client: TestClient, path: str, value: str
