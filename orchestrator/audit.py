@@ -1,4 +1,5 @@
-"""The audit trail: an append-only record of every lifecycle change, in Redis streams.
+"""The audit trail: an append-only record of every lifecycle change, in Redis (a fleet-wide
+stream and a list per session).
 
 Each change (archive, unarchive, set_title, delete, close, and the bulk forms of these) is one
 entry ``{at, action, outcome, actor, sessionId, detail}`` appended to the fleet-wide stream

@@ -218,7 +218,9 @@ class Store:
         for i, reply in enumerate(replies):
             if isinstance(reply, redis.exceptions.NoScriptError):
                 command = stack[i][0]  # ("EVALSHA", sha, numkeys, *args)
-                script = next(s for s in self._scripts.values() if s.sha == command[1])
+                script = next((s for s in self._scripts.values() if s.sha == command[1]), None)
+                if script is None:  # not queued by queue_script: its refusal stays
+                    continue
                 try:
                     script.sha = self.redis.script_load(script.script)
                     replies[i] = self.redis.evalsha(script.sha, *command[2:])
