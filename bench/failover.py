@@ -78,13 +78,17 @@ class Outcome:
     kill_to_first_archive_s: float | None = None
     promoted_after_s: float | None = None
     new_turn_completed: bool = False
+    #: Refusals met while creating that new turn (retried; see ``_new_turn_completes``).
+    refusals: list[str] = field(default_factory=list)
 
     @property
     def violations(self) -> list[str]:
         found = [f"lost archive {sid}" for sid in self.lost]
         found += self.late_requests + self.not_final + self.exits
         if not self.new_turn_completed:
-            found.append("a new turn did not complete after the failover")
+            found.append(
+                f"a new turn did not complete after the failover (refusals: {self.refusals[-3:]})"
+            )
         return found
 
 
@@ -282,10 +286,35 @@ def check(store: Store, client: Client, kill_at: float, out: Outcome) -> None:
             out.not_final.append(f"{sid}: turns {_turn_states(store, sid)} not final")
 
 
-def _new_turn_completes(base: str, store: Store) -> bool:
+def _post_until_accepted(
+    http: httpx.Client, url: str, body: dict[str, Any], field: str, out: Outcome
+) -> str | None:
+    """POST ``body`` to ``url`` until it is answered 2xx (60 s at most); returns the answer's
+    ``field``. Each refusal is kept in ``out.refusals``."""
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        answer = http.post(url, json=body)
+        if answer.is_success:
+            return str(answer.json()[field])
+        out.refusals.append(f"POST {url}: {answer.status_code} {answer.text[:200]}")
+        time.sleep(0.5)
+    return None
+
+
+def _new_turn_completes(base: str, out: Outcome) -> bool:
+    """Whether a new session's first turn completes after the failover. Its creation and
+    prompt are retried: a refusal while the promoted primary's replicas catch up (503) is a
+    write the fleet would not confirm, not a lost one."""
     with httpx.Client(timeout=10) as http:
-        sid = http.post(base + "/sessions", json={"cwd": "/tmp/failover"}).json()["sessionId"]
-        tid = http.post(f"{base}/sessions/{sid}/prompt", json={"prompt": "say hi"}).json()["turnId"]
+        sid = _post_until_accepted(
+            http, base + "/sessions", {"cwd": "/tmp/failover"}, "sessionId", out
+        )
+        if sid is None:
+            return False
+        prompt = {"prompt": "say hi"}
+        tid = _post_until_accepted(http, f"{base}/sessions/{sid}/prompt", prompt, "turnId", out)
+        if tid is None:
+            return False
         return _wait(lambda: http.get(f"{base}/turns/{tid}").json()["state"] == "completed", 60)
 
 
@@ -335,7 +364,7 @@ def run(root: Path, *, ack: int, lag_ms: int = 0, before: int = 12, after: int =
             for t in threads:
                 t.join(30)
         check(store, client, kill_at, out)
-        out.new_turn_completed = _new_turn_completes(base, store)
+        out.new_turn_completed = _new_turn_completes(base, out)
         out.exits = _exits(fleet, api, beat)
         store.close()
     return out
@@ -368,6 +397,7 @@ def main(argv: list[str] | None = None) -> int:
                     "promotedAfterS": out.promoted_after_s,
                     "killToFirstArchiveS": out.kill_to_first_archive_s,
                     "newTurnCompleted": out.new_turn_completed,
+                    "newTurnRefusals": out.refusals[-3:],
                 }
             ),
             flush=True,

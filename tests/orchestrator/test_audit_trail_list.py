@@ -18,7 +18,9 @@ pytestmark = pytest.mark.redis
 
 
 def _legacy_entry(store: Store, sid: str, title: str) -> str:
-    """An entry as the stream-per-session code wrote it; returns its id."""
+    """An entry as the stream-per-session code wrote it, a minute before now (older code wrote
+    them before the upgrade; ids of two streams made in the same millisecond do not order the
+    entries); returns its id."""
     fields = {
         "at": "2026-11-01T00:00:00.000Z",
         "action": "set_title",
@@ -27,7 +29,11 @@ def _legacy_entry(store: Store, sid: str, title: str) -> str:
         "sessionId": sid,
         "detail": audit.detail_json({"title": title}),
     }
-    return str(store.redis.xadd(store.keys.audit(sid), fields))  # type: ignore[arg-type]
+    key = store.keys.audit(sid)
+    last = store.redis.xinfo_stream(key)["last-generated-id"] if store.redis.exists(key) else ""
+    ms = store.now_ms() - 60_000
+    seq = int(last.split("-")[1]) + 1 if last.startswith(f"{ms}-") else 0
+    return str(store.redis.xadd(key, fields, id=f"{ms}-{seq}"))  # type: ignore[arg-type]
 
 
 def _titles(entries: list[dict[str, Any]]) -> list[str]:
