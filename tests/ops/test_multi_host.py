@@ -183,10 +183,14 @@ def test_fleet_up_runs_three_job_hosts_and_a_job_stop_reaches_only_the_owner(
     finally:
         client.close()
     assert {str(b).rsplit(":", 1)[1] for b in beats} == {f"job@{h}" for h in HOSTS}
+    # A worker's child caught between its fork and its exec (a job starting) shows the
+    # worker's own command line: only processes whose parent is not such a worker count.
     workers = [
         p.cmdline()
         for p in psutil.Process(hosts.process.pid).children(recursive=True)
-        if "--family" in p.cmdline() and p.cmdline()[p.cmdline().index("--family") + 1] == "job"
+        if "--family" in p.cmdline()
+        and p.cmdline()[p.cmdline().index("--family") + 1] == "job"
+        and p.parent().cmdline() != p.cmdline()
     ]
     assert sorted(c[c.index("--host") + 1] for c in workers) == HOSTS
 
