@@ -143,13 +143,18 @@ def test_a_full_redis_makes_workers_wait_not_exit_and_no_message_is_lost(rig: Ri
     # Then the turn worker pops a message whose unacked record is refused, and carries on:
     # either it holds the message (fixed) or it ends (the fault)
     turn = rig.worker(Family.TURN)
-    wait_for(
-        lambda: (
-            turn.process.poll() is not None or "held" in turn.log_path.read_text(errors="replace")
-        ),
-        timeout=20,
-        message="the turn worker to meet the full Redis",
-    )
+    try:
+        wait_for(
+            lambda: (
+                turn.process.poll() is not None
+                or "held" in turn.log_path.read_text(errors="replace")
+            ),
+            timeout=20,
+            message="the turn worker to meet the full Redis",
+        )
+    except pytest.fail.Exception:
+        tail = turn.log_path.read_text(errors="replace")[-4000:]
+        pytest.fail(f"the turn worker never met the full Redis in 20 s; its log ends:\n{tail}")
     rig.assert_alive()
     # When memory is available again; no process is restarted
     client.config_set("maxmemory", "0")
