@@ -96,11 +96,18 @@ def detail_json(detail: dict[str, Any]) -> str:
     return json.dumps(detail, separators=(",", ":"), sort_keys=True)
 
 
-def script_recorder(store: Store, action: str, detail: dict[str, Any], **extra: Any) -> str:
+def script_recorder(
+    store: Store,
+    action: str,
+    detail: dict[str, Any],
+    *,
+    actor: str | None = None,
+    **extra: Any,
+) -> str:
     """The JSON a Lua script that audits its own change is given (``record_in_script`` in
     ``_lib.lua``): ``{auditAll, auditSession (per-session key prefix), maxSession, maxGlobal,
-    action, actor, detail (stored form), **extra}``. The entry then commits with the change,
-    with the fields and trimming of ``record``."""
+    action, actor (``current_actor()`` unless given), detail (stored form), **extra}``. The
+    entry then commits with the change, with the fields and trimming of ``record``."""
     settings = store.settings
     k = store.keys
     return json.dumps(
@@ -110,7 +117,7 @@ def script_recorder(store: Store, action: str, detail: dict[str, Any], **extra: 
             "maxSession": settings.audit_max_per_session,
             "maxGlobal": settings.audit_max_global,
             "action": action,
-            "actor": current_actor(),
+            "actor": actor or current_actor(),
             "detail": detail_json(detail),
             **extra,
         }
@@ -131,7 +138,7 @@ def record_many(
     try:
         pipe = store.redis.pipeline(transaction=False)
         record_into(pipe, store, entries, actor=actor)
-        ids = raise_first(store.execute(pipe))[-1]
+        ids = store.execute(pipe, raise_on_error=True)[-1]
     except Exception as exc:  # best effort: the change itself is already made
         _not_recorded(entries, exc)
         return []
@@ -150,21 +157,10 @@ def record_into(
     share a round trip with other best-effort writes. Their time is the server's clock when
     the script runs."""
     # Exact trimming (no "~"): the cap is a promise to the operator.
-    rec = json.loads(script_recorder(store, "", {}))
-    if actor is not None:
-        rec["actor"] = actor
-    args: list[Any] = [json.dumps(rec)]
+    args: list[Any] = [script_recorder(store, "", {}, actor=actor)]
     for session_id, action, outcome, detail in entries:
         args += [session_id, action, outcome, detail_json(detail)]
     store.queue_script(pipe, "audit_record", args)
-
-
-def raise_first(replies: list[Any]) -> list[Any]:
-    """``replies`` of ``Store.execute``, or the first error among them raised."""
-    for reply in replies:
-        if isinstance(reply, Exception):
-            raise reply
-    return replies
 
 
 def _not_recorded(entries: list[tuple[str, str, str, dict[str, Any]]], exc: Exception) -> None:

@@ -181,12 +181,12 @@ class Store:
         with translated():
             if not durable or (self._waitaof is False and not self.min_replicas_ack):
                 return script(keys=[], args=argv)
-            result, *acks = self._pipelined(script, argv)
+            result, *acks = self._pipelined(name, args)
             if isinstance(result, redis.exceptions.NoScriptError):
                 # The server's script cache was emptied (a restart, a failover, SCRIPT FLUSH):
                 # the script did not run. Load it and write once more.
                 script.sha = self.redis.script_load(script.script)
-                result, *acks = self._pipelined(script, argv)
+                result, *acks = self._pipelined(name, args)
         if isinstance(result, Exception):
             with translated():
                 raise result
@@ -207,12 +207,13 @@ class Store:
         redis-py ``Script`` asks the server ``SCRIPT EXISTS`` first: a round trip more.)"""
         pipe.evalsha(self.script(name).sha, 0, self.keys.prefix, *args)
 
-    def execute(self, pipe: Any) -> list[Any]:
-        """Send ``pipe`` (one round trip) and return its replies, errors among them (never
-        raised). A script queued with ``queue_script`` that the server no longer has
-        (``NOSCRIPT``: its cache was emptied by a restart, a failover or ``SCRIPT FLUSH``) did
-        not run: it is loaded and run on its own after the others, and its reply (or error)
-        takes the place of the refusal."""
+    def execute(self, pipe: Any, *, raise_on_error: bool = False) -> list[Any]:
+        """Send ``pipe`` (one round trip) and return its replies: errors among them, or with
+        ``raise_on_error`` the first of them raised (the other commands were still sent). A
+        script queued with ``queue_script`` that the server no longer has (``NOSCRIPT``: its
+        cache was emptied by a restart, a failover or ``SCRIPT FLUSH``) did not run: it is
+        loaded and run on its own after the others, and its reply (or error) takes the place
+        of the refusal."""
         stack = list(pipe.command_stack)
         replies: list[Any] = pipe.execute(raise_on_error=False)
         for i, reply in enumerate(replies):
@@ -226,15 +227,17 @@ class Store:
                     replies[i] = self.redis.evalsha(script.sha, *command[2:])
                 except redis.RedisError as exc:
                     replies[i] = exc
+        if raise_on_error:
+            for reply in replies:
+                if isinstance(reply, Exception):
+                    raise reply
         return replies
 
-    def _pipelined(self, script: Script, argv: list[Any]) -> list[Any]:
-        """``script`` with its ``WAITAOF`` and ``WAIT`` in one pipeline (one round trip); the
-        replies, errors included. The script goes by its digest (``EVALSHA``): a pipeline
-        holding a redis-py ``Script`` asks the server ``SCRIPT EXISTS`` first, one more round
-        trip per write."""
+    def _pipelined(self, name: str, args: list[Any]) -> list[Any]:
+        """The script ``name`` (``queue_script``) with its ``WAITAOF`` and ``WAIT`` in one
+        pipeline (one round trip); the replies, errors included."""
         pipe = self.redis.pipeline(transaction=False)
-        pipe.evalsha(script.sha, 0, *argv)
+        self.queue_script(pipe, name, args)
         if self._waitaof is not False:
             pipe.execute_command("WAITAOF", 1, 0, 1000)
         if self.min_replicas_ack:

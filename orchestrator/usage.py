@@ -34,9 +34,7 @@ def record(
                 metrics.queue_incr(pipe, store, metrics.MODEL_TOKENS, (direction,), count)
             args = [session_id, turn_id, usage.input_tokens, usage.output_tokens]
             store.queue_script(pipe, "usage_add", args)
-        failed = [r for r in store.execute(pipe) if isinstance(r, Exception)]
-        if failed:
-            raise failed[0]
+        store.execute(pipe, raise_on_error=True)
     except Exception as exc:  # best effort: usage never fails the step it counts
         log.warning("usage of turn %s not counted: %s", turn_id, exc)
 
