@@ -9,10 +9,19 @@ from __future__ import annotations
 import socket
 from functools import lru_cache
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+#: The longest duration a ``*_seconds`` setting (or a CLI option in seconds) may name: about 31
+#: years. Longer ones are refused: converted to milliseconds they overflow Redis's integers
+#: and Python's dates.
+MAX_SECONDS = 10**9
+#: A duration in seconds, 0 allowed (a finite number: ``inf`` and ``nan`` are refused).
+Seconds = Annotated[float, Field(ge=0, le=MAX_SECONDS)]
+#: A duration in seconds greater than 0.
+PositiveSeconds = Annotated[float, Field(gt=0, le=MAX_SECONDS)]
 
 
 class MissingRedisUrl(ValueError):
@@ -27,7 +36,7 @@ REDIS_SCHEMES = ("redis://", "rediss://", "unix://", "sentinel://")
 class FleetSettings(BaseSettings):
     """Process configuration (pydantic-settings, environment prefix ``FLEET_``)."""
 
-    model_config = SettingsConfigDict(env_prefix="FLEET_", extra="ignore")
+    model_config = SettingsConfigDict(env_prefix="FLEET_", extra="ignore", allow_inf_nan=False)
 
     #: Redis URL used for state and as the Celery broker. ``None`` means "start an embedded
     #: server" for the local runners (``fleet up``, ``fleet demo``); long-running services
@@ -54,17 +63,17 @@ class FleetSettings(BaseSettings):
     #: ``fleet worker --family`` sets it, empty outside workers.
     worker_family: str = ""
     #: Seconds a job process gets between SIGTERM and SIGKILL when it is stopped.
-    job_kill_grace_seconds: float = 2.0
+    job_kill_grace_seconds: Seconds = 2.0
     #: Seconds a job's liveness lease lasts; a job worker refreshes it while the process runs,
     #: so a job whose worker died stops counting as live once the lease runs out.
-    job_lease_seconds: float = 5.0
+    job_lease_seconds: PositiveSeconds = 5.0
     #: Seconds between two polls of the reminder poller.
-    reminder_poll_seconds: float = 0.2
+    reminder_poll_seconds: PositiveSeconds = 0.2
     #: Seconds a claimed reminder waits for its turn to be created before the poller claims
     #: it again and re-sends its fire (at-least-once delivery; the turn is created once).
-    reminder_refire_seconds: float = Field(default=30.0, gt=0)
+    reminder_refire_seconds: PositiveSeconds = 30.0
     #: Threads per family worker.
-    worker_concurrency: int = 8
+    worker_concurrency: int = Field(default=8, ge=1)
     #: Host and port the HTTP API binds to.
     api_host: str = "127.0.0.1"
     api_port: int = Field(default=8765, ge=1, le=65535)
@@ -84,37 +93,37 @@ class FleetSettings(BaseSettings):
     #: Auto-archive: sessions idle longer than this many seconds (last activity, or their
     #: last unarchive if later) and with no live work are archived by ``archive.auto``
     #: (scheduled by ``fleet beat``). 0 turns the policy off.
-    auto_archive_idle_seconds: float = Field(default=0.0, ge=0)
+    auto_archive_idle_seconds: Seconds = 0.0
     #: Seconds between two runs of ``archive.auto`` in ``fleet beat``'s schedule.
-    auto_archive_interval_seconds: float = Field(default=300.0, gt=0)
+    auto_archive_interval_seconds: PositiveSeconds = 300.0
     #: Seconds between two runs of the archive reconciler (``archive.reconcile``) in ``fleet
     #: beat``'s schedule.
-    reconcile_interval_seconds: float = Field(default=10.0, gt=0)
+    reconcile_interval_seconds: PositiveSeconds = 10.0
     #: Seconds between two passes of the reconciler that every reminder worker runs itself
     #: (so archives converge with no scheduler deployed); 0 leaves it to ``fleet beat``.
-    reconcile_loop_seconds: float = Field(default=10.0, ge=0)
+    reconcile_loop_seconds: Seconds = 10.0
     #: Seconds after an archive before the reconciler looks at it (the fan-out's own stops
     #: get this long to drain the work).
-    reconcile_grace_seconds: float = Field(default=5.0, ge=0)
+    reconcile_grace_seconds: Seconds = 5.0
     #: Stop re-dispatches for one archive before it is flagged with an archive hazard (and
     #: retried only every 10 intervals).
     reconcile_max_attempts: int = Field(default=5, ge=1)
     #: Seconds before the broker redelivers an unacknowledged message (a step whose worker
     #: died); Celery's Redis transport ``visibility_timeout``.
-    visibility_timeout_seconds: float = Field(default=60.0, gt=0)
+    visibility_timeout_seconds: PositiveSeconds = 60.0
     #: Seconds between two heartbeat comments on an idle ``GET /events`` stream.
-    sse_heartbeat_seconds: float = Field(default=15.0, gt=0)
+    sse_heartbeat_seconds: PositiveSeconds = 15.0
     #: Seconds without progress (no step begun, no advance) after which the sweeper looks at a
     #: running or cancelling turn: one whose step lease is gone is resumed (or settled).
-    turn_stuck_seconds: float = Field(default=30.0, gt=0)
+    turn_stuck_seconds: PositiveSeconds = 30.0
     #: Times the sweeper dispatches the same lost step again before it ends the turn
     #: ``failed`` ("step lost N times").
     turn_max_resumes: int = Field(default=3, ge=1)
     #: Seconds between two sweeper passes in each turn worker.
-    turn_sweep_interval_seconds: float = Field(default=5.0, gt=0)
+    turn_sweep_interval_seconds: PositiveSeconds = 5.0
     #: Seconds a delete with ``stopActivity`` waits for the stopped work to end before it
     #: deletes; work still live then refuses the delete (the session stays archived).
-    delete_stop_wait_seconds: float = Field(default=20.0, ge=0)
+    delete_stop_wait_seconds: Seconds = 20.0
     #: Log format: ``json`` (one JSON object per line) or ``text`` (for a terminal); empty
     #: picks ``text`` when stderr is a terminal and ``json`` otherwise.
     log_format: Literal["", "json", "text"] = ""
@@ -147,7 +156,7 @@ class FleetSettings(BaseSettings):
     #: exponential back-off from 0.2 s up to 5 s) before its turn ends ``failed``.
     openai_max_retries: int = Field(default=4, ge=0, le=20)
     #: Seconds a request may wait for the server's next bytes before it counts as failed.
-    openai_timeout_seconds: float = Field(default=600.0, gt=0)
+    openai_timeout_seconds: PositiveSeconds = 600.0
     #: Model steps one turn may take; the turn then ends with ``max_turn_requests``.
     max_turn_requests: int = Field(default=500, ge=1)
     #: Tools offered to models (comma list of ``orchestrator/toolbox.py`` names).

@@ -8,6 +8,7 @@ import sys
 import typer
 
 from api.cli.common import app, console, fail, usage
+from api.cli.params import seconds_option
 from orchestrator.errors import FleetError
 
 #: ``--json`` of ``archive`` and ``unarchive``: the outcome as the HTTP API answers it, and a
@@ -38,7 +39,7 @@ def archive(
     q: str | None = typer.Option(None, "--q", hidden=True),
     dry_run: bool = typer.Option(False, "--dry-run", hidden=True),
     auto: bool = typer.Option(False, "--auto", hidden=True),
-    idle_seconds: float = typer.Option(0, "--idle-seconds", min=0, hidden=True),
+    idle_seconds: float = seconds_option(0, "--idle-seconds", hidden=True),
 ) -> None:
     """Archive a session. Refused while it has live work unless --stop is given. With --stop
     on a terminal, the live items are listed and the archive stops exactly what was confirmed:

@@ -22,6 +22,7 @@ from rich.table import Column, Table
 from rich.text import Text
 
 from api.cli.common import app, console, err, usage, when
+from api.cli.params import seconds_option
 from orchestrator.bulk import BulkResult
 from orchestrator.errors import FleetError
 
@@ -262,10 +263,9 @@ def bulk_archive_command(
 def auto_archive_command(
     dry_run: bool = typer.Option(False, "--dry-run", help="List what it would archive."),
     cwd: str | None = typer.Option(None, "--cwd", metavar="DIR", help="Only this directory."),
-    idle_seconds: float = typer.Option(
+    idle_seconds: float = seconds_option(
         0,
         "--idle-seconds",
-        min=0,
         help="Idle age in seconds (default FLEET_AUTO_ARCHIVE_IDLE_SECONDS).",
     ),
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),

@@ -7,6 +7,7 @@ import json
 import typer
 
 from api.cli.common import app, console, fail
+from api.cli.params import seconds_option
 from orchestrator.errors import FleetError
 
 
@@ -55,9 +56,8 @@ def reconcile(
 
 @app.command()
 def sweep(
-    stuck_seconds: float = typer.Option(
+    stuck_seconds: float = seconds_option(
         0,
-        min=0,
         help="Seconds without progress before a turn is examined (default "
         "FLEET_TURN_STUCK_SECONDS).",
     ),

@@ -22,6 +22,7 @@ from api.cli.common import (
     settings_with_redis,
     usage,
 )
+from api.cli.params import count_option, seconds_option
 
 
 @app.command()
@@ -32,7 +33,9 @@ def worker(
     host: str = typer.Option(
         "", help="Host name reported for jobs (default: FLEET_HOSTNAME or the machine's name)."
     ),
-    concurrency: int = typer.Option(0, help="Worker threads (default FLEET_WORKER_CONCURRENCY)."),
+    concurrency: int = count_option(
+        0, low=0, help="Worker threads (default FLEET_WORKER_CONCURRENCY)."
+    ),
     loglevel: str = typer.Option("INFO", help="Celery log level."),
 ) -> None:
     """Run a Celery worker for one family (a real process; stop with Ctrl-C)."""
@@ -88,7 +91,7 @@ def _hold_job_host() -> None:
 
 @app.command()
 def up(
-    hosts: int = typer.Option(1, min=1, help="How many job workers, each with its own host name."),
+    hosts: int = count_option(1, low=1, help="How many job workers, each with its own host name."),
     api: bool = typer.Option(True, help="Serve the HTTP API too (the default; --no-api: not)."),
 ) -> None:
     """Run the whole fleet locally until Ctrl-C: Redis (embedded if FLEET_REDIS_URL is unset),
@@ -217,7 +220,7 @@ def api_bind_address(requested: str, token: str) -> str:
 @app.command("api")
 def serve_api(
     host: str = typer.Option("", help="Bind address (default FLEET_API_HOST)."),
-    port: int = typer.Option(0, min=0, max=65535, help="Port (default FLEET_API_PORT)."),
+    port: int = count_option(0, low=0, high=65535, help="Port (default FLEET_API_PORT)."),
 ) -> None:
     """Serve the HTTP API (FastAPI on uvicorn)."""
     import uvicorn
@@ -241,11 +244,13 @@ def serve_api(
 
 @app.command()
 def beat(
-    idle_seconds: float = typer.Option(
-        0, help="Auto-archive idle age (default FLEET_AUTO_ARCHIVE_IDLE_SECONDS; 0: off)."
+    idle_seconds: float = seconds_option(
+        0,
+        help="Auto-archive idle age (default FLEET_AUTO_ARCHIVE_IDLE_SECONDS; 0: off).",
     ),
-    interval: float = typer.Option(
-        0, help="Seconds between runs (default FLEET_AUTO_ARCHIVE_INTERVAL_SECONDS)."
+    interval: float = seconds_option(
+        0,
+        help="Seconds between runs (default FLEET_AUTO_ARCHIVE_INTERVAL_SECONDS).",
     ),
     schedule_file: str = typer.Option(
         "", help="Beat's schedule state file (default FLEET_STATE_DIR/celerybeat-schedule)."
@@ -285,7 +290,7 @@ def beat(
 
 @app.command()
 def flower(
-    port: int = typer.Option(5555, min=1, max=65535, help="Port of Flower's web UI and HTTP API."),
+    port: int = count_option(5555, low=1, high=65535, help="Port of Flower's web UI and HTTP API."),
     address: str = typer.Option("127.0.0.1", help="Bind address."),
 ) -> None:
     """Run Flower against the fleet's broker and key prefix. With FLEET_FLOWER_BASIC_AUTH

@@ -12,6 +12,7 @@ from rich.table import Table
 from rich.text import Text
 
 from api.cli.common import app, console, err, local_time, sessions_app, usage, when
+from api.cli.params import count_option
 from api.cli.tables import fitted
 from orchestrator.sessions import Session
 
@@ -78,7 +79,7 @@ def sessions_ls(
 @sessions_app.command("show")
 def sessions_show(
     session_id: str = typer.Argument(..., help="A session id (archived or not)."),
-    limit: int = typer.Option(200, min=1, max=1000, help="Conversation updates, the latest."),
+    limit: int = count_option(200, low=1, high=1000, help="Conversation updates, the latest."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:
     """Show one session, archived or not: its details, live work and conversation."""
@@ -168,7 +169,7 @@ def activity(
 @app.command()
 def audit(
     session_id: str | None = typer.Argument(None, help="A session; omit for the whole fleet."),
-    limit: int = typer.Option(50, min=1, max=1000, help="How many entries, newest first."),
+    limit: int = count_option(50, low=1, high=1000, help="How many entries, newest first."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON (ISO 8601 UTC times)."),
 ) -> None:
     """Show the audit trail of a session (or of the fleet): every archive, unarchive, title

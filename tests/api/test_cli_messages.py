@@ -139,3 +139,78 @@ def test_a_setting_out_of_range_is_one_line_naming_the_variable(
     code, said = _said("api")
     assert code == 2, said
     assert "FLEET_API_PORT" in said and "65535" in said, said
+
+
+#: Every numeric option, and what Python's int() or float() would have taken for it.
+_NUMBER_OPTIONS = [
+    (("audit", "--limit"), ["1_0", "+5", " 5", "5 ", "0", "1001", "x", "١٢"]),
+    (("sessions", "show", "sess_" + "0" * 24, "--limit"), ["1_0", "0", "2.5"]),
+    (("worker", "--family", "turn", "--concurrency"), ["-1", "1_0", "8.0"]),
+    (("up", "--hosts"), ["0", "1e2"]),
+    (("api", "--port"), ["80_80", "+80"]),
+    (("flower", "--port"), ["5_555"]),
+    (("sweep", "--stuck-seconds"), ["inf", "nan", "1e3", "-0.5", "1_0", "1e400", "2000000000"]),
+    (("auto-archive", "--dry-run", "--idle-seconds"), ["nan", "inf", "1e400", "3_600"]),
+    (("archive", "--auto", "--dry-run", "--idle-seconds"), ["nan", "Infinity"]),
+    (("beat", "--idle-seconds"), ["nan", "-1"]),
+    (("beat", "--interval"), ["inf", "1e9x"]),
+]
+
+
+@pytest.mark.parametrize(
+    ("command", "value"),
+    [(command, value) for command, values in _NUMBER_OPTIONS for value in values],
+    ids=lambda v: " ".join(v) if isinstance(v, tuple) else repr(v),
+)
+def test_a_number_option_is_read_strictly_and_refused_naming_the_option(
+    command: tuple[str, ...], value: str
+) -> None:
+    code, said = _said(*command, value)
+    assert code == 2, said
+    assert f"Invalid value for '{command[-1]}'" in said, said
+
+
+@pytest.mark.parametrize(
+    ("command", "value"),
+    [(("auto-archive", "--dry-run", "--idle-seconds"), "2.5"), (("audit", "--limit"), "7")],
+)
+def test_a_plain_number_is_still_taken(command: tuple[str, ...], value: str) -> None:
+    code, said = _said(*command, value)
+    assert code == 0, said
+
+
+def test_a_bad_number_with_json_is_a_json_error() -> None:
+    result = runner.invoke(app, ["audit", "--limit", "1_0", "--json"])
+    assert result.exit_code == 2, result.output
+    assert '"code": "invalid_params"' in result.output and "'--limit'" in result.output
+
+
+@pytest.mark.parametrize(
+    ("variable", "value"),
+    [
+        ("FLEET_TURN_STUCK_SECONDS", "inf"),
+        ("FLEET_TURN_STUCK_SECONDS", "nan"),
+        ("FLEET_AUTO_ARCHIVE_IDLE_SECONDS", "1e300"),
+        ("FLEET_JOB_LEASE_SECONDS", "0"),
+        ("FLEET_WORKER_CONCURRENCY", "-3"),
+    ],
+)
+def test_a_duration_or_count_setting_out_of_range_names_the_variable(
+    monkeypatch: pytest.MonkeyPatch, variable: str, value: str
+) -> None:
+    from api import context
+    from orchestrator.settings import get_settings
+
+    def read_afresh() -> None:
+        for cached in (get_settings, context.settings, context.store):
+            cached.cache_clear()
+
+    monkeypatch.setenv(variable, value)
+    read_afresh()
+    try:
+        code, said = _said("sweep", "--json")
+    finally:
+        monkeypatch.delenv(variable)
+        read_afresh()
+    assert code == 2, said
+    assert variable in said, said
