@@ -22,6 +22,9 @@
   event (``orchestrator/events.py``), the session first, its descendants after; an archive's
   events go out before its stop requests (``historyLength``: the session's history length
   once the archive had stopped its turns).
+- Each descendant a transition archives or restores gets the session's audit entry in its own
+  trail too (same id, action, outcome, actor and time; detail ``{"ancestorId"}``), written by
+  the transition's script; the fleet-wide trail keeps one entry per request.
 """
 
 from __future__ import annotations
@@ -281,13 +284,16 @@ def _unconfirmed(items: list[ActivityItem], binding: str) -> bool:
 def unarchive(store: Store, session_id: str) -> int:
     """Unarchive a session and the descendants its archive transition archived. Idempotent;
     returns how many sessions were restored (0 when it was not archived). Every outcome, a
-    refusal included, is recorded in the audit trail.
+    refusal included, is recorded in the audit trail; an unarchive's entry (``{restoredCount}``)
+    is written by its script, so it commits with it, and each restored descendant gets it in
+    its own trail too (``{ancestorId}``).
 
     Raises ``SessionNotFound``, ``AncestorArchived``, ``StoreUnavailable``.
     """
     sid = check_session_id(session_id)
     ms = store.now_ms()
-    result = store.run("unarchive", [sid, ms, iso(ms)], durable=True)
+    recorder = audit.script_recorder(store, "unarchive", {})
+    result = store.run("unarchive", [sid, ms, iso(ms), recorder], durable=True)
     outcome = result[0]
     if outcome == "not_found":
         raise SessionNotFound(sid)
@@ -297,7 +303,6 @@ def unarchive(store: Store, session_id: str) -> int:
     if outcome == "not_archived":
         audit.record(store, sid, "unarchive", "not_archived")
         return 0
-    audit.record(store, sid, "unarchive", "unarchived", restoredCount=int(result[1]))
     log.info("unarchived (%s in subtree)", result[1], extra={"session_id": sid})
     events.publish_many(store, [("unarchived", str(s), {"archived": False}) for s in result[2]])
     return int(result[1])

@@ -20,10 +20,10 @@ with ``stopActivity`` ONE stop message per family per batch carries all the batc
 constant number of round trips. Stops are never awaited; a failed dispatch is logged and
 reported, never undoes an archive. ``dryRun`` computes the same outcomes and writes nothing.
 
-The audit entry and the ``fleet_archives`` count of every session a batch archives (or finds
-archived), and the events of every session it archives (``archived``, descendants included)
-and of every turn it stops, are written by the batch's script itself, so they commit with the
-batch: a process killed mid-run leaves no archive unaudited, uncounted or unannounced.
+The audit entry and ``fleet_archives`` count of every session a batch archives or finds
+archived (the entry also in the trail of each descendant it archives), and the events of every
+session it archives (descendants included) and of every turn it stops, commit with the batch,
+in its script: a process killed mid-run leaves no archive unaudited, uncounted or unannounced.
 Refusals are recorded after the census that describes them.
 
 A filter's selection is archived ancestors first (by lineage depth, then oldest activity

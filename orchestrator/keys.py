@@ -228,7 +228,9 @@ class Keys:
     def audit_log(self, sid: str) -> str:
         """LIST: the session's lifecycle changes (``orchestrator/audit.py``), oldest first,
         capped at ``FLEET_AUDIT_MAX_PER_SESSION`` entries; each a JSON object ``{id, at,
-        action, outcome, actor, detail}`` whose ``id`` is the same entry's id in ``audit_all``.
+        action, outcome, actor, detail}`` whose ``id`` is the same entry's id in ``audit_all``
+        (an ancestor's entry, for an archive or unarchive that reached the session through
+        it: ``detail`` ``{ancestorId}``).
         A list, not a stream: a stream's first node takes 4 KB on Redis >= 7.0 (it is
         preallocated), a list with one entry a few hundred bytes."""
         return f"{self.prefix}auditlog:{sid}"

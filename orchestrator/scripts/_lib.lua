@@ -361,6 +361,16 @@ local function stop_turns_for_archive(sid, out)
   end
 end
 
+-- Appends an audit entry (its fields; id is the fleet-wide stream's) to the trail of sid
+-- (Keys.audit_log, a LIST, under the key prefix rec.auditSession), trimmed exactly to
+-- rec.maxSession entries.
+local function push_trail(rec, sid, id, at, action, outcome, detail)
+  local key = rec.auditSession .. sid
+  local n = redis.call('RPUSH', key, cjson.encode({id = id, at = at, action = action,
+    outcome = outcome, actor = rec.actor, detail = detail}))
+  if n > rec.maxSession then redis.call('LTRIM', key, n - rec.maxSession, -1) end
+end
+
 -- Appends an audit entry in the script that makes the change, so the record commits with it
 -- (the fields and the exact trimming of orchestrator/audit.py). rec is the JSON the caller
 -- built with audit.script_recorder: keys, caps, action, actor, default detail; action, when
@@ -381,11 +391,20 @@ local function record_in_script(rec, sid, outcome, at, detail, untrimmed, action
   else
     id = redis.call('XADD', rec.auditAll, 'MAXLEN', rec.maxGlobal, '*', unpack(fields))
   end
-  local key = rec.auditSession .. sid
-  local n = redis.call('RPUSH', key, cjson.encode({id = id, at = at, action = action,
-    outcome = outcome, actor = rec.actor, detail = detail}))
-  if n > rec.maxSession then redis.call('LTRIM', key, n - rec.maxSession, -1) end
+  push_trail(rec, sid, id, at, action, outcome, detail)
   return id
+end
+
+-- Records in the trail of each session of descendants (a list of ids), and there only, that
+-- the transition of ancestor whose entry is id (record_in_script's reply) archived or restored
+-- it: that entry's action (rec.action unless given), outcome, actor and time, detail
+-- {"ancestorId": ancestor} (audit.detail_json's form). The fleet-wide stream keeps its one
+-- entry per request; the id leads to it.
+local function record_descendants(rec, id, ancestor, descendants, outcome, at, action)
+  local detail = string.format('{"ancestorId":"%s"}', ancestor)
+  for _, d in ipairs(descendants) do
+    push_trail(rec, d, id, at, action or rec.action, outcome, detail)
+  end
 end
 
 -- Trims the fleet-wide audit stream to its cap (exactly), after record_in_script(...,

@@ -22,7 +22,8 @@
 -- 'archived' per archived session, then per stopped turn its tool-call settlement ('update')
 -- and, for a turn that ended, its 'turn' event. An archive and a repeat are audited and
 -- counted here, so the record commits with the change (a refusal is recorded by the caller,
--- which reads the live items after this script).
+-- which reads the live items after this script); each descendant it archived gets the
+-- archive's entry in its own trail (record_descendants in _lib.lua).
 local sid, stop, now, txn = ARGV[2], ARGV[3], ARGV[4], ARGV[5]
 if now == '' then now = iso_ms(server_ms()) end
 local rec = cjson.decode(ARGV[6])
@@ -64,8 +65,12 @@ for _, s in ipairs(nodes) do
   end
 end
 -- The detail in audit.detail_json's form (compact, keys sorted).
-record_in_script(rec, sid, 'archived', now, string.format(
+local id = record_in_script(rec, sid, 'archived', now, string.format(
   '{"archivedCount":%d,"stopActivity":%s,"stoppedTurns":%d}', n, stop_json, #turns / 6))
+-- Each descendant archived here (every second item of archived after the session's pair).
+local below = {}
+for i = 3, #archived, 2 do below[#below + 1] = archived[i] end
+record_descendants(rec, id, sid, below, 'archived', now)
 redis.call('HINCRBY', rec.metric, 'archived', 1)
 -- The events, as events.publish_many writes them.
 emit_archive_events(archived, turns, rec.eventsMax or 10000)

@@ -105,6 +105,7 @@ local codes, extras = {}, {}
 local moved = {} -- sessions archived, in order (the set and index updates at the end)
 local events = {} -- sid, historyLength of every session archived, in order
 local stopped = {} -- the turns stopped, flat as stop_turns_for_archive lists them
+local below = {} -- position -> the descendants its transition archived (their audit entries)
 for i = FIRST, #ARGV do
   local sid = ARGV[i]
   local h = read(sid)
@@ -123,7 +124,7 @@ for i = FIRST, #ARGV do
       code = 'X'
     else
       local txn = base .. '.' .. (i - FIRST + 1)
-      local would, turns = {}, {}
+      local would, turns, descendants = {}, {}, {}
       for _, s in ipairs(nodes) do
         local m = read(s)
         if m[2] ~= '1' then
@@ -140,6 +141,7 @@ for i = FIRST, #ARGV do
               redis.call('HSET', skey(s), 'archived', '1', 'archivedAt', now, 'archiveTxn', txn)
             end
             moved[#moved + 1] = s
+            if s ~= sid then descendants[#descendants + 1] = s end
             -- Only queued and running turns are stopped, and they are live: an idle subtree
             -- has none to stop.
             if stop == '1' and busy == 1 then stop_turns_for_archive(s, turns) end
@@ -148,6 +150,7 @@ for i = FIRST, #ARGV do
           end
         end
       end
+      if #descendants > 0 then below[i - FIRST + 1] = descendants end
       code = busy == 1 and 'A' or 'a'
       if #would > 0 or #turns > 0 then
         extras[#extras + 1] = i - FIRST + 1
@@ -201,7 +204,8 @@ end
 -- leaves no archive unaudited or uncounted, and a retry finds them 'already'. ARGV[8] is
 -- audit.script_recorder's JSON plus outcomes = {scriptOutcome = recordedOutcome}, metric =
 -- the fleet_archives key and eventsMax = the event stream's cap; refusals are recorded by the
--- caller, which learns the live items from the census.
+-- caller, which learns the live items from the census. Each descendant a session's
+-- transition archived gets that session's entry in its own trail (record_descendants).
 if dry ~= '1' then
   local rec = cjson.decode(ARGV[8])
   local names = {a = 'archived', l = 'already', n = 'not_found', s = 'skipped', x = 'active'}
@@ -210,7 +214,9 @@ if dry ~= '1' then
     local recorded = rec.outcomes[names[string.lower(code)]]
     if recorded then
       counts[recorded] = (counts[recorded] or 0) + 1
-      record_in_script(rec, ARGV[FIRST + j - 1], recorded, now, nil, true)
+      local sid = ARGV[FIRST + j - 1]
+      local id = record_in_script(rec, sid, recorded, now, nil, true)
+      if below[j] then record_descendants(rec, id, sid, below[j], recorded, now) end
     end
   end
   trim_audit_all(rec)

@@ -1,9 +1,13 @@
--- ARGV: prefix, sid, nowMs, nowIso
+-- ARGV: prefix, sid, nowMs, nowIso, recorder (audit.script_recorder's JSON)
 -- Restores the session and exactly the descendants its archive transition archived, and
 -- stamps each restored session with unarchivedAt (nowIso, ISO 8601) / unarchivedMs (nowMs):
 -- the auto-archive policy's idle clock is max(updatedAt, unarchivedAt), so a session an
 -- operator unarchived by hand is not archived again until it has been idle that long since.
 -- Every caller passes the time (Redis TIME, read through Store.now_ms).
+-- An unarchive is audited here, at nowIso, so the record commits with the change: the
+-- session's entry ({"restoredCount": n}), and in the trail of each descendant it restored the
+-- same entry id (record_descendants in _lib.lua); refusals and no-ops are recorded by the
+-- caller.
 -- Returns {'not_found'} | {'not_archived'} | {'ancestor', id} | {'unarchived', n, restored}:
 -- restored lists the ids of the sessions it unarchived, the session first.
 local sid = ARGV[2]
@@ -11,6 +15,10 @@ local now_ms, now_iso = tonumber(ARGV[3]), ARGV[4]
 if not now_ms or not now_iso or now_iso == '' then
   return redis.error_reply('unarchive: nowMs and nowIso are required')
 end
+if not ARGV[5] or ARGV[5] == '' then
+  return redis.error_reply('unarchive: the recorder is required')
+end
+local rec = cjson.decode(ARGV[5])
 local k = skey(sid)
 if redis.call('EXISTS', k) == 0 or redis.call('HGET', k, 'deleted') ~= '0' then
   return {'not_found'}
@@ -20,7 +28,7 @@ for _, a in ipairs(redis.call('LRANGE', K.lineage(sid), 0, -1)) do
   if redis.call('SISMEMBER', K.archived, a) == 1 then return {'ancestor', a} end
 end
 local txn = redis.call('HGET', k, 'archiveTxn')
-local n, restored = 0, {}
+local n, restored, below = 0, {}, {}
 for _, s in ipairs(subtree(sid)) do
   local h = redis.call('HMGET', skey(s), 'archived', 'archiveTxn')
   if h[1] == '1' and h[2] == txn then
@@ -30,6 +38,11 @@ for _, s in ipairs(subtree(sid)) do
     move_index(s, 'archived', 'active')
     n = n + 1
     restored[n] = s
+    if n > 1 then below[n - 1] = s end
   end
 end
+-- The detail in audit.detail_json's form.
+local id = record_in_script(rec, sid, 'unarchived', now_iso, string.format(
+  '{"restoredCount":%d}', n))
+record_descendants(rec, id, sid, below, 'unarchived', now_iso)
 return {'unarchived', n, restored}

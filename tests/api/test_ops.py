@@ -259,6 +259,33 @@ def test_rest_changes_are_audited_as_made_by_the_client(client: TestClient) -> N
     assert {e["sessionId"] for e in first["entries"] + rest["entries"]} == {sid}
 
 
+def test_a_childs_trail_shows_the_archive_and_unarchive_of_its_parent(client: TestClient) -> None:
+    # Given a parent with a child, archived and unarchived over REST
+    parent = _new(client)
+    resp = client.post("/sessions", json={"cwd": _cwd(), "parentId": parent})
+    assert resp.status_code == 201, resp.text
+    child = resp.json()["sessionId"]
+    assert client.post(f"/sessions/{parent}/archive").json()["archivedCount"] == 2
+    assert client.post(f"/sessions/{parent}/unarchive").json()["restored"] == 2
+    # When the child's trail is read one entry a page
+    first = client.get(f"/sessions/{child}/audit", params={"limit": 1}).json()
+    rest = client.get(
+        f"/sessions/{child}/audit", params={"limit": 1, "before": first["nextBefore"]}
+    ).json()
+    last = client.get(
+        f"/sessions/{child}/audit", params={"limit": 1, "before": rest["nextBefore"]}
+    ).json()
+    # Then it shows both, naming the parent, under the ids of the parent's entries
+    entries = first["entries"] + rest["entries"]
+    assert [(e["action"], e["outcome"], e["actor"], e["detail"]) for e in entries] == [
+        ("unarchive", "unarchived", "rest:testclient", {"ancestorId": parent}),
+        ("archive", "archived", "rest:testclient", {"ancestorId": parent}),
+    ]
+    assert last == {"sessionId": child, "entries": []}
+    parents = client.get(f"/sessions/{parent}/audit").json()["entries"]
+    assert [e["id"] for e in entries] == [e["id"] for e in parents]
+
+
 def test_audit_of_an_unknown_session_is_404_and_a_bad_page_is_422(client: TestClient) -> None:
     assert client.get("/sessions/sess_doesnotexist/audit").status_code == 404
     assert client.get("/audit", params={"limit": 0}).status_code == 422

@@ -121,8 +121,9 @@ def test_unarchive_refusals_and_no_ops_are_recorded(
         archive.unarchive(store, child)
     plain = sessions.create_session(store, cwd).session_id
     archive.unarchive(store, plain)
-    # Then both are in the trail
-    [refused] = trail(store, child)
+    # Then both are in the trail (the child's refusal after its parent's archive entry)
+    refused, archived = trail(store, child)
+    assert (archived["action"], archived["detail"]) == ("archive", {"ancestorId": parent})
     assert (refused["action"], refused["outcome"]) == ("unarchive", "refused")
     assert refused["detail"] == {"archivedAncestor": parent}
     assert [e["outcome"] for e in trail(store, plain)] == ["not_archived"]

@@ -18,7 +18,7 @@ import pytest
 import redis
 from typer.testing import CliRunner
 
-from orchestrator import archive, bulk, reminders, sessions, turns
+from orchestrator import archive, audit, bulk, reminders, sessions, turns
 from orchestrator.errors import InvalidParams, StoreUnavailable
 from orchestrator.families import MAINTENANCE_QUEUE, Family, Task
 from orchestrator.store import Store, iso, now_ms
@@ -56,7 +56,8 @@ def test_unarchive_records_when_each_restored_session_was_unarchived(
     root, child = (s.session_id for s in chain(store, 1, cwd))
     archive.archive(store, recorder, root)
     ms = bulk.parse_instant(when, "when")
-    assert store.run("unarchive", [root, ms, iso(ms)])[0] == "unarchived"
+    recorder_json = audit.script_recorder(store, "unarchive", {})
+    assert store.run("unarchive", [root, ms, iso(ms), recorder_json])[0] == "unarchived"
     for sid in (root, child):
         h = store.redis.hgetall(store.keys.session(sid))
         assert h["unarchivedAt"] == when == iso(ms)
