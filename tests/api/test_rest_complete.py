@@ -604,3 +604,31 @@ def test_the_conversation_is_served_oldest_first_and_kept_after_archive(
     assert texts == ["say first\nsay second", "first", "second"]
     assert client.get(f"/sessions/{sid}/conversation", params={"limit": 0}).status_code == 422
     assert client.get("/sessions/sess_nope/conversation").status_code == 404
+
+
+def _raw_request(server: str, request: bytes) -> bytes:
+    """What a served socket answers ``request`` (raw bytes), up to the end of its body."""
+    port = int(server.rsplit(":", 1)[1])
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as conn:
+        conn.sendall(request)
+        answer = b""
+        while chunk := conn.recv(65536):
+            answer += chunk
+            head, _, body = answer.partition(b"\r\n\r\n")
+            length = [ln for ln in head.split(b"\r\n") if ln.lower().startswith(b"content-length")]
+            if length and len(body) >= int(length[0].split(b":")[1]):
+                break
+        return answer
+
+
+def test_raw_non_ascii_bytes_in_a_query_are_refused_before_the_api_and_escaped_ones_reach_it(
+    server: str,
+) -> None:
+    # As the README says: raw bytes that are not HTTP get uvicorn's plain-text 400, the same
+    # value percent-encoded gets the API's JSON 422 naming the parameter.
+    raw = _raw_request(server, b"GET /sessions?limit=\xc3\xa9 HTTP/1.1\r\nHost: t\r\n\r\n")
+    assert raw.startswith(b"HTTP/1.1 400 ") and raw.endswith(b"Invalid HTTP request received.")
+    escaped = _raw_request(server, b"GET /sessions?limit=%C3%A9 HTTP/1.1\r\nHost: t\r\n\r\n")
+    head, _, body = escaped.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 422 "), escaped
+    assert b'"code":"invalid_params"' in body and b"limit" in body, body
