@@ -276,8 +276,8 @@ def redis_label(url: str | None) -> str:
     """The Redis the figures were measured on: the server at ``url``, else the binary the
     private servers run (``redis-server`` on ``PATH`` first, as ``api/embedded.py`` picks)."""
     if url:
-        client = redis.Redis.from_url(url)
-        version, allocator = client.info("server")["redis_version"], client.info("memory")
+        with redis.Redis.from_url(url) as client:
+            version, allocator = client.info("server")["redis_version"], client.info("memory")
         return f"Redis {version} ({allocator.get('mem_allocator', '?')}) at {url}"
     from api.redis_binary import find_redis_server
 
