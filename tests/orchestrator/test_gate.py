@@ -97,15 +97,16 @@ def test_every_session_under_an_archived_ancestor_is_itself_archived(
                 sessions.delete_session(store, sid)
         except (SessionNotFound, AncestorArchived):
             pass
-        archived = store.redis.smembers(store.keys.archived)
+        # One round trip per step for the whole forest (every ancestor is one of ``made``).
+        pipe = store.redis.pipeline(transaction=True)
+        pipe.smembers(store.keys.archived)
         for s in made:
-            if store.redis.hget(store.keys.session(s), "deleted") != "0":
-                continue
-            lineage = store.redis.lrange(store.keys.lineage(s), 0, -1)
-            live_ancestors = [
-                a for a in lineage if store.redis.hget(store.keys.session(a), "deleted") == "0"
-            ]
-            if any(a in archived for a in live_ancestors):
+            pipe.hget(store.keys.session(s), "deleted")
+            pipe.lrange(store.keys.lineage(s), 0, -1)
+        archived, *rows = pipe.execute()
+        live = {s for s, flag in zip(made, rows[::2], strict=True) if flag == "0"}
+        for s, lineage in zip(made, rows[1::2], strict=True):
+            if s in live and any(a in archived for a in lineage if a in live):
                 assert s in archived, (op, s, lineage)
 
 
