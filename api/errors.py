@@ -84,3 +84,20 @@ def http_error_body(status: int, detail: str) -> dict[str, Any]:
     """The JSON error shape for a framework HTTP error of ``status`` (``HTTP_ERRORS``)."""
     code, message = HTTP_ERRORS.get(status, ("http_error", detail))
     return error_body(code, message)
+
+
+#: The most validation problems an error lists (REST ``data.errors``, ACP ``data.errors``): a
+#: request of the allowed size can hold hundreds of thousands of wrong values, and listing
+#: each would answer megabytes for a kilobyte's worth of advice. ``data.errorCount`` counts
+#: them all.
+MAX_LISTED_ERRORS = 20
+#: How many of them the message names.
+ERRORS_IN_MESSAGE = 5
+
+
+def in_words(first: list[str], total: int, sep: str) -> str:
+    """The first ``ERRORS_IN_MESSAGE`` of ``first`` (the problems' texts, in order) joined by
+    ``sep``, then how many of the ``total`` problems it did not name: ``"a; b (and 7 more)"``."""
+    said = sep.join(first[:ERRORS_IN_MESSAGE])
+    rest = total - min(len(first), ERRORS_IN_MESSAGE)
+    return said + (f" (and {rest} more)" if rest > 0 else "")

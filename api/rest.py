@@ -18,7 +18,15 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from api import console, docs
 from api.deps import Unauthorized, Wiring, single_valued_query
-from api.errors import FOREIGN_ERRORS, error_body, http_error_body, lookup, translate
+from api.errors import (
+    FOREIGN_ERRORS,
+    MAX_LISTED_ERRORS,
+    error_body,
+    http_error_body,
+    in_words,
+    lookup,
+    translate,
+)
 from api.guards import BodyGuard, OriginGuard, allowed_origins, origin_text
 from api.routes import ROUTERS
 from orchestrator import audit
@@ -103,11 +111,15 @@ async def _fleet_error(_: Request, exc: Exception) -> JSONResponse:
 
 async def _invalid(_: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, RequestValidationError)
-    errors = [{"loc": list(e.get("loc", ())), "msg": e.get("msg", "")} for e in exc.errors()]
-    where = ", ".join(".".join(str(p) for p in e["loc"]) + f": {e['msg']}" for e in errors)
+    found = exc.errors()
+    errors = [
+        {"loc": list(e.get("loc", ())), "msg": e.get("msg", "")} for e in found[:MAX_LISTED_ERRORS]
+    ]
+    texts = [".".join(str(p) for p in e["loc"]) + f": {e['msg']}" for e in errors]
+    where = in_words(texts, len(found), ", ")
+    data = {"errors": errors, "errorCount": len(found)}
     return JSONResponse(
-        error_body("invalid_params", f"Invalid request: {where}", {"errors": errors}),
-        status_code=422,
+        error_body("invalid_params", f"Invalid request: {where}", data), status_code=422
     )
 
 

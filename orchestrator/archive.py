@@ -145,6 +145,15 @@ def archive(
     return result
 
 
+def check_confirmed_count(count: int) -> None:
+    """Raises ``InvalidParams`` when a confirmation names more than ``MAX_CONFIRMED`` items."""
+    if count > MAX_CONFIRMED:
+        raise InvalidParams(
+            f"confirmedActivity names more than {MAX_CONFIRMED} items (got {count}).",
+            {"param": "confirmedActivity", "max": MAX_CONFIRMED},
+        )
+
+
 def _binding(stop_activity: bool, confirmed: Confirmed | None) -> str:
     """``confirmed`` as the archive script reads it: '' (not bound) or a JSON array of
     'family:id' strings."""
@@ -155,11 +164,7 @@ def _binding(stop_activity: bool, confirmed: Confirmed | None) -> str:
             "confirmedActivity is only meaningful with stopActivity.",
             {"param": "confirmedActivity"},
         )
-    if len(confirmed) > MAX_CONFIRMED:
-        raise InvalidParams(
-            f"confirmedActivity names more than {MAX_CONFIRMED} items.",
-            {"param": "confirmedActivity"},
-        )
+    check_confirmed_count(len(confirmed))
     return json.dumps(sorted({f"{family}:{item_id}" for family, item_id in confirmed}))
 
 

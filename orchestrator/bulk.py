@@ -341,6 +341,16 @@ def _run(run: _Run, ids: list[str], batch_size: int, progress: Progress | None) 
     return result
 
 
+def check_id_count(count: int) -> None:
+    """Raises ``TooManySessions`` when a request names more than ``MAX_IDS`` session ids."""
+    if count > MAX_IDS:
+        raise TooManySessions(
+            f"At most {MAX_IDS} sessionIds per request (got {count}); split the list, or "
+            "select with a filter.",
+            {"param": "sessionIds", "max": MAX_IDS, "got": count},
+        )
+
+
 def bulk_archive(
     store: Store,
     dispatcher: Dispatcher,
@@ -370,12 +380,7 @@ def bulk_archive(
     if session_ids is not None:
         if not isinstance(session_ids, list) or not all(isinstance(s, str) for s in session_ids):
             raise InvalidParams("sessionIds must be a list of strings.", {"param": "sessionIds"})
-        if len(session_ids) > MAX_IDS:
-            raise TooManySessions(
-                f"At most {MAX_IDS} sessionIds per request (got {len(session_ids)}); split "
-                "the list, or select with a filter.",
-                {"param": "sessionIds", "max": MAX_IDS, "got": len(session_ids)},
-            )
+        check_id_count(len(session_ids))
         ids = list(dict.fromkeys(session_ids))
         idle_before = None
     else:

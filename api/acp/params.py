@@ -17,6 +17,7 @@ from typing import Annotated, Any, TypeVar
 from acp import schema
 from pydantic import BaseModel, Field, StrictInt, StrictStr, ValidationError, field_validator
 
+from api.errors import MAX_LISTED_ERRORS, in_words
 from orchestrator.errors import InvalidParams
 
 #: A protocol version as early clients sent it: the date of the revision they speak.
@@ -105,10 +106,12 @@ def parse(model: type[M], params: Any) -> M:
     try:
         parsed = model.model_validate(params)
     except ValidationError as exc:
-        problems = [_problem(error) for error in exc.errors(include_url=False)]
+        found = exc.errors(include_url=False)
+        problems = [_problem(error) for error in found[:MAX_LISTED_ERRORS]]
+        texts = [p for p, _ in problems]
         raise InvalidParams(
-            "Invalid params: " + "; ".join(p for p, _ in problems) + ".",
-            {"param": problems[0][1], "errors": [p for p, _ in problems]},
+            "Invalid params: " + in_words(texts, len(found), "; ") + ".",
+            {"param": problems[0][1], "errors": texts, "errorCount": len(found)},
         ) from None
     if getattr(parsed, "session_id", None) == "":
         raise InvalidParams("sessionId must not be empty.", {"param": "sessionId"})

@@ -7,6 +7,7 @@ answer 422, never coerced). No route takes a boolean in its query string, where 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Annotated
 
 from pydantic import (
@@ -37,6 +38,19 @@ def _decimal_digits(value: object) -> object:
 #: A query parameter's integer, parsed strictly (with ``Query`` for its bounds):
 #: ``Annotated[int, QUERY_INT, Query(ge=1, le=...)]``.
 QUERY_INT = BeforeValidator(_decimal_digits)
+
+
+def _length_checked(check: Callable[[int], None]) -> BeforeValidator:
+    """Checks a JSON array's length before its items are validated (``check`` raises the
+    domain's own error, answered as such), so an oversized list costs one error and no item
+    validation, however many of its items are also wrong."""
+
+    def validate(value: object) -> object:
+        if isinstance(value, list):
+            check(len(value))
+        return value
+
+    return BeforeValidator(validate)
 
 
 class _Strict(BaseModel):
@@ -87,7 +101,7 @@ class BulkFilterBody(_Strict):
 class BulkArchiveBody(_Strict):
     """Body of ``POST /sessions/archive``: exactly one of ``sessionIds`` and ``filter``."""
 
-    sessionIds: list[StrictStr] | None = Field(
+    sessionIds: Annotated[list[StrictStr] | None, _length_checked(bulk.check_id_count)] = Field(
         default=None,
         description=f"Sessions to archive, in order (at most {bulk.MAX_IDS}).",
         json_schema_extra={"maxItems": bulk.MAX_IDS},
@@ -125,7 +139,9 @@ class StopBody(_Strict):
     stopActivity: StrictBool = Field(
         default=False, description="Stop live work first; otherwise live work refuses (409)."
     )
-    confirmedActivity: list[ConfirmedItem] | None = Field(
+    confirmedActivity: Annotated[
+        list[ConfirmedItem] | None, _length_checked(archive.check_confirmed_count)
+    ] = Field(
         default=None,
         description="With stopActivity: the items the user confirmed (the refusal's "
         "error.data.activity). If anything live now is not among them: 409 "

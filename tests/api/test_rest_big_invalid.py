@@ -1,0 +1,84 @@
+"""A body of the allowed size full of wrong values answers a short 422: the error lists at
+most ``MAX_LISTED_ERRORS`` problems and counts the rest, and a list longer than its cap is
+refused by its length before any of its items is validated."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+
+from api.errors import MAX_LISTED_ERRORS
+from orchestrator import archive, bulk
+from tests.helpers import error_shape, rest_client
+
+
+@pytest.fixture
+def client() -> Iterator[TestClient]:
+    with rest_client() as c:
+        yield c
+
+
+def _post(client: TestClient, path: str, body: str) -> Any:
+    return client.post(path, content=body, headers={"Content-Type": "application/json"})
+
+
+def test_half_a_million_wrong_ids_are_refused_by_count_in_one_short_answer(
+    client: TestClient,
+) -> None:
+    body = '{"sessionIds":[' + ",".join(["1"] * 500_000) + "]}"  # 1 MB of wrong ids
+    answer = _post(client, "/sessions/archive", body)
+    error = error_shape(answer, 422, "too_many_sessions")
+    assert error["data"] == {"param": "sessionIds", "max": bulk.MAX_IDS, "got": 500_000}
+    assert len(answer.content) < 1_000, len(answer.content)
+
+
+def test_too_many_confirmed_items_are_refused_by_count(client: TestClient) -> None:
+    sid = client.post("/sessions", json={"cwd": f"/tmp/big-{uuid.uuid4().hex}"}).json()
+    items = ",".join(['{"family":"nope","id":"x"}'] * (archive.MAX_CONFIRMED + 1))
+    body = '{"stopActivity":true,"confirmedActivity":[' + items + "]}"
+    answer = _post(client, f"/sessions/{sid['sessionId']}/archive", body)
+    error = error_shape(answer, 422, "invalid_params")
+    assert error["data"]["param"] == "confirmedActivity", error
+    assert len(answer.content) < 1_000, len(answer.content)
+
+
+def test_sixty_thousand_unknown_keys_list_twenty_and_count_them_all(client: TestClient) -> None:
+    body = json.dumps({f"k{i}": 1 for i in range(60_000)} | {"stopActivity": True})
+    answer = _post(client, "/sessions/archive", body)
+    error = error_shape(answer, 422, "invalid_params")
+    assert error["data"]["errorCount"] == 60_000
+    assert len(error["data"]["errors"]) == MAX_LISTED_ERRORS
+    assert error["message"].endswith("(and 59995 more)"), error["message"][-80:]
+    assert len(answer.content) < 10_000, len(answer.content)
+
+
+def test_a_few_wrong_values_are_all_listed(client: TestClient) -> None:
+    answer = _post(client, "/sessions/archive", '{"sessionIds":[1,2,3]}')
+    error = error_shape(answer, 422, "invalid_params")
+    assert error["data"]["errorCount"] == 3 and len(error["data"]["errors"]) == 3
+    assert [e["loc"] for e in error["data"]["errors"]] == [
+        ["body", "sessionIds", i] for i in range(3)
+    ]
+    assert "more)" not in error["message"]
+
+
+def test_an_acp_request_with_many_bad_members_names_five_and_lists_twenty() -> None:
+    from pydantic import BaseModel, ConfigDict
+
+    from api.acp.params import parse
+    from orchestrator.errors import InvalidParams
+
+    class Params(BaseModel):
+        model_config = ConfigDict(extra="forbid")
+        sessionId: str
+
+    with pytest.raises(InvalidParams) as refused:
+        parse(Params, {"sessionId": "s", **{f"k{i}": 1 for i in range(1_000)}})
+    data = refused.value.data
+    assert data["errorCount"] == 1_000 and len(data["errors"]) == MAX_LISTED_ERRORS
+    assert str(refused.value).endswith("(and 995 more)."), str(refused.value)[-60:]
