@@ -23,23 +23,36 @@ from rich.text import Text
 
 from api.cli.common import app, console, err, usage, when
 from api.cli.params import seconds_option
-from orchestrator.bulk import BulkResult
+from orchestrator.bulk import MAX_IDS, BulkResult
 from orchestrator.errors import FleetError
 
 #: Sessions listed by name in human output; ``--json`` lists them all.
 _LISTED = 200
 
 
+#: The largest ``--ids-file`` read, in bytes: far above what the most ids one request takes
+#: (``orchestrator.bulk.MAX_IDS``) fill, with comments, and below what would exhaust memory
+#: (``/dev/zero`` or a stream that never ends is refused once this much was read).
+MAX_IDS_FILE_BYTES = 16 * 1024 * 1024
+
+
 def read_ids(path: str) -> list[str]:
     """Session ids from a file (``-``: stdin), one a line; blank lines and ``#`` comments are
-    skipped. A file that cannot be read or is not UTF-8 is a usage error (exit 2) saying why."""
+    skipped. A file that cannot be read, is not UTF-8 or holds more than
+    ``MAX_IDS_FILE_BYTES`` is a usage error (exit 2) saying why."""
     try:
         if path != "-":
-            raw = Path(path).read_bytes()
+            with Path(path).open("rb") as stream:
+                raw = stream.read(MAX_IDS_FILE_BYTES + 1)
         elif hasattr(sys.stdin, "buffer"):
-            raw = sys.stdin.buffer.read()
+            raw = sys.stdin.buffer.read(MAX_IDS_FILE_BYTES + 1)
         else:  # a text stream standing in for stdin
-            raw = sys.stdin.read().encode("utf-8", "surrogateescape")
+            raw = sys.stdin.read(MAX_IDS_FILE_BYTES + 1).encode("utf-8", "surrogateescape")
+        if len(raw) > MAX_IDS_FILE_BYTES:
+            usage(
+                f"--ids-file {path} holds more than {MAX_IDS_FILE_BYTES // (1024 * 1024)} MiB; "
+                f"a request takes at most {MAX_IDS} session ids: split the list."
+            )
         text = raw.decode("utf-8")
     except OSError as exc:
         usage(f"cannot read --ids-file {path}: {exc.strerror or exc}")

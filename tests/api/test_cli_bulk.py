@@ -170,3 +170,18 @@ def test_an_ids_file_that_is_not_utf8_is_refused_naming_the_byte(tmp_path: Path)
     from_stdin = _run("bulk-archive", "--ids-file", "-", input=ids_file.read_bytes())
     assert from_stdin.exit_code == 2, from_stdin.output
     assert "cannot read --ids-file -" in from_stdin.stderr, from_stdin.stderr
+
+
+def test_an_ids_file_that_never_ends_is_refused_after_its_cap_not_read_to_the_end() -> None:
+    # /dev/zero never ends: reading it whole would take all the memory there is.
+    result = _run("bulk-archive", "--ids-file", "/dev/zero", "--dry-run", "--json")
+    assert result.exit_code == 2, result.output[-300:]
+    message = json.loads(result.stdout)["error"]["message"]
+    assert "holds more than 16 MiB" in message and "10000" in message, message
+
+
+def test_ids_on_stdin_over_the_cap_are_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(api.cli.bulk, "MAX_IDS_FILE_BYTES", 64)
+    result = _run("bulk-archive", "--ids-file", "-", "--dry-run", input="sess_x\n" * 20)
+    assert result.exit_code == 2
+    assert "holds more than" in " ".join(result.output.split())
