@@ -283,12 +283,12 @@ def local_time(iso_time: str | None) -> str:
 
 def settings_with_redis() -> FleetSettings:
     """The settings of this command, read once from the environment, with a Redis URL: without
-    one (or with one of another scheme) the command ends with what to do (``SystemExit``)."""
+    one (or with one of another scheme) the command ends with what to do (exit 2, ``fail``)."""
     settings = FleetSettings()
     try:
         settings.require_redis_url()
-    except MissingRedisUrl as exc:
-        raise SystemExit(str(exc)) from None
+    except MissingRedisUrl as exc:  # a refusal like any other: exit 2, JSON with --json
+        fail(InvalidParams(str(exc), {"param": "FLEET_REDIS_URL"}))
     return settings
 
 

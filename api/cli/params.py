@@ -12,7 +12,7 @@ import typer
 
 from orchestrator.settings import MAX_SECONDS
 
-_DECIMAL = re.compile(r"[0-9]+(\.[0-9]+)?|\.[0-9]+")
+_DECIMAL = re.compile(r"[0-9]+(\.[0-9]*)?|\.[0-9]+")
 
 
 class Count:

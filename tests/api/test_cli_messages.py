@@ -172,7 +172,12 @@ def test_a_number_option_is_read_strictly_and_refused_naming_the_option(
 
 @pytest.mark.parametrize(
     ("command", "value"),
-    [(("auto-archive", "--dry-run", "--idle-seconds"), "2.5"), (("audit", "--limit"), "7")],
+    [
+        (("auto-archive", "--dry-run", "--idle-seconds"), "2.5"),
+        (("auto-archive", "--dry-run", "--idle-seconds"), "5."),
+        (("auto-archive", "--dry-run", "--idle-seconds"), ".5"),
+        (("audit", "--limit"), "7"),
+    ],
 )
 def test_a_plain_number_is_still_taken(command: tuple[str, ...], value: str) -> None:
     code, said = _said(*command, value)

@@ -99,7 +99,12 @@ def test_celery_dash_a_finds_the_app_built_from_the_environment(
     assert proc.stdout.split() == [redis_url, key_prefix]
 
 
-def test_fleet_worker_refuses_to_start_without_a_redis_url() -> None:
-    proc = _run(["-m", "api.cli", "worker", "--family", "turn"], _without_fleet_env())
-    assert proc.returncode != 0
+@pytest.mark.parametrize(
+    "command", [["worker", "--family", "turn"], ["api"], ["beat"]], ids=lambda c: c[0]
+)
+def test_a_service_command_refuses_to_start_without_a_redis_url_with_exit_2(
+    command: list[str],
+) -> None:
+    proc = _run(["-m", "api.cli", *command], _without_fleet_env())
+    assert proc.returncode == 2, proc.stderr  # a refusal, as the README's exit statuses say
     assert "FLEET_REDIS_URL is not set" in proc.stderr
