@@ -9,7 +9,7 @@ from fastapi import APIRouter
 from fastapi.responses import JSONResponse
 
 from api.deps import AUTH, DispatcherDep, StoreDep, WiringDep
-from api.routes.bodies import BulkArchiveBody, StopBody
+from api.routes.bodies import BulkArchiveBody, StopBody, UnarchiveBody
 from orchestrator import archive, bulk
 
 router = APIRouter(dependencies=AUTH, tags=["archive"])
@@ -66,7 +66,10 @@ def archive_(
 
 
 @router.post("/sessions/{session_id}/unarchive")
-def unarchive_(session_id: str, store: StoreDep) -> dict[str, Any]:
-    """Unarchive (idempotent); restores nothing that was stopped."""
+def unarchive_(
+    session_id: str, store: StoreDep, body: UnarchiveBody | None = None
+) -> dict[str, Any]:
+    """Unarchive (idempotent); restores nothing that was stopped. No body, or ``{}``: any
+    member (``stopActivity`` included) or a body that is not an object answers 422."""
     restored = archive.unarchive(store, session_id)
     return archive.unarchive_to_wire(session_id, restored)

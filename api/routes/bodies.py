@@ -157,6 +157,12 @@ class StopBody(_Strict):
         return [(item.family, item.id) for item in self.confirmedActivity]
 
 
+class UnarchiveBody(_Strict):
+    """Body of ``POST /sessions/{id}/unarchive`` (optional): an empty object. Unarchive takes
+    no options (it restores the archive's subtree and restarts nothing); any member answers
+    422 naming it, so a client that thinks it passed an option learns otherwise."""
+
+
 class CancelBody(_Strict):
     """Body of ``POST /sessions/{id}/cancel`` and ``/close`` (optional)."""
 

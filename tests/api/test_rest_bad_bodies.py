@@ -1,6 +1,7 @@
-"""A body of the allowed size full of wrong values answers a short 422: the error lists at
-most ``MAX_LISTED_ERRORS`` problems and counts the rest, and a list longer than its cap is
-refused by its length before any of its items is validated."""
+"""Bodies a route cannot use answer a short 422 and change nothing: a body of the allowed
+size full of wrong values lists at most ``MAX_LISTED_ERRORS`` problems and counts the rest, a
+list longer than its cap is refused by its length before any item is validated, and unarchive
+(which takes no options) refuses any body but ``{}``."""
 
 from __future__ import annotations
 
@@ -82,3 +83,15 @@ def test_an_acp_request_with_many_bad_members_names_five_and_lists_twenty() -> N
     data = refused.value.data
     assert data["errorCount"] == 1_000 and len(data["errors"]) == MAX_LISTED_ERRORS
     assert str(refused.value).endswith("(and 995 more)."), str(refused.value)[-60:]
+
+
+@pytest.mark.parametrize("body", ["{", "[]", '"str"', '{"stopActivity":true}', "1"])
+def test_unarchive_refuses_a_body_it_would_ignore(client: TestClient, body: str) -> None:
+    sid = client.post("/sessions", json={"cwd": f"/tmp/big-{uuid.uuid4().hex}"}).json()
+    path = f"/sessions/{sid['sessionId']}/unarchive"
+    assert client.post(f"/sessions/{sid['sessionId']}/archive").status_code == 200
+    error_shape(_post(client, path, body), 422, "invalid_params")
+    # Nothing was done: still archived; then no body and {} both unarchive.
+    assert client.get(f"/sessions/{sid['sessionId']}").json()["archived"] is True
+    assert _post(client, path, "{}").status_code == 200
+    assert client.post(path).status_code == 200
