@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import os
+import selectors
+import stat
 import sys
 import threading
 from collections.abc import AsyncIterator
@@ -23,24 +25,39 @@ _CHUNK = 1 << 16
 EOF_GRACE = 5.0
 
 
+def _watchable(fd: int) -> bool:
+    """Whether the event loop can watch ``fd`` for reading: a pipe, a socket or a character
+    device its selector accepts (a terminal). ``/dev/null`` is a character device that epoll
+    refuses (EPERM), and so is a regular file."""
+    mode = os.fstat(fd).st_mode
+    if not (stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode) or stat.S_ISCHR(mode)):
+        return False
+    with selectors.DefaultSelector() as selector:
+        try:
+            selector.register(fd, selectors.EVENT_READ)
+        except (OSError, ValueError):
+            return False
+    return True
+
+
 async def _stdin_reader() -> asyncio.StreamReader:
     """A stream reader on stdin: a pipe, socket or terminal is read by the event loop; any
-    other file (``fleet acp < requests.jsonl``) by a thread."""
+    other file (``fleet acp < requests.jsonl``, ``< /dev/null``) by a thread."""
     loop = asyncio.get_running_loop()
     reader = asyncio.StreamReader(limit=2 * _CHUNK)
-    try:
+    fd = sys.stdin.fileno()
+    if _watchable(fd):
         await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
-    except ValueError:  # a regular file: the loop cannot watch it
-        fd = sys.stdin.fileno()
+        return reader
 
-        def feed() -> None:
-            try:
-                while chunk := os.read(fd, _CHUNK):
-                    loop.call_soon_threadsafe(reader.feed_data, chunk)
-            finally:
-                loop.call_soon_threadsafe(reader.feed_eof)
+    def feed() -> None:
+        try:
+            while chunk := os.read(fd, _CHUNK):
+                loop.call_soon_threadsafe(reader.feed_data, chunk)
+        finally:
+            loop.call_soon_threadsafe(reader.feed_eof)
 
-        threading.Thread(target=feed, name="acp-stdin", daemon=True).start()
+    threading.Thread(target=feed, name="acp-stdin", daemon=True).start()
     return reader
 
 
@@ -79,18 +96,19 @@ async def _lines(reader: asyncio.StreamReader, too_long: Any) -> AsyncIterator[b
 
 
 async def serve_stdio() -> None:
-    """Serve one client on stdin/stdout until stdin closes."""
-    reader = await _stdin_reader()
+    """Serve one client on stdin/stdout until stdin closes. Without a fleet it raises
+    ``FleetNotFound`` before it reads anything."""
+    st = store()
     out = sys.stdout.buffer
 
     async def send(message: dict[str, Any]) -> None:
         out.write(encode_message(message).encode("utf-8") + b"\n")
         out.flush()
 
-    st = store()
     conn = AcpConnection(send, st, dispatcher(), shared_hub(redis_url(), st.keys.events))
 
     try:
+        reader = await _stdin_reader()
         async for line in _lines(reader, conn.refuse_oversized):
             text = line.decode("utf-8", errors="replace").strip()
             if text:

@@ -18,11 +18,11 @@ from typing import Any
 
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Column, Table
 from rich.text import Text
 
 from api.cli.common import app, console, err, usage, when
 from api.cli.params import seconds_option
+from api.cli.tables import fitted, show
 from orchestrator.bulk import MAX_IDS, BulkResult
 from orchestrator.errors import FleetError
 
@@ -225,19 +225,18 @@ def run_auto(given: Selection, *, bulk: bool = False, idle_seconds: float = 0) -
         f"{len(busy)} idle but with live work left alone"
     )
     if would:
-        table = Table(
-            Column("sessionId", no_wrap=True, min_width=29),
-            "cwd",
-            "title",
-            Column("last activity", no_wrap=True),
-        )
+        rows = []
         for sid in would[:_LISTED]:
             try:
                 s = get_session(store(), sid)
             except FleetError:
                 continue
-            table.add_row(sid, s.cwd, s.title, when(s.updated_at))
-        console.print(table)
+            rows.append([sid, s.cwd, s.title, when(s.updated_at)])
+        names = ["sessionId", "cwd", "title", "last activity"]
+        table = fitted(
+            names, rows, console.width, {1: 6, 2: 10}, ids=frozenset({0}), cut_start=frozenset({1})
+        )
+        show(console, table)
         if len(would) > _LISTED:
             console.print(f"... and {len(would) - _LISTED} more (--json lists all)")
     for item in busy[:_LISTED]:

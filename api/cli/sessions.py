@@ -13,16 +13,14 @@ from rich.text import Text
 
 from api.cli.common import app, console, err, local_time, sessions_app, usage, when
 from api.cli.params import count_option
-from api.cli.tables import fitted
+from api.cli.tables import fitted, show
 from orchestrator.sessions import Session
-
-_ID_WIDTH = 29  # sess_ and 24 hex digits
 
 
 def _sessions_table(sessions: list[Session], wide: bool, width: int) -> Table:
-    """The ``sessions ls`` table in ``width`` characters: ids whole, the times as people
-    read them, ``archived`` always; title, directory and parent id share what is left, cut
-    with an ellipsis. ``wide`` adds the local time."""
+    """The ``sessions ls`` table in ``width`` characters: session and parent ids whole, the
+    times as people read them, ``archived`` always; title and directory share what is left,
+    cut with an ellipsis. ``wide`` adds the local time."""
     rows = [
         [
             s.session_id,
@@ -37,8 +35,8 @@ def _sessions_table(sessions: list[Session], wide: bool, width: int) -> Table:
     ]
     names = ["sessionId", "title", "cwd", "updated", *(["updated (local)"] if wide else [])]
     names += ["archived", "parent"]
-    parent = len(names) - 1
-    return fitted(names, rows, width, {1: 10, 2: 6, parent: 9}, cut_start=frozenset({2}))
+    ids = frozenset({0, len(names) - 1})
+    return fitted(names, rows, width, {1: 10, 2: 6}, ids=ids, cut_start=frozenset({2}))
 
 
 @sessions_app.command("ls")
@@ -73,7 +71,7 @@ def sessions_ls(
     if not sessions:
         console.print("no sessions" + (f" in {cwd}" if cwd else ""), highlight=False)
         return
-    console.print(_sessions_table(sessions, wide, console.width), highlight=False)
+    show(console, _sessions_table(sessions, wide, console.width))
 
 
 @sessions_app.command("show")
@@ -187,8 +185,7 @@ def audit(
     if not entries:
         console.print("no audit entries")
         return
-    table = _audit_table(entries, whole_fleet=session_id is None, width=console.width)
-    console.print(table, highlight=False)
+    show(console, _audit_table(entries, whole_fleet=session_id is None, width=console.width))
 
 
 def _audit_table(entries: list[dict[str, Any]], *, whole_fleet: bool, width: int) -> Table:
@@ -199,4 +196,5 @@ def _audit_table(entries: list[dict[str, Any]], *, whole_fleet: bool, width: int
         detail = ", ".join(f"{k}={json.dumps(v)}" for k, v in e["detail"].items())
         row = [when(e["at"]), e["action"], e["outcome"], e["actor"]]
         rows.append([*row, *([e["sessionId"]] if whole_fleet else []), detail])
-    return fitted(names, rows, width, {3: 5, len(names) - 1: 12})
+    ids = frozenset({4} if whole_fleet else ())
+    return fitted(names, rows, width, {3: 5, len(names) - 1: 12}, ids=ids)

@@ -47,10 +47,12 @@ def _session(store: Store, cwd: str, title: str = LONG_TITLE, parent: str | None
 def test_sessions_table_keeps_every_column_meaningful_at_narrow_widths(
     store: Store, columns: int
 ) -> None:
+    # At 80 columns a parent id (as long as the session id, and never cut) leaves too little
+    # for a readable title; so the session with a parent is listed at 100.
     cwd = _cwd()
-    parent = _session(store, cwd, "parent")
+    parent = _session(store, cwd, "parent") if columns >= 100 else None
     child = _session(store, cwd, parent=parent)
-    assert _run("archive", parent).exit_code == 0
+    assert _run("archive", parent or child).exit_code == 0
     out = _run("sessions", "ls", "--archived", "--cwd", cwd, columns=columns).stdout
     lines = out.splitlines()
     assert all(len(line) <= columns for line in lines), out
@@ -209,3 +211,67 @@ def test_the_audit_entry_of_a_bulk_stop_counts_the_items_stopped(fleet: Any, sto
     counted = [e["detail"].get("items") for e in entries if e["action"] == "bulk_archive"]
     assert sent >= 1 and sent in counted, [(e["outcome"], e["detail"]) for e in entries]
     assert 0 not in counted, entries
+
+
+#: An id some table cut: its start, then the ellipsis.
+CUT_ID = re.compile(r"\b(?:sess|turn|job|rem)_[0-9a-f]*…")
+UNICODE_TITLE = "Ünïcödé título — 日本語のとても長いタイトル, " * 3
+
+
+def _family(store: Store) -> tuple[str, list[str]]:
+    """A directory deep enough to be cut and three sessions in it, each the parent of the
+    next, with a long title of wide characters."""
+    cwd = _cwd() + "/a/rather/deep/directory/" + "sub/" * 8 + "end"
+    root = _session(store, cwd, UNICODE_TITLE)
+    child = _session(store, cwd, UNICODE_TITLE, parent=root)
+    return cwd, [root, child, _session(store, cwd, "short", parent=child)]
+
+
+def _ids_whole(out: str, ids: list[str]) -> None:
+    assert not CUT_ID.search(out), "an id was cut\n" + out
+    for sid in ids:
+        assert re.search(rf"\b{sid}\b", out), f"{sid} is not whole\n{out}"
+
+
+@pytest.mark.parametrize("wide", [False, True], ids=["ls", "ls-wide"])
+@pytest.mark.parametrize("columns", [60, 80, 100])
+def test_sessions_table_never_cuts_a_session_or_parent_id(
+    store: Store, columns: int, wide: bool
+) -> None:
+    cwd, ids = _family(store)
+    out = _run("sessions", "ls", "--cwd", cwd, *(["--wide"] if wide else []), columns=columns)
+    assert out.exit_code == 0, out.output
+    _ids_whole(out.stdout, ids)
+    rows = {sid: line for line in out.stdout.splitlines() for sid in ids if line.startswith(sid)}
+    assert ids[0] in rows[ids[1]] and ids[1] in rows[ids[2]], "the parent on its child's row"
+    # Two whole ids take 62 characters with their gaps; the other columns fit beside them,
+    # cut to a few characters, from 80 columns (85 with --wide); below that the lines are
+    # wider than the terminal, never an id cut or wrapped.
+    if columns >= (85 if wide else 80):
+        assert all(len(line) <= columns for line in out.stdout.splitlines()), out.stdout
+
+
+@pytest.mark.parametrize("columns", [60, 80, 100])
+def test_audit_table_never_cuts_a_session_id(store: Store, columns: int) -> None:
+    _, ids = _family(store)
+    for _ in range(2):  # the second: outcome already_archived, a long word
+        assert _run("archive", ids[0]).exit_code == 0
+    out = _run("audit", "--limit", "1000", columns=columns)  # the fleet's: a sessionId column
+    assert out.exit_code == 0, out.output
+    _ids_whole(out.stdout, ids[:1])
+    assert re.search(rf"{ids[0]}.*\n.*{ids[0]}", out.stdout), "one row per entry\n" + out.stdout
+
+
+@pytest.mark.parametrize("columns", [40, 60, 80, 100])
+def test_auto_archive_dry_run_table_keeps_ids_and_the_end_of_directories(
+    store: Store, columns: int
+) -> None:
+    cwd, ids = _family(store)
+    dry = ("auto-archive", "--dry-run", "--cwd", cwd, "--idle-seconds", "0.01")
+    # The root alone is listed: archiving it archives its descendants.
+    wait_for(lambda: ids[0] in _run(*dry).stdout, message="the sessions idle")
+    out = _run(*dry, columns=columns)
+    assert out.exit_code == 0, out.output
+    _ids_whole(out.stdout, ids[:1])
+    if columns >= 60:  # a directory is cut at its start: its last part says the most
+        assert all(cwd[-4:] in line for line in out.stdout.splitlines() if "sess_" in line)
