@@ -308,13 +308,13 @@ def main() -> int:
         if args.million
         else (20_000, 2_000, 200)
         if q
-        else (200_000, 20_000, 2_000)
+        else (100_000, 10_000, 1_000)
     )
     plan: list[tuple[int, Callable[[str, str], list[Row]]]] = [
-        (1, lambda u, p: bench_archive_http(u, p, 200 if q else 1000)),
+        (1, lambda u, p: bench_archive_http(u, p, 200 if q else 800)),
         (2, lambda u, p: bench_gate(u, p, 500 if q else 2000)),
         (4, lambda u, p: bench_drain(u, p, 10 if q else 50)),
-        (6, lambda u, p: bench_throughput(u, p, 500 if q else 3000)),
+        (6, lambda u, p: bench_throughput(u, p, 500 if q else 1500)),
         (7, lambda u, p: bench_naive(u, p, 10 if q else 50)),
         (8, lambda u, p: bench_concurrency(u, p, 200 if q else 1000, quick=q)),
         (9, lambda u, p: bench_million(u, p, *million)),
