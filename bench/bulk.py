@@ -12,7 +12,7 @@ from typing import Any
 
 import httpx
 
-from bench.common import Row, api_server, configure, seed_busy
+from bench.common import Row, api_server, configure, fsync_relaxed, seed_busy_many
 
 #: The full run times one request per session on every SAMPLE_EVERY-th session.
 SAMPLE_EVERY = 10
@@ -35,29 +35,6 @@ def _seed_idle(store: Any, cwd: str, count: int, batch: int = 1000) -> None:
         pipe.execute()
 
 
-def _seed_busy_in(store: Any, cwd: str, count: int) -> list[str]:
-    ids = seed_busy(store, count)
-    from orchestrator.sessions import cwd_hash
-
-    # seed_busy uses its own cwd: move the sessions' index entries into this one.
-    for sid in ids:
-        for child in store.redis.smembers(store.keys.children(sid)):
-            _move_cwd(store, child, cwd, cwd_hash)
-        _move_cwd(store, sid, cwd, cwd_hash)
-    return ids
-
-
-def _move_cwd(store: Any, sid: str, cwd: str, cwd_hash: Any) -> None:
-    h = store.redis.hmget(store.keys.session(sid), "cwdHash", "updatedMs", "archived")
-    state = "archived" if h[2] == "1" else "active"
-    pipe = store.redis.pipeline(transaction=False)
-    for st in ("all", state):
-        pipe.zrem(store.keys.index(st, h[0]), sid)
-        pipe.zadd(store.keys.index(st, cwd_hash(cwd)), {sid: float(h[1])})
-    pipe.hset(store.keys.session(sid), mapping={"cwd": cwd, "cwdHash": cwd_hash(cwd)})
-    pipe.execute()
-
-
 def _queued(store: Any) -> int:
     total = 0
     for key in store.redis.scan_iter(match=f"{store.keys.prefix}celery:*", count=1000):
@@ -70,10 +47,11 @@ def bench_bulk(url: str, prefix: str, *, quick: bool) -> list[Row]:
     idle, busy = (1_000, 100) if quick else (10_000, 1_000)
     store, _ = configure(url, prefix)
     with api_server(url, prefix) as base:
-        for cwd in ("/bench/bulk", "/bench/single"):
-            _seed_idle(store, cwd, idle)
-        _seed_busy_in(store, "/bench/bulk", busy)
-        single_busy = _seed_busy_in(store, "/bench/single", busy)
+        with fsync_relaxed(url):  # seeding only; both sides are measured at `always`
+            for cwd in ("/bench/bulk", "/bench/single"):
+                _seed_idle(store, cwd, idle)
+            seed_busy_many(store, busy, "/bench/bulk")
+            single_busy = seed_busy_many(store, busy, "/bench/single")
         with httpx.Client(base_url=base, timeout=120) as client:
             before = _queued(store)
             t0 = time.perf_counter()
