@@ -283,3 +283,11 @@ def count_round_trips(monkeypatch: pytest.MonkeyPatch) -> list[bytes]:
 
     monkeypatch.setattr(redis.connection.AbstractConnection, "send_packed_command", send)
     return writes
+
+
+def ctrl_c_reaches_it() -> None:
+    """A ``preexec_fn`` for a child a test will send SIGINT: SIGINT back to its default, as
+    from a terminal. A suite started in the background (``nohup``, ``&`` in a script) ignores
+    SIGINT, a child inherits that, and Python then never turns the signal into
+    ``KeyboardInterrupt``."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)

@@ -19,7 +19,7 @@ from typer.testing import CliRunner
 from api.cli import app
 from orchestrator import sessions
 from orchestrator.store import Store
-from tests.helpers import wait_for
+from tests.helpers import ctrl_c_reaches_it, wait_for
 
 runner = CliRunner()
 
@@ -115,6 +115,7 @@ def test_ctrl_c_stops_following_and_leaves_the_turn_running(
             stdout=subprocess.DEVNULL,
             stderr=err_file,
             stdin=subprocess.DEVNULL,
+            preexec_fn=ctrl_c_reaches_it,
         )
     try:
         wait_for(lambda: "turn turn_" in err.read_text(), 30, message="the turn to start")

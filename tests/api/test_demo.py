@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from tests.helpers import wait_for
+from tests.helpers import ctrl_c_reaches_it, wait_for
 
 
 @pytest.mark.slow
@@ -79,6 +79,7 @@ def test_demo_runs_beside_fleet_up_in_the_same_directory_and_leaves_it_nothing(
             env=env,
             stdout=out,
             stderr=subprocess.STDOUT,
+            preexec_fn=ctrl_c_reaches_it,
         )
     try:
         wait_for(lambda: "job workers on" in log.read_text(), 90, message="`fleet up` to be ready")

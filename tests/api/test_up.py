@@ -16,7 +16,7 @@ import psutil
 import pytest
 import redis
 
-from tests.helpers import wait_for
+from tests.helpers import ctrl_c_reaches_it, wait_for
 
 
 def test_fleet_up_starts_an_embedded_redis_and_every_family_then_stops_them_all(
@@ -38,9 +38,7 @@ def test_fleet_up_starts_an_embedded_redis_and_every_family_then_stops_them_all(
             stdout=log,
             stderr=subprocess.STDOUT,
             cwd=tmp_path,
-            # As from a terminal: a suite started in the background (nohup, `&` in a script)
-            # ignores SIGINT, and a child would inherit that and never see the Ctrl-C.
-            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+            preexec_fn=ctrl_c_reaches_it,
         )
     try:
         # When it is up

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import httpx
 
-from tests.helpers import wait_for
+from tests.helpers import ctrl_c_reaches_it, wait_for
 
 #: Files named like modules the fleet imports; importing one kills the process that does.
 SHADOWS = ("acp.py", "orchestrator.py")
@@ -53,7 +53,7 @@ def _fleet_up(
             stdout=log,
             stderr=subprocess.STDOUT,
             cwd=tmp_path,
-            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+            preexec_fn=ctrl_c_reaches_it,
         )
     try:
         wait_for(
