@@ -36,12 +36,8 @@ class Count:
 
 
 class Duration:
-    """The ``parser`` of an option in seconds: a decimal number (``30``, ``0.5``) from 0 (or
-    above 0 with ``positive``) up to ``orchestrator.settings.MAX_SECONDS``. Raises
-    ``typer.BadParameter``."""
-
-    def __init__(self, *, positive: bool = False) -> None:
-        self.positive = positive
+    """The ``parser`` of an option in seconds: a decimal number (``30``, ``0.5``) from 0 up to
+    ``orchestrator.settings.MAX_SECONDS``. Raises ``typer.BadParameter``."""
 
     def __call__(self, value: Any) -> float:
         if isinstance(value, int | float) and not isinstance(value, bool):  # a default
@@ -50,9 +46,10 @@ class Duration:
         if not (text.isascii() and _DECIMAL.fullmatch(text)):
             raise typer.BadParameter(f"{text!r} is not a number of seconds such as 30 or 0.5.")
         seconds = float(text)
-        if seconds > MAX_SECONDS or (self.positive and seconds == 0):
-            low = "above 0" if self.positive else "at least 0"
-            raise typer.BadParameter(f"{text} is out of range: {low} and at most {MAX_SECONDS}.")
+        if seconds > MAX_SECONDS:
+            raise typer.BadParameter(
+                f"{text} is out of range: at least 0 and at most {MAX_SECONDS}."
+            )
         return seconds
 
 

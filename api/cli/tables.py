@@ -43,9 +43,8 @@ def plan(avail: int, wants: list[int], flexible: dict[int, int], ids: frozenset[
     flex = sorted(flexible)
     firm = [i for i in range(len(wants)) if i not in flexible and i not in ids]
     widths = list(wants)
-    soft = {i: flexible[i] for i in flex}
     floor = dict.fromkeys(flex + firm, FLOOR)
-    for shrinking, mins in ((flex, soft), (firm, floor), (flex, floor)):
+    for shrinking, mins in ((flex, flexible), (firm, floor), (flex, floor)):
         room = avail - sum(w for i, w in enumerate(widths) if i not in shrinking)
         shares = fit(room, [wants[i] for i in shrinking], [mins[i] for i in shrinking])
         for i, w in zip(shrinking, shares, strict=True):
