@@ -9,11 +9,11 @@ both (the stream's); the oldest entries are trimmed. Refusals are recorded too (
 ``refused``). A session's entries written before its trail was a list are in a stream of its
 own (``Keys.audit``), read with the list.
 
-An archive or unarchive reaches the descendants its transition archived or restored: each
-gets the session's entry in its own trail (same id, action, outcome, actor and time; detail
-``{"ancestorId": <session>}``), while the fleet-wide stream keeps one entry per request. A
-trail never holds one id twice (one entry per transition per session), so its entries page
-by id like any other.
+An archive or unarchive reaches the descendants its transition archived or restored, a delete
+the descendants it deleted: each gets the session's entry in its own trail (same id, action,
+outcome, actor and time; detail ``{"ancestorId": <session>}``), while the fleet-wide stream
+keeps one entry per request. A trail never holds one id twice (one entry per transition per
+session), so its entries page by id like any other.
 
 Who asked is the *actor*: the interface that received the request sets it (``rest:<client
 host>``, ``acp:stdio``, ``acp:ws:<client host>``, ``cli``, ``worker``) with ``acting_as``
@@ -21,10 +21,11 @@ host>``, ``acp:stdio``, ``acp:ws:<client host>``, ``cli``, ``worker``) with ``ac
 nobody did.
 
 Recording is best effort: a failure is logged and never fails the change it records (the
-change is already made by then, and the stores it lives in are the source of truth). Archives
-and unarchives are the exception: ``archive.lua``, ``bulk_archive.lua`` and ``unarchive.lua``
-append their entries (same fields, same exact trimming; ``script_recorder``) in the script
-that makes the change, so it is never committed unaudited (nor, for an archive, uncounted).
+change is already made by then, and the stores it lives in are the source of truth). Archives,
+unarchives and deletes are the exception: ``archive.lua``, ``bulk_archive.lua``,
+``unarchive.lua`` and ``delete_session.lua`` append their entries (same fields, same exact
+trimming; ``script_recorder``) in the script that makes the change, so it is never committed
+unaudited (nor, for an archive, uncounted).
 """
 
 from __future__ import annotations
@@ -207,8 +208,9 @@ def read(
     ``before`` when given (to page on from the last entry of a page).
 
     Each entry is ``{"id", "at", "action", "outcome", "actor", "sessionId", "detail"}``; in a
-    session's trail ``sessionId`` is that session, also for an entry an ancestor's archive or
-    unarchive left there (``detail`` ``{"ancestorId"}``; ``id`` the ancestor's entry).
+    session's trail ``sessionId`` is that session, also for an entry an ancestor's archive,
+    unarchive or delete left there (``detail`` ``{"ancestorId"}``; ``id`` the ancestor's
+    entry).
     Raises ``InvalidParams`` for a bad ``count`` or ``before``; ``StoreUnavailable``.
     """
     if not 1 <= count <= MAX_READ:

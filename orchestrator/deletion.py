@@ -1,5 +1,11 @@
 """Delete never hides running work (issue 11; the archive rule of seed 004 applied to delete).
 
+A delete takes the session's whole subtree with it: the subagents are its work, and a
+descendant left behind would point at a parent that no longer exists. Every descendant is
+deleted in the same script as the session (each leaves every listing and index, and gets the
+delete's audit entry in its own trail, detail ``{"ancestorId"}``), and the session leaves its
+parent's children set.
+
 A deleted session leaves every listing and its activity can no longer be read, so work still
 running under it could no longer be seen or stopped. Hence:
 
@@ -43,18 +49,25 @@ _REFUSAL_RECHECKS = 3
 @dataclass
 class DeleteResult:
     """Outcome of ``delete``: ``deleted`` is False when there was nothing to delete;
+    ``deleted_descendants`` the ids of the descendants deleted with it (breadth first);
     ``stopped`` and ``stop_report`` are what its archive stopped (``stop_activity`` only)."""
 
     session_id: str
     deleted: bool
     stop_activity: bool = False
+    deleted_descendants: list[str] = field(default_factory=list)
     stopped: list[ActivityItem] = field(default_factory=list)
     stop_report: StopReport = field(default_factory=StopReport)
 
     def to_wire(self) -> dict[str, Any]:
-        """``{"sessionId", "deleted"}``, plus ``stopped`` and ``stopDispatch`` (as an
-        archive answers them) when it was asked to stop activity."""
-        out: dict[str, Any] = {"sessionId": self.session_id, "deleted": self.deleted}
+        """``{"sessionId", "deleted", "deletedDescendants": [ids]}`` (the REST answer), plus
+        ``stopped`` and ``stopDispatch`` (as an archive answers them) when it was asked to
+        stop activity."""
+        out: dict[str, Any] = {
+            "sessionId": self.session_id,
+            "deleted": self.deleted,
+            "deletedDescendants": list(self.deleted_descendants),
+        }
         if self.stop_activity:
             out["stopped"] = [item.to_wire() for item in self.stopped]
             out["stopDispatch"] = {
@@ -73,8 +86,8 @@ def delete(
     confirmed: Confirmed | None = None,
     wait_seconds: float | None = None,
 ) -> DeleteResult:
-    """Delete a session unless that would hide live work (see the module docstring).
-    Idempotent: an unknown, malformed or deleted id answers ``deleted=False``.
+    """Delete a session and its subtree unless that would hide live work (see the module
+    docstring). Idempotent: an unknown, malformed or deleted id answers ``deleted=False``.
     ``wait_seconds`` overrides ``delete_stop_wait_seconds``.
 
     Raises ``SessionActive`` (live work in the subtree: without ``stop_activity``, or still
@@ -101,9 +114,9 @@ def delete(
             {"param": "confirmedActivity"},
         )
     for _ in range(_REFUSAL_RECHECKS):
-        outcome = write_delete(store, session_id, check_live=True)
+        outcome, below = write_delete(store, session_id, check_live=True)
         if outcome != "active":
-            result.deleted = outcome == "deleted"
+            result.deleted, result.deleted_descendants = outcome == "deleted", below
             return result
         items = census(store, session_id, dispatcher)
         if items:

@@ -46,11 +46,13 @@ class Keys:
         return f"{self.prefix}session:{sid}"
 
     def lineage(self, sid: str) -> str:
-        """LIST: ancestor session ids, nearest first. Written once at creation."""
+        """LIST: ancestor session ids, nearest first. Written once at creation, removed
+        when the session is deleted."""
         return f"{self.prefix}lineage:{sid}"
 
     def children(self, sid: str) -> str:
-        """SET: ids of the direct subagent sessions of ``sid``."""
+        """SET: ids of the direct subagent sessions of ``sid``. A deleted session leaves its
+        parent's set; a delete takes its subtree, this set with it."""
         return f"{self.prefix}children:{sid}"
 
     @property
@@ -229,8 +231,8 @@ class Keys:
         """LIST: the session's lifecycle changes (``orchestrator/audit.py``), oldest first,
         capped at ``FLEET_AUDIT_MAX_PER_SESSION`` entries; each a JSON object ``{id, at,
         action, outcome, actor, detail}`` whose ``id`` is the same entry's id in ``audit_all``
-        (an ancestor's entry, for an archive or unarchive that reached the session through
-        it: ``detail`` ``{ancestorId}``).
+        (an ancestor's entry, for an archive, unarchive or delete that reached the session
+        through it: ``detail`` ``{ancestorId}``).
         A list, not a stream: a stream's first node takes 4 KB on Redis >= 7.0 (it is
         preallocated), a list with one entry a few hundred bytes."""
         return f"{self.prefix}auditlog:{sid}"

@@ -147,30 +147,35 @@ def _history_tail(store: Store, session_id: str, limit: int) -> list[str]:
 
 
 def delete_session(store: Store, session_id: str) -> bool:
-    """Delete a session without looking at its work (``orchestrator.deletion.delete`` is the
-    interfaces' delete, which refuses to hide live work): it leaves every listing and its
-    steps are refused. Idempotent (``False`` when there was nothing to delete). A deletion is
-    recorded in the audit trail. Raises ``StoreUnavailable``."""
-    return write_delete(store, session_id, check_live=False) == "deleted"
+    """Delete a session and its subtree without looking at their work
+    (``orchestrator.deletion.delete`` is the interfaces' delete, which refuses to hide live
+    work): they leave every listing and their steps are refused. Idempotent (``False`` when
+    there was nothing to delete). A deletion is recorded in the audit trail (and in each
+    deleted descendant's). Raises ``StoreUnavailable``."""
+    return write_delete(store, session_id, check_live=False)[0] == "deleted"
 
 
-def write_delete(store: Store, session_id: str, *, check_live: bool) -> str:
-    """The delete's one write. Returns ``deleted``, ``missing`` (nothing to delete) or, with
-    ``check_live``, ``active`` (the session or a descendant has live work; nothing written).
+def write_delete(store: Store, session_id: str, *, check_live: bool) -> tuple[str, list[str]]:
+    """The delete's one write (``delete_session.lua``): the session and every descendant not
+    yet deleted, any depth, are deleted together and audited in the same script. Returns
+    ``(outcome, descendants)``: ``deleted`` with the ids of the descendants it deleted
+    (breadth first), ``missing`` (nothing to delete) or, with ``check_live``, ``active`` (the
+    session or a descendant has live work; nothing written), both with ``[]``.
     Raises ``StoreUnavailable``."""
     if not isinstance(session_id, str) or not SESSION_ID_RE.fullmatch(session_id):
-        return "missing"
+        return "missing", []
     when = iso(store.now_ms())
-    outcome: str = store.run(
-        "delete_session", [session_id, when, "1" if check_live else "0"], durable=True
-    )
-    if outcome == "deleted":
-        audit.record(store, session_id, "delete", "deleted")
-    return outcome
+    recorder = audit.script_recorder(store, "delete", {})
+    args = [session_id, when, "1" if check_live else "0", recorder]
+    result = store.run("delete_session", args, durable=True)
+    below = [str(sid) for sid in result[1]] if result[0] == "deleted" else []
+    return str(result[0]), below
 
 
 def descendants(store: Store, session_id: str) -> list[str]:
-    """Ids of every descendant of the session, any depth, breadth first (deleted included)."""
+    """Ids of every descendant of the session, any depth, breadth first. A delete takes the
+    session's subtree and leaves its parent's children set, so none of these is deleted,
+    except below a session an earlier version deleted alone (it left its subtree in place)."""
     out: list[str] = []
     level = [session_id]
     while level:

@@ -291,3 +291,48 @@ def ctrl_c_reaches_it() -> None:
     SIGINT, a child inherits that, and Python then never turns the signal into
     ``KeyboardInterrupt``."""
     signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def deleted_leftovers(store: Any, ids: set[str]) -> list[str]:
+    """What the store under the test prefix still holds of the deleted sessions ``ids``, one
+    line each: a key naming one of them other than its record (``Keys.session``, marked
+    deleted) and its audit trail (``Keys.audit_log``), both kept by a delete; or a set, sorted
+    set or list holding one of them as a member (an index, the archived set, a children set,
+    a lineage). Streams (the audit and event logs) and hashes are not read. ``[]``: a delete
+    left nothing else behind."""
+    kept = {store.keys.session(i) for i in ids} | {store.keys.audit_log(i) for i in ids}
+    found: list[str] = []
+    names = [
+        k
+        for k in store.redis.scan_iter(match=f"{store.keys.prefix}*", count=1000)
+        if not k.startswith(store.keys.broker_prefix)
+    ]
+    pipe = store.redis.pipeline(transaction=False)
+    for name in names:
+        pipe.type(name)
+    members = sorted(ids)
+    probes = store.redis.pipeline(transaction=False)
+    probed: list[tuple[str, str]] = []
+    for name, kind in zip(names, pipe.execute(), strict=True):
+        if any(i in name for i in ids) and name not in kept:
+            found.append(f"key {name}")
+        if kind == "set":
+            probes.smismember(name, members)
+        elif kind == "zset":
+            probes.zmscore(name, members)
+        elif kind == "list":
+            for i in members:
+                probes.lpos(name, i)
+        else:
+            continue
+        probed.append((name, kind))
+    replies = iter(probes.execute())
+    for name, kind in probed:
+        if kind == "list":
+            hits = [i for i in members if next(replies) is not None]
+        elif kind == "zset":
+            hits = [i for i, score in zip(members, next(replies), strict=True) if score is not None]
+        else:
+            hits = [i for i, held in zip(members, next(replies), strict=True) if held]
+        found.extend(f"{kind} {name} holds {i}" for i in hits)
+    return found

@@ -1,21 +1,42 @@
--- ARGV: prefix, sid, nowIso, checkLive '0'|'1'
--- Marks the session deleted and drops it from every index. With checkLive the delete is
--- refused when the session or a descendant has live work (the census's rule, has_live in
--- _lib.lua), so the check and the write are one step and no work is hidden by a delete.
--- Returns 'deleted' | 'missing' | 'active'
-local sid = ARGV[2]
+-- ARGV: prefix, sid, nowIso, checkLive '0'|'1', recorder (audit.script_recorder's JSON)
+-- Deletes the session and its whole subtree (every descendant not yet deleted, any depth):
+-- each is marked deleted and dropped from every index and set the create path put it in (the
+-- archived set, the listing indexes, its lineage, its own children set), and the session
+-- leaves its parent's children set, so the parent no longer counts or walks it. With
+-- checkLive the delete is refused when any of them has live work (the census's rule, has_live
+-- in _lib.lua), so the check and the write are one step and no work is hidden by a delete.
+-- The delete is audited here, so the record commits with it: the session's entry
+-- ({"deletedCount": n}), and in the trail of each descendant it deleted the same entry id
+-- (record_descendants in _lib.lua).
+-- Returns {'deleted', descendants (ids, breadth first)} | {'missing'} | {'active'}
+local sid, now = ARGV[2], ARGV[3]
 local k = skey(sid)
-if redis.call('EXISTS', k) == 0 or redis.call('HGET', k, 'deleted') ~= '0' then return 'missing' end
+if redis.call('EXISTS', k) == 0 or redis.call('HGET', k, 'deleted') ~= '0' then
+  return {'missing'}
+end
+local nodes = subtree(sid)
 if ARGV[4] == '1' then
-  for _, s in ipairs(subtree(sid)) do
-    if has_live(s) then return 'active' end
+  for _, s in ipairs(nodes) do
+    if has_live(s) then return {'active'} end
   end
 end
-local h = redis.call('HMGET', k, 'cwdHash')
-redis.call('HSET', k, 'deleted', '1', 'deletedAt', ARGV[3])
-redis.call('SREM', K.archived, sid)
-for _, st in ipairs({'all', 'active', 'archived'}) do
-  redis.call('ZREM', idx(st), sid)
-  redis.call('ZREM', idx(st, h[1]), sid)
+local parent = redis.call('HGET', k, 'parentId')
+if parent and parent ~= '' then redis.call('SREM', K.children(parent), sid) end
+for _, s in ipairs(nodes) do
+  local h = redis.call('HMGET', skey(s), 'cwdHash')
+  redis.call('HSET', skey(s), 'deleted', '1', 'deletedAt', now)
+  redis.call('SREM', K.archived, s)
+  for _, st in ipairs({'all', 'active', 'archived'}) do
+    redis.call('ZREM', idx(st), s)
+    redis.call('ZREM', idx(st, h[1]), s)
+  end
+  redis.call('DEL', K.lineage(s), K.children(s))
 end
-return 'deleted'
+local rec = cjson.decode(ARGV[5])
+-- The detail in audit.detail_json's form.
+local id = record_in_script(rec, sid, 'deleted', now, string.format(
+  '{"deletedCount":%d}', #nodes))
+local below = {}
+for i = 2, #nodes do below[#below + 1] = nodes[i] end
+record_descendants(rec, id, sid, below, 'deleted', now)
+return {'deleted', below}

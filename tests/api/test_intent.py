@@ -264,16 +264,17 @@ def test_delete_with_stop_kills_the_job_drops_the_reminder_and_stops_the_subagen
     # And then deleted with stopActivity
     resp = _delete(client, sid, {"stopActivity": True})
     # Then it is deleted only once its work has ended: the job's process is gone, the
-    # reminder dropped, the subagent stopped and archived
+    # reminder dropped, the subagent stopped and deleted with it
     assert resp.status_code == 200, resp.text
     body = resp.json()
     assert body["deleted"] is True
+    assert body["deletedDescendants"] == [child]
     assert {i["family"] for i in body["stopped"]} >= {"job", "reminder", "subagent"}
     assert not _alive(pid)
     assert store.redis.hget(store.keys.job(job["id"]), "state") not in ("starting", "running")
     assert store.redis.scard(store.keys.live_reminders(sid)) == 0
-    assert _activity(client, child) == []
-    assert client.get(f"/sessions/{child}").json()["archived"] is True
+    assert store.redis.zcard(store.keys.live_turns(child)) == 0
+    assert client.get(f"/sessions/{child}").status_code == 404
     assert client.get(f"/sessions/{sid}").status_code == 404
     # And a second delete has nothing left to do
     assert _delete(client, sid, {"stopActivity": True}).json()["deleted"] is False

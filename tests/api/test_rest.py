@@ -15,8 +15,8 @@ import pytest
 from fastapi.testclient import TestClient
 
 from orchestrator.settings import get_settings
+from tests.helpers import deleted_leftovers, rest_client, wait_for
 from tests.helpers import error_shape as _error
-from tests.helpers import rest_client, wait_for
 
 ALLOWED_ARCHIVED = ("exclude", "include", "only")
 LIVE_TURN_STATES = {"queued", "running", "cancelling"}
@@ -651,12 +651,12 @@ def test_delete_then_get_is_404_and_delete_is_idempotent(client: TestClient) -> 
     sid = _new(client, cwd)["sessionId"]
     first = client.delete(f"/sessions/{sid}")
     assert first.status_code == 200, first.text
-    assert first.json() == {"sessionId": sid, "deleted": True}
+    assert first.json() == {"sessionId": sid, "deleted": True, "deletedDescendants": []}
     _error(client.get(f"/sessions/{sid}"), 404, "session_not_found")
 
     second = client.delete(f"/sessions/{sid}")
     assert second.status_code == 200, second.text
-    assert second.json() == {"sessionId": sid, "deleted": False}
+    assert second.json() == {"sessionId": sid, "deleted": False, "deletedDescendants": []}
 
     assert _list_ids(client, cwd=cwd, archived="include") == []
     _error(client.post(f"/sessions/{sid}/archive"), 404, "session_not_found")
@@ -671,7 +671,46 @@ def test_delete_then_get_is_404_and_delete_is_idempotent(client: TestClient) -> 
 def test_delete_unknown_session_is_200(client: TestClient) -> None:
     resp = client.delete("/sessions/sess_doesnotexist")
     assert resp.status_code == 200
-    assert resp.json() == {"sessionId": "sess_doesnotexist", "deleted": False}
+    assert resp.json() == {
+        "sessionId": "sess_doesnotexist",
+        "deleted": False,
+        "deletedDescendants": [],
+    }
+
+
+def test_delete_of_a_root_deletes_its_subtree_and_names_the_descendants(
+    client: TestClient, store: Any
+) -> None:
+    # Given an idle tree of depth 3 (root -> child -> grandchild -> great-grandchild), the
+    # child's branch archived
+    cwd = _cwd()
+    ids = [_new(client, cwd)["sessionId"]]
+    for _ in range(3):
+        ids.append(_new(client, cwd, parentId=ids[-1])["sessionId"])
+    assert client.post(f"/sessions/{ids[1]}/archive").status_code == 200
+
+    # When the root is deleted
+    resp = client.delete(f"/sessions/{ids[0]}")
+
+    # Then the answer names every descendant it deleted, breadth first
+    assert resp.status_code == 200, resp.text
+    assert resp.json() == {"sessionId": ids[0], "deleted": True, "deletedDescendants": ids[1:]}
+    # none is listed or readable any more, nothing of theirs is left in an index or set
+    for archived in ALLOWED_ARCHIVED:
+        assert _list_ids(client, cwd=cwd, archived=archived) == []
+    for sid in ids:
+        _error(client.get(f"/sessions/{sid}"), 404, "session_not_found")
+    assert deleted_leftovers(store, set(ids)) == []
+    # and each descendant's trail holds the root's delete
+    root_entry = client.get(f"/sessions/{ids[0]}/audit").json()["entries"][0]
+    assert (root_entry["action"], root_entry["outcome"]) == ("delete", "deleted")
+    for sid in ids[1:]:
+        newest = client.get(f"/sessions/{sid}/audit").json()["entries"][0]
+        assert (newest["id"], newest["action"], newest["detail"]) == (
+            root_entry["id"],
+            "delete",
+            {"ancestorId": ids[0]},
+        )
 
 
 # --------------------------------------------------------------------------- bad input, found bugs

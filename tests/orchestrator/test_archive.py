@@ -451,21 +451,23 @@ def test_a_child_created_under_an_archived_parent_is_born_archived_and_restored_
     gate.admit(store, grandchild.session_id)
 
 
-def test_a_deleted_descendant_stays_deleted_after_its_parents_unarchive(
+def test_a_deleted_descendant_stays_deleted_with_its_subtree_after_its_parents_unarchive(
     store: Store, recorder: RecordingDispatcher, cwd: str
 ) -> None:
-    # Given root -> child -> grandchild archived together, then the child deleted
+    # Given root -> child -> grandchild archived together, then the child deleted (its own
+    # child with it)
     root, child, grandchild = chain(store, 2, cwd)
     archive.archive(store, recorder, root.session_id)
     sessions.delete_session(store, child.session_id)
     # When the root is unarchived
-    assert archive.unarchive(store, root.session_id) == 2
-    # Then the child stays deleted and unlisted, while its own child came back
-    with pytest.raises(SessionNotFound):
-        read(store, child)
-    for flt in ("exclude", "include", "only"):
-        assert child.session_id not in listed(store, cwd, flt)
-    assert not read(store, grandchild).archived
+    assert archive.unarchive(store, root.session_id) == 1
+    # Then the child and the grandchild stay deleted and unlisted, the root alone came back
+    for gone in (child, grandchild):
+        with pytest.raises(SessionNotFound):
+            read(store, gone)
+        for flt in ("exclude", "include", "only"):
+            assert gone.session_id not in listed(store, cwd, flt)
+    assert not read(store, root).archived
 
 
 # --------------------------------------------------------------------------- unarchive

@@ -102,7 +102,7 @@ function showRefusal(items, verb, changed) {
   $("#refusal-text").textContent = changed
     ? `Nothing was stopped. This is what runs now; ${verb === "delete" ? "deleting" : "archiving"} stops all of it first.`
     : verb === "delete"
-      ? "Deleting stops everything below first, then deletes the session."
+      ? "Deleting stops everything below first, then deletes the session and its subagents."
       : "Archiving stops everything below first. Restoring later does not resume it.";
   $("#refusal-confirm").textContent = `Stop and ${verb}`;
   const ul = $("#refusal-items");
