@@ -88,7 +88,8 @@ class Keys:
         ms on Redis's clock); the fencing of its current step
         (``orchestrator/fencing.py``): stepToken (the token of the copy that began it last)
         and stepLeaseMs (that copy's lease length, to re-take a lapsed lease); inputTokens and
-        outputTokens (its model usage)."""
+        outputTokens (its model usage); cancelledBy (``archive`` when an archive of its session
+        or an ancestor stopped it, kept by whatever settles it later; absent otherwise)."""
         return f"{self.prefix}turn:{tid}"
 
     def live_turns(self, sid: str) -> str:

@@ -82,6 +82,11 @@ TRANSITIONS: dict[TurnState, frozenset[TurnState]] = {
 
 LIVE_STATES = frozenset({TurnState.QUEUED, TurnState.RUNNING, TurnState.CANCELLING})
 
+#: A turn's ``cancelledBy`` when an archive of its session (or of an ancestor) stopped it
+#: (written by ``stop_turns_for_archive`` in ``_lib.lua``). ACP's ``stopReason`` stays
+#: ``cancelled``: this says why, for clients that show it (``fleet prompt``).
+CANCELLED_BY_ARCHIVE = "archive"
+
 #: ACP ``stopReason`` for each terminal state.
 STOP_REASON = {
     TurnState.COMPLETED: "end_turn",
@@ -110,10 +115,14 @@ class Turn:
     error: str
     #: Model tokens of its steps: ``{"inputTokens", "outputTokens"}``.
     usage: dict[str, int] = field(default_factory=lambda: {"inputTokens": 0, "outputTokens": 0})
+    #: What stopped it, when not its own end or a user's cancel: ``CANCELLED_BY_ARCHIVE``.
+    cancelled_by: str = ""
 
     def to_wire(self) -> dict[str, object]:
         """``{"turnId", "sessionId", "state", "source", "step", "usage", "stopReason"?,
-        "error"?}``; ``stopReason`` is null for a failed turn."""
+        "error"?, "cancelledBy"?}``; ``stopReason`` is null for a failed turn;
+        ``cancelledBy`` is ``archive`` for a turn its session's (or an ancestor's) archive
+        stopped."""
         out: dict[str, object] = {
             "turnId": self.turn_id,
             "sessionId": self.session_id,
@@ -130,6 +139,8 @@ class Turn:
             out["stopReason"] = self.stop_reason
         if self.error:
             out["error"] = self.error
+        if self.cancelled_by:
+            out["cancelledBy"] = self.cancelled_by
         return out
 
 
@@ -152,6 +163,7 @@ def get_turn(store: Store, turn_id: str) -> Turn | None:
         h.get("stopReason", ""),
         h.get("error", ""),
         usage_of(h),
+        h.get("cancelledBy", ""),
     )
 
 

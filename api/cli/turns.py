@@ -4,8 +4,8 @@ Following reads the session's conversation (the history list ACP ``session/load`
 from where the turn began, woken by the fleet's event channel, and prints the turn's updates
 as they are recorded; it returns when the turn is in a final state. Exit status: 0 when the
 turn completed, 1 when it failed, was cancelled or blocked by the gate (the reason on
-stderr), 2 when it was refused before it started, 130 when following was interrupted (Ctrl-C;
-the turn goes on).
+stderr: ``session archived`` for a turn an archive stopped), 2 when it was refused before it
+started, 130 when following was interrupted (Ctrl-C; the turn goes on).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from rich.text import Text
 
 from api.cli.common import app, console, err
 from orchestrator.store import Store
-from orchestrator.turns import LIVE_STATES, Turn, TurnState, get_turn
+from orchestrator.turns import CANCELLED_BY_ARCHIVE, LIVE_STATES, Turn, TurnState, get_turn
 
 #: Longest wait between two reads of the conversation when no event arrives (seconds).
 _WAKE_SECONDS = 0.5
@@ -124,6 +124,13 @@ def prompt(
     if turn.state is TurnState.COMPLETED:
         return
     if not as_json:
-        reason = f": {turn.error}" if turn.error else ""
-        err.print(Text.assemble((f"turn {turn.state.value}", "red"), reason))
+        err.print(Text.assemble((f"turn {turn.state.value}", "red"), _reason(turn)))
     raise typer.Exit(1)
+
+
+def _reason(turn: Turn) -> str:
+    """Why a turn did not complete, as ``fleet prompt`` prints it after the state: the
+    archive that stopped it, else its error, else nothing."""
+    if turn.state is TurnState.CANCELLED and turn.cancelled_by == CANCELLED_BY_ARCHIVE:
+        return ": session archived"
+    return f": {turn.error}" if turn.error else ""

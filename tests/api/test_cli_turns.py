@@ -19,6 +19,7 @@ from typer.testing import CliRunner
 from api.cli import app
 from orchestrator import sessions
 from orchestrator.store import Store
+from orchestrator.turns import TurnState, get_turn
 from tests.helpers import ctrl_c_reaches_it, wait_for
 
 runner = CliRunner()
@@ -129,3 +130,56 @@ def test_ctrl_c_stops_following_and_leaves_the_turn_running(
     live = json.loads(_run("activity", sid, "--json").stdout)
     assert [i["family"] for i in live] == ["turn"], "the turn goes on"
     assert _run("archive", sid, "--stop").exit_code == 0
+
+
+def _prompt_in_background(sid: str, text: str, err: Path) -> subprocess.Popen[bytes]:
+    """``fleet prompt sid text`` in a process of its own, its stderr in ``err``; returns once
+    it printed its turn id."""
+    with open(err, "wb") as err_file:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "api.cli", "prompt", sid, text],
+            stdout=subprocess.DEVNULL,
+            stderr=err_file,
+            stdin=subprocess.DEVNULL,
+        )
+    wait_for(lambda: "turn turn_" in err.read_text(), 60, message=f"the turn of {text!r}")
+    return proc
+
+
+def test_a_turn_stopped_by_an_archive_says_the_session_was_archived(
+    fleet: Any, store: Store, tmp_path: Path
+) -> None:
+    # Given a session with a turn mid-step (its step in flight) and a turn queued behind it,
+    # each followed by fleet prompt
+    sid = _new(store)
+    procs = []
+    try:
+        procs.append(_prompt_in_background(sid, "think 30", tmp_path / "running.err"))
+        running = re.findall(r"turn_[0-9a-f]{24}", (tmp_path / "running.err").read_text())[0]
+        wait_for(
+            lambda: store.redis.exists(store.keys.step_lease(running)),
+            30,
+            message="the first turn's step to be in flight",
+        )
+        procs.append(_prompt_in_background(sid, "say never", tmp_path / "queued.err"))
+        queued = re.findall(r"turn_[0-9a-f]{24}", (tmp_path / "queued.err").read_text())[0]
+        assert get_turn(store, queued).state is TurnState.QUEUED  # type: ignore[union-attr]
+
+        # When the session is archived with its work stopped
+        assert _run("archive", sid, "--stop").exit_code == 0
+
+        # Then both prompts end 1 saying the session was archived: the queued turn ended in
+        # the archive's script, the one mid-step by its worker after it (cancelling first)
+        assert [p.wait(60) for p in procs] == [1, 1]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    for name, tid in (("running", running), ("queued", queued)):
+        said = (tmp_path / f"{name}.err").read_text()
+        assert "turn cancelled: session archived" in said, (name, said)
+        turn = get_turn(store, tid)
+        assert turn is not None and turn.state is TurnState.CANCELLED
+        # ACP's stop reason stays its own; the turn says why
+        assert (turn.stop_reason, turn.cancelled_by) == ("cancelled", "archive")
+        assert turn.to_wire()["cancelledBy"] == "archive"

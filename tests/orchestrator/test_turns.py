@@ -214,6 +214,45 @@ def test_cancelling_a_turn_with_a_step_in_flight_leaves_it_to_the_step(
     assert len(model_requests(store, sid)) == 1  # the step that began; the copy made none
 
 
+def test_a_turn_an_archive_stops_says_so_whichever_path_ends_it(
+    store: Store, recorder: RecordingDispatcher, cwd: str
+) -> None:
+    # Given a parent with a turn between steps, and its child with a turn mid-step and one
+    # queued behind it
+    parent, child = (s.session_id for s in chain(store, 1, cwd))
+    between = turns.start_turn(store, recorder, parent, "think 5")
+    in_flight = turns.start_turn(store, recorder, child, "think 5")
+    assert store.run("turn_begin_step", [in_flight, 0, 5000, "a-copy"])[0] == "ok"
+    queued = turns.start_turn(store, recorder, child, "say later")
+
+    # When the parent is archived with its work stopped
+    archive.archive(store, recorder, parent, stop_activity=True)
+
+    # Then the turns its script ended record the archive, and so does the one mid-step
+    for tid in (between, queued):
+        turn = turns.get_turn(store, tid)
+        assert turn is not None and turn.state is TurnState.CANCELLED
+        assert (turn.stop_reason, turn.cancelled_by) == ("cancelled", "archive")
+    assert state(store, in_flight) == TurnState.CANCELLING
+    # once the step in flight settles it (as it does on seeing it cancelling), it still does
+    ended = turns.finish(store, recorder, in_flight, TurnState.CANCELLED, token="a-copy")
+    assert ended
+    settled = turns.get_turn(store, in_flight)
+    assert settled is not None and settled.state is TurnState.CANCELLED
+    assert (settled.stop_reason, settled.cancelled_by) == ("cancelled", "archive")
+    assert settled.to_wire()["cancelledBy"] == "archive"
+
+
+def test_a_turn_a_user_cancels_names_no_archive(
+    store: Store, recorder: RecordingDispatcher, sid: str
+) -> None:
+    tid = turns.start_turn(store, recorder, sid, "think 5")
+    assert turns.cancel_turns(store, recorder, sid, [tid]) == {tid: "cancelled"}
+    turn = turns.get_turn(store, tid)
+    assert turn is not None and turn.cancelled_by == ""
+    assert "cancelledBy" not in turn.to_wire()
+
+
 def test_cancel_session_turns_stops_running_and_queued_turns(
     store: Store, recorder: RecordingDispatcher, sid: str
 ) -> None:
