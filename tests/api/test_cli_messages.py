@@ -219,3 +219,37 @@ def test_a_duration_or_count_setting_out_of_range_names_the_variable(
         read_afresh()
     assert code == 2, said
     assert variable in said, said
+
+
+@pytest.mark.parametrize("as_json", [False, True], ids=["text", "json"])
+def test_a_tool_setting_naming_an_unknown_tool_is_refused_naming_it_and_the_known_ones(
+    monkeypatch: pytest.MonkeyPatch, as_json: bool
+) -> None:
+    from api import context
+    from orchestrator.settings import get_settings
+
+    def read_afresh() -> None:
+        for cached in (get_settings, context.settings, context.store):
+            cached.cache_clear()
+
+    monkeypatch.setenv("FLEET_TOOLS", "shell, shel,set_reminder")
+    read_afresh()
+    try:
+        code, said = _said("sweep", *(["--json"] if as_json else []))
+    finally:
+        monkeypatch.delenv("FLEET_TOOLS")
+        read_afresh()
+    assert code == 2, said
+    assert "invalid_params" in said, said
+    assert "FLEET_TOOLS: unknown tool 'shel' (the tools are shell, start_job, " in said, said
+    if as_json:
+        assert '"code": "invalid_params"' in said, said
+    else:
+        assert said.startswith("error (invalid_params): FLEET_TOOLS: "), said
+
+
+@pytest.mark.parametrize("value", ["", "shell", " shell , start_job ", "set_reminder,shell"])
+def test_a_tool_setting_naming_known_tools_or_none_is_taken(value: str) -> None:
+    from orchestrator.settings import FleetSettings
+
+    assert FleetSettings(tools=value).tools == value
