@@ -253,3 +253,36 @@ def test_a_tool_setting_naming_known_tools_or_none_is_taken(value: str) -> None:
     from orchestrator.settings import FleetSettings
 
     assert FleetSettings(tools=value).tools == value
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["nonexistent", "--json"], "No such command 'nonexistent'."),
+        (["sessons", "ls", "--json"], "No such command 'sessons'. Did you mean 'sessions'?"),
+        (["sessions", "nope", "--json"], "No such command 'nope'."),
+        (["--json"], "No such option: --json"),
+        (["sessions", "--json"], "No such option: --json"),
+        (["--bogus", "sessions", "ls", "--json"], "No such option: --bogus"),
+        (["unarchive", "--json"], "Missing argument 'session_id'."),
+        (["sessions", "ls", "--bogus", "--json"], "No such option: --bogus"),
+    ],
+)
+def test_a_usage_error_with_json_is_a_json_error_on_stdout(args: list[str], message: str) -> None:
+    import json
+
+    result = runner.invoke(app, args)
+    assert result.exit_code == 2, result.output
+    assert json.loads(result.stdout) == {
+        "error": {"code": "invalid_params", "message": message, "data": {}}
+    }, result.stdout
+
+
+def test_a_usage_error_without_json_keeps_the_usage_text() -> None:
+    result = runner.invoke(app, ["nonexistent"])
+    assert result.exit_code == 2, result.output
+    said = " ".join(result.output.split())
+    assert "Usage: " in said and "No such command 'nonexistent'." in said, said
+    assert '"error"' not in said, said
+    # --json after "--" is an argument, not the option: the usage text too.
+    assert '"error"' not in runner.invoke(app, ["nonexistent", "--", "--json"]).output
