@@ -286,3 +286,33 @@ def test_a_usage_error_without_json_keeps_the_usage_text() -> None:
     assert '"error"' not in said, said
     # --json after "--" is an argument, not the option: the usage text too.
     assert '"error"' not in runner.invoke(app, ["nonexistent", "--", "--json"]).output
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "localhost"])
+def test_the_api_on_a_port_in_use_is_refused_naming_the_port(host: str) -> None:
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        port = taken.getsockname()[1]
+        code, said = _said("api", "--host", host, "--port", str(port))
+    assert code == 2, said  # uvicorn's own failure: a log line and exit 3
+    assert f"error (invalid_params): port {port} on {host} is in use" in said, said
+    assert "--port or FLEET_API_PORT" in said, said
+
+
+def test_fleet_up_refuses_an_api_port_in_use_before_starting_anything(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FLEET_")}
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        port = taken.getsockname()[1]
+        env.update(FLEET_API_PORT=str(port), FLEET_STATE_DIR=str(tmp_path), COLUMNS="300")
+        proc = subprocess.run(
+            [sys.executable, "-m", "api.cli", "up"],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            stdin=subprocess.DEVNULL,
+        )
+    said = " ".join(proc.stderr.split())
+    assert proc.returncode == 2, said
+    assert f"port {port} on 127.0.0.1 is in use" in said and "FLEET_API_PORT" in said, said
+    assert proc.stdout == "" and "Traceback" not in said, proc.stdout
+    assert not (tmp_path / "fleet.json").exists()
