@@ -1,7 +1,8 @@
 """``fleet acp``: the ACP agent over stdio, one JSON-RPC message per line (UTF-8, ``\\n``).
 
 Logs go to stderr; stdout carries protocol messages only. A line longer than
-``MAX_MESSAGE`` is answered with an error and skipped whole; the connection goes on.
+``MAX_MESSAGE`` is answered with an error and skipped whole, a line that is not UTF-8 with
+-32700; the connection goes on.
 """
 
 from __future__ import annotations
@@ -110,9 +111,8 @@ async def serve_stdio() -> None:
     try:
         reader = await _stdin_reader()
         async for line in _lines(reader, conn.refuse_oversized):
-            text = line.decode("utf-8", errors="replace").strip()
-            if text:
-                await conn.handle_text(text)
+            if line.strip():
+                await conn.handle_bytes(line)
         # stdin closed: every request already read is answered before the process exits.
         await conn.drain(timeout=EOF_GRACE)
     finally:

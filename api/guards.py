@@ -52,7 +52,8 @@ class BodyGuard:
     past it. A body read as JSON is then parsed by ``orchestrator.untrusted``: JSON over a
     limit (nesting depth, number length) answers 400 ``input_rejected`` naming the limit and
     where; a lone surrogate anywhere in it 422 ``invalid_params`` (answers echo what was sent,
-    and such text cannot be encoded); invalid JSON goes on to the route's own 422.
+    and such text cannot be encoded); bytes that are not UTF-8 (JSON's one encoding, RFC 8259)
+    422 ``invalid_params`` saying where; other invalid JSON goes on to the route's own 422.
     """
 
     def __init__(self, app: Any, max_bytes: int) -> None:
@@ -107,7 +108,15 @@ class BodyGuard:
     @staticmethod
     def _check_json(body: bytes) -> tuple[int, dict[str, Any]] | None:
         try:
-            value = untrusted.loads(body, param="body")
+            text = body.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            # Starlette would fail to decode it and FastAPI answer a bare 400 http_error.
+            why = untrusted.not_utf8(body, exc)
+            message = f"Request body is not valid UTF-8 JSON: {why}."
+            data = {"param": "body", "offset": exc.start}
+            return 422, error_body("invalid_params", message, data)
+        try:
+            value = untrusted.loads(text, param="body")
         except json.JSONDecodeError:
             return None  # FastAPI answers it: 422 invalid_params with the parser's message
         except InputRejected as exc:

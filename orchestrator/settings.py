@@ -11,7 +11,8 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
+from pydantic_core import PydanticCustomError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 #: The longest duration a ``*_seconds`` setting (or a CLI option in seconds) may name: about 31
@@ -22,6 +23,28 @@ MAX_SECONDS = 10**9
 Seconds = Annotated[float, Field(ge=0, le=MAX_SECONDS)]
 #: A duration in seconds greater than 0.
 PositiveSeconds = Annotated[float, Field(gt=0, le=MAX_SECONDS)]
+
+
+#: The tools a model may be offered (``FLEET_TOOLS``), in ``orchestrator/toolbox.py``'s order;
+#: named here so a setting naming another is refused when it is read (the registry imports
+#: the settings, not the other way round).
+TOOL_NAMES = ("shell", "start_job", "spawn_subagent", "set_reminder")
+
+
+def _known_tools(value: str) -> str:
+    """``FLEET_TOOLS`` as given, once every name in it is a tool of ``TOOL_NAMES``: a misspelt
+    tool would otherwise be left out without a word, and the fleet run without it."""
+    unknown = [n.strip() for n in value.split(",") if n.strip() and n.strip() not in TOOL_NAMES]
+    if unknown:
+        said = ("unknown tool " if len(unknown) == 1 else "unknown tools ") + ", ".join(
+            repr(n) for n in unknown
+        )
+        raise PydanticCustomError(
+            "unknown_tool",
+            "{said} (the tools are {known}; a comma list of them, or empty for none)",
+            {"said": said, "known": ", ".join(TOOL_NAMES)},
+        )
+    return value
 
 
 class MissingRedisUrl(ValueError):
@@ -159,14 +182,17 @@ class FleetSettings(BaseSettings):
     openai_timeout_seconds: PositiveSeconds = 600.0
     #: Model steps one turn may take; the turn then ends with ``max_turn_requests``.
     max_turn_requests: int = Field(default=500, ge=1)
-    #: Tools offered to models (comma list of ``orchestrator/toolbox.py`` names).
-    tools: str = "shell,start_job,spawn_subagent,set_reminder"
+    #: Tools offered to models (comma list of ``TOOL_NAMES``, ``orchestrator/toolbox.py``'s
+    #: tools); any other name is refused.
+    tools: str = ",".join(TOOL_NAMES)
     #: Most bytes of a ``shell`` command's output a tool result keeps.
     tool_output_max_bytes: int = Field(default=16_384, ge=0)
     #: Audit entries kept per session (``fleet audit SESSION``); older ones are trimmed.
     audit_max_per_session: int = Field(default=1000, ge=1)
     #: Audit entries kept in the fleet-wide trail (``GET /audit``).
     audit_max_global: int = Field(default=100_000, ge=1)
+
+    _check_tools = field_validator("tools")(_known_tools)
 
     def require_redis_url(self) -> str:
         """``redis_url``, checked: raises ``MissingRedisUrl`` (with what to do) when it is

@@ -12,8 +12,9 @@ model.py``); the turn runtime runs them (``orchestrator/tools.py``).
 ``set_reminder``    reminder     after ``seconds``, a turn with the prompt starts in this session
 ==================  ===========  =================================================================
 
-Which tools are offered is ``FLEET_TOOLS`` (comma list; all four by default). A call of a tool
-not offered, with arguments that are not JSON or do not match the schema, is a tool error the
+Which tools are offered is ``FLEET_TOOLS`` (comma list; all four by default; another name is
+refused when the settings are read, against ``settings.TOOL_NAMES``). A call of a tool not
+offered, with arguments that are not JSON or do not match the schema, is a tool error the
 model sees (``ToolArgumentsError``), never a crash.
 """
 

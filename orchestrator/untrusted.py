@@ -96,6 +96,12 @@ def lone_surrogate(value: Any) -> str | None:
     return None
 
 
+def not_utf8(data: bytes, exc: UnicodeDecodeError) -> str:
+    """What is wrong with ``data``, whose UTF-8 decoding raised ``exc``, in words a person can
+    act on: ``"byte 0xff at offset 17 is not UTF-8 (invalid start byte)"``."""
+    return f"byte 0x{data[exc.start]:02x} at offset {exc.start} is not UTF-8 ({exc.reason})"
+
+
 def loads(text: str | bytes, *, param: str = "body") -> Any:
     """Parse ``text`` (JSON sent by a client, named ``param`` in errors) within the module's
     limits. Returns the value (no ``inf``, ``NaN`` or over-long numbers in it). Raises

@@ -1,12 +1,13 @@
 """The JSON-RPC 2.0 layer of the ACP agent: framing, ids, dispatch, cancellation, errors.
 
-``RpcEndpoint`` reads one message's text at a time (``handle_text``), answers malformed
-messages, and runs each request or notification as a task through a method table
-(``Method``: the params model and the handler). Every error an answer carries is built by
-``error_of``, one path: the JSON-RPC protocol's own errors (``RpcError``), then the domain
-errors through the one table of ``api/errors.py`` (``SessionNotFound`` -32002,
-``InvalidParams`` -32602, ...), then -32603 for a bug. ``$/cancel_request`` of a pending
-request answers it -32800, unless the endpoint settles it otherwise (``cancel_request``).
+``RpcEndpoint`` reads one message's text at a time (``handle_text``; ``handle_bytes`` for
+bytes, which must be UTF-8), answers malformed messages, and runs each request or
+notification as a task through a method table (``Method``: the params model and the
+handler). Every error an answer carries is built by ``error_of``, one path: the JSON-RPC
+protocol's own errors (``RpcError``), then the domain errors through the one table of
+``api/errors.py`` (``SessionNotFound`` -32002, ``InvalidParams`` -32602, ...), then -32603
+for a bug. ``$/cancel_request`` of a pending request answers it -32800, unless the endpoint
+settles it otherwise (``cancel_request``).
 """
 
 from __future__ import annotations
@@ -185,6 +186,19 @@ class RpcEndpoint:
         """Answer a message longer than ``MAX_MESSAGE`` that the transport did not read."""
         too_long = f"Invalid request: message larger than {MAX_MESSAGE} bytes."
         await self.answer_error(None, RpcError(INVALID_REQUEST, too_long))
+
+    async def handle_bytes(self, data: bytes) -> None:
+        """Handle one incoming message received as bytes (a stdio line, a binary frame): it
+        must be UTF-8, else it is answered -32700 saying which byte is not. Bytes are never
+        replaced with U+FFFD, which would change a string's value without a word."""
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            why = untrusted.not_utf8(data, exc)
+            message = f"Parse error: message is not valid UTF-8 JSON: {why}."
+            await self.answer_error(None, RpcError(PARSE_ERROR, message))
+            return
+        await self.handle_text(text)
 
     async def handle_text(self, text: str) -> None:
         """Handle one incoming JSON-RPC message. Never raises: a malformed message gets an

@@ -13,6 +13,8 @@ import inspect
 import json
 import os
 import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any, NoReturn
@@ -72,6 +74,24 @@ def _tidy_params(command: click.Command, ctx: click.Context) -> None:
         setattr(param, "display_type_rich", lambda ctx, label=label: label)  # noqa: B010
 
 
+@contextmanager
+def usage_errors_as_json(args: list[str]) -> Iterator[None]:
+    """With ``--json`` among ``args`` (before any ``--``), a usage error raised inside (an
+    unknown command or option, a missing argument) is JSON on stdout, as other errors are
+    with ``--json``: ``invalid_params``, exit 2. Without it, click's usage text, unchanged.
+    (Read on entry: click's parser consumes ``args`` as it goes.)"""
+    wants_json = "--json" in (args[: args.index("--")] if "--" in args else args)
+    try:
+        yield
+    except UsageError as exc:
+        if not wants_json:
+            raise
+        from api.errors import error_body
+
+        print(json.dumps(error_body("invalid_params", exc.format_message()), indent=2))
+        raise typer.Exit(2) from None
+
+
 class FleetCommand(typer.core.TyperCommand):
     """A ``fleet`` command: tidy help, and a ``FleetError`` escaping it printed by ``fail``."""
 
@@ -84,18 +104,8 @@ class FleetCommand(typer.core.TyperCommand):
         super().format_help(ctx, formatter)
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
-        """With ``--json``, a usage error (unknown option, missing argument) is JSON on stdout
-        too: ``invalid_params``, exit 2."""
-        wants_json = "--json" in args
-        try:
+        with usage_errors_as_json(args):
             return super().parse_args(ctx, args)
-        except UsageError as exc:
-            if not wants_json:
-                raise
-            from api.errors import error_body
-
-            print(json.dumps(error_body("invalid_params", exc.format_message()), indent=2))
-            raise typer.Exit(2) from None
 
     def invoke(self, ctx: click.Context) -> Any:
         import pydantic
@@ -126,11 +136,22 @@ def _settings_problem(exc: Any) -> str:
 
 
 class FleetGroup(typer.core.TyperGroup):
-    """A ``fleet`` group: tidy help."""
+    """A ``fleet`` group: tidy help; with ``--json``, an unknown command or option is a JSON
+    error (``usage_errors_as_json``)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.help = _tidy_help(self.help)
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        with usage_errors_as_json(args):
+            return super().parse_args(ctx, args)
+
+    def resolve_command(
+        self, ctx: click.Context, args: list[str]
+    ) -> tuple[str | None, click.Command | None, list[str]]:
+        with usage_errors_as_json(args):
+            return super().resolve_command(ctx, args)
 
     def format_help(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         _tidy_params(self, ctx)

@@ -3,8 +3,10 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import signal
+import socket
 import sys
 import time
 from typing import Any
@@ -117,6 +119,9 @@ def up(
             )
         )
         raise typer.Exit(2)
+    if api:  # before anything starts: its API could not serve, and would be restarted
+        bind = _api_host(settings.api_host, settings.api_token)
+        free_to_listen(bind, settings.api_port, "set FLEET_API_PORT to another (or --no-api)")
     try:
         url, embedded = resolve_redis_url(settings)
     except RuntimeError as exc:
@@ -202,10 +207,38 @@ def _start_api(url: str) -> Any:
     )
 
 
+def _api_host(requested: str, token: str) -> str:
+    """The address the API binds for ``requested``: itself with a token or on loopback, else
+    127.0.0.1 (``api_bind_address`` says why)."""
+    return requested if token or requested in LOOPBACK else "127.0.0.1"
+
+
+def free_to_listen(host: str, port: int, hint: str) -> None:
+    """Return if ``port`` on ``host`` can be listened on now, bound as uvicorn binds it (every
+    address the host resolves to, with ``SO_REUSEADDR``); else stop with a usage error (exit
+    2) saying so, ``hint`` telling what to change. Without it, uvicorn logs the bind error
+    and exits 3, after the application was built."""
+    try:
+        found = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as exc:
+        usage(f"cannot listen on {host}: {exc.strerror}.")
+    for family, kind, proto, _name, address in found:
+        with socket.socket(family, kind, proto) as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6:  # as asyncio binds it: not the IPv4 port too
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            try:
+                sock.bind(address)
+            except OSError as exc:
+                if exc.errno == errno.EADDRINUSE:
+                    usage(f"port {port} on {host} is in use: stop what listens there, or {hint}.")
+                usage(f"cannot listen on {host} port {port}: {exc.strerror or exc}.")
+
+
 def api_bind_address(requested: str, token: str) -> str:
     """The address the API may bind: any with a token configured; loopback only without one
     (said on stderr, since anyone who can reach the port could archive sessions)."""
-    if token or requested in LOOPBACK:
+    if _api_host(requested, token) == requested:
         return requested
     err.print(
         Text(
@@ -230,11 +263,13 @@ def serve_api(
     settings = settings_with_redis()
     configure_logging(settings.log_format or None)
     bind = api_bind_address(host or settings.api_host, settings.api_token)
+    port = port or settings.api_port
+    free_to_listen(bind, port, "choose another port with --port or FLEET_API_PORT")
     uvicorn.run(
         "api.rest:create_app",
         factory=True,
         host=bind,
-        port=port or settings.api_port,
+        port=port,
         log_level="info",
         # uvicorn's own loggers propagate to the root handler (FLEET_LOG_FORMAT) instead of
         # getting a format of their own.
@@ -297,8 +332,6 @@ def flower(
     (user:password) it asks for it; without, it binds to loopback only, where its UI and
     HTTP API answer without auth and read only (no revoke or shutdown: any page open in a
     browser on this machine could call them)."""
-    import socket
-
     from api.context import redis_url, settings
     from workers.app import create_app
 

@@ -8,7 +8,8 @@ misses nothing still retained: each SSE event's ``id:`` is its stream id, and a 
 parameter) resumes right after it. Without one, the stream starts at the newest event (only
 later ones are sent). If the resume id is older than the oldest event kept (the stream holds
 about 10,000), an ``event: gap`` is sent first: some events were trimmed, so re-read state
-(``GET /sessions``). ``?sessionId=`` keeps only that session's events. Browsers'
+(``GET /sessions``). ``?sessionId=`` keeps only that session's events (one that names no
+session, unknown or deleted, answers 404 before the stream opens). Browsers'
 ``EventSource`` cannot send an ``Authorization`` header, so this route alone also takes the
 token as ``?token=`` (checked in ``api.deps.authorize``, in constant time).
 
@@ -41,7 +42,7 @@ from sse_starlette import EventSourceResponse, ServerSentEvent
 from api.deps import AUTH, SettingsDep, StoreDep
 from orchestrator.errors import InvalidParams
 from orchestrator.redisconn import SentinelOptions, async_client, store_unavailable
-from orchestrator.sessions import SESSION_ID_RE
+from orchestrator.sessions import SESSION_ID_RE, get_session
 
 log = logging.getLogger(__name__)
 
@@ -183,9 +184,13 @@ async def events(
     """Lifecycle events (archived, unarchived, title, turn) as Server-Sent Events; each
     ``id:`` is a stream id, and reconnecting with ``Last-Event-ID`` resumes after it. A
     comment heartbeat is sent every 15 s. ``event: gap`` first means events after the
-    given id were trimmed (the stream keeps about 10,000)."""
-    if sessionId is not None and not SESSION_ID_RE.fullmatch(sessionId):
-        raise InvalidParams("sessionId is not a session id.", {"param": "sessionId"})
+    given id were trimmed (the stream keeps about 10,000). ``sessionId`` of no session
+    (unknown or deleted; archived ones stream): 404 ``session_not_found``."""
+    if sessionId is not None:
+        if not SESSION_ID_RE.fullmatch(sessionId):
+            raise InvalidParams("sessionId is not a session id.", {"param": "sessionId"})
+        # A session that does not exist would stream nothing, forever: 404, as elsewhere.
+        await asyncio.to_thread(get_session, store, sessionId)
     resume = _resume_id(last_event_id, lastEventId)
     key = store.keys.event_stream
     client = async_client(

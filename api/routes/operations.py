@@ -1,6 +1,6 @@
 """Routes for operators: ``GET /health`` (liveness), ``GET /ready`` (readiness), ``GET
 /metrics`` (Prometheus), ``GET /audit`` and ``GET /sessions/{id}/audit`` (the audit trail).
-``/health`` and ``/ready`` take no token: a probe carries none."""
+``/health`` and ``/ready`` take no token (a probe carries none) and answer ``HEAD`` too."""
 
 from __future__ import annotations
 
@@ -78,6 +78,21 @@ def ready(store: StoreDep, dispatcher: DispatcherDep) -> JSONResponse:
     worker; 503 with the same body otherwise."""
     ok, body = readiness(store, dispatcher)
     return JSONResponse(body, status_code=200 if ok else 503)
+
+
+# HEAD, which load balancers and health checkers send: the same status, no body. Kept out of
+# the OpenAPI document (one operation per path and method would repeat each GET's).
+@router.head("/health", include_in_schema=False)
+def health_head() -> Response:
+    """Liveness for a HEAD probe: 200, no body."""
+    return Response(status_code=200)
+
+
+@router.head("/ready", include_in_schema=False)
+def ready_head(store: StoreDep, dispatcher: DispatcherDep) -> Response:
+    """Readiness for a HEAD probe: 200 or 503 as ``GET /ready`` answers, no body."""
+    ok, _body = readiness(store, dispatcher)
+    return Response(status_code=200 if ok else 503)
 
 
 @router.get("/metrics", dependencies=AUTH, response_class=Response)

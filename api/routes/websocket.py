@@ -19,7 +19,8 @@ async def acp_socket(
     ws: WebSocket, store: StoreDep, dispatcher: DispatcherDep, settings: SettingsDep
 ) -> None:
     """ACP over WebSocket: one JSON-RPC message per text frame (a binary frame is read as
-    UTF-8 text). Malformed messages are answered with errors; the socket stays open."""
+    UTF-8 text; other bytes answer -32700). Malformed messages are answered with errors; the
+    socket stays open."""
     token = settings.api_token
     if token:
         header = ws.headers.get("authorization") or f"Bearer {ws.query_params.get('token', '')}"
@@ -39,9 +40,9 @@ async def acp_socket(
                 break
             text = frame.get("text")
             if text is None:
-                data = frame.get("bytes") or b""
-                text = data.decode("utf-8", errors="replace")
-            await conn.handle_text(text)
+                await conn.handle_bytes(frame.get("bytes") or b"")
+            else:
+                await conn.handle_text(text)
     except WebSocketDisconnect:
         pass
     finally:

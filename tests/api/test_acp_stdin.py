@@ -1,7 +1,8 @@
 """``fleet acp`` with stdin that the event loop cannot watch: ``/dev/null`` (a character device
 epoll refuses) and a regular file are read by a thread, so their end ends the agent as the end
 of a pipe does: exit 0, no traceback. Without a fleet the agent says only ``fleet_not_found``
-(exit 2), whatever its stdin."""
+(exit 2), whatever its stdin. A line that is not UTF-8 is answered -32700 and the next one
+is served."""
 
 from __future__ import annotations
 
@@ -72,3 +73,20 @@ def test_without_a_fleet_the_agent_says_fleet_not_found_only(tmp_path: Path, kin
     assert proc.stdout == ""
     assert proc.stderr.startswith("error (fleet_not_found): "), proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+
+
+def test_a_line_that_is_not_utf8_is_a_parse_error_and_the_next_is_served(tmp_path: Path) -> None:
+    path = tmp_path / "requests.jsonl"
+    cut = b'{"jsonrpc":"2.0","id":2,"method":"session/new","params":{"cwd":"/tmp/\xff"}}'
+    path.write_bytes(cut + b"\n" + json.dumps(INITIALIZE).encode() + b"\n")
+    with path.open("rb") as stdin:
+        proc = _acp(stdin, dict(os.environ))
+    assert proc.returncode == 0, proc.stderr
+    assert "Traceback" not in proc.stderr, proc.stderr
+    refused, answer = [json.loads(line) for line in proc.stdout.splitlines()]
+    assert refused["id"] is None and refused["error"]["code"] == -32700, refused
+    assert refused["error"]["message"] == (
+        "Parse error: message is not valid UTF-8 JSON: "
+        "byte 0xff at offset 69 is not UTF-8 (invalid start byte)."
+    ), refused
+    assert answer["id"] == 1 and answer["result"]["protocolVersion"] == 1, answer

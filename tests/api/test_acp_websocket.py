@@ -117,6 +117,23 @@ def test_ws_binary_frames_are_read_as_utf8_text(ws: RpcPeer) -> None:
     assert ws.call("session/list", {"cwd": "/nonexistent/acp-ws"}) == {"sessions": []}
 
 
+def test_ws_binary_frame_not_utf8_is_a_parse_error_never_a_replaced_string(ws: RpcPeer) -> None:
+    # A cut sequence inside a string: read with U+FFFD in its place, the request would run
+    # on a value the client never sent.
+    mark = ws.mark()
+    ws.ws.send_bytes(  # type: ignore[attr-defined]
+        b'{"jsonrpc":"2.0","id":"cut","method":"session/list","params":{"cwd":"/n\xc3"}}'
+    )
+    _, msg = ws.wait(lambda m: (m.get("error") or {}).get("code") == PARSE_ERROR, since=mark)
+    assert msg["id"] is None, msg
+    assert msg["error"]["message"] == (
+        "Parse error: message is not valid UTF-8 JSON: "
+        "byte 0xc3 at offset 71 is not UTF-8 (invalid continuation byte)."
+    ), msg
+    assert not any(m.get("id") == "cut" for m in ws.messages)
+    assert ws.call("session/list", {"cwd": "/nonexistent/acp-ws"}) == {"sessions": []}
+
+
 @pytest.mark.parametrize("value", [True, False, "yes", 1])
 def test_ws_list_rejects_unsupported_archived_values_never_silently_excluding(
     ws: RpcPeer, value: Any

@@ -219,3 +219,100 @@ def test_a_duration_or_count_setting_out_of_range_names_the_variable(
         read_afresh()
     assert code == 2, said
     assert variable in said, said
+
+
+@pytest.mark.parametrize("as_json", [False, True], ids=["text", "json"])
+def test_a_tool_setting_naming_an_unknown_tool_is_refused_naming_it_and_the_known_ones(
+    monkeypatch: pytest.MonkeyPatch, as_json: bool
+) -> None:
+    from api import context
+    from orchestrator.settings import get_settings
+
+    def read_afresh() -> None:
+        for cached in (get_settings, context.settings, context.store):
+            cached.cache_clear()
+
+    monkeypatch.setenv("FLEET_TOOLS", "shell, shel,set_reminder")
+    read_afresh()
+    try:
+        code, said = _said("sweep", *(["--json"] if as_json else []))
+    finally:
+        monkeypatch.delenv("FLEET_TOOLS")
+        read_afresh()
+    assert code == 2, said
+    assert "invalid_params" in said, said
+    assert "FLEET_TOOLS: unknown tool 'shel' (the tools are shell, start_job, " in said, said
+    if as_json:
+        assert '"code": "invalid_params"' in said, said
+    else:
+        assert said.startswith("error (invalid_params): FLEET_TOOLS: "), said
+
+
+@pytest.mark.parametrize("value", ["", "shell", " shell , start_job ", "set_reminder,shell"])
+def test_a_tool_setting_naming_known_tools_or_none_is_taken(value: str) -> None:
+    from orchestrator.settings import FleetSettings
+
+    assert FleetSettings(tools=value).tools == value
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["nonexistent", "--json"], "No such command 'nonexistent'."),
+        (["sessons", "ls", "--json"], "No such command 'sessons'. Did you mean 'sessions'?"),
+        (["sessions", "nope", "--json"], "No such command 'nope'."),
+        (["--json"], "No such option: --json"),
+        (["sessions", "--json"], "No such option: --json"),
+        (["--bogus", "sessions", "ls", "--json"], "No such option: --bogus"),
+        (["unarchive", "--json"], "Missing argument 'session_id'."),
+        (["sessions", "ls", "--bogus", "--json"], "No such option: --bogus"),
+    ],
+)
+def test_a_usage_error_with_json_is_a_json_error_on_stdout(args: list[str], message: str) -> None:
+    import json
+
+    result = runner.invoke(app, args)
+    assert result.exit_code == 2, result.output
+    assert json.loads(result.stdout) == {
+        "error": {"code": "invalid_params", "message": message, "data": {}}
+    }, result.stdout
+
+
+def test_a_usage_error_without_json_keeps_the_usage_text() -> None:
+    result = runner.invoke(app, ["nonexistent"])
+    assert result.exit_code == 2, result.output
+    said = " ".join(result.output.split())
+    assert "Usage: " in said and "No such command 'nonexistent'." in said, said
+    assert '"error"' not in said, said
+    # --json after "--" is an argument, not the option: the usage text too.
+    assert '"error"' not in runner.invoke(app, ["nonexistent", "--", "--json"]).output
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "localhost"])
+def test_the_api_on_a_port_in_use_is_refused_naming_the_port(host: str) -> None:
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        port = taken.getsockname()[1]
+        code, said = _said("api", "--host", host, "--port", str(port))
+    assert code == 2, said  # uvicorn's own failure: a log line and exit 3
+    assert f"error (invalid_params): port {port} on {host} is in use" in said, said
+    assert "--port or FLEET_API_PORT" in said, said
+
+
+def test_fleet_up_refuses_an_api_port_in_use_before_starting_anything(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FLEET_")}
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        port = taken.getsockname()[1]
+        env.update(FLEET_API_PORT=str(port), FLEET_STATE_DIR=str(tmp_path), COLUMNS="300")
+        proc = subprocess.run(
+            [sys.executable, "-m", "api.cli", "up"],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            stdin=subprocess.DEVNULL,
+        )
+    said = " ".join(proc.stderr.split())
+    assert proc.returncode == 2, said
+    assert f"port {port} on 127.0.0.1 is in use" in said and "FLEET_API_PORT" in said, said
+    assert proc.stdout == "" and "Traceback" not in said, proc.stdout
+    assert not (tmp_path / "fleet.json").exists()

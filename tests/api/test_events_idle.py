@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 
 import pytest
+from fastapi.testclient import TestClient
 
 from tests.helpers import rest_client
 
@@ -20,6 +21,11 @@ pytestmark = [pytest.mark.redis, pytest.mark.timeout(60)]
 HEARTBEAT = 6.5
 
 
+def _idle_session(client: TestClient) -> str:
+    sid: str = client.post("/sessions", json={"cwd": "/tmp/fleet-events-idle"}).json()["sessionId"]
+    return sid
+
+
 def test_an_idle_event_stream_gets_heartbeats_and_no_store_warnings(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
@@ -27,7 +33,7 @@ def test_an_idle_event_stream_gets_heartbeats_and_no_store_warnings(
     with (
         caplog.at_level(logging.WARNING),
         rest_client(FLEET_SSE_HEARTBEAT_SECONDS=str(HEARTBEAT)) as client,
-        client.stream("GET", "/events", params={"sessionId": "sess_idle00000000"}) as resp,
+        client.stream("GET", "/events", params={"sessionId": _idle_session(client)}) as resp,
     ):
         assert resp.status_code == 200
         # Wait for the first heartbeat: by then each read has blocked longer than a socket

@@ -146,6 +146,19 @@ def test_metrics_need_the_token_when_one_is_configured_and_ready_never_does() ->
         assert client.get("/ready").status_code in (200, 503)
 
 
+def test_health_and_ready_answer_head_probes_without_a_token_or_a_body() -> None:
+    # Load balancers and health checkers probe with HEAD.
+    token = f"tok-{uuid.uuid4().hex}"
+    with rest_client(allowed_5xx=("/ready",), FLEET_API_TOKEN=token) as client:
+        health = client.head("/health")
+        assert (health.status_code, health.content) == (200, b"")
+        ready = client.head("/ready")
+        assert ready.status_code in (200, 503) and ready.content == b""
+        assert client.head("/metrics").status_code == 405  # not a probe: GET alone
+        paths = client.get("/openapi.json", headers={"Authorization": f"Bearer {token}"})
+        assert set(paths.json()["paths"]["/health"]) == {"get"}
+
+
 def test_metrics_say_store_down_when_redis_does_not_answer(store: Store) -> None:
     dead = Store("redis://127.0.0.1:1/0", store.keys.prefix, connect_timeout=0.2)
     text = api.metrics.render(api.metrics.registry(lambda: dead)).decode()
@@ -193,7 +206,9 @@ def _ready_follows_the_heartbeats(client: TestClient, empty_prefix: Store) -> No
     k = empty_prefix.keys
     for family, node in [("turn", "turn@a"), ("job", "job@a"), ("subagent", "subagent@a")]:
         empty_prefix.redis.set(k.worker_heartbeat(family, node), "a", ex=30)
-    # Then the API is not ready, and says which family is missing
+    # Then the API is not ready, and says which family is missing (HEAD: the status alone)
+    head = client.head("/ready")
+    assert (head.status_code, head.content) == (503, b"")
     resp = client.get("/ready")
     assert resp.status_code == 503
     assert resp.json() == {
@@ -209,6 +224,8 @@ def _ready_follows_the_heartbeats(client: TestClient, empty_prefix: Store) -> No
     # And once the last family's worker beats, it is
     empty_prefix.redis.set(k.worker_heartbeat("reminder", "reminder@a"), "a", ex=30)
     assert client.get("/ready").status_code == 200
+    head = client.head("/ready")
+    assert (head.status_code, head.content) == (200, b"")
 
 
 def test_ready_is_503_when_redis_does_not_answer() -> None:

@@ -95,3 +95,27 @@ def test_unarchive_refuses_a_body_it_would_ignore(client: TestClient, body: str)
     assert client.get(f"/sessions/{sid['sessionId']}").json()["archived"] is True
     assert _post(client, path, "{}").status_code == 200
     assert client.post(path).status_code == 200
+
+
+@pytest.mark.parametrize(
+    ("body", "offset"),
+    [
+        (b'{"stopActivity": \xff}', 17),  # a byte no UTF-8 text holds
+        (b'{"stopActivity": "\xc3"}', 18),  # a sequence cut short inside a string
+        (b"\xff\xfe{}", 0),  # UTF-16's byte order mark: JSON is UTF-8 alone
+    ],
+)
+@pytest.mark.parametrize("content_type", ["application/json", None])
+def test_a_body_that_is_not_utf8_is_invalid_params_saying_so(
+    client: TestClient, body: bytes, offset: int, content_type: str | None
+) -> None:
+    sid = client.post("/sessions", json={"cwd": f"/tmp/utf8-{uuid.uuid4().hex}"}).json()
+    path = f"/sessions/{sid['sessionId']}/archive"
+    headers = {"Content-Type": content_type} if content_type else {}
+    error = error_shape(client.post(path, content=body, headers=headers), 422, "invalid_params")
+    assert error["message"].startswith("Request body is not valid UTF-8 JSON: byte 0x"), error
+    assert f"at offset {offset}" in error["message"], error
+    assert error["data"] == {"param": "body", "offset": offset}, error
+    assert client.get(f"/sessions/{sid['sessionId']}").json()["archived"] is False
+    # Malformed JSON in UTF-8 is answered 422 invalid_params too, by the route.
+    error_shape(_post(client, path, '{"stopActivity": tru'), 422, "invalid_params")

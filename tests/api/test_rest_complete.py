@@ -533,6 +533,26 @@ def test_bad_event_stream_parameters_are_422(
     assert error["data"]["param"] == param
 
 
+def test_an_event_stream_of_no_session_is_404_and_of_an_archived_one_streams(
+    client: TestClient,
+) -> None:
+    # A session id that names nothing would stream nothing, forever: refused as elsewhere.
+    unknown = "sess_" + uuid.uuid4().hex[:24]
+    error = _error(client.get("/events", params={"sessionId": unknown}), 404, "session_not_found")
+    assert unknown in error["message"], error
+    deleted = _new(client)
+    assert client.delete(f"/sessions/{deleted}").json()["deleted"] is True
+    _error(client.get("/events", params={"sessionId": deleted}), 404, "session_not_found")
+    # An archived session is still a session: its unarchive is streamed.
+    sid = _new(client)
+    client.post(f"/sessions/{sid}/archive")
+    with _stream(client, params={"sessionId": sid}) as resp:
+        sse = Sse(resp)
+        _connected(sse)
+        client.post(f"/sessions/{sid}/unarchive")
+        assert sse.event()["json"]["sessionId"] == sid
+
+
 def test_the_event_stream_and_bulk_archive_need_the_token() -> None:
     with rest_client(FLEET_API_TOKEN="s3cret") as client:
         _error(client.get("/events"), 401, "unauthorized")

@@ -24,6 +24,13 @@ def test_every_tool_names_its_family_and_an_object_schema() -> None:
         assert spec.parameters["required"], spec.name
 
 
+def test_the_settings_know_the_registry_s_tools() -> None:
+    # FLEET_TOOLS is checked against settings.TOOL_NAMES, which the registry cannot drift from.
+    from orchestrator.settings import TOOL_NAMES
+
+    assert tuple(toolbox.TOOLS) == TOOL_NAMES
+
+
 def test_a_valid_call_parses_to_its_arguments() -> None:
     tool, args = toolbox.parse_call(ToolCall("set_reminder", '{"seconds": 2, "prompt": "hi"}'))
     assert (tool.name, args.seconds, args.prompt) == ("set_reminder", 2.0, "hi")
