@@ -41,11 +41,13 @@ from __future__ import annotations
 import logging
 from collections import Counter
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
 from orchestrator import audit, events, metrics
 from orchestrator.activity import ActivityItem, census_many, merge_items
+from orchestrator.bulk_result import OUTCOMES, BulkItem, BulkResult
 from orchestrator.bulk_select import (
     BulkFilter,
     auto_candidates,
@@ -63,6 +65,7 @@ from orchestrator.turns import stopped_by_archive
 log = logging.getLogger(__name__)
 
 __all__ = [
+    "OUTCOMES",
     "BulkFilter",
     "BulkItem",
     "BulkResult",
@@ -81,8 +84,6 @@ BATCH_SIZE = 1_000
 #: How often a refusal whose census found nothing is tried again (as ``archive.archive``).
 _REFUSAL_RECHECKS = 3
 
-#: Outcomes, in the order totals are listed.
-OUTCOMES = ("archived", "already_archived", "refused", "not_found", "skipped")
 _FROM_SCRIPT = {
     "archived": "archived",
     "already": "already_archived",
@@ -107,55 +108,6 @@ _RECORDED_IN_SCRIPT = frozenset({"archived", "already_archived", "skipped"})
 #: ``progress(done_sessions, total_sessions)``; called once before the first batch and after
 #: each batch.
 Progress = Callable[[int, int], None]
-
-
-@dataclass
-class BulkItem:
-    """One session's outcome; ``activity`` holds the live items of a refused session."""
-
-    session_id: str
-    outcome: str
-    activity: list[ActivityItem] | None = None
-
-    def to_wire(self) -> dict[str, Any]:
-        """``{"sessionId", "outcome", "activity"?}``."""
-        out: dict[str, Any] = {"sessionId": self.session_id, "outcome": self.outcome}
-        if self.activity is not None:
-            out["activity"] = [item.to_wire() for item in self.activity]
-        return out
-
-
-@dataclass
-class BulkResult:
-    """Outcome of a bulk archive: one ``BulkItem`` per selected session, in order."""
-
-    results: list[BulkItem]
-    dry_run: bool
-    stop_activity: bool
-    batches: int
-    stop_report: StopReport = field(default_factory=StopReport)
-
-    @property
-    def totals(self) -> dict[str, int]:
-        """Sessions per outcome, plus ``selected`` (all of them)."""
-        counts = Counter(item.outcome for item in self.results)
-        out = {outcome: counts.get(outcome, 0) for outcome in OUTCOMES}
-        out["selected"] = len(self.results)
-        return out
-
-    def to_wire(self) -> dict[str, Any]:
-        """The JSON answer of ``POST /sessions/archive`` and ``fleet archive --bulk --json``."""
-        return {
-            "totals": self.totals,
-            "results": [item.to_wire() for item in self.results],
-            "dryRun": self.dry_run,
-            "stopActivity": self.stop_activity,
-            "batches": self.batches,
-            "stopDispatch": {
-                "sent": self.stop_report.sent,
-                "failed": [{"family": f, "error": e} for f, e in self.stop_report.failed],
-            },
-        }
 
 
 # -- archiving ----------------------------------------------------------------------------------
@@ -205,8 +157,10 @@ class _Run:
             eventsMax=events.STREAM_MAXLEN,
         )
 
-    def batch(self, ids: list[str]) -> list[BulkItem]:
-        """Archive one batch; returns its items in the order of ``ids``."""
+    def batch(self, ids: list[str]) -> tuple[list[BulkItem], Callable[[], None]]:
+        """Write one batch; returns its items in the order of ``ids`` and what is left to do
+        once it is written: read the census of its busy sessions, send their stops and record
+        the batch (``finish``; ``_run`` runs it while the next batch is written)."""
         done: dict[str, BulkItem] = {}
         pending: list[str] = []
         for sid in ids:
@@ -253,22 +207,27 @@ class _Run:
                     done[sid] = BulkItem(sid, "refused", found[sid])
                 else:
                     pending.append(sid)  # the work ended meanwhile: try the archive again
-        # Every session the batch archived, descendants included, got its event (ACP's
-        # session_info_update) from the script, the session before its descendants, before
-        # any stop.
-        if busy and not self.dry:
-            # Read after the write, as a single archive does: anything that started before it
-            # is seen here; anything after it is refused by the gate.
+        items = [done[sid] for sid in ids]
+        return items, lambda: self.finish(items, busy, flipped)
+
+    def finish(
+        self, items: list[BulkItem], busy: list[str], flipped: dict[str, list[ActivityItem]]
+    ) -> None:
+        """After a batch's write: stop the live work of its ``busy`` sessions (the census read
+        after the write, as a single archive reads it: anything that started before it is seen
+        here, anything after it is refused by the gate; ``flipped``: the turns its script
+        stopped), then record its refusals. Every session the batch archived, descendants
+        included, already got its event (ACP's session_info_update) from the script."""
+        if self.dry:
+            return
+        if busy:
             stops = census_many(self.store, busy, self.dispatcher)
             for sid, stopped in flipped.items():
                 stops[sid] = merge_items(stopped, stops.get(sid, []))
             sent = {sid: items for sid, items in stops.items() if items}
             dispatch_stops_many(self.dispatcher, sent, store=self.store, report=self.report)
             self.record_stops(sent)
-        items = [done[sid] for sid in ids]
-        if not self.dry:
-            self.record(items)
-        return items
+        self.record(items)
 
     def record_stops(self, sent: dict[str, list[ActivityItem]]) -> None:
         """Add to the audit trail, per session archived with ``stopActivity``, the items stop
@@ -323,14 +282,30 @@ class _Run:
 
 
 def _run(run: _Run, ids: list[str], batch_size: int, progress: Progress | None) -> BulkResult:
+    """Write the batches in order. What follows a batch's write (its census, stops and
+    records: ``_Run.finish``) runs on a thread while the next batch is written, one batch
+    behind at most, so Redis writes the next batch as this process reads and sends; a batch's
+    stops still go out after its own write, and all of them before this returns."""
     batches = [ids[i : i + batch_size] for i in range(0, len(ids), batch_size)]
     if progress is not None:
         progress(0, len(ids))
     results: list[BulkItem] = []
-    for part in batches:
-        results.extend(run.batch(part))
-        if progress is not None:
-            progress(len(results), len(ids))
+    with ThreadPoolExecutor(1, thread_name_prefix="bulk-finish") as after:
+        behind: Future[None] | None = None
+        for part in batches:
+            try:
+                items, finish = run.batch(part)
+            except BaseException:
+                _wait_logged(behind)
+                raise
+            if behind is not None:
+                behind.result()  # raises what the previous batch's finish raised
+            behind = after.submit(finish)
+            results.extend(items)
+            if progress is not None:
+                progress(len(results), len(ids))
+        if behind is not None:
+            behind.result()
     result = BulkResult(results, run.dry, run.stop, len(batches), run.report)
     log.info(
         "%s%s: %s",
@@ -339,6 +314,13 @@ def _run(run: _Run, ids: list[str], batch_size: int, progress: Progress | None) 
         ", ".join(f"{k} {v}" for k, v in result.totals.items() if v),
     )
     return result
+
+
+def _wait_logged(behind: Future[None] | None) -> None:
+    """Wait for the previous batch's finish while a write failed, logging its own failure
+    (the write's is the one raised)."""
+    if behind is not None and (exc := behind.exception()) is not None:
+        log.warning("the stops and records of a batch failed: %s", exc, exc_info=exc)
 
 
 def check_id_count(count: int) -> None:

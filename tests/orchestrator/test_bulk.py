@@ -13,7 +13,7 @@ import redis
 
 from orchestrator import archive, bulk, events, jobs, reminders, sessions, turns
 from orchestrator.activity import census
-from orchestrator.errors import InvalidParams, SessionActive, TooManySessions
+from orchestrator.errors import InvalidParams, SessionActive, StoreUnavailable, TooManySessions
 from orchestrator.families import Task
 from orchestrator.sessions import Session
 from orchestrator.store import Store, iso, now_ms
@@ -405,6 +405,60 @@ def test_a_failed_stop_dispatch_is_reported_and_never_undoes_the_archive(
     assert read(store, sid).archived is True
     assert [f for f, _ in result.stop_report.failed] == ["turn"]
     assert result.stop_report.sent == {"reminder": 1}
+
+
+def test_a_batchs_stops_follow_its_own_write_and_all_are_sent_before_it_returns(
+    store: Store, recorder: RecordingDispatcher, cwd: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given six busy sessions, archived three per batch (a batch's census and stops run on a
+    # thread while the next batch is written)
+    busy = [Busy(store, recorder, cwd, host="host0") for _ in range(6)]
+    before = len(recorder.sent)
+    log: list[tuple[str, frozenset[str]]] = []
+    run, send = Store.run, recorder.send
+
+    def writing(self: Store, name: str, args: list[Any], **kw: Any) -> Any:
+        if name == "bulk_archive":
+            log.append(("write", frozenset(a for a in args if isinstance(a, str))))
+        return run(self, name, args, **kw)
+
+    def sending(task: str, args: list[Any], queue: str) -> None:
+        log.append(("stop", frozenset(args[0])))
+        send(task, args, queue)
+
+    monkeypatch.setattr(Store, "run", writing)
+    monkeypatch.setattr(recorder, "send", sending)
+    result = bulk.bulk_archive(
+        store, recorder, session_ids=[b.sid for b in busy], stop_activity=True, batch_size=3
+    )
+    # Then each batch's stops were sent after its own write, and every stop before it returned
+    assert result.stop_report.sent == {"turn": 6, "job": 6, "subagent": 6, "reminder": 6}
+    assert len(recorder.sent) - before == 8
+    for part in ([b.sid for b in busy[:3]], [b.sid for b in busy[3:]]):
+        wrote = next(i for i, (kind, ids) in enumerate(log) if kind == "write" and part[0] in ids)
+        stops = [i for i, (kind, ids) in enumerate(log) if kind == "stop" and part[0] in ids]
+        assert len(stops) == 4 and wrote < min(stops)
+        assert all(log[i][1] == frozenset(part) for i in stops)
+
+
+def test_a_failure_after_a_batchs_write_is_raised_and_its_archives_stay(
+    store: Store, recorder: RecordingDispatcher, cwd: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given two batches of busy sessions, and a census after the first batch's write that fails
+    busy = [Busy(store, recorder, cwd, host="host0") for _ in range(4)]
+
+    def down(*args: Any, **kwargs: Any) -> Any:
+        raise StoreUnavailable("The session store is unavailable: test. Try again shortly.")
+
+    monkeypatch.setattr(bulk, "census_many", down)
+    # When they are archived with stopActivity
+    with pytest.raises(StoreUnavailable):
+        bulk.bulk_archive(
+            store, recorder, session_ids=[b.sid for b in busy], stop_activity=True, batch_size=2
+        )
+    # Then the failure is the caller's, and the first batch stays archived (as single archives
+    # would: the reconciler stops what the census could not)
+    assert all(read(store, b.sid).archived for b in busy[:2])
 
 
 # --------------------------------------------------------------------------- dry run
