@@ -63,8 +63,10 @@ def readiness(store: Store, dispatcher: Dispatcher) -> tuple[bool, dict[str, Any
     return ready, {"redis": redis_ok, "broker": broker_ok, "workers": workers}
 
 
+# Liveness answers on the event loop itself (``async def``): it does no I/O, so it costs no
+# hop to the thread pool, and it answers only when the loop does.
 @router.get("/health")
-def health() -> dict[str, str]:
+async def health() -> dict[str, str]:
     """Liveness: the process answers."""
     return {"status": "ok"}
 
@@ -83,7 +85,7 @@ def ready(store: StoreDep, dispatcher: DispatcherDep) -> JSONResponse:
 # HEAD, which load balancers and health checkers send: the same status, no body. Kept out of
 # the OpenAPI document (one operation per path and method would repeat each GET's).
 @router.head("/health", include_in_schema=False)
-def health_head() -> Response:
+async def health_head() -> Response:
     """Liveness for a HEAD probe: 200, no body."""
     return Response(status_code=200)
 
