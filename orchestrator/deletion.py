@@ -18,6 +18,11 @@ running under it could no longer be seen or stopped. Hence:
   ``delete_stop_wait_seconds``, then deleted by the same checked script. Work still live
   after the wait refuses the delete with ``SessionActive``: the session stays archived (not
   deleted), so the reconciler keeps stopping its work and a later delete can finish.
+
+Two deletes may race (the same session twice, or a session and an ancestor): the one whose
+script runs first deletes, and the other finds the session gone at whatever step it has
+reached (its archive, its wait, its refusal's census) and answers ``deleted=False``, with
+what it had itself stopped. It never answers ``SessionNotFound``.
 """
 
 from __future__ import annotations
@@ -107,7 +112,8 @@ def delete(
             return result
         result.stopped, result.stop_report = archived.stopped, archived.stop_report
         wait = store.settings.delete_stop_wait_seconds if wait_seconds is None else wait_seconds
-        _wait_quiet(store, dispatcher, session_id, wait)
+        if not _wait_quiet(store, dispatcher, session_id, wait):
+            return result  # deleted by another delete while this one waited
     elif confirmed is not None:
         raise InvalidParams(
             "confirmedActivity is only meaningful with stopActivity.",
@@ -118,25 +124,40 @@ def delete(
         if outcome != "active":
             result.deleted, result.deleted_descendants = outcome == "deleted", below
             return result
-        items = census(store, session_id, dispatcher)
+        items = _live(store, session_id, dispatcher)
+        if items is None:
+            return result  # deleted by another delete since this one's check
         if items:
             _refused(store, session_id, items, stop_activity)
-    _refused(store, session_id, census(store, session_id, dispatcher), stop_activity)
+    items = _live(store, session_id, dispatcher)
+    if items is None:
+        return result
+    _refused(store, session_id, items, stop_activity)
 
 
-def _wait_quiet(store: Store, dispatcher: Dispatcher, session_id: str, seconds: float) -> None:
-    """Poll the census until the subtree has no live work or ``seconds`` have passed."""
+def _live(store: Store, session_id: str, dispatcher: Dispatcher) -> list[ActivityItem] | None:
+    """The subtree's census, or ``None`` once the session is gone (another delete)."""
+    try:
+        return census(store, session_id, dispatcher)
+    except SessionNotFound:
+        return None
+
+
+def _wait_quiet(store: Store, dispatcher: Dispatcher, session_id: str, seconds: float) -> bool:
+    """Poll the census until the subtree has no live work or ``seconds`` have passed. Returns
+    False when the session was deleted meanwhile (by another delete), else True."""
     retrying = Retrying(
         stop=stop_after_delay(seconds), wait=wait_fixed(_POLL_SECONDS), retry=retry_if_result(bool)
     )
     try:
-        retrying(census, store, session_id, dispatcher)
+        return retrying(_live, store, session_id, dispatcher) is not None
     except RetryError:
         log.warning(
             "delete: work still live %.1fs after its stop; not deleted",
             seconds,
             extra={"session_id": session_id},
         )
+        return True
 
 
 def _refused(
