@@ -2,11 +2,14 @@
 
 An event is a JSON object ``{"type": ..., "sessionId": ..., ...}`` published on the
 ``events`` channel (``Keys.events``). Lifecycle events (``DURABLE_KINDS``: archived,
-unarchived, title, turn) are also appended to a capped stream (``Keys.event_stream``, about
-``STREAM_MAXLEN`` entries), in the same pipeline, so ``GET /events`` can serve them as
-Server-Sent Events whose ids are the stream ids and a client that reconnects with
-``Last-Event-ID`` misses nothing still retained. Conversation ``update`` events are only
-published (the history list is their durable record).
+unarchived, title, turn, deleted) are also appended to a capped stream
+(``Keys.event_stream``, about ``STREAM_MAXLEN`` entries), in the same pipeline, so
+``GET /events`` can serve them as Server-Sent Events whose ids are the stream ids and a client
+that reconnects with ``Last-Event-ID`` misses nothing still retained. Conversation
+``update`` events are only published (the history list is their durable record). Archive and
+delete emit theirs from their own scripts (``emit_event`` in ``_lib.lua``), in this same
+form: a ``deleted`` event is ``{"type": "deleted", "sessionId"}``, one per session a delete
+removed (its descendants too).
 
 Publishing is best effort: a failure is logged and never undoes the change it reports (listing
 stays the source of truth).
@@ -26,7 +29,7 @@ log = logging.getLogger(__name__)
 
 
 #: Event kinds kept in the durable stream (and served by ``GET /events``).
-DURABLE_KINDS = frozenset({"archived", "unarchived", "title", "turn"})
+DURABLE_KINDS = frozenset({"archived", "unarchived", "title", "turn", "deleted"})
 #: Approximate cap of the event stream (``XADD MAXLEN ~``): Redis trims whole nodes, so it
 #: may hold slightly more.
 STREAM_MAXLEN = 10_000

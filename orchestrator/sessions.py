@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from orchestrator import audit, limits
+from orchestrator import audit, events, limits
 from orchestrator.errors import InvalidParams, SessionNotFound, TurnStopped
 from orchestrator.fencing import StepGuard
 from orchestrator.listing import (
@@ -160,12 +160,13 @@ def write_delete(store: Store, session_id: str, *, check_live: bool) -> tuple[st
     yet deleted, any depth, are deleted together and audited in the same script. Returns
     ``(outcome, descendants)``: ``deleted`` with the ids of the descendants it deleted
     (breadth first), ``missing`` (nothing to delete) or, with ``check_live``, ``active`` (the
-    session or a descendant has live work; nothing written), both with ``[]``.
+    session or a descendant has live work; nothing written), both with ``[]``. A delete emits
+    a ``deleted`` event for each session it deleted, in the same script.
     Raises ``StoreUnavailable``."""
     if not isinstance(session_id, str) or not SESSION_ID_RE.fullmatch(session_id):
         return "missing", []
     when = iso(store.now_ms())
-    recorder = audit.script_recorder(store, "delete", {})
+    recorder = audit.script_recorder(store, "delete", {}, eventsMax=events.STREAM_MAXLEN)
     args = [session_id, when, "1" if check_live else "0", recorder]
     result = store.run("delete_session", args, durable=True)
     below = [str(sid) for sid in result[1]] if result[0] == "deleted" else []

@@ -11,7 +11,9 @@ An archive frees the session on every connection that has it open, as ``session/
 (ACP seed 000): the connection is sent the updates recorded up to the archive, then
 ``session_info_update`` with ``archived: true``, then nothing more of the session, except the
 ``archived: false`` of its unarchive. After that, nothing flows until a client loads or
-resumes it again.
+resumes it again. A delete (ACP has no notification for it) closes the session on every
+connection, silently, as ``session/close`` does: nothing more of it can come, not even an
+unarchive.
 """
 
 from __future__ import annotations
@@ -196,6 +198,8 @@ class Streams:
             await self.send_update(sid, _info(archived=False))
             self._archived.discard(sid)
             self.release(sid)
+        elif kind == "deleted":
+            self.close_session(sid)
         elif kind == "title" and sid in self.open:
             await self.send_update(sid, _info(title=event.get("title")))
         elif kind == "turn" and event.get("state") in _TERMINAL_TURN_STATES:

@@ -1,7 +1,7 @@
 """``GET /events``: the fleet's lifecycle events as Server-Sent Events (framed by
 ``sse-starlette``).
 
-Events (archived, unarchived, title, turn) are read from the capped Redis stream
+Events (archived, unarchived, title, turn, deleted) are read from the capped Redis stream
 ``Keys.event_stream`` that ``orchestrator.events`` appends to, so a client that reconnects
 misses nothing still retained: each SSE event's ``id:`` is its stream id, and a request with
 ``Last-Event-ID`` (the header browsers send on reconnect, or the ``lastEventId`` query
@@ -9,7 +9,8 @@ parameter) resumes right after it. Without one, the stream starts at the newest 
 later ones are sent). If the resume id is older than the oldest event kept (the stream holds
 about 10,000), an ``event: gap`` is sent first: some events were trimmed, so re-read state
 (``GET /sessions``). ``?sessionId=`` keeps only that session's events (one that names no
-session, unknown or deleted, answers 404 before the stream opens). Browsers'
+session, unknown or deleted, answers 404 before the stream opens); such a stream ends after
+the session's ``deleted`` event, since nothing of it can follow. Browsers'
 ``EventSource`` cannot send an ``Authorization`` header, so this route alone also takes the
 token as ``?token=`` (checked in ``api.deps.authorize``, in constant time).
 
@@ -129,8 +130,9 @@ async def _stream(
     gap: dict[str, str] | None,
     session_id: str | None,
 ) -> AsyncIterator[ServerSentEvent]:
-    """The events after ``cursor`` (``gap`` first when given), read until the client leaves;
-    closes ``client`` at the end."""
+    """The events after ``cursor`` (``gap`` first when given), read until the client leaves
+    or, for one session's stream, until its ``deleted`` event has been sent; closes ``client``
+    at the end."""
     try:
         yield ServerSentEvent(comment="connected", sep=_SEP)
         if gap is not None:
@@ -149,6 +151,8 @@ async def _stream(
                 event = _event(entry_id, fields.get("event", ""), session_id)
                 if event is not None:
                     yield event
+                    if session_id is not None and event.event == "deleted":
+                        return  # the session is gone: nothing more of it will come
     finally:
         await client.aclose()
 
@@ -181,11 +185,12 @@ async def events(
         Header(alias="Last-Event-ID", description="Resume after this event id."),
     ] = None,
 ) -> EventSourceResponse:
-    """Lifecycle events (archived, unarchived, title, turn) as Server-Sent Events; each
-    ``id:`` is a stream id, and reconnecting with ``Last-Event-ID`` resumes after it. A
+    """Lifecycle events (archived, unarchived, title, turn, deleted) as Server-Sent Events;
+    each ``id:`` is a stream id, and reconnecting with ``Last-Event-ID`` resumes after it. A
     comment heartbeat is sent every 15 s. ``event: gap`` first means events after the
     given id were trimmed (the stream keeps about 10,000). ``sessionId`` of no session
-    (unknown or deleted; archived ones stream): 404 ``session_not_found``."""
+    (unknown or deleted; archived ones stream): 404 ``session_not_found``; a ``sessionId``
+    stream ends after that session's ``deleted`` event."""
     if sessionId is not None:
         if not SESSION_ID_RE.fullmatch(sessionId):
             raise InvalidParams("sessionId is not a session id.", {"param": "sessionId"})

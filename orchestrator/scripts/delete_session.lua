@@ -1,4 +1,5 @@
--- ARGV: prefix, sid, nowIso, checkLive '0'|'1', recorder (audit.script_recorder's JSON)
+-- ARGV: prefix, sid, nowIso, checkLive '0'|'1', recorder (audit.script_recorder's JSON with
+--   eventsMax = the event stream's cap)
 -- Deletes the session and its whole subtree (every descendant not yet deleted, any depth):
 -- each is marked deleted and dropped from every index and set the create path put it in (the
 -- archived set, the listing indexes, its lineage, its own children set), and the session
@@ -7,7 +8,9 @@
 -- in _lib.lua), so the check and the write are one step and no work is hidden by a delete.
 -- The delete is audited here, so the record commits with it: the session's entry
 -- ({"deletedCount": n}), and in the trail of each descendant it deleted the same entry id
--- (record_descendants in _lib.lua).
+-- (record_descendants in _lib.lua). A `deleted` event ({"type": "deleted", "sessionId"}) is
+-- emitted for the session, then for each descendant it deleted (emit_event: the event stream
+-- and the events channel), so the events commit with the delete.
 -- Returns {'deleted', descendants (ids, breadth first)} | {'missing'} | {'active'}
 local sid, now = ARGV[2], ARGV[3]
 local k = skey(sid)
@@ -39,4 +42,7 @@ local id = record_in_script(rec, sid, 'deleted', now, string.format(
 local below = {}
 for i = 2, #nodes do below[#below + 1] = nodes[i] end
 record_descendants(rec, id, sid, below, 'deleted', now)
+for _, s in ipairs(nodes) do
+  emit_event(string.format('{"type": "deleted", "sessionId": "%s"}', s), rec.eventsMax or 10000)
+end
 return {'deleted', below}

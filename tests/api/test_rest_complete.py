@@ -553,6 +553,61 @@ def test_an_event_stream_of_no_session_is_404_and_of_an_archived_one_streams(
         assert sse.event()["json"]["sessionId"] == sid
 
 
+def test_a_delete_streams_a_deleted_event_for_the_session_and_each_descendant(
+    client: TestClient,
+) -> None:
+    # Given root -> child -> grandchild and a client watching every session
+    root = _new(client)
+    child = _new(client, parentId=root)
+    grand = _new(client, parentId=child)
+    with _stream(client) as resp:
+        sse = Sse(resp)
+        _connected(sse)
+        # When the root is deleted
+        assert client.delete(f"/sessions/{root}").json()["deleted"] is True
+        # Then a deleted event arrives for each of them, the root first
+        seen: list[dict[str, Any]] = []
+        while len(seen) < 3:
+            event = sse.event()
+            if event["json"]["sessionId"] in (root, child, grand):
+                seen.append(event)
+    assert [e["event"] for e in seen] == ["deleted"] * 3
+    assert [e["json"] for e in seen] == [
+        {"type": "deleted", "sessionId": sid} for sid in (root, child, grand)
+    ]
+    assert _ids_increase([e["id"] for e in seen])
+
+
+def _ends(sse: Sse, seconds: float = 10.0) -> bool:
+    """Whether the stream ends (its remaining lines read to the end) within ``seconds``."""
+    reader = threading.Thread(target=lambda: list(sse.lines), daemon=True)
+    reader.start()
+    reader.join(seconds)
+    return not reader.is_alive()
+
+
+@pytest.mark.parametrize("deleted", ["itself", "its parent"])
+def test_a_sessions_event_stream_ends_after_its_deleted_event(
+    client: TestClient, deleted: str
+) -> None:
+    # Given a client watching a subagent session (heartbeats every 0.3 s here)
+    parent = _new(client)
+    sid = _new(client, parentId=parent)
+    with _stream(client, params={"sessionId": sid}) as resp:
+        sse = Sse(resp)
+        _connected(sse)
+        # When it, or its parent (taking it along), is deleted
+        target = sid if deleted == "itself" else parent
+        assert client.delete(f"/sessions/{target}").json()["deleted"] is True
+        # Then its deleted event arrives, and the stream ends: nothing more of it can come
+        event = sse.event()
+        assert (event["event"], event["json"]) == (
+            "deleted",
+            {"type": "deleted", "sessionId": sid},
+        )
+        assert _ends(sse), "the stream went on after the session was deleted"
+
+
 def test_the_event_stream_and_bulk_archive_need_the_token() -> None:
     with rest_client(FLEET_API_TOKEN="s3cret") as client:
         _error(client.get("/events"), 401, "unauthorized")

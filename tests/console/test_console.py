@@ -396,6 +396,27 @@ def test_list_updates_live_when_another_client_archives(server: Server, page: An
     _row(page, sid).wait_for(state="detached", timeout=5_000)
 
 
+def test_a_session_another_client_deletes_leaves_the_list_and_its_open_view(
+    server: Server, page: Any
+) -> None:
+    # Given a session open in the console, with another one listed beside it
+    other = server.session("Stays listed")
+    sid = server.session("Deleted elsewhere")
+    page.goto(f"{server.base}/console#/session/{sid}")
+    card = page.locator(f'#detail .card[data-session-id="{sid}"]')
+    card.wait_for()
+    _row(page, sid).wait_for()
+    page.locator('#live[data-state="live"]').wait_for()
+    page.evaluate("window.__sameDocument = true")
+    # When another client deletes it, Then its row and its view go, live (its deleted event)
+    server.ok("DELETE", f"/sessions/{sid}")
+    _row(page, sid).wait_for(state="detached", timeout=5_000)
+    card.wait_for(state="detached", timeout=5_000)
+    page.wait_for_function("location.hash === '#/'")
+    _row(page, other).wait_for()
+    assert page.evaluate("window.__sameDocument") is True  # no reload
+
+
 def test_delete_asks_for_confirmation_and_cancel_keeps_the_session(
     server: Server, page: Any
 ) -> None:

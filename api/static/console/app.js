@@ -114,9 +114,14 @@ function connectEvents() {
     let data = {};
     try { data = JSON.parse(ev.data); } catch { /* ignore */ }
     if (ev.type === "turn" && data.sessionId) refreshActivity(data.sessionId);
+    // A session deleted elsewhere leaves the list; its open view goes back to the list.
+    if (ev.type === "deleted" && data.sessionId === state.selected) {
+      go(state.population === "archived" ? "#/archived" : "#/");
+      return;
+    }
     refreshAll();
   };
-  for (const type of ["archived", "unarchived", "title", "turn", "gap"]) {
+  for (const type of ["archived", "unarchived", "title", "turn", "deleted", "gap"]) {
     source.addEventListener(type, onEvent);
   }
 }
