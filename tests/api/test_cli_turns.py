@@ -17,7 +17,7 @@ from click.testing import Result
 from typer.testing import CliRunner
 
 from api.cli import app
-from orchestrator import sessions
+from orchestrator import deletion, sessions
 from orchestrator.store import Store
 from orchestrator.turns import TurnState, get_turn
 from tests.helpers import ctrl_c_reaches_it, wait_for
@@ -183,3 +183,29 @@ def test_a_turn_stopped_by_an_archive_says_the_session_was_archived(
         # ACP's stop reason stays its own; the turn says why
         assert (turn.stop_reason, turn.cancelled_by) == ("cancelled", "archive")
         assert turn.to_wire()["cancelledBy"] == "archive"
+
+
+def test_a_turn_stopped_by_a_delete_says_the_session_was_deleted(
+    fleet: Any, store: Store, dispatcher: Any, tmp_path: Path
+) -> None:
+    # Given a subagent session with a turn mid-step, followed by fleet prompt
+    parent = _new(store)
+    sid = sessions.create_session(store, "/tmp/fleet-cli-turns", parent).session_id
+    err = tmp_path / "running.err"
+    proc = _prompt_in_background(sid, "think 30", err)
+    try:
+        tid = re.findall(r"turn_[0-9a-f]{24}", err.read_text())[0]
+        wait_for(lambda: store.redis.exists(store.keys.step_lease(tid)), 30, message="the step")
+        # When its parent is deleted with its work stopped (archived first, then deleted once
+        # the turn has ended)
+        result = deletion.delete(store, dispatcher, parent, stop_activity=True)
+        assert result.deleted and result.deleted_descendants == [sid]
+        # Then the prompt ends 1 saying the session was deleted, not archived
+        assert proc.wait(60) == 1
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    said = err.read_text()
+    assert "turn cancelled: session deleted" in said, said
+    turn = get_turn(store, tid)
+    assert turn is not None and turn.cancelled_by == "archive"  # the record keeps its cause
