@@ -6,7 +6,7 @@ directory (``api/discovery.py``). Exit status and the JSON error shape: ``api.cl
 
 - ``sessions``: ``sessions ls|show|new``, ``activity``, ``audit``;
 - ``turns``: ``prompt`` (follows the turn unless ``--detach``);
-- ``archive``: ``archive`` (one session), ``unarchive``;
+- ``archive``: ``archive`` (one session), ``unarchive``, ``delete``;
 - ``bulk``: ``bulk-archive``, ``auto-archive`` (also ``archive --bulk``, ``archive --auto``);
 - ``processes``: ``worker``, ``up``, ``api``, ``beat``, ``flower``, ``acp``, ``demo``;
 - ``ops``: ``reconcile``, ``sweep``.

@@ -1,4 +1,5 @@
-"""``fleet archive`` (one session, or many with ``--bulk``/``--auto``) and ``fleet unarchive``."""
+"""``fleet archive`` (one session, or many with ``--bulk``/``--auto``), ``fleet unarchive`` and
+``fleet delete`` (which stops work as ``fleet archive --stop`` does)."""
 
 from __future__ import annotations
 
@@ -11,8 +12,8 @@ from api.cli.common import app, console, fail, usage
 from api.cli.params import seconds_option
 from orchestrator.errors import FleetError
 
-#: ``--json`` of ``archive`` and ``unarchive``: the outcome as the HTTP API answers it, and a
-#: refusal as ``{"error": ...}`` on stdout (``api.cli.common.fail``).
+#: ``--json`` of ``archive``, ``unarchive`` and ``delete``: the outcome as the HTTP API
+#: answers it, and a refusal as ``{"error": ...}`` on stdout (``api.cli.common.fail``).
 _JSON = typer.Option(False, "--json", help="Print JSON (for scripts).")
 
 
@@ -89,7 +90,7 @@ def _archive_one(session_id: str, stop: bool, confirmed: list[str] | None, as_js
     from orchestrator.archive import archive as do_archive
 
     try:
-        binding = _confirmation(session_id, stop, confirmed, as_json)
+        binding = _confirmation(session_id, stop, confirmed, as_json, "archive")
         result = do_archive(
             store(), dispatcher(), session_id, stop_activity=stop, confirmed=binding
         )
@@ -105,12 +106,13 @@ def _archive_one(session_id: str, stop: bool, confirmed: list[str] | None, as_js
 
 
 def _confirmation(
-    session_id: str, stop: bool, given: list[str] | None, as_json: bool
+    session_id: str, stop: bool, given: list[str] | None, as_json: bool, verb: str
 ) -> list[tuple[str, str]] | None:
-    """What ``fleet archive --stop`` is bound to: the ``--confirmed FAMILY:ID`` items, or on
-    a terminal (without ``--json``) the live items shown and confirmed here; None (stop
-    everything live) for a script that names none. Raises ``InvalidParams`` for a malformed
-    item or --confirmed without --stop; exits 1 when the user declines."""
+    """What ``fleet archive --stop`` (``fleet delete --stop``: ``verb``) is bound to: the
+    ``--confirmed FAMILY:ID`` items, or on a terminal (without ``--json``) the live items
+    shown and confirmed here; None (stop everything live) for a script that names none.
+    Raises ``InvalidParams`` for a malformed item or --confirmed without --stop,
+    ``SessionNotFound``; exits 1 when the user declines."""
     from api.context import dispatcher, store
     from orchestrator.activity import census
     from orchestrator.errors import InvalidParams
@@ -135,7 +137,7 @@ def _confirmation(
         console.print(f"{session_id} has live work:")
         for item in items:
             console.print(f"  - {item.family:9} {item.id}  {item.label}")
-        if not typer.confirm(f"Stop these {len(items)} item(s) and archive?", default=False):
+        if not typer.confirm(f"Stop these {len(items)} item(s) and {verb}?", default=False):
             raise typer.Exit(1)
     return [(item.family, item.id) for item in items]
 
@@ -156,3 +158,52 @@ def unarchive(session_id: str, as_json: bool = _JSON) -> None:
         print(json.dumps(unarchive_to_wire(session_id, n), indent=2))
         return
     console.print(f"{session_id}: " + ("unarchived" if n else "was not archived"))
+
+
+@app.command()
+def delete(
+    session_id: str = typer.Argument(..., metavar="ID", help="The session to delete."),
+    stop: bool = typer.Option(
+        False, "--stop", help="Stop live work (as archive --stop), then delete."
+    ),
+    confirmed: list[str] | None = typer.Option(
+        None,
+        "--confirmed",
+        metavar="FAMILY:ID",
+        help="With --stop: an item confirmed for stopping (repeat it); anything "
+        "else live refuses the delete (activity_changed) and nothing is written.",
+        show_default=False,
+    ),
+    as_json: bool = _JSON,
+) -> None:
+    """Delete a session and its subagents (its whole subtree). Refused, with the live items,
+    while any of them has live work unless --stop is given: then the work is stopped as
+    fleet archive --stop stops it (on a terminal the live items are listed and confirmed
+    first), and the session is deleted once it has ended (FLEET_DELETE_STOP_WAIT_SECONDS at
+    most; work still live then refuses the delete and the session stays archived).
+    Idempotent: an unknown or deleted session answers "nothing to delete". Exit status: 0
+    deleted (or nothing to delete), 1 declined at the confirmation, 2 refused (with --json,
+    as JSON on stdout; the deleted answer is the HTTP API's).
+    """
+    from api.context import dispatcher, store
+    from orchestrator.deletion import delete as do_delete
+    from orchestrator.errors import SessionNotFound
+
+    try:
+        try:
+            binding = _confirmation(session_id, stop, confirmed, as_json, "delete")
+        except SessionNotFound:
+            binding = None  # nothing to confirm: the delete answers that there is nothing
+        result = do_delete(store(), dispatcher(), session_id, stop_activity=stop, confirmed=binding)
+    except FleetError as exc:
+        fail(exc)
+    if as_json:
+        print(json.dumps(result.to_wire(), indent=2))
+        return
+    below = len(result.deleted_descendants)
+    console.print(
+        f"{session_id}: "
+        + ("deleted" if result.deleted else "nothing to delete")
+        + (f" with {below} subagent session(s)" if below else "")
+        + (f", stop sent for {len(result.stopped)} item(s)" if result.stopped else "")
+    )

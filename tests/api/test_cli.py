@@ -265,3 +265,96 @@ def test_sweep_runs_one_pass_of_the_turn_sweeper_and_prints_what_it_did() -> Non
     assert report["waiting"] == 0
     said = _flat(_ok("sweep", "--stuck-seconds", "86400"))
     assert "sweep: 0 examined" in said and "waiting 0" in said
+
+
+# --------------------------------------------------------------------------- delete
+
+
+def test_delete_of_a_quiet_session_and_its_subagent_then_nothing_to_delete() -> None:
+    sid = _new()
+    child = _ok("sessions", "new", _cwd(), "--parent", sid).strip()
+    assert _flat(_ok("delete", sid)) == f"{sid}: deleted with 1 subagent session(s)"
+    assert sid not in {s["sessionId"] for s in _ls("--all")}
+    assert _run("sessions", "show", child).exit_code == 2
+    # Idempotent, as the HTTP API: a deleted or unknown session has nothing to delete
+    assert _flat(_ok("delete", sid)) == f"{sid}: nothing to delete"
+    assert _flat(_ok("delete", "sess_doesnotexist")) == "sess_doesnotexist: nothing to delete"
+    assert _flat(_ok("delete", "a*b", "--stop")) == "a*b: nothing to delete"
+
+
+def test_delete_json_answers_what_the_http_api_answers() -> None:
+    sid = _new()
+    child = _ok("sessions", "new", _cwd(), "--parent", sid).strip()
+    body = json.loads(_ok("delete", sid, "--json"))
+    assert body == {"sessionId": sid, "deleted": True, "deletedDescendants": [child]}
+    again = json.loads(_ok("delete", sid, "--json", "--stop"))
+    with rest_client() as client:
+        resp = client.request("DELETE", f"/sessions/{sid}", json={"stopActivity": True})
+        assert again == resp.json()
+    assert again == {
+        "sessionId": sid,
+        "deleted": False,
+        "deletedDescendants": [],
+        "stopped": [],
+        "stopDispatch": {"sent": {}, "failed": []},
+    }
+
+
+def test_delete_confirmed_without_stop_exits_2() -> None:
+    sid = _new()
+    result = _run("delete", sid, "--confirmed", "turn:turn_1")
+    assert result.exit_code == 2
+    assert "invalid_params" in result.stderr and "--confirmed needs --stop" in result.stderr
+    assert sid in {s["sessionId"] for s in _ls()}
+
+
+def test_delete_of_a_busy_session_is_refused_with_its_items_then_stopped(fleet: Any) -> None:
+    # Given a session whose subagent runs a turn
+    parent = _new()
+    sid = _ok("sessions", "new", _cwd(), "--parent", parent).strip()
+    tid = _ok("prompt", sid, "think 30", "--detach").strip()
+    wait_for(lambda: any(i["id"] == tid for i in _activity(sid)), message="the turn")
+    try:
+        # When the parent is deleted without --stop: refused, exit 2, the live items listed
+        refused = _run("delete", parent)
+        assert refused.exit_code == 2, refused.output
+        err = _flat(refused.stderr)
+        assert "session_active" in err and "delete with --stop" in err
+        assert f"- subagent {sid}" in err
+        assert refused.stdout == ""
+        as_json = _run("delete", parent, "--json")
+        assert as_json.exit_code == 2
+        error = json.loads(as_json.stdout)["error"]
+        assert error["code"] == "session_active"
+        assert [(i["family"], i["id"]) for i in error["data"]["activity"]] == [("subagent", sid)]
+        # and nothing was deleted or stopped
+        assert [i["id"] for i in _activity(sid)] == [tid]
+    finally:
+        stopped = _run("delete", parent, "--stop", "--json")
+    # Then --stop stops the work as archive --stop does and deletes the tree once it ended
+    assert stopped.exit_code == 0, stopped.output
+    body = json.loads(stopped.stdout)
+    assert (body["deleted"], body["deletedDescendants"]) == (True, [sid])
+    assert [(i["family"], i["id"]) for i in body["stopped"]] == [("subagent", sid)]
+    assert _run("sessions", "show", parent).exit_code == 2
+
+
+def test_delete_stop_on_a_terminal_lists_the_work_and_a_no_keeps_the_session(
+    store: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from types import SimpleNamespace
+
+    from orchestrator import reminders
+
+    sid = _new()
+    rid = reminders.create_reminder(store, sid, 600, "later")
+    # (a terminal: the command reads sys.stdin.isatty(), which CliRunner's input is not)
+    terminal = SimpleNamespace(stdin=SimpleNamespace(isatty=lambda: True))
+    monkeypatch.setattr("api.cli.archive.sys", terminal)
+    result = runner.invoke(app, ["delete", sid, "--stop"], input="n\n")
+    assert result.exit_code == 1, result.output
+    said = _flat(result.output)
+    assert f"{sid} has live work:" in said and f"reminder {rid}" in said
+    assert "Stop these 1 item(s) and delete?" in said
+    assert [i["id"] for i in _activity(sid)] == [rid]
+    assert sid in {s["sessionId"] for s in _ls()}
