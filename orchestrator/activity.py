@@ -29,6 +29,7 @@ __all__ = [
     "merge_items",
     "own_items",
     "shorten",
+    "subagent_label",
 ]
 
 
@@ -228,30 +229,30 @@ def _assemble(
             mine = own[child]
             if not mine:
                 continue
-            counts: dict[str, int] = {}
-            for item in mine:
-                counts[item.family] = counts.get(item.family, 0) + 1
-            summary = ", ".join(
-                f"{n} {spec.plural if n > 1 else spec.display}"
-                for spec, n in ((families.get(fam), n) for fam, n in counts.items())
-            )
-            items.append(
-                ActivityItem(
-                    Family.SUBAGENT,
-                    child,
-                    f"subagent {child} ({summary})",
-                    child,
-                    parts=tuple(mine),
-                )
-            )
+            label = subagent_label(child, mine)
+            items.append(ActivityItem(Family.SUBAGENT, child, label, child, parts=tuple(mine)))
         out[root] = items
     return out
 
 
+def subagent_label(child: str, parts: list[ActivityItem] | tuple[ActivityItem, ...]) -> str:
+    """The label of a ``subagent`` item: ``subagent <id> (2 turns, 1 job, 1 reminder)``, its
+    ``parts`` counted by family in the order they first appear."""
+    counts: dict[str, int] = {}
+    for item in parts:
+        counts[item.family] = counts.get(item.family, 0) + 1
+    summary = ", ".join(
+        f"{n} {spec.plural if n > 1 else spec.display}"
+        for spec, n in ((families.get(fam), n) for fam, n in counts.items())
+    )
+    return f"subagent {child} ({summary})"
+
+
 def merge_items(first: list[ActivityItem], then: list[ActivityItem]) -> list[ActivityItem]:
     """``first`` followed by the items of ``then`` it lacks, compared by (family, id). A
-    ``subagent`` item in both keeps ``first``'s label and carries the parts of both, so
-    nothing either list names goes unstopped."""
+    ``subagent`` item in both carries the parts of both, so nothing either list names goes
+    unstopped; when ``then`` adds parts its label counts them all (``subagent_label``), so
+    it names everything stopped in that session, not only what ``first`` had."""
     out = list(first)
     where = {(item.family, item.id): i for i, item in enumerate(out)}
     for item in then:
@@ -264,7 +265,9 @@ def merge_items(first: list[ActivityItem], then: list[ActivityItem]) -> list[Act
         have = {(p.family, p.id) for p in known.parts}
         extra = tuple(p for p in item.parts if (p.family, p.id) not in have)
         if extra:
-            out[at] = dataclasses.replace(known, parts=known.parts + extra)
+            parts = known.parts + extra
+            label = subagent_label(known.id, parts)
+            out[at] = dataclasses.replace(known, label=label, parts=parts)
     return out
 
 

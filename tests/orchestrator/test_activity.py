@@ -3,16 +3,17 @@
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 import pytest
 
-from orchestrator import activity, jobs, jobstops, reminders, sessions, turns
-from orchestrator.activity import ActivityItem, census, shorten
+from orchestrator import activity, archive, deletion, jobs, jobstops, reminders, sessions, turns
+from orchestrator.activity import ActivityItem, census, merge_items, shorten
 from orchestrator.errors import SessionNotFound
 from orchestrator.families import Family
 from orchestrator.store import Store
 from tests.helpers import RecordingDispatcher
-from tests.orchestrator.support import chain, claim_job
+from tests.orchestrator.support import STOP_TASKS, chain, claim_job, deliver
 
 
 def test_a_new_session_has_no_live_work(store: Store, cwd: str) -> None:
@@ -207,3 +208,61 @@ def test_labels_show_the_first_line_of_a_prompt_cut_with_an_ellipsis() -> None:
     assert shorten(long) == "x" * 59 + "…"
     assert len(shorten(long)) == 60
     assert shorten("y" * 60) == "y" * 60
+
+
+class _Delivering(RecordingDispatcher):
+    """Delivers each stop as the family workers would, as it is sent (``deliver``)."""
+
+    def __init__(self, store: Store) -> None:
+        super().__init__()
+        self.store = store
+
+    def send(self, task: str, args: list[Any], queue: str) -> None:
+        super().send(task, args, queue)
+        if task in STOP_TASKS:
+            deliver(self.store, self, [(task, args, queue)])
+
+
+@pytest.mark.parametrize("how", ["archive", "delete"])
+def test_a_stopped_subagent_item_names_everything_stopped_in_it(
+    store: Store, recorder: RecordingDispatcher, cwd: str, how: str
+) -> None:
+    # Given a parent whose subagent has a running turn (stopped by the archive's own script),
+    # a job and a reminder (stopped by the messages sent after it)
+    root, child = chain(store, 1, cwd)
+    c = child.session_id
+    turns.start_turn(store, recorder, c, "think 30")
+    jobs.create_job(store, recorder, c, 30, "sleep 30s")
+    reminders.create_reminder(store, c, 600, "later")
+
+    # When the parent is archived (or deleted) with its work stopped
+    if how == "archive":
+        stopped = archive.archive(store, recorder, root.session_id, stop_activity=True).stopped
+    else:
+        result = deletion.delete(store, _Delivering(store), root.session_id, stop_activity=True)
+        assert result.deleted and result.deleted_descendants == [c]
+        stopped = result.stopped
+
+    # Then the subagent item's label counts all of it, not only the turn the script stopped
+    [item] = stopped
+    assert (item.family, item.id) == (Family.SUBAGENT, c)
+    assert item.label == f"subagent {c} (1 turn, 1 job, 1 reminder)"
+    assert sorted(p.family for p in item.parts) == ["job", "reminder", "turn"]
+    assert item.to_wire() == {
+        "family": "subagent",
+        "id": c,
+        "label": item.label,
+        "sessionId": c,
+    }
+
+
+def test_merging_adds_the_later_parts_to_the_subagent_label() -> None:
+    turn = ActivityItem(Family.TURN, "turn_1", "turn", "sess_c")
+    job = ActivityItem(Family.JOB, "job_1", "job", "sess_c")
+    first = [ActivityItem(Family.SUBAGENT, "sess_c", "x", "sess_c", parts=(turn,))]
+    then = [ActivityItem(Family.SUBAGENT, "sess_c", "y", "sess_c", parts=(turn, job))]
+    [merged] = merge_items(first, then)
+    assert merged.label == "subagent sess_c (1 turn, 1 job)"
+    assert merged.parts == (turn, job)
+    # nothing added: the first label stays
+    assert merge_items(first, first)[0].label == "x"
