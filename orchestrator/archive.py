@@ -54,7 +54,7 @@ from orchestrator.families import Dispatcher
 from orchestrator.sessions import check_session_id
 from orchestrator.stops import StopReport, dispatch_stops
 from orchestrator.store import Store, iso, new_id
-from orchestrator.turns import stopped_by_archive
+from orchestrator.turns import CANCELLED_BY_ARCHIVE, stopped_by_archive
 
 log = logging.getLogger(__name__)
 
@@ -105,9 +105,12 @@ def archive(
     stop_activity: bool = False,
     confirmed: Confirmed | None = None,
     defer: Defer | None = None,
+    cause: str = CANCELLED_BY_ARCHIVE,
 ) -> ArchiveResult:
     """Archive a session (and its subtree). ``confirmed``: with ``stop_activity``, the
-    (family, id) pairs the user confirmed stopping (a refusal's ``activity``); anything live
+    (family, id) pairs the user confirmed stopping (a refusal's ``activity``); ``cause``: what
+    the turns it stops record as ``cancelledBy`` (``turns.CANCELLED_BY_DELETE`` for a delete's
+    archive); anything live
     beyond them refuses the archive with ``ActivityChanged`` and writes nothing. ``defer``:
     given the stop fan-out's bookkeeping (its counts and ``stop`` audit entry, as a function
     queuing them on a pipeline), writes it off the caller's path (``Bookkeeper.submit``, as
@@ -124,7 +127,7 @@ def archive(
     sid = check_session_id(session_id)
     binding = _binding(stop_activity, confirmed)
     try:
-        result = _archive(store, dispatcher, sid, stop_activity, binding, defer)
+        result = _archive(store, dispatcher, sid, stop_activity, binding, defer, cause)
     except SessionActive as refused:
         families = sorted({item.family for item in refused.items})
         metrics.incr_many(
@@ -175,6 +178,7 @@ def _archive(
     stop_activity: bool,
     binding: str = "",
     defer: Defer | None = None,
+    cause: str = CANCELLED_BY_ARCHIVE,
 ) -> ArchiveResult:
     txn = new_id("arc")
     recorder = audit.script_recorder(
@@ -183,6 +187,7 @@ def _archive(
         {},
         metric=store.keys.metric(metrics.ARCHIVES.name),
         eventsMax=events.STREAM_MAXLEN,
+        cancelledBy=cause,
     )
     for _ in range(_REFUSAL_RECHECKS):
         # The script reads the server's clock itself ('' for nowIso): no TIME round trip.

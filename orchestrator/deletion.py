@@ -41,6 +41,7 @@ from orchestrator.families import Dispatcher
 from orchestrator.sessions import SESSION_ID_RE, write_delete
 from orchestrator.stops import StopReport
 from orchestrator.store import Store
+from orchestrator.turns import CANCELLED_BY_DELETE
 
 log = logging.getLogger(__name__)
 
@@ -106,7 +107,12 @@ def delete(
     if stop_activity:
         try:
             archived = archive(
-                store, dispatcher, session_id, stop_activity=True, confirmed=confirmed
+                store,
+                dispatcher,
+                session_id,
+                stop_activity=True,
+                confirmed=confirmed,
+                cause=CANCELLED_BY_DELETE,
             )
         except SessionNotFound:
             return result

@@ -86,6 +86,8 @@ LIVE_STATES = frozenset({TurnState.QUEUED, TurnState.RUNNING, TurnState.CANCELLI
 #: (written by ``stop_turns_for_archive`` in ``_lib.lua``). ACP's ``stopReason`` stays
 #: ``cancelled``: this says why, for clients that show it (``fleet prompt``).
 CANCELLED_BY_ARCHIVE = "archive"
+#: ... when the archive was a delete's (``deletion.delete`` with ``stop_activity``).
+CANCELLED_BY_DELETE = "delete"
 
 #: ACP ``stopReason`` for each terminal state.
 STOP_REASON = {
@@ -115,14 +117,15 @@ class Turn:
     error: str
     #: Model tokens of its steps: ``{"inputTokens", "outputTokens"}``.
     usage: dict[str, int] = field(default_factory=lambda: {"inputTokens": 0, "outputTokens": 0})
-    #: What stopped it, when not its own end or a user's cancel: ``CANCELLED_BY_ARCHIVE``.
+    #: What stopped it, when not its own end or a user's cancel: ``CANCELLED_BY_ARCHIVE`` or
+    #: ``CANCELLED_BY_DELETE``.
     cancelled_by: str = ""
 
     def to_wire(self) -> dict[str, object]:
         """``{"turnId", "sessionId", "state", "source", "step", "usage", "stopReason"?,
         "error"?, "cancelledBy"?}``; ``stopReason`` is null for a failed turn;
         ``cancelledBy`` is ``archive`` for a turn its session's (or an ancestor's) archive
-        stopped."""
+        stopped, ``delete`` when that archive was a delete's."""
         out: dict[str, object] = {
             "turnId": self.turn_id,
             "sessionId": self.session_id,

@@ -4,15 +4,14 @@ Following reads the session's conversation (the history list ACP ``session/load`
 from where the turn began, woken by the fleet's event channel, and prints the turn's updates
 as they are recorded; it returns when the turn is in a final state. Exit status: 0 when the
 turn completed, 1 when it failed, was cancelled or blocked by the gate (the reason on
-stderr: ``session archived`` for a turn an archive stopped, ``session deleted`` when that
-archive was a delete's), 2 when it was refused before it started, 130 when following was
-interrupted (Ctrl-C; the turn goes on).
+stderr: ``session archived`` for a turn an archive stopped, ``session deleted`` for one a
+delete stopped), 2 when it was refused before it
+started, 130 when following was interrupted (Ctrl-C; the turn goes on).
 """
 
 from __future__ import annotations
 
 import json
-import time
 from typing import Any
 
 import typer
@@ -20,16 +19,17 @@ from rich.text import Text
 
 from api.cli.common import app, console, err
 from orchestrator.store import Store
-from orchestrator.turns import CANCELLED_BY_ARCHIVE, LIVE_STATES, Turn, TurnState, get_turn
+from orchestrator.turns import (
+    CANCELLED_BY_ARCHIVE,
+    CANCELLED_BY_DELETE,
+    LIVE_STATES,
+    Turn,
+    TurnState,
+    get_turn,
+)
 
 #: Longest wait between two reads of the conversation when no event arrives (seconds).
 _WAKE_SECONDS = 0.5
-#: A delete with stop archives first (its turns record ``cancelledBy: archive``), then deletes
-#: once the subtree has been quiet for one of its polls (0.1 s). Seconds the subtree of a
-#: session whose turn an archive stopped must stay quiet, the session still there, before
-#: ``fleet prompt`` says it was archived rather than deleted.
-_DELETE_GRACE_SECONDS = 1.0
-_POLL_SECONDS = 0.1
 
 
 def _tool_text(update: dict[str, Any]) -> str:
@@ -132,41 +132,17 @@ def prompt(
     if turn.state is TurnState.COMPLETED:
         return
     if not as_json:
-        err.print(Text.assemble((f"turn {turn.state.value}", "red"), _reason(store(), turn)))
+        err.print(Text.assemble((f"turn {turn.state.value}", "red"), _reason(turn)))
     raise typer.Exit(1)
 
 
-def _reason(store: Store, turn: Turn) -> str:
+#: What ``fleet prompt`` says of a turn an archive or a delete stopped (its ``cancelledBy``).
+_STOPPED_BY = {CANCELLED_BY_ARCHIVE: ": session archived", CANCELLED_BY_DELETE: ": session deleted"}
+
+
+def _reason(turn: Turn) -> str:
     """Why a turn did not complete, as ``fleet prompt`` prints it after the state: the
-    delete or the archive that stopped it, else its error, else nothing."""
-    if turn.state is TurnState.CANCELLED and turn.cancelled_by == CANCELLED_BY_ARCHIVE:
-        return ": session deleted" if _deleted(store, turn.session_id) else ": session archived"
+    archive or delete that stopped it, else its error, else nothing."""
+    if turn.state is TurnState.CANCELLED and turn.cancelled_by in _STOPPED_BY:
+        return _STOPPED_BY[turn.cancelled_by]
     return f": {turn.error}" if turn.error else ""
-
-
-def _deleted(store: Store, session_id: str) -> bool:
-    """Whether the session is deleted, or is within the wait of a delete that archived it: it
-    is watched until it is gone, or its subtree has had no live work for
-    ``_DELETE_GRACE_SECONDS`` (read only: nothing is settled), or a delete's longest wait
-    (``delete_stop_wait_seconds``) has passed. Raises ``StoreUnavailable``."""
-    from orchestrator.activity import census_many
-    from orchestrator.errors import SessionNotFound
-    from orchestrator.sessions import get_session
-
-    deadline = time.monotonic() + store.settings.delete_stop_wait_seconds + _DELETE_GRACE_SECONDS
-    quiet_since: float | None = None
-    while True:
-        try:
-            get_session(store, session_id)
-        except SessionNotFound:
-            return True
-        now = time.monotonic()
-        if census_many(store, [session_id], settle=False)[session_id]:
-            quiet_since = None
-        elif quiet_since is None:
-            quiet_since = now
-        if now >= deadline or (
-            quiet_since is not None and now - quiet_since >= _DELETE_GRACE_SECONDS
-        ):
-            return False
-        time.sleep(_POLL_SECONDS)

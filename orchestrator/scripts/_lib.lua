@@ -334,11 +334,13 @@ end
 -- can land after the archive commits (every step write is conditional on 'running'):
 -- queued -> cancelled (nothing is promoted), running with a step in flight -> cancelling (the
 -- step settles it), running between steps -> cancelled; an open tool call is settled
--- (settle_open_call). Each turn it stops is marked cancelledBy 'archive' (turns.
--- CANCELLED_BY_ARCHIVE), which the paths that later settle a cancelling one keep, so the
--- turn says why it ended whoever finishes it. Call it after the archive write. Appends tid,
--- sid, previous state, new state, label, settlement ('' when none) for each turn to out.
-local function stop_turns_for_archive(sid, out)
+-- (settle_open_call). Each turn it stops is marked cancelledBy `by` ('archive' unless given:
+-- turns.CANCELLED_BY_ARCHIVE, or 'delete' for a delete's archive), which the paths that later
+-- settle a cancelling one keep, so the turn says why it ended whoever finishes it. Call it
+-- after the archive write. Appends tid, sid, previous state, new state, label, settlement (''
+-- when none) for each turn to out.
+local function stop_turns_for_archive(sid, out, by)
+  by = by or 'archive'
   local ms, now -- read once, at the first turn (most archived sessions have none)
   for _, t in ipairs(redis.call('ZRANGE', K.live_turns(sid), 0, -1)) do
     if not ms then
@@ -349,10 +351,10 @@ local function stop_turns_for_archive(sid, out)
     local to = nil
     if h[1] == 'running' and redis.call('EXISTS', K.step_lease(t)) == 1 then
       to = 'cancelling'
-      redis.call('HSET', K.turn(t), 'state', to, 'cancelledBy', 'archive')
+      redis.call('HSET', K.turn(t), 'state', to, 'cancelledBy', by)
     elseif h[1] == 'queued' or h[1] == 'running' then
       to = 'cancelled'
-      redis.call('HSET', K.turn(t), 'cancelledBy', 'archive')
+      redis.call('HSET', K.turn(t), 'cancelledBy', by)
       -- stopReason as turns.STOP_REASON[cancelled]
       finish_turn(t, to, 'cancelled', 'archived', ms, now, true)
     end

@@ -1,6 +1,6 @@
 -- ARGV: prefix, sid, stopActivity '0'|'1', nowIso ('' for the server's clock), txn, recorder
---   (audit.script_recorder's JSON with metric = the fleet_archives key and eventsMax = the
---   event stream's cap), confirmed ('' or a JSON array of 'family:id' strings: the live items
+--   (audit.script_recorder's JSON with metric = the fleet_archives key, eventsMax = the
+--   event stream's cap and cancelledBy = what its stopped turns record), confirmed ('' or a JSON array of 'family:id' strings: the live items
 --   the user confirmed stopping)
 -- Checks for live work (unless stopActivity) and writes the archive for the session and its
 -- whole subtree in one step, so no work can start unseen between the check and the write.
@@ -58,7 +58,7 @@ for _, s in ipairs(nodes) do
     redis.call('HSET', skey(s), 'archived', '1', 'archivedAt', now, 'archiveTxn', txn)
     redis.call('SADD', K.archived, s)
     move_index(s, 'active', 'archived')
-    if stop == '1' then stop_turns_for_archive(s, turns) end
+    if stop == '1' then stop_turns_for_archive(s, turns, rec.cancelledBy) end
     n = n + 1
     archived[#archived + 1] = s
     archived[#archived + 1] = redis.call('LLEN', K.history(s))

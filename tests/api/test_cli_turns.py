@@ -208,4 +208,4 @@ def test_a_turn_stopped_by_a_delete_says_the_session_was_deleted(
     said = err.read_text()
     assert "turn cancelled: session deleted" in said, said
     turn = get_turn(store, tid)
-    assert turn is not None and turn.cancelled_by == "archive"  # the record keeps its cause
+    assert turn is not None and turn.cancelled_by == "delete"  # the record says so itself

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from orchestrator import archive, audit, metrics, sessions, steps, tools, turns
+from orchestrator import archive, audit, deletion, metrics, sessions, steps, tools, turns
 from orchestrator.errors import InvalidParams, SessionArchived, SessionNotFound
 from orchestrator.model import ScriptedModel
 from orchestrator.store import Store
@@ -241,6 +241,30 @@ def test_a_turn_an_archive_stops_says_so_whichever_path_ends_it(
     assert settled is not None and settled.state is TurnState.CANCELLED
     assert (settled.stop_reason, settled.cancelled_by) == ("cancelled", "archive")
     assert settled.to_wire()["cancelledBy"] == "archive"
+
+
+def test_the_turns_a_delete_stops_record_the_delete_whichever_path_ends_them(
+    store: Store, recorder: RecordingDispatcher, cwd: str
+) -> None:
+    # Given a parent with a turn between steps, and its child with a turn mid-step
+    parent, child = (s.session_id for s in chain(store, 1, cwd))
+    between = turns.start_turn(store, recorder, parent, "think 5")
+    in_flight = turns.start_turn(store, recorder, child, "think 5")
+    assert store.run("turn_begin_step", [in_flight, 0, 5000, "a-copy"])[0] == "ok"
+    # When the parent is deleted with its work stopped (its archive first), the step in flight
+    # settling its turn meanwhile as it does on seeing it cancelling
+    settle = threading.Timer(
+        0.2, lambda: turns.finish(store, recorder, in_flight, TurnState.CANCELLED, token="a-copy")
+    )
+    settle.start()
+    result = deletion.delete(store, recorder, parent, stop_activity=True, wait_seconds=10)
+    settle.join()
+    # Then both turns say a delete stopped them, not an archive
+    assert result.deleted
+    for tid in (between, in_flight):
+        turn = turns.get_turn(store, tid)
+        assert turn is not None and turn.state is TurnState.CANCELLED
+        assert (turn.stop_reason, turn.cancelled_by) == ("cancelled", "delete")
 
 
 def test_a_turn_a_user_cancels_names_no_archive(
