@@ -13,7 +13,7 @@ from fastapi.responses import JSONResponse
 
 from api.errors import error_body
 from orchestrator import untrusted
-from orchestrator.errors import InputRejected
+from orchestrator.errors import DuplicateKey, InputRejected
 
 #: HTTP methods that change state: a browser page of another origin may not send them.
 STATE_CHANGING = frozenset({"POST", "PUT", "PATCH", "DELETE"})
@@ -51,9 +51,11 @@ class BodyGuard:
     is read; a body without one (chunked) is read up to the cap and refused as soon as it goes
     past it. A body read as JSON is then parsed by ``orchestrator.untrusted``: JSON over a
     limit (nesting depth, number length) answers 400 ``input_rejected`` naming the limit and
-    where; a lone surrogate anywhere in it 422 ``invalid_params`` (answers echo what was sent,
-    and such text cannot be encoded); bytes that are not UTF-8 (JSON's one encoding, RFC 8259)
-    422 ``invalid_params`` saying where; other invalid JSON goes on to the route's own 422.
+    where; an object giving a key twice 422 ``invalid_params`` naming it (``data.param``) and
+    where (``data.path``); a lone surrogate anywhere in it 422 ``invalid_params`` (answers
+    echo what was sent, and such text cannot be encoded); bytes that are not UTF-8 (JSON's
+    one encoding, RFC 8259) 422 ``invalid_params`` saying where; other invalid JSON goes on to
+    the route's own 422.
     """
 
     def __init__(self, app: Any, max_bytes: int) -> None:
@@ -121,6 +123,8 @@ class BodyGuard:
             return None  # FastAPI answers it: 422 invalid_params with the parser's message
         except InputRejected as exc:
             return 400, error_body(exc.code, exc.message, exc.data)
+        except DuplicateKey as exc:
+            return 422, error_body(exc.code, exc.message, exc.data)
         where = untrusted.lone_surrogate(value) if b"\\u" in body else None
         if where is None:
             return None

@@ -1,7 +1,8 @@
 """Bodies a route cannot use answer a short 422 and change nothing: a body of the allowed
 size full of wrong values lists at most ``MAX_LISTED_ERRORS`` problems and counts the rest, a
-list longer than its cap is refused by its length before any item is validated, and unarchive
-(which takes no options) refuses any body but ``{}``."""
+list longer than its cap is refused by its length before any item is validated, unarchive
+(which takes no options) refuses any body but ``{}``, and a key given twice in an object is
+refused naming it rather than read as its last value."""
 
 from __future__ import annotations
 
@@ -119,3 +120,34 @@ def test_a_body_that_is_not_utf8_is_invalid_params_saying_so(
     assert client.get(f"/sessions/{sid['sessionId']}").json()["archived"] is False
     # Malformed JSON in UTF-8 is answered 422 invalid_params too, by the route.
     error_shape(_post(client, path, '{"stopActivity": tru'), 422, "invalid_params")
+
+
+_CONFIRMED_ID = "$.confirmedActivity[0].id"
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "key", "where"),
+    [
+        ("archive", '{"stopActivity":false,"stopActivity":true}', "stopActivity", "$.stopActivity"),
+        (None, '{"dryRun":false,"dryRun":true,"sessionIds":[]}', "dryRun", "$.dryRun"),
+        (None, '{"filter":{"cwd":"/a","cwd":"/b"}}', "cwd", "$.filter.cwd"),
+        ("archive", '{"confirmedActivity":[{"id":"x","id":"y"}]}', "id", _CONFIRMED_ID),
+        ("title", '{"title":"a","title":"b","title":"c"}', "title", "$.title"),
+    ],
+)
+def test_a_key_given_twice_is_refused_naming_it_never_the_last_one_taken(
+    client: TestClient, path: str | None, body: str, key: str, where: str
+) -> None:
+    sid = client.post("/sessions", json={"cwd": f"/tmp/dup-{uuid.uuid4().hex}"}).json()
+    url = f"/sessions/{sid['sessionId']}/{path}" if path else "/sessions/archive"
+    send = client.put if path == "title" else client.post
+    error = error_shape(
+        send(url, content=body, headers={"Content-Type": "application/json"}),
+        422,
+        "invalid_params",
+    )
+    times = "3 times" if body.count(f'"{key}"') == 3 else "twice"
+    assert f"key {key!r} was given {times}" in error["message"], error
+    assert error["data"] == {"param": key, "path": where, "in": "body"}, error
+    session = client.get(f"/sessions/{sid['sessionId']}").json()
+    assert session["archived"] is False and session.get("title") is None, session
