@@ -17,9 +17,10 @@ from dataclasses import dataclass, field
 from typing import Annotated, Any
 
 from fastapi import Depends, Header
-from starlette.requests import HTTPConnection
+from starlette.requests import HTTPConnection, Request
 
 from api.context import checked_redis_url
+from api.guards import is_json_type
 from api.wiring import celery_dispatcher
 from orchestrator.bookkeeping import Bookkeeper
 from orchestrator.errors import InvalidParams
@@ -136,12 +137,37 @@ async def authorize(
 AUTH = [Depends(authorize)]
 
 
-async def single_valued_query(request: HTTPConnection) -> None:
+class UnsupportedMediaType(Exception):
+    """A body sent without a JSON ``Content-Type`` to a route that takes a JSON body;
+    answered 415 ``unsupported_media_type``. ``content_type`` is the type sent, if any."""
+
+    def __init__(self, content_type: str | None) -> None:
+        super().__init__(content_type)
+        self.content_type = content_type
+
+
+def _single_valued(request: HTTPConnection) -> None:
     """Refuse a query parameter given twice (``?archived=only&archived=include``): taking one
-    of them silently would answer a question the caller did not ask. (``HTTPConnection``, not
-    ``Request``: as an app-wide dependency it also runs for the ``/acp`` WebSocket.)"""
+    of them silently would answer a question the caller did not ask."""
     for name in request.query_params:
         if len(request.query_params.getlist(name)) > 1:
             raise InvalidParams(
                 f"query parameter {name!r} was given more than once.", {"param": name}
             )
+
+
+async def strict_request(request: HTTPConnection) -> None:
+    """What every route checks before its own parameters, as one app-wide dependency (one
+    solve per request): no query parameter given twice (``_single_valued``), and a route
+    that takes a JSON body gets a non-empty body only as JSON (``is_json_type``): curl's
+    ``-d`` sends ``application/x-www-form-urlencoded``, which the route would refuse as "not
+    a valid dictionary" without a word about the type. A body-less request passes.
+    (``HTTPConnection``, not ``Request``: it also runs for the ``/acp`` WebSocket.)"""
+    if request.scope.get("query_string"):
+        _single_valued(request)
+    route = request.scope.get("route")
+    if isinstance(request, Request) and getattr(route, "body_field", None) is not None:
+        content_type = request.headers.get("content-type")
+        # FastAPI has read the body already (cached): no second read.
+        if not is_json_type(content_type) and await request.body():
+            raise UnsupportedMediaType(content_type)
