@@ -12,14 +12,16 @@ dependency in its thread pool, one thread hop per dependency per request.
 
 from __future__ import annotations
 
+import difflib
 import hmac
 from dataclasses import dataclass, field
 from typing import Annotated, Any
 
 from fastapi import Depends, Header
-from starlette.requests import HTTPConnection
+from starlette.requests import HTTPConnection, Request
 
 from api.context import checked_redis_url
+from api.guards import is_json_type
 from api.wiring import celery_dispatcher
 from orchestrator.bookkeeping import Bookkeeper
 from orchestrator.errors import InvalidParams
@@ -136,12 +138,95 @@ async def authorize(
 AUTH = [Depends(authorize)]
 
 
-async def single_valued_query(request: HTTPConnection) -> None:
+class UnsupportedMediaType(Exception):
+    """A body sent without a JSON ``Content-Type`` to a route that takes a JSON body;
+    answered 415 ``unsupported_media_type``. ``content_type`` is the type sent, if any."""
+
+    def __init__(self, content_type: str | None) -> None:
+        super().__init__(content_type)
+        self.content_type = content_type
+
+
+def _single_valued(request: HTTPConnection) -> None:
     """Refuse a query parameter given twice (``?archived=only&archived=include``): taking one
-    of them silently would answer a question the caller did not ask. (``HTTPConnection``, not
-    ``Request``: as an app-wide dependency it also runs for the ``/acp`` WebSocket.)"""
+    of them silently would answer a question the caller did not ask."""
     for name in request.query_params:
         if len(request.query_params.getlist(name)) > 1:
             raise InvalidParams(
                 f"query parameter {name!r} was given more than once.", {"param": name}
             )
+
+
+#: Query parameters read by hand rather than declared, by route path: ``authorize`` reads
+#: ``token`` on ``GET /events`` (``EventSource`` sends no headers).
+HAND_READ_QUERY: dict[str, frozenset[str]] = {"/events": frozenset({"token"})}
+#: Routes whose query string is not checked: the probes, whose answer no query can change
+#: and whose callers (load balancers, uptime checks) may add a cache-busting one.
+PROBES = frozenset({"/health", "/ready"})
+#: Where ``query_names`` keeps a route's names on the route (routes are not hashable).
+_TAKEN = "_fleet_query_names"
+
+
+def query_names(route: Any) -> tuple[str, ...]:
+    """The query parameters ``route`` takes, in the order declared: those its dependencies
+    declare (by alias: the route's own, then every sub-dependency's), then those of
+    ``HAND_READ_QUERY``. Worked out once per route."""
+    taken: tuple[str, ...] | None = getattr(route, _TAKEN, None)
+    if taken is None:
+        names: dict[str, None] = {}
+        stack = [route.dependant]
+        while stack:
+            dependant = stack.pop()
+            names.update(dict.fromkeys(field.alias for field in dependant.query_params))
+            stack.extend(reversed(dependant.dependencies))
+        names.update(dict.fromkeys(sorted(HAND_READ_QUERY.get(route.path, ()))))
+        taken = tuple(names)
+        setattr(route, _TAKEN, taken)
+    return taken
+
+
+def _suggestion(name: str, taken: tuple[str, ...]) -> str:
+    """`` (did you mean 'sessionId'?)`` for the name of ``taken`` that ``name`` is closest to
+    (the same but for case, else a close spelling); '' when none is close."""
+    lowered = {t.lower(): t for t in taken}
+    close = difflib.get_close_matches(name.lower(), list(lowered), n=1)
+    return f" (did you mean {lowered[close[0]]!r}?)" if close else ""
+
+
+def _known_query(request: HTTPConnection, route: Any) -> None:
+    """Refuse a query parameter ``route`` does not take (``?sessionid=`` for ``sessionId``,
+    ``?archive=only``): ignoring it would answer another question (the whole fleet's events,
+    the active sessions) as if it were the one asked."""
+    taken = query_names(route)
+    for name in request.query_params:
+        if name in taken:
+            continue
+        shown = name[:80]
+        method = request.scope.get("method")
+        where = f"{method} {route.path}" if method else route.path
+        takes = f"it takes {', '.join(taken)}" if taken else "it takes no query parameters"
+        raise InvalidParams(
+            f"query parameter {shown!r} is not taken by {where}{_suggestion(name, taken)}; "
+            f"{takes}.",
+            {"param": shown, "accepted": list(taken)},
+        )
+
+
+async def strict_request(request: HTTPConnection) -> None:
+    """What every route checks before its own parameters, as one app-wide dependency (one
+    solve per request): no query parameter given twice (``_single_valued``) nor one the
+    route does not take (``_known_query``), and a route that takes a JSON body gets a
+    non-empty body only as JSON (``is_json_type``): curl's ``-d`` sends a form type, which
+    the route would refuse as "not a valid dictionary" without a word about the type. A
+    body-less request passes. (``HTTPConnection``, not ``Request``: it also runs for the
+    ``/acp`` WebSocket.)"""
+    route = request.scope.get("route")
+    if request.scope.get("query_string"):
+        _single_valued(request)
+        if route is not None and route.path not in PROBES:
+            _known_query(request, route)
+    if isinstance(request, Request) and getattr(route, "body_field", None) is not None:
+        content_type = request.headers.get("content-type")
+        # FastAPI has read the body already (cached): no second read.
+        if not is_json_type(content_type) and await request.body():
+            raise UnsupportedMediaType(content_type)

@@ -13,7 +13,7 @@ from fastapi.responses import JSONResponse
 
 from api.errors import error_body
 from orchestrator import untrusted
-from orchestrator.errors import InputRejected
+from orchestrator.errors import DuplicateKey, InputRejected
 
 #: HTTP methods that change state: a browser page of another origin may not send them.
 STATE_CHANGING = frozenset({"POST", "PUT", "PATCH", "DELETE"})
@@ -35,12 +35,18 @@ def _header(scope: Any, name: bytes) -> str | None:
     return value
 
 
-def _is_json(content_type: str | None) -> bool:
-    """Whether FastAPI reads a body of this type as JSON (no type, ``*/json``, ``*/*+json``)."""
+def is_json_type(content_type: str | None) -> bool:
+    """Whether FastAPI reads a body of this type as JSON: ``application/json`` or
+    ``application/*+json``, parameters aside; a body with no type is not read (FastAPI's
+    ``strict_content_type``, on by default: a browser can send one cross-site unpreflighted)."""
     if not content_type:
-        return True
+        return False
+    if content_type == "application/json":
+        return True  # nearly every request: no header parsing
     message = Message()
     message["content-type"] = content_type
+    if message.get_content_maintype() != "application":
+        return False
     subtype = message.get_content_subtype()
     return subtype == "json" or subtype.endswith("+json")
 
@@ -49,11 +55,14 @@ class BodyGuard:
     """A request body larger than ``FLEET_API_MAX_BODY_BYTES`` (default 1 MiB) answers 413
     ``body_too_large``: a declared ``Content-Length`` over the cap is refused before anything
     is read; a body without one (chunked) is read up to the cap and refused as soon as it goes
-    past it. A body read as JSON is then parsed by ``orchestrator.untrusted``: JSON over a
-    limit (nesting depth, number length) answers 400 ``input_rejected`` naming the limit and
-    where; a lone surrogate anywhere in it 422 ``invalid_params`` (answers echo what was sent,
-    and such text cannot be encoded); bytes that are not UTF-8 (JSON's one encoding, RFC 8259)
-    422 ``invalid_params`` saying where; other invalid JSON goes on to the route's own 422.
+    past it. A body FastAPI will read as JSON (``is_json_type``) is then parsed by
+    ``orchestrator.untrusted``: JSON over a limit (nesting depth, number length) answers 400
+    ``input_rejected`` naming the limit and where; an object giving a key twice 422
+    ``invalid_params`` naming it (``data.param``) and where (``data.path``); a lone surrogate
+    anywhere in it 422 ``invalid_params`` (answers echo what was sent, and such text cannot be
+    encoded); bytes that are not UTF-8 (JSON's one encoding, RFC 8259) 422 ``invalid_params``
+    saying where; other invalid JSON goes on to the route's own 422. A body of another type
+    is left to the route (``deps.strict_request``: 415 where a JSON body is taken).
     """
 
     def __init__(self, app: Any, max_bytes: int) -> None:
@@ -91,7 +100,7 @@ class BodyGuard:
             if not message.get("more_body", False):
                 break
         whole = b"".join(chunks)
-        if first is None and whole and _is_json(_header(scope, b"content-type")):
+        if first is None and whole and is_json_type(_header(scope, b"content-type")):
             refusal = self._check_json(whole)
             if refusal is not None:
                 await _answer(send, *refusal)
@@ -121,6 +130,8 @@ class BodyGuard:
             return None  # FastAPI answers it: 422 invalid_params with the parser's message
         except InputRejected as exc:
             return 400, error_body(exc.code, exc.message, exc.data)
+        except DuplicateKey as exc:
+            return 422, error_body(exc.code, exc.message, exc.data)
         where = untrusted.lone_surrogate(value) if b"\\u" in body else None
         if where is None:
             return None

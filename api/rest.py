@@ -17,7 +17,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from api import console, docs
-from api.deps import Unauthorized, Wiring, single_valued_query
+from api.deps import Unauthorized, UnsupportedMediaType, Wiring, strict_request
 from api.errors import (
     FOREIGN_ERRORS,
     MAX_LISTED_ERRORS,
@@ -140,6 +140,18 @@ async def _unauthorized(_: Request, exc: Exception) -> JSONResponse:
     )
 
 
+async def _unsupported(_: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, UnsupportedMediaType)
+    sent = exc.content_type
+    said = f"Content-Type {sent[:100]!r}" if sent else "no Content-Type"
+    message = (
+        f"This route takes a JSON body and the request carries {said}: "
+        "send the body as JSON with Content-Type: application/json."
+    )
+    data = {"contentType": sent[:100] if sent else None, "accepted": "application/json"}
+    return JSONResponse(error_body("unsupported_media_type", message, data), status_code=415)
+
+
 def _add_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(FleetError, _fleet_error)
     for foreign in FOREIGN_ERRORS:  # a raw Redis or broker failure: 503, never a 500
@@ -147,6 +159,7 @@ def _add_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(RequestValidationError, _invalid)
     app.add_exception_handler(StarletteHTTPException, _http)
     app.add_exception_handler(Unauthorized, _unauthorized)
+    app.add_exception_handler(UnsupportedMediaType, _unsupported)
 
 
 def _add_middleware(app: FastAPI, settings: FleetSettings) -> None:
@@ -191,7 +204,7 @@ def create_app(
         title="agent-fleet",
         version="0.1.0",
         description="Sessions, activity and archive for agent fleets.",
-        dependencies=[Depends(single_valued_query)],
+        dependencies=[Depends(strict_request)],
         docs_url=None,
         lifespan=lifespan,
     )

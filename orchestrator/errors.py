@@ -12,7 +12,8 @@
     ├── InvalidParams          a value the caller sent is not acceptable
     │   ├── InvalidTitle       a title that is empty after normalization
     │   ├── TooManySessions    a bulk request selects more sessions than allowed
-    │   └── InputRejected      client JSON over a parse limit (nesting depth, number)
+    │   ├── InputRejected      client JSON over a parse limit (nesting depth, number)
+    │   └── DuplicateKey       client JSON with a key given twice in one object
     ├── HostHeld               a job worker's host name is held by another live worker
     ├── LimitReached           a FLEET_MAX_* limit refuses a new job, reminder or subagent
     └── StoreUnavailable       Redis cannot be reached or answered with an error
@@ -143,6 +144,18 @@ class InputRejected(InvalidParams):
     JSON-RPC transport can still answer the request's id; ``None`` otherwise."""
 
     code = "input_rejected"
+
+    def __init__(self, message: str, data: dict[str, Any], partial: Any = None) -> None:
+        super().__init__(message, data)
+        self.partial = partial
+
+
+class DuplicateKey(InvalidParams):
+    """Raised by ``orchestrator.untrusted.loads`` for a client's JSON object that gives one
+    key more than once (RFC 8259 leaves its meaning open; taking the last would act on a value
+    the sender may not have meant). ``data``: ``param`` (the key), ``path`` (the member's
+    place, as ``$.filter.cwd``) and ``in`` (``body``, ``cursor``, ``message``). ``partial`` is
+    the parsed document, so a JSON-RPC transport can still answer the request's id."""
 
     def __init__(self, message: str, data: dict[str, Any], partial: Any = None) -> None:
         super().__init__(message, data)

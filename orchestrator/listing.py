@@ -14,7 +14,7 @@ from enum import StrEnum
 from typing import Any
 
 from orchestrator import untrusted
-from orchestrator.errors import InputRejected, InvalidParams
+from orchestrator.errors import DuplicateKey, InputRejected, InvalidParams
 from orchestrator.session_record import Session, check_cwd, check_utf8, cwd_hash
 from orchestrator.store import Store, retried
 
@@ -123,7 +123,7 @@ def _decode_cursor(
     except InputRejected as exc:
         # Still a bad cursor, but say which limit it broke.
         raise InputRejected(f"{exc.message} {bad.message}", exc.data) from None
-    except (binascii.Error, ValueError, UnicodeDecodeError):
+    except (binascii.Error, ValueError, UnicodeDecodeError, DuplicateKey):
         raise bad from None
     if not isinstance(data, dict) or data.get("a") != flt.value or data.get("c") != cwd:
         raise bad

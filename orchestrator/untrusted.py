@@ -11,6 +11,12 @@ deep raises ``RecursionError``, an integer of more than 4,300 digits raises a ba
 - ``MAX_DEPTH`` (64) levels of arrays and objects;
 - ``MAX_NUMBER_CHARS`` (100) characters in one number literal, and finite numbers only.
 
+An object giving one key more than once (``{"dryRun": false, "dryRun": true}``) raises
+``DuplicateKey`` (HTTP 422 ``invalid_params``, JSON-RPC -32602 or -32600) naming the key and
+where: ``json.loads`` would keep the last value without a word, and act on what the sender
+may not have meant. (Checked by an ``object_pairs_hook``: about 1 us more for a small body,
+nothing measurable for one large object, under 1 us per object for many small ones.)
+
 Lone surrogates (``"\\ud800"``) are valid JSON and pass ``loads``: JSON-RPC methods refuse
 them where they would be stored (-32602); the HTTP API refuses any in a body at once (422,
 through ``lone_surrogate``), since its answers echo what was sent.
@@ -25,7 +31,7 @@ import math
 import re
 from typing import Any
 
-from orchestrator.errors import InputRejected
+from orchestrator.errors import DuplicateKey, InputRejected
 
 #: Deepest nesting of arrays and objects accepted (the top-level value is depth 1).
 MAX_DEPTH = 64
@@ -74,6 +80,40 @@ def _violation(value: Any) -> tuple[str, list[Any], str] | None:
     return None
 
 
+class _Repeated(dict[str, Any]):
+    """An object in which ``key`` was given ``times`` times (its last value kept), so the walk
+    after parsing can say where it is."""
+
+    key: str = ""
+    times: int = 0
+
+
+def _marked(pairs: list[tuple[str, Any]], obj: dict[str, Any]) -> _Repeated:
+    """``obj``, built from ``pairs`` in which a key comes more than once, as a ``_Repeated``."""
+    seen: set[str] = set()
+    key = next(k for k, _ in pairs if k in seen or seen.add(k))  # type: ignore[func-returns-value]
+    marked = _Repeated(obj)
+    marked.key, marked.times = key, sum(1 for k, _ in pairs if k == key)
+    return marked
+
+
+def _repeated(value: Any, param: str) -> DuplicateKey | None:
+    """The error for the first ``_Repeated`` object in a parsed value (depth already
+    checked), or ``None``."""
+    stack: list[tuple[Any, list[Any]]] = [(value, [])]
+    while stack:
+        node, path = stack.pop()
+        if isinstance(node, _Repeated):
+            key, where = node.key[:80], _path([*path, node.key])[:200]
+            times = "twice" if node.times == 2 else f"{node.times} times"
+            message = f"{param} at {where}: key {key!r} was given {times}; give it once."
+            return DuplicateKey(message, {"param": key, "path": where, "in": param}, value)
+        if isinstance(node, (dict, list)):
+            items = node.items() if isinstance(node, dict) else enumerate(node)
+            stack.extend((child, [*path, k]) for k, child in reversed(list(items)))
+    return None
+
+
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
 
@@ -104,8 +144,9 @@ def not_utf8(data: bytes, exc: UnicodeDecodeError) -> str:
 
 def loads(text: str | bytes, *, param: str = "body") -> Any:
     """Parse ``text`` (JSON sent by a client, named ``param`` in errors) within the module's
-    limits. Returns the value (no ``inf``, ``NaN`` or over-long numbers in it). Raises
-    ``InputRejected`` for a limit, ``json.JSONDecodeError`` for invalid JSON (bytes that are
+    limits. Returns the value (no ``inf``, ``NaN`` or over-long numbers in it, no key given
+    twice in an object). Raises ``InputRejected`` for a limit, ``DuplicateKey`` for a key
+    given twice, ``json.JSONDecodeError`` for invalid JSON (bytes that are
     not UTF-8 included)."""
     if isinstance(text, bytes):
         try:
@@ -113,6 +154,14 @@ def loads(text: str | bytes, *, param: str = "body") -> Any:
         except UnicodeDecodeError as exc:
             raise json.JSONDecodeError(f"not UTF-8 ({exc.reason})", "", exc.start) from None
     oversized: list[str] = []
+    repeated: list[_Repeated] = []
+
+    def unique(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+        obj = dict(pairs)
+        if len(obj) != len(pairs):
+            obj = _marked(pairs, obj)
+            repeated.append(obj)
+        return obj
 
     def integer(literal: str) -> Any:
         if len(literal) > MAX_NUMBER_CHARS:
@@ -128,7 +177,13 @@ def loads(text: str | bytes, *, param: str = "body") -> Any:
         return value
 
     try:
-        value = json.loads(text, parse_int=integer, parse_float=real, parse_constant=_constant)
+        value = json.loads(
+            text,
+            parse_int=integer,
+            parse_float=real,
+            parse_constant=_constant,
+            object_pairs_hook=unique,
+        )
     except RecursionError:
         raise InputRejected(
             f"{param}: JSON nested deeper than {MAX_DEPTH} levels, the most accepted.",
@@ -137,9 +192,13 @@ def loads(text: str | bytes, *, param: str = "body") -> Any:
     # The walk costs a Python step per value: skip it when nothing can be wrong (no long
     # number, and too few brackets, strings' included, to nest past the limit).
     if not oversized and text.count("[") + text.count("{") <= MAX_DEPTH:
-        return value
-    found = _violation(value)
+        found = None
+    else:
+        found = _violation(value)
     if found is None:
+        duplicate = _repeated(value, param) if repeated else None
+        if duplicate is not None:
+            raise duplicate
         return value
     limit, parts, detail = found
     data: dict[str, Any] = {"limit": limit, "param": param}

@@ -10,8 +10,12 @@ app and the worker processes agree on the broker and the prefix.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
+import sys
 import tempfile
+import threading
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -90,6 +94,46 @@ LONG_FILES = (
     "tests/faults/test_stops_and_reminders.py",  # 12
     "tests/faults/test_redis_down.py",  # 12
 )
+
+
+def _xdist_workers(config: pytest.Config) -> list[int]:
+    """The xdist workers of this controller: its direct children running this Python (the
+    controller runs no test itself, so no fleet or API of a test is among them; an embedded
+    Redis is not Python). Empty in a worker or in a run without xdist."""
+    import psutil
+
+    if hasattr(config, "workerinput") or not config.pluginmanager.hasplugin("dsession"):
+        return []
+    found = []
+    for child in psutil.Process().children():
+        try:
+            if child.cmdline()[:1] == [sys.executable]:
+                found.append(child.pid)
+        except psutil.Error:
+            pass
+    return found
+
+
+def _end_as_ctrl_c_does(config: pytest.Config, signum: int, frame: object) -> None:
+    """SIGTERM (a CI timeout, ``kill``, a supervisor) ends the run as Ctrl-C does: each xdist
+    worker is sent SIGTERM too (Ctrl-C reaches the whole process group; a SIGTERM only this
+    process), and every process raises ``KeyboardInterrupt``, so fixtures tear down and the
+    fleets and APIs the tests started are stopped instead of left running. Once: a second
+    SIGTERM must not cut that teardown short (SIGKILL still ends it)."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    for pid in _xdist_workers(config):
+        with contextlib.suppress(ProcessLookupError):  # gone meanwhile
+            os.kill(pid, signal.SIGTERM)
+    raise KeyboardInterrupt
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # In the controller and in each xdist worker (each loads this file); signal handlers can
+    # only be set from the main thread.
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(
+            signal.SIGTERM, lambda signum, frame: _end_as_ctrl_c_does(config, signum, frame)
+        )
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -23,7 +23,7 @@ from pydantic import BaseModel
 from api.acp.params import parse
 from api.errors import TRANSLATED, lookup, translate
 from orchestrator import untrusted
-from orchestrator.errors import InputRejected, InvalidParams
+from orchestrator.errors import DuplicateKey, InputRejected, InvalidParams
 
 log = logging.getLogger(__name__)
 
@@ -141,14 +141,18 @@ def _not_a_request(method: str, notifications: dict[str, Method]) -> RpcError:
     return RpcError(METHOD_NOT_FOUND, f"Method not found: {method}")
 
 
-def _rejected(exc: InputRejected) -> tuple[Any, RpcError]:
-    """(id, error) for a message over a parse limit: -32602 with its id when only its params
-    broke the limit, -32600 when the rest of it did, -32700 when it could not be parsed at
-    all (nested deeper than the parser goes)."""
+def _rejected(exc: InputRejected | DuplicateKey) -> tuple[Any, RpcError]:
+    """(id, error) for a message over a parse limit or with a key given twice in an object:
+    -32602 with its id when the problem is inside its params, -32600 when it is in the rest of
+    it (a repeated ``id`` answers to null: which one was meant is unknown), -32700 when it
+    could not be parsed at all (nested deeper than the parser goes). A repeated key is not a
+    parse error: the text is JSON (RFC 8259 only says names SHOULD be unique) and was read;
+    what it asks is ambiguous, which is what -32600 and -32602 say of a request."""
     msg = exc.partial
     if not isinstance(msg, dict):
         return None, RpcError(PARSE_ERROR, f"Parse error: {exc.message}", exc.data)
-    msg_id = msg.get("id") if good_id(msg.get("id")) else None
+    id_repeated = isinstance(exc, DuplicateKey) and exc.data.get("path") == "$.id"
+    msg_id = msg.get("id") if good_id(msg.get("id")) and not id_repeated else None
     in_params = str(exc.data.get("path", "")).startswith(("$.params.", "$.params["))
     if in_params and msg_id is not None and "method" in msg:
         return msg_id, RpcError(INVALID_PARAMS, f"Invalid params: {exc.message}", exc.data)
@@ -221,7 +225,7 @@ class RpcEndpoint:
             error = RpcError(PARSE_ERROR, f"Parse error: not valid JSON ({exc.msg}).")
             await self.answer_error(None, error)
             return
-        except InputRejected as exc:
+        except (InputRejected, DuplicateKey) as exc:
             await self.answer_error(*_rejected(exc))
             return
         except _BadRequest as exc:

@@ -78,9 +78,11 @@ def _tidy_params(command: click.Command, ctx: click.Context) -> None:
 def usage_errors_as_json(args: list[str]) -> Iterator[None]:
     """With ``--json`` among ``args`` (before any ``--``), a usage error raised inside (an
     unknown command or option, a missing argument) is JSON on stdout, as other errors are
-    with ``--json``: ``invalid_params``, exit 2. Without it, click's usage text, unchanged.
-    (Read on entry: click's parser consumes ``args`` as it goes.)"""
-    wants_json = "--json" in (args[: args.index("--")] if "--" in args else args)
+    with ``--json``: ``invalid_params``, exit 2. ``--json=VALUE`` counts too: it asks for
+    JSON, and its own error ("does not take a value") is one of those. Without it, click's
+    usage text, unchanged. (Read on entry: click's parser consumes ``args`` as it goes.)"""
+    options = args[: args.index("--")] if "--" in args else args
+    wants_json = any(arg == "--json" or arg.startswith("--json=") for arg in options)
     try:
         yield
     except UsageError as exc:

@@ -4,9 +4,9 @@ WebSocket cannot send headers); without it the socket is closed with 4401."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import APIRouter, WebSocket, WebSocketDisconnect
+from fastapi import APIRouter, Query, WebSocket, WebSocketDisconnect
 
 from api.acp import AcpConnection, encode_message, shared_hub
 from api.deps import DispatcherDep, SettingsDep, StoreDep, bearer_ok
@@ -16,15 +16,21 @@ router = APIRouter()
 
 @router.websocket("/acp")
 async def acp_socket(
-    ws: WebSocket, store: StoreDep, dispatcher: DispatcherDep, settings: SettingsDep
+    ws: WebSocket,
+    store: StoreDep,
+    dispatcher: DispatcherDep,
+    settings: SettingsDep,
+    token: Annotated[
+        str | None, Query(description="The bearer token, for clients that cannot send headers.")
+    ] = None,
 ) -> None:
     """ACP over WebSocket: one JSON-RPC message per text frame (a binary frame is read as
     UTF-8 text; other bytes answer -32700). Malformed messages are answered with errors; the
     socket stays open."""
-    token = settings.api_token
-    if token:
-        header = ws.headers.get("authorization") or f"Bearer {ws.query_params.get('token', '')}"
-        if not bearer_ok(header, token):
+    expected = settings.api_token
+    if expected:
+        header = ws.headers.get("authorization") or f"Bearer {token or ''}"
+        if not bearer_ok(header, expected):
             await ws.close(code=4401, reason="A valid bearer token is required.")
             return
     await ws.accept()

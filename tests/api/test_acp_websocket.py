@@ -134,6 +134,28 @@ def test_ws_binary_frame_not_utf8_is_a_parse_error_never_a_replaced_string(ws: R
     assert ws.call("session/list", {"cwd": "/nonexistent/acp-ws"}) == {"sessions": []}
 
 
+def test_ws_a_key_given_twice_is_refused_never_the_last_one_taken(ws: RpcPeer, cwd: str) -> None:
+    sid = new_session(ws, cwd)
+    # In params: -32602 answered to the request's id, naming the key and where; not archived.
+    ws.send_raw(
+        '{"jsonrpc":"2.0","id":"dup","method":"session/archive",'
+        f'"params":{{"sessionId":"nope","sessionId":"{sid}"}}}}'
+    )
+    error = ws.response("dup")[1]["error"]
+    assert error["code"] == INVALID_PARAMS, error
+    assert "'sessionId' was given twice" in error["message"], error
+    assert error["data"] == {"param": "sessionId", "path": "$.params.sessionId", "in": "message"}
+    assert sid in listed(ws, cwd, "exclude")
+    # In the envelope: -32600, to the id; a repeated id itself is answered to null.
+    ws.send_raw('{"jsonrpc":"2.0","id":"env","method":"session/list","method":"session/new"}')
+    assert ws.response("env")[1]["error"]["code"] == INVALID_REQUEST
+    mark = ws.mark()
+    ws.send_raw('{"jsonrpc":"2.0","id":"a","id":"b","method":"session/list","params":{}}')
+    _, msg = ws.wait(lambda m: (m.get("error") or {}).get("code") == INVALID_REQUEST, since=mark)
+    assert msg["id"] is None and "'id' was given twice" in msg["error"]["message"], msg
+    assert not any(m.get("id") in ("a", "b") for m in ws.messages)
+
+
 @pytest.mark.parametrize("value", [True, False, "yes", 1])
 def test_ws_list_rejects_unsupported_archived_values_never_silently_excluding(
     ws: RpcPeer, value: Any

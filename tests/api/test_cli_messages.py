@@ -266,6 +266,9 @@ def test_a_tool_setting_naming_known_tools_or_none_is_taken(value: str) -> None:
         (["--bogus", "sessions", "ls", "--json"], "No such option: --bogus"),
         (["unarchive", "--json"], "Missing argument 'session_id'."),
         (["sessions", "ls", "--bogus", "--json"], "No such option: --bogus"),
+        (["sessions", "ls", "--json=1"], "Option '--json' does not take a value."),
+        (["sessions", "ls", "--json="], "Option '--json' does not take a value."),
+        (["archive", "--json=true"], "Option '--json' does not take a value."),
     ],
 )
 def test_a_usage_error_with_json_is_a_json_error_on_stdout(args: list[str], message: str) -> None:
@@ -286,6 +289,7 @@ def test_a_usage_error_without_json_keeps_the_usage_text() -> None:
     assert '"error"' not in said, said
     # --json after "--" is an argument, not the option: the usage text too.
     assert '"error"' not in runner.invoke(app, ["nonexistent", "--", "--json"]).output
+    assert '"error"' not in runner.invoke(app, ["nonexistent", "--", "--json=1"]).output
 
 
 @pytest.mark.parametrize("host", ["127.0.0.1", "localhost"])

@@ -20,7 +20,7 @@ def _call(annotated: Any) -> Any:
     "dependency",
     [
         deps.authorize,
-        deps.single_valued_query,
+        deps.strict_request,
         *(
             _call(annotated)
             for annotated in (deps.StoreDep, deps.DispatcherDep, deps.SettingsDep, deps.WiringDep)

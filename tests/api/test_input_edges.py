@@ -47,6 +47,71 @@ def test_a_repeated_query_parameter_is_refused_not_silently_chosen(client: TestC
     assert "more than once" in r.json()["error"]["message"]
 
 
+@pytest.mark.parametrize(
+    ("url", "param", "meant", "accepted"),
+    [
+        (
+            "/events?sessionid=sess_x",
+            "sessionid",
+            "sessionId",
+            ["sessionId", "lastEventId", "token"],
+        ),
+        (
+            "/sessions?archive=only",
+            "archive",
+            "archived",
+            ["archived", "cwd", "cursor", "limit", "q"],
+        ),
+        ("/sessions/sess_x/conversation?limt=5", "limt", "limit", ["limit"]),
+        ("/audit?since=1", "since", None, ["limit", "before"]),
+        ("/turns/turn_x?verbose=1", "verbose", None, []),
+        ("/sessions/sess_x/archive?stopActivity=true", "stopActivity", None, []),
+    ],
+)
+def test_a_query_parameter_the_route_does_not_take_is_refused_naming_those_it_takes(
+    client: TestClient, url: str, param: str, meant: str | None, accepted: list[str]
+) -> None:
+    r = client.post(url) if "/archive" in url else client.get(url)
+    assert r.status_code == 422, r.text
+    error = r.json()["error"]
+    assert error["code"] == "invalid_params"
+    assert error["data"] == {"param": param, "accepted": accepted}, error
+    assert f"query parameter {param!r} is not taken by" in error["message"], error
+    assert (f"(did you mean {meant!r}?)" in error["message"]) is (meant is not None), error
+    takes = ", ".join(accepted) if accepted else "no query parameters"
+    assert error["message"].endswith(f"it takes {takes}."), error
+
+
+def test_the_query_parameters_the_console_and_clients_use_are_taken(client: TestClient) -> None:
+    sid = client.post("/sessions", json={"cwd": "/tmp/query-edges"}).json()["sessionId"]
+    for url in (
+        "/sessions?archived=include&limit=50&cwd=/tmp/query-edges&q=x",
+        f"/sessions/{sid}/conversation?limit=200",
+        f"/sessions/{sid}/audit?limit=5",
+        "/audit?limit=5",
+        "/health?cache-buster=1",  # probes ignore their query string
+    ):
+        assert client.get(url).status_code == 200, (url, client.get(url).text)
+    with client.stream("GET", f"/events?sessionId={sid}&lastEventId=0-0&token=unused") as r:
+        assert r.status_code == 200
+
+
+def test_an_acp_socket_with_a_query_parameter_it_does_not_take_is_refused(
+    client: TestClient,
+) -> None:
+    from starlette.testclient import WebSocketDenialResponse
+
+    with pytest.raises(WebSocketDenialResponse) as refused, client.websocket_connect("/acp?tokn=x"):
+        pass
+    assert refused.value.status_code == 422
+    assert "(did you mean 'token'?)" in refused.value.json()["error"]["message"]
+    with client.websocket_connect("/acp?token=unused") as ws:  # no token set: taken, unused
+        ws.send_text(
+            '{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":1}}'
+        )
+        assert '"protocolVersion"' in ws.receive_text()
+
+
 @pytest.mark.parametrize("raw", ["\u200f", "\u200e\u200f", " \u061c "])
 def test_a_title_of_direction_marks_only_is_empty(raw: str) -> None:
     with pytest.raises(InvalidParams, match="Title must not be empty"):

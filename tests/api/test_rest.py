@@ -423,14 +423,14 @@ def test_archive_stop_activity_is_never_coerced(client: TestClient, body: Any) -
     assert client.get(f"/sessions/{sid}").json()["archived"] is False
 
 
-def test_archive_with_a_non_json_body_is_422(client: TestClient) -> None:
+def test_archive_with_a_form_body_is_415(client: TestClient) -> None:
     sid = _new(client)["sessionId"]
     resp = client.post(
         f"/sessions/{sid}/archive",
         content=b"stopActivity=true",
         headers={"content-type": "application/x-www-form-urlencoded"},
     )
-    _error(resp, 422, "invalid_params")
+    _error(resp, 415, "unsupported_media_type")
     assert client.get(f"/sessions/{sid}").json()["archived"] is False
 
 

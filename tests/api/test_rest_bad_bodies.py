@@ -1,7 +1,8 @@
 """Bodies a route cannot use answer a short 422 and change nothing: a body of the allowed
 size full of wrong values lists at most ``MAX_LISTED_ERRORS`` problems and counts the rest, a
-list longer than its cap is refused by its length before any item is validated, and unarchive
-(which takes no options) refuses any body but ``{}``."""
+list longer than its cap is refused by its length before any item is validated, unarchive
+(which takes no options) refuses any body but ``{}``, and a key given twice in an object is
+refused naming it rather than read as its last value."""
 
 from __future__ import annotations
 
@@ -105,13 +106,13 @@ def test_unarchive_refuses_a_body_it_would_ignore(client: TestClient, body: str)
         (b"\xff\xfe{}", 0),  # UTF-16's byte order mark: JSON is UTF-8 alone
     ],
 )
-@pytest.mark.parametrize("content_type", ["application/json", None])
+@pytest.mark.parametrize("content_type", ["application/json", "application/merge-patch+json"])
 def test_a_body_that_is_not_utf8_is_invalid_params_saying_so(
-    client: TestClient, body: bytes, offset: int, content_type: str | None
+    client: TestClient, body: bytes, offset: int, content_type: str
 ) -> None:
     sid = client.post("/sessions", json={"cwd": f"/tmp/utf8-{uuid.uuid4().hex}"}).json()
     path = f"/sessions/{sid['sessionId']}/archive"
-    headers = {"Content-Type": content_type} if content_type else {}
+    headers = {"Content-Type": content_type}
     error = error_shape(client.post(path, content=body, headers=headers), 422, "invalid_params")
     assert error["message"].startswith("Request body is not valid UTF-8 JSON: byte 0x"), error
     assert f"at offset {offset}" in error["message"], error
@@ -119,3 +120,98 @@ def test_a_body_that_is_not_utf8_is_invalid_params_saying_so(
     assert client.get(f"/sessions/{sid['sessionId']}").json()["archived"] is False
     # Malformed JSON in UTF-8 is answered 422 invalid_params too, by the route.
     error_shape(_post(client, path, '{"stopActivity": tru'), 422, "invalid_params")
+
+
+_CONFIRMED_ID = "$.confirmedActivity[0].id"
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "key", "where"),
+    [
+        ("archive", '{"stopActivity":false,"stopActivity":true}', "stopActivity", "$.stopActivity"),
+        (None, '{"dryRun":false,"dryRun":true,"sessionIds":[]}', "dryRun", "$.dryRun"),
+        (None, '{"filter":{"cwd":"/a","cwd":"/b"}}', "cwd", "$.filter.cwd"),
+        ("archive", '{"confirmedActivity":[{"id":"x","id":"y"}]}', "id", _CONFIRMED_ID),
+        ("title", '{"title":"a","title":"b","title":"c"}', "title", "$.title"),
+    ],
+)
+def test_a_key_given_twice_is_refused_naming_it_never_the_last_one_taken(
+    client: TestClient, path: str | None, body: str, key: str, where: str
+) -> None:
+    sid = client.post("/sessions", json={"cwd": f"/tmp/dup-{uuid.uuid4().hex}"}).json()
+    url = f"/sessions/{sid['sessionId']}/{path}" if path else "/sessions/archive"
+    send = client.put if path == "title" else client.post
+    error = error_shape(
+        send(url, content=body, headers={"Content-Type": "application/json"}),
+        422,
+        "invalid_params",
+    )
+    times = "3 times" if body.count(f'"{key}"') == 3 else "twice"
+    assert f"key {key!r} was given {times}" in error["message"], error
+    assert error["data"] == {"param": key, "path": where, "in": "body"}, error
+    session = client.get(f"/sessions/{sid['sessionId']}").json()
+    assert session["archived"] is False and session.get("title") is None, session
+
+
+#: Every route taking a JSON body: (method, path with {sid}, a body it would take as JSON).
+JSON_ROUTES = [
+    ("POST", "/sessions", '{"cwd": "/tmp/form"}'),
+    ("POST", "/sessions/{sid}/archive", '{"stopActivity": true}'),
+    ("POST", "/sessions/{sid}/unarchive", "{}"),
+    ("POST", "/sessions/archive", '{"sessionIds": ["{sid}"]}'),
+    ("DELETE", "/sessions/{sid}", '{"stopActivity": true}'),
+    ("PUT", "/sessions/{sid}/title", '{"title": "form"}'),
+    ("POST", "/sessions/{sid}/prompt", '{"prompt": "say hi"}'),
+    ("POST", "/sessions/{sid}/cancel", '{"turnIds": []}'),
+    ("POST", "/sessions/{sid}/close", '{"turnIds": []}'),
+]
+
+
+@pytest.mark.parametrize(("method", "path", "body"), JSON_ROUTES)
+@pytest.mark.parametrize(
+    "content_type", ["application/x-www-form-urlencoded", "text/plain", "text/json", None]
+)
+def test_a_body_not_sent_as_json_is_415_saying_which_content_type_to_send(
+    client: TestClient, method: str, path: str, body: str, content_type: str | None
+) -> None:
+    sid = client.post("/sessions", json={"cwd": f"/tmp/ct-{uuid.uuid4().hex}"}).json()
+    url, content = path.format(sid=sid["sessionId"]), body.replace("{sid}", sid["sessionId"])
+    headers = {"Content-Type": content_type} if content_type else {}
+    answer = client.request(method, url, content=content, headers=headers)
+    error = error_shape(answer, 415, "unsupported_media_type")
+    assert error["message"].endswith(
+        "send the body as JSON with Content-Type: application/json."
+    ), error
+    assert error["data"] == {"contentType": content_type, "accepted": "application/json"}
+    session = client.get(f"/sessions/{sid['sessionId']}").json()
+    assert session["archived"] is False and session.get("title") is None, session
+    # The same body as JSON is taken.
+    json_headers = {"Content-Type": "application/json; charset=utf-8"}
+    assert client.request(method, url, content=content, headers=json_headers).status_code < 300
+
+
+@pytest.mark.parametrize("content_type", ["application/x-www-form-urlencoded", None])
+def test_a_request_without_a_body_is_taken_whatever_its_content_type(
+    client: TestClient, content_type: str | None
+) -> None:
+    sid = client.post("/sessions", json={"cwd": f"/tmp/ct-{uuid.uuid4().hex}"}).json()
+    path = f"/sessions/{sid['sessionId']}"
+    headers = {"Content-Type": content_type} if content_type else {}
+    for action in ("archive", "unarchive", "cancel", "close"):
+        assert client.post(f"{path}/{action}", headers=headers).status_code == 200, action
+    assert client.request("DELETE", path, headers=headers).json()["deleted"] is True
+
+
+def test_a_form_post_from_another_origin_is_still_refused_by_its_origin(
+    client: TestClient,
+) -> None:
+    sid = client.post("/sessions", json={"cwd": f"/tmp/ct-{uuid.uuid4().hex}"}).json()
+    answer = client.post(
+        f"/sessions/{sid['sessionId']}/archive",
+        content="stopActivity=true",
+        headers={
+            "Content-Type": "application/x-www-form-urlencoded",
+            "Origin": "https://evil.example",
+        },
+    )
+    error_shape(answer, 403, "origin_forbidden")

@@ -182,13 +182,16 @@ def _menu(page: Any, sid: str) -> Any:
 
 def test_events_take_a_token_query_parameter_and_nothing_else_does(server: Server) -> None:
     """EventSource cannot send headers: ``GET /events?token=`` is accepted, a wrong one is
-    401, and no other route takes the token from the query string."""
+    401, and no other route takes the token from the query string (it is a parameter those
+    routes do not take: 422 naming it, nothing served)."""
     with urllib.request.urlopen(f"{server.base}/events?token={TOKEN}", timeout=5) as res:
         assert res.status == 200
         assert res.readline().startswith(b": connected")
-    for path in ("/events?token=nope", "/events", f"/sessions?token={TOKEN}"):
+    for path in ("/events?token=nope", "/events"):
         status, body = server.call("GET", path, token=None)
         assert status == 401 and body["error"]["code"] == "unauthorized", path
+    status, body = server.call("GET", f"/sessions?token={TOKEN}", token=None)
+    assert status == 422 and body["error"]["data"]["param"] == "token", body
 
 
 def test_token_prompt_then_quiet_archive_without_dialog(server: Server, browser: Any) -> None:
