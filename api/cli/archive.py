@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import sys
+from typing import Any
 
 import typer
 
@@ -17,20 +18,26 @@ from orchestrator.errors import FleetError
 _JSON = typer.Option(False, "--json", help="Print JSON (for scripts).")
 
 
+def _confirmed_option(refused: str) -> Any:
+    """The ``--confirmed FAMILY:ID`` option of a command whose ``refused`` (archive, delete)
+    ``--stop`` binds to what the user confirmed."""
+    return typer.Option(
+        None,
+        "--confirmed",
+        metavar="FAMILY:ID",
+        help="With --stop: an item confirmed for stopping (repeat it); anything "
+        f"else live refuses the {refused} (activity_changed) and nothing is written.",
+        show_default=False,
+    )
+
+
 @app.command()
 def archive(
     ids: list[str] | None = typer.Argument(
         None, metavar="ID", help="The session to archive.", show_default=False
     ),
     stop: bool = typer.Option(False, "--stop", help="Stop live work, then archive."),
-    confirmed: list[str] | None = typer.Option(
-        None,
-        "--confirmed",
-        metavar="FAMILY:ID",
-        help="With --stop: an item confirmed for stopping (repeat it); anything "
-        "else live refuses the archive (activity_changed) and nothing is written.",
-        show_default=False,
-    ),
+    confirmed: list[str] | None = _confirmed_option("archive"),
     as_json: bool = _JSON,
     # The spellings before `fleet bulk-archive` and `fleet auto-archive`, still served.
     bulk: bool = typer.Option(False, "--bulk", hidden=True),
@@ -166,14 +173,7 @@ def delete(
     stop: bool = typer.Option(
         False, "--stop", help="Stop live work (as archive --stop), then delete."
     ),
-    confirmed: list[str] | None = typer.Option(
-        None,
-        "--confirmed",
-        metavar="FAMILY:ID",
-        help="With --stop: an item confirmed for stopping (repeat it); anything "
-        "else live refuses the delete (activity_changed) and nothing is written.",
-        show_default=False,
-    ),
+    confirmed: list[str] | None = _confirmed_option("delete"),
     as_json: bool = _JSON,
 ) -> None:
     """Delete a session and its subagents (its whole subtree). Refused, with the live items,
