@@ -214,15 +214,22 @@ def test_cancelling_a_turn_with_a_step_in_flight_leaves_it_to_the_step(
     assert len(model_requests(store, sid)) == 1  # the step that began; the copy made none
 
 
+def busy_lineage(store: Store, recorder: RecordingDispatcher, cwd: str) -> tuple[str, ...]:
+    """A parent with a turn between steps and its child with a turn mid-step (the step's copy
+    ``a-copy`` holds it): ``(parent, child, turn between steps, turn in flight)``."""
+    parent, child = (s.session_id for s in chain(store, 1, cwd))
+    between = turns.start_turn(store, recorder, parent, "think 5")
+    in_flight = turns.start_turn(store, recorder, child, "think 5")
+    assert store.run("turn_begin_step", [in_flight, 0, 5000, "a-copy"])[0] == "ok"
+    return parent, child, between, in_flight
+
+
 def test_a_turn_an_archive_stops_says_so_whichever_path_ends_it(
     store: Store, recorder: RecordingDispatcher, cwd: str
 ) -> None:
     # Given a parent with a turn between steps, and its child with a turn mid-step and one
     # queued behind it
-    parent, child = (s.session_id for s in chain(store, 1, cwd))
-    between = turns.start_turn(store, recorder, parent, "think 5")
-    in_flight = turns.start_turn(store, recorder, child, "think 5")
-    assert store.run("turn_begin_step", [in_flight, 0, 5000, "a-copy"])[0] == "ok"
+    parent, child, between, in_flight = busy_lineage(store, recorder, cwd)
     queued = turns.start_turn(store, recorder, child, "say later")
 
     # When the parent is archived with its work stopped
@@ -247,10 +254,7 @@ def test_the_turns_a_delete_stops_record_the_delete_whichever_path_ends_them(
     store: Store, recorder: RecordingDispatcher, cwd: str
 ) -> None:
     # Given a parent with a turn between steps, and its child with a turn mid-step
-    parent, child = (s.session_id for s in chain(store, 1, cwd))
-    between = turns.start_turn(store, recorder, parent, "think 5")
-    in_flight = turns.start_turn(store, recorder, child, "think 5")
-    assert store.run("turn_begin_step", [in_flight, 0, 5000, "a-copy"])[0] == "ok"
+    parent, child, between, in_flight = busy_lineage(store, recorder, cwd)
     # When the parent is deleted with its work stopped (its archive first), the step in flight
     # settling its turn meanwhile as it does on seeing it cancelling
     settle = threading.Timer(
