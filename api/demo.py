@@ -279,7 +279,7 @@ def run_demo(console: Console) -> int:
     try:
         fleet.start()
         fleet.wait_ready(90)
-        tl.say(f"workers ready: {', '.join(f'{w.family}@{w.host}' for w in fleet.workers)}")
+        tl.say(f"workers ready: {', '.join(w.node for w in fleet.workers)}")
         scenario(store, celery_dispatcher(settings), tl)
         passed = True
     except (Expectation, RuntimeError) as exc:

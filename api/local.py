@@ -32,6 +32,19 @@ class WorkerProcess:
     host: str
     process: subprocess.Popen[bytes]
     log_path: Path
+    #: A control-only worker (``fleet worker --control``): it takes the family's stops only.
+    control: bool = False
+
+    @property
+    def node(self) -> str:
+        """Its Celery node name, as Flower shows it and its heartbeat key names it
+        (``turn@host``, ``turn.ctl@host``)."""
+        return f"{family_spec(self.family).worker_name(control_only=self.control)}@{self.host}"
+
+    @property
+    def role(self) -> str:
+        """What its heartbeat key names before the node: the family or its control queue."""
+        return family_spec(self.family).worker_name(control_only=self.control)
 
 
 @dataclass
@@ -39,7 +52,9 @@ class LocalFleet:
     """Family workers for one Redis URL and key prefix.
 
     ``job_hosts`` job workers are started with distinct host names (``<hostname>-1`` ...), so
-    a stop for a job can be seen to reach exactly the host that owns it.
+    a stop for a job can be seen to reach exactly the host that owns it. Each family in
+    ``control_families`` gets a control-only worker beside its own (``turn``: its threads are
+    held by the steps an archive stops, so its stops would otherwise wait for one to end).
     """
 
     redis_url: str
@@ -48,6 +63,7 @@ class LocalFleet:
     hostname: str = "local"
     job_hosts: int = 1
     concurrency: int = 8
+    control_families: tuple[str, ...] = ("turn",)
     extra_env: dict[str, str] = field(default_factory=dict)
     workers: list[WorkerProcess] = field(default_factory=list)
 
@@ -72,7 +88,8 @@ class LocalFleet:
         return [f"{self.hostname}-{i + 1}" for i in range(self.job_hosts)]
 
     def start(self, families: list[str] | None = None) -> LocalFleet:
-        """Start one worker per family (``job_hosts`` for jobs). Returns self."""
+        """Start one worker per family (``job_hosts`` for jobs), and a control-only one for
+        each of them in ``control_families``. Returns self."""
         logs = self.state_dir / "logs"
         logs.mkdir(parents=True, exist_ok=True)
         for family in families or family_names():
@@ -80,11 +97,17 @@ class LocalFleet:
             hosts = self.job_host_names() if spec.host_stops else [self.hostname]
             for host in hosts:
                 self.start_worker(family, host)
+            if family in self.control_families:
+                self.start_worker(family, self.hostname, control=True)
         return self
 
-    def start_worker(self, family: str, host: str, *, append: bool = True) -> WorkerProcess:
-        """Start one ``fleet worker`` process for ``family`` on ``host``."""
-        log_path = self.state_dir / "logs" / f"{family}@{host}.log"
+    def start_worker(
+        self, family: str, host: str, *, control: bool = False, append: bool = True
+    ) -> WorkerProcess:
+        """Start one ``fleet worker`` process for ``family`` on ``host`` (``--control``:
+        control-only)."""
+        node = f"{family_spec(family).worker_name(control_only=control)}@{host}"
+        log_path = self.state_dir / "logs" / f"{node}.log"
         log_path.parent.mkdir(parents=True, exist_ok=True)
         # -P: no working directory first on sys.path, so a file there named like one of
         # the project's modules (acp.py, orchestrator.py) is never imported in its place.
@@ -100,6 +123,7 @@ class LocalFleet:
             host,
             "--concurrency",
             str(self.concurrency),
+            *(["--control"] if control else []),
         ]
         with open(log_path, "ab") as log_file:
             proc = subprocess.Popen(
@@ -112,7 +136,7 @@ class LocalFleet:
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
             )
-        worker = WorkerProcess(family, host, proc, log_path)
+        worker = WorkerProcess(family, host, proc, log_path, control)
         if append:
             self.workers.append(worker)
         return worker
@@ -122,7 +146,9 @@ class LocalFleet:
         replaced = []
         for i, w in enumerate(self.workers):
             if w.process.poll() is not None:
-                self.workers[i] = self.start_worker(w.family, w.host, append=False)
+                self.workers[i] = self.start_worker(
+                    w.family, w.host, control=w.control, append=False
+                )
                 replaced.append(self.workers[i])
         return replaced
 
@@ -138,10 +164,9 @@ class LocalFleet:
             for w in self.workers:
                 if w.process.poll() is not None:
                     raise RuntimeError(
-                        f"worker {w.family}@{w.host} exited with "
-                        f"{w.process.returncode}:\n{self.tail(w)}"
+                        f"worker {w.node} exited with {w.process.returncode}:\n{self.tail(w)}"
                     )
-                key = keys.worker_heartbeat(str(w.family), f"{w.family}@{w.host}")
+                key = keys.worker_heartbeat(w.role, w.node)
                 if not client.exists(key):
                     out.append(w)
             return out
@@ -154,7 +179,7 @@ class LocalFleet:
         except RetryError as exc:
             w = exc.last_attempt.result()[0]
             raise RuntimeError(
-                f"worker {w.family}@{w.host} not ready after {timeout:.0f}s:\n{self.tail(w)}"
+                f"worker {w.node} not ready after {timeout:.0f}s:\n{self.tail(w)}"
             ) from None
         finally:
             client.close()

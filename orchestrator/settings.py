@@ -85,6 +85,11 @@ class FleetSettings(BaseSettings):
     #: The family a worker process serves (``turn``, ``job``, ``subagent``, ``reminder``);
     #: ``fleet worker --family`` sets it, empty outside workers.
     worker_family: str = ""
+    #: A worker that consumes only its family's control queue (``<family>.ctl``: the stops),
+    #: beside the family's full workers, so a stop is taken while every thread of those is
+    #: busy with the work it stops. ``fleet worker --control`` sets it; it runs no background
+    #: loop and its heartbeat does not count as the family's worker.
+    worker_control_only: bool = False
     #: Seconds a job process gets between SIGTERM and SIGKILL when it is stopped.
     job_kill_grace_seconds: Seconds = 2.0
     #: Seconds a job's liveness lease lasts; a job worker refreshes it while the process runs,

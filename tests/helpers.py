@@ -78,7 +78,7 @@ def dead_workers(fleet: Any) -> list[Any]:
 
 
 def describe_death(label: str, w: Any, lines: int = 20) -> str:
-    """``"<family> worker <family>@<host> (pid N) of the <label> fleet exited with ..."``
+    """``"<family> worker <node> (pid N) of the <label> fleet exited with ..."``
     and the last ``lines`` lines of its log."""
     code = w.process.returncode
     how = f"signal {signal.Signals(-code).name}" if code < 0 else f"status {code}"
@@ -87,7 +87,7 @@ def describe_death(label: str, w: Any, lines: int = 20) -> str:
     except OSError as exc:
         tail = f"(log unreadable: {exc})"
     return (
-        f"{w.family.value} worker {w.family.value}@{w.host} (pid {w.process.pid}) of the "
+        f"{w.family.value} worker {w.node} (pid {w.process.pid}) of the "
         f"{label} fleet exited with {how}; last lines of {w.log_path}:\n{tail}"
     )
 
@@ -119,7 +119,7 @@ def revive(fleet: Any, label: str, timeout: float = STARTUP_TIMEOUT) -> list[str
     keys, client = Keys(fleet.key_prefix), redis.Redis.from_url(fleet.redis_url)
     try:  # a dead worker's heartbeat must not count as its replacement being ready
         for w in dead:
-            client.delete(keys.worker_heartbeat(w.family.value, f"{w.family.value}@{w.host}"))
+            client.delete(keys.worker_heartbeat(w.role, w.node))
     finally:
         client.close()
     fleet.restart_dead()

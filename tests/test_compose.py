@@ -35,6 +35,7 @@ EXPECTED_SERVICES = {
     "api",
     "flower",
     *(f"worker-{name}" for name in WORKER_FAMILIES),
+    "worker-turn-control",
     "sentinel-1",
     "sentinel-2",
     "sentinel-3",
@@ -341,13 +342,16 @@ def test_healthchecks_compile() -> None:
 
 def test_worker_services_cover_every_family(services: dict[str, dict[str, Any]]) -> None:
     families = {}
+    control = {}
     for name, command in _fleet_commands(services).items():
         if command[1] == "worker":
-            families[_option(command, "--family")] = name
+            (control if "--control" in command else families)[_option(command, "--family")] = name
     assert set(families) == WORKER_FAMILIES
     assert families["job"] == "worker-job"
     # The reminder poller runs inside the reminder worker (no service of its own)
     assert families["reminder"] == "worker-reminder"
+    # Turn stops have a worker of their own, beside the turn workers whose threads run steps
+    assert control == {"turn": "worker-turn-control"}
 
 
 def test_job_workers_scale_as_hosts_of_their_own(services: dict[str, dict[str, Any]]) -> None:

@@ -25,6 +25,7 @@ from typing import Any
 from celery import bootsteps
 from celery.signals import worker_shutting_down
 
+from orchestrator import families
 from workers.runtime import current_runtime, get_runtime
 
 log = logging.getLogger(__name__)
@@ -45,8 +46,9 @@ def _delete_all(keys: list[str]) -> None:
 
 class Heartbeat(bootsteps.StartStopStep):  # type: ignore[misc]  # Celery is untyped
     """Keeps ``Keys.worker_heartbeat(family, node)`` alive while the consumer consumes
-    (family workers only: ``settings.worker_family``; ``workers.app.create_app``
-    adds it to every consumer)."""
+    (family workers only: ``settings.worker_family``; ``<family>.ctl`` for a control-only
+    worker, which ``/ready`` does not count; ``workers.app.create_app`` adds it to every
+    consumer)."""
 
     requires = ("celery.worker.consumer.tasks:Tasks",)
 
@@ -60,7 +62,9 @@ class Heartbeat(bootsteps.StartStopStep):  # type: ignore[misc]  # Celery is unt
         family = rt.settings.worker_family
         if not family:
             return
-        self.key = rt.store.keys.worker_heartbeat(family, c.hostname)
+        # A control-only worker beats as ``<family>.ctl``: it takes no work of the family.
+        name = families.get(family).worker_name(control_only=rt.settings.worker_control_only)
+        self.key = rt.store.keys.worker_heartbeat(name, c.hostname)
         _steps.add(self)
         self.beat()
         self.tref = c.timer.call_repeatedly(HEARTBEAT_TTL / 3, self.beat)

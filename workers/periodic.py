@@ -63,8 +63,12 @@ def _forever(loop: Loop, rt: Runtime, period: float) -> None:
 @worker_ready.connect
 def _start(**_: Any) -> None:
     rt = get_runtime()
+    settings = rt.settings
     for loop in _LOOPS:
-        period = loop.interval(rt.settings) if loop.family == rt.settings.worker_family else 0
+        # A control-only worker takes stops and nothing else: the family's loops run in its
+        # full workers.
+        ours = loop.family == settings.worker_family and not settings.worker_control_only
+        period = loop.interval(settings) if ours else 0
         if period > 0:
             threading.Thread(
                 target=_forever, args=(loop, rt, period), name=loop.name, daemon=True

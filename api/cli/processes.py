@@ -39,22 +39,38 @@ def worker(
         0, low=0, help="Worker threads (default FLEET_WORKER_CONCURRENCY)."
     ),
     loglevel: str = typer.Option("INFO", help="Celery log level."),
+    control: bool = typer.Option(
+        False,
+        "--control",
+        help="Take only the family's stops (its <family>.ctl queue), beside its full "
+        "workers, so a stop is taken while all their threads are busy (turn, subagent, "
+        "reminder).",
+    ),
 ) -> None:
     """Run a Celery worker for one family (a real process; stop with Ctrl-C)."""
+    from orchestrator.errors import InvalidParams
     from orchestrator.families import get as family_spec
     from orchestrator.logs import resolve_format
-    from workers.app import create_app, worker_queues
+    from workers.app import create_app
     from workers.runtime import install
 
+    spec = family_spec(family.value)
     settings = settings_with_redis().model_copy(
-        update={"worker_family": family.value, **({"hostname": host} if host else {})}
+        update={
+            "worker_family": family.value,
+            "worker_control_only": control,
+            **({"hostname": host} if host else {}),
+        }
     )
     host = settings.hostname
+    try:
+        queues = spec.worker_queues(host, control_only=control)
+    except InvalidParams as exc:
+        usage(f"--control: {exc.message}")
     celery_app = create_app(settings)
     install(settings, celery_app)
-    if family_spec(family.value).host_stops:  # it owns what runs on its host: hold the name
+    if spec.host_stops:  # it owns what runs on its host: hold the name
         _hold_job_host()
-    queues = worker_queues(family.value, host)
     # JSON logs: no start-up banner among the JSON lines (workers/logs.py formats them).
     quiet = ["--quiet"] if resolve_format(settings.log_format, sys.stderr) == "json" else []
     celery_app.worker_main(
@@ -62,7 +78,7 @@ def worker(
             *quiet,
             "worker",
             "-n",
-            f"{family.value}@{host}",
+            f"{spec.worker_name(control_only=control)}@{host}",
             "-Q",
             ",".join(queues),
             "--pool",
@@ -178,9 +194,7 @@ def _restart_dead(fleet: Any, api_proc: Any, url: str) -> Any:
     family; its jobs died with it and their leases lapse. A dead API is restarted on the
     same address, so the URL published in fleet.json answers again."""
     for w in fleet.restart_dead():
-        err.print(
-            Text(f"worker {w.family}@{w.host} had exited; restarted (log {w.log_path})", "yellow")
-        )
+        err.print(Text(f"worker {w.node} had exited; restarted (log {w.log_path})", "yellow"))
     if api_proc is not None and api_proc.poll() is not None:
         old, code = api_proc.pid, api_proc.returncode
         api_proc = _start_api(url)

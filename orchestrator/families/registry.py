@@ -98,10 +98,28 @@ class FamilySpec:
         work = [self.work_queue] if self.work_queue else []
         return [self.control_queue(), *work, *self.extra_queues]
 
-    def worker_queues(self, host: str) -> list[str]:
-        """The queues its worker on ``host`` consumes, control queues first."""
+    def worker_queues(self, host: str, *, control_only: bool = False) -> list[str]:
+        """The queues its worker on ``host`` consumes, control queues first; with
+        ``control_only``, the control queue alone (a worker that takes only stops). Raises
+        ``InvalidParams`` for a control-only worker of a family whose stops must reach the
+        host owning the item: those run in the worker that owns it."""
+        if control_only:
+            if self.host_stops:
+                able = [spec.name for spec in _REGISTRY.values() if not spec.host_stops]
+                raise InvalidParams(
+                    f"{self.display} stops run in the {self.name} worker that owns the item "
+                    f"on its host; a control-only worker serves these families: "
+                    f"{', '.join(able)}.",
+                    {"param": "family", "allowed": able},
+                )
+            return [self.control_queue()]
         own = [self.control_queue(host)] if self.host_stops else []
         return [*own, *self.static_queues()]
+
+    def worker_name(self, *, control_only: bool = False) -> str:
+        """What a worker of the family calls itself before ``@host`` (its node name) and in
+        its heartbeat: the family, or its control queue for a control-only worker."""
+        return self.control_queue() if control_only else self.name
 
 
 _REGISTRY: dict[str, FamilySpec] = {}

@@ -320,3 +320,11 @@ def test_fleet_up_refuses_an_api_port_in_use_before_starting_anything(tmp_path: 
     assert f"port {port} on 127.0.0.1 is in use" in said and "FLEET_API_PORT" in said, said
     assert proc.stdout == "" and "Traceback" not in said, proc.stdout
     assert not (tmp_path / "fleet.json").exists()
+
+
+def test_a_control_only_job_worker_is_refused_naming_the_families_that_can_have_one() -> None:
+    # A job's stop must run in the worker holding the job's process on its host.
+    code, said = _said("worker", "--family", "job", "--control")
+    assert code == 2, said
+    assert "--control" in said and "host" in said, said
+    assert "turn, subagent, reminder" in said, said

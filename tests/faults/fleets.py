@@ -45,7 +45,7 @@ class PrivateFleet:
 
     def worker(self, family: Family) -> WorkerProcess:
         """The family's one live worker (else its one worker, dead or not)."""
-        mine = [w for w in self.fleet.workers if w.family is family]
+        mine = [w for w in self.fleet.workers if w.family is family and not w.control]
         live = [w for w in mine if w.process.poll() is None]
         [found] = live or mine
         return found
@@ -70,7 +70,7 @@ class PrivateFleet:
         old = self.worker(family)
         if old.process.poll() is None:
             return old
-        key = self.store.keys.worker_heartbeat(family.value, f"{family.value}@{old.host}")
+        key = self.store.keys.worker_heartbeat(old.role, old.node)
         self.store.redis.delete(key)  # the dead worker's heartbeat must not count as ready
         self.fleet.restart_dead()
         self.fleet.wait_ready(STARTUP_TIMEOUT)
@@ -99,16 +99,25 @@ def private_fleet(
     env: dict[str, str],
     *,
     concurrency: int = 4,
+    control: tuple[Family, ...] = (),
 ) -> Iterator[PrivateFleet]:
     """Start one worker per family in ``families`` on prefix ``key_prefix + name + ':'`` with
-    ``env`` on top of the test environment; stop them and delete the prefix's keys after."""
+    ``env`` on top of the test environment, and a control-only worker for each in
+    ``control`` (none by default: a fault test signals the family's one worker); stop them
+    and delete the prefix's keys after."""
     prefix = f"{key_prefix}{name}:"
     store = Store(redis_url, prefix)
     app = Celery(f"agent_fleet_{name}")
     configure(app, FleetSettings(redis_url=redis_url, key_prefix=prefix))
     state: Path = tmp_path_factory.mktemp(f"{name}-fleet")
     fleet = LocalFleet(
-        redis_url, prefix, state, hostname=name, concurrency=concurrency, extra_env=env
+        redis_url,
+        prefix,
+        state,
+        hostname=name,
+        concurrency=concurrency,
+        control_families=tuple(control),
+        extra_env=env,
     )
     fleet.start(families)
     try:

@@ -45,12 +45,12 @@ class Rig:
     dispatcher: CeleryDispatcher
 
     def worker(self, family: Family) -> WorkerProcess:
-        [found] = [w for w in self.fleet.workers if w.family is family]
+        [found] = [w for w in self.fleet.workers if w.family is family and not w.control]
         return found
 
     def heartbeat(self, family: Family) -> str:
         w = self.worker(family)
-        return self.store.keys.worker_heartbeat(family.value, f"{family.value}@{w.host}")
+        return self.store.keys.worker_heartbeat(w.role, w.node)
 
     def ready(self, family: Family) -> bool:
         try:

@@ -129,11 +129,18 @@ def wait_gone(pid: int, timeout: float = 15.0) -> None:
 
 
 def worker(fleet: Any, family: str, host: str | None = None) -> Any:
-    """The fleet's worker of ``family`` (on ``host`` for job workers)."""
+    """The fleet's worker of ``family`` (on ``host`` for job workers), not its control-only
+    one."""
     for w in fleet.workers:
-        if w.family.value == family and (host is None or w.host == host):
+        if w.family.value == family and not w.control and (host is None or w.host == host):
             return w
     raise AssertionError(f"no {family} worker on {host}")
+
+
+def stop_takers(fleet: Any, family: str) -> list[Any]:
+    """Every worker of ``family`` that may take its stops: its workers and its control-only
+    one (both consume ``<family>.ctl``)."""
+    return [w for w in fleet.workers if w.family.value == family]
 
 
 def job_workers(fleet: Any) -> list[Any]:
@@ -153,6 +160,16 @@ def wait_log(w: Any, needle: str, count: int = 1, timeout: float = 30.0) -> None
         timeout,
         message=f"{needle!r} x{count} in {w.log_path.name}",
     )
+
+
+def wait_log_of_any(workers: list[Any], needle: str, timeout: float = 30.0) -> Any:
+    """Wait until ``needle`` appears in the log of one of ``workers``; returns that worker."""
+
+    def found() -> Any:
+        return next((w for w in workers if needle in log_text(w)), None)
+
+    names = ", ".join(w.log_path.name for w in workers)
+    return wait_for(found, timeout, message=f"{needle!r} in one of {names}")
 
 
 def active_step(app: Any, turn_id: str, workers: int = 1) -> tuple[str, str] | None:
@@ -175,7 +192,7 @@ def worker_running(app: Any, fleet: Any, turn_id: str, timeout: float = 30.0) ->
         live = [w for w in fleet.workers if w.process.poll() is None]
         found = active_step(app, turn_id, len(live))
         for w in live:
-            if found and f"{w.family.value}@{w.host}" == found[0]:
+            if found and w.node == found[0]:
                 return w
         return None
 

@@ -14,8 +14,9 @@ from tests.workers.support import (
     history,
     requests_of,
     sleep_processes,
+    stop_takers,
     turn_state,
-    wait_log,
+    wait_log_of_any,
     wait_request,
     wait_turn_state,
     worker,
@@ -105,7 +106,7 @@ def test_a_late_stop_naming_a_finished_turn_leaves_the_next_running_turn_alone(
     dispatcher.send("turn.stop", [sid, [old]], "turn.ctl")
 
     # Then the worker reports the old turn already ended and the new turn keeps running
-    wait_log(worker(fleet, "turn"), f"turn {old} not cancelled: already completed")
+    wait_log_of_any(stop_takers(fleet, "turn"), f"turn {old} not cancelled: already completed")
     assert turn_state(store, new) == "running"
     assert turn_state(store, old) == "completed"
 
