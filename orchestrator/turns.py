@@ -360,7 +360,8 @@ def cancel_turns(
     if not turn_ids:
         return {}
     ms = store.now_ms()
-    flat = store.run("turn_cancel", [ms, iso(ms), session_id, *dict.fromkeys(turn_ids)])
+    flat, ended_here = store.run("turn_cancel", [ms, iso(ms), session_id, *dict.fromkeys(turn_ids)])
+    ended = set(ended_here)
     outcomes: dict[str, str] = {}
     for tid, outcome in zip(flat[::2], flat[1::2], strict=True):
         if outcome == "promoted":
@@ -368,7 +369,7 @@ def cancel_turns(
             continue
         outcomes[tid] = outcome
         extra = {"session_id": session_id, "turn_id": tid}
-        if outcome == "cancelled":
+        if tid in ended:  # cancelled here: announced once, here
             log.info("turn %s cancelled", tid, extra=extra)
             events.publish(
                 store,

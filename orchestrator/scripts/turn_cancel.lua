@@ -3,9 +3,11 @@
 -- session sid (a turn of another session, or none, answers 'missing'). Queued turns end
 -- 'cancelled' at once; a running turn with a step in flight becomes 'cancelling' and the step
 -- settles it; a running turn between steps ends 'cancelled' at once.
--- Returns a flat list: tid, outcome, ... plus 'promoted', tid for turns that started running.
+-- Returns {flat, ended}: flat is tid, outcome, ... plus tid, 'promoted' for turns that started
+-- running; ended lists the turns this call ended (a turn that had already ended answers its
+-- state, 'cancelled' included, and is not in it: its end was announced by whoever ended it).
 local ms, now = tonumber(ARGV[2]), ARGV[3]
-local out, promoted = {}, {}
+local out, promoted, ended = {}, {}, {}
 local running = {}
 local sid = ARGV[4]
 for i = 5, #ARGV do
@@ -17,6 +19,7 @@ for i = 5, #ARGV do
   elseif st == 'queued' then
     finish_turn(tid, 'cancelled', 'cancelled', '', ms, now)
     out[#out + 1] = tid; out[#out + 1] = 'cancelled'
+    ended[#ended + 1] = tid
   elseif st == 'running' then
     running[#running + 1] = tid
   else
@@ -30,8 +33,9 @@ for _, tid in ipairs(running) do
   else
     local nxt = finish_turn(tid, 'cancelled', 'cancelled', '', ms, now)
     out[#out + 1] = tid; out[#out + 1] = 'cancelled'
+    ended[#ended + 1] = tid
     if nxt ~= '' then promoted[#promoted + 1] = nxt end
   end
 end
 for _, p in ipairs(promoted) do out[#out + 1] = p; out[#out + 1] = 'promoted' end
-return out
+return {out, ended}

@@ -3,13 +3,14 @@ turns, and stops that name turns exactly."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
 
 from orchestrator.archive import archive
 from orchestrator.turns import cancel_session_turns, start_turn
-from tests.helpers import wait_for
+from tests.helpers import RecordingDispatcher, wait_for
 from tests.workers.support import (
     history,
     requests_of,
@@ -137,3 +138,34 @@ def test_a_stop_naming_only_the_running_turn_lets_the_queued_turn_run_next(
     wait_turn_state(store, running, "cancelled")
     wait_turn_state(store, queued, "completed")
     assert requests_of(store, sid, queued) == [0]
+
+
+def turn_events(store: Any, tid: str, after: str) -> list[dict[str, Any]]:
+    """The ``turn`` events of ``tid`` in the fleet's event stream after entry ``after``."""
+    entries = store.redis.xrange(store.keys.event_stream, min=f"({after}")
+    found = [json.loads(fields["event"]) for _, fields in entries]
+    return [e for e in found if e.get("type") == "turn" and e.get("turnId") == tid]
+
+
+def test_a_turn_ended_by_an_archive_is_announced_once_when_its_stop_comes_after(
+    fleet: Any, store: Any, dispatcher: Any, sessions: Any
+) -> None:
+    # Given a turn in the middle of a model request
+    sid = sessions.new()
+    tid = start_turn(store, dispatcher, sid, "think 30")
+    wait_request(store, sid, tid, 0)
+    [(mark, _)] = store.redis.xrevrange(store.keys.event_stream, count=1)
+    # And its session archived with stop, whose script ends the turn (announcing it), the
+    # stop messages held back
+    held = RecordingDispatcher()
+    archive(store, held, sid, stop_activity=True)
+    wait_turn_state(store, tid, "cancelled")
+
+    # When the turn.stop arrives after the turn has ended
+    [stop] = [m for m in held.sent if m[0] == "turn.stop"]
+    dispatcher.send(*stop)
+    # (the stop task's result names the turn's state: it had ended cancelled)
+    wait_log_of_any(stop_takers(fleet, "turn"), f"'turns': {{'{tid}': 'cancelled'}}")
+
+    # Then the turn's end was announced once: the late stop found it ended and said nothing
+    assert [e["state"] for e in turn_events(store, tid, mark)] == ["cancelled"]
