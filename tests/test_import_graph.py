@@ -136,3 +136,25 @@ def test_the_api_reaches_workers_only_through_its_entry_points_and_the_dispatche
         if target.startswith("workers")
     }
     assert to_workers == set()
+
+
+def test_a_worker_on_the_scripted_model_starts_without_importing_the_openai_package() -> None:
+    # The openai package is most of a worker's start-up imports; only the openai model needs it.
+    import subprocess
+    import sys
+
+    from workers.app import TASK_MODULES
+
+    modules = ["workers.app", "workers.runtime", "api.cli.processes", *TASK_MODULES]
+    probe = (
+        f"import importlib, sys\nfor m in {modules!r}: importlib.import_module(m)\n"
+        "from orchestrator.settings import FleetSettings\n"
+        "from workers.runtime import build_model\n"
+        "build_model(FleetSettings(model='scripted'))\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] == 'openai'))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, cwd=ROOT, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]", done.stdout
