@@ -141,15 +141,16 @@ class LocalFleet:
             self.workers.append(worker)
         return worker
 
-    def restart_dead(self) -> list[WorkerProcess]:
-        """Start a replacement for every worker that exited; return the replacements."""
+    def restart_dead(self) -> list[tuple[WorkerProcess, WorkerProcess]]:
+        """Start a replacement for every worker that exited; return (dead worker, its
+        replacement) pairs (the dead one's ``process.returncode`` says how it ended)."""
         replaced = []
         for i, w in enumerate(self.workers):
             if w.process.poll() is not None:
                 self.workers[i] = self.start_worker(
                     w.family, w.host, control=w.control, append=False
                 )
-                replaced.append(self.workers[i])
+                replaced.append((w, self.workers[i]))
         return replaced
 
     def wait_ready(self, timeout: float = 60.0) -> None:

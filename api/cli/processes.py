@@ -113,9 +113,10 @@ def up(
     api: bool = typer.Option(True, help="Serve the HTTP API too (the default; --no-api: not)."),
 ) -> None:
     """Run the whole fleet locally until Ctrl-C: Redis (embedded if FLEET_REDIS_URL is unset),
-    one worker per family, and the API. While it runs, it publishes where it runs in
-    FLEET_STATE_DIR/fleet.json, so other fleet commands started with the same state directory
-    (the same working directory by default) find it without FLEET_REDIS_URL."""
+    one worker per family, a control-only turn worker (turn.ctl) and the API. While it runs,
+    it publishes where it runs in FLEET_STATE_DIR/fleet.json, so other fleet commands started
+    with the same state directory (the same working directory by default) find it without
+    FLEET_REDIS_URL."""
     from api import discovery
     from api.embedded import resolve_redis_url
     from api.local import LocalFleet
@@ -158,6 +159,7 @@ def up(
                 f"{len(fleet.workers)} workers, logs in {settings.state_dir / 'logs'}",
             )
         )
+        console.print(f"workers: {', '.join(w.node for w in fleet.workers)}", highlight=False)
         console.print(f"job workers on {', '.join(fleet.job_host_names())}")
         api_url = f"http://{settings.api_host}:{settings.api_port}" if api else None
         if api_url:
@@ -186,6 +188,16 @@ def up(
             embedded.stop()
 
 
+def _exit_status(code: int) -> str:
+    """How a child ended, as people read it: ``status 1``, ``signal SIGKILL``."""
+    if code >= 0:
+        return f"status {code}"
+    try:
+        return f"signal {signal.Signals(-code).name}"
+    except ValueError:
+        return f"signal {-code}"
+
+
 def _restart_dead(fleet: Any, api_proc: Any, url: str) -> Any:
     """Replace every child of ``fleet up`` that exited, saying so on stderr; returns the API
     process (a new one if the old one had exited, ``None`` without an API).
@@ -193,8 +205,11 @@ def _restart_dead(fleet: Any, api_proc: Any, url: str) -> Any:
     A worker that died (crash, OOM, kill -9) is replaced, so the fleet keeps serving every
     family; its jobs died with it and their leases lapse. A dead API is restarted on the
     same address, so the URL published in fleet.json answers again."""
-    for w in fleet.restart_dead():
-        err.print(Text(f"worker {w.node} had exited; restarted (log {w.log_path})", "yellow"))
+    for dead, w in fleet.restart_dead():
+        how = _exit_status(dead.process.returncode)
+        err.print(
+            Text(f"worker {w.node} had exited ({how}); restarted (log {w.log_path})", "yellow")
+        )
     if api_proc is not None and api_proc.poll() is not None:
         old, code = api_proc.pid, api_proc.returncode
         api_proc = _start_api(url)

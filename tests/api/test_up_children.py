@@ -100,9 +100,22 @@ def test_files_in_the_working_directory_do_not_shadow_the_fleet_modules(
         assert "had exited" not in out.read_text(), out.read_text()
 
 
-def test_fleet_up_restarts_a_dead_api_and_says_so(tmp_path: Path, redis_url: str) -> None:
+def _worker_pid(up: subprocess.Popen[bytes], *args: str) -> int:
+    import psutil
+
+    kids = psutil.Process(up.pid).children()
+    [found] = [p for p in kids if "worker" in p.cmdline() and p.cmdline()[-len(args) :] == [*args]]
+    return int(found.pid)
+
+
+def test_fleet_up_names_its_workers_and_restarts_a_dead_api_or_worker_saying_so(
+    tmp_path: Path, redis_url: str
+) -> None:
     with _fleet_up(tmp_path, redis_url) as (up, out, url):
         wait_for(lambda: _health(url), 60, message=f"the API to answer:\n{out.read_text()}")
+        # Given `fleet up` naming every worker it runs, the control-only turn worker among them
+        said = out.read_text()
+        assert "workers: turn@kidshost, turn.ctl@kidshost, job@kidshost" in said, said
         # When the API is killed outright
         first = _api_pid(up)
         os.kill(first, signal.SIGKILL)
@@ -114,4 +127,14 @@ def test_fleet_up_restarts_a_dead_api_and_says_so(tmp_path: Path, redis_url: str
         )
         wait_for(lambda: _health(url), 60, message=f"the new API to answer:\n{out.read_text()}")
         assert _api_pid(up) != first
-        assert up.poll() is None
+        # When the control-only worker is killed outright
+        os.kill(_worker_pid(up, "--control"), signal.SIGKILL)
+        # Then `fleet up` starts another and says how the first one ended
+        wait_for(
+            lambda: (
+                "worker turn.ctl@kidshost had exited (signal SIGKILL); restarted" in out.read_text()
+            ),
+            30,
+            message=f"`fleet up` to restart its control worker:\n{out.read_text()}",
+        )
+        assert _worker_pid(up, "--control") and up.poll() is None
