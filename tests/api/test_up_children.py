@@ -87,19 +87,6 @@ def _api_pid(up: subprocess.Popen[bytes]) -> int:
     return int(api.pid)
 
 
-def test_files_in_the_working_directory_do_not_shadow_the_fleet_modules(
-    tmp_path: Path, redis_url: str
-) -> None:
-    # Given acp.py and orchestrator.py in the working directory of `fleet up`
-    with _fleet_up(tmp_path, redis_url) as (up, out, url):
-        # Then the API serves and every worker keeps running
-        wait_for(lambda: _health(url), 60, message=f"the API to answer:\n{out.read_text()}")
-        sid = httpx.post(f"{url}/sessions", json={"cwd": str(tmp_path)}, timeout=10)
-        assert sid.status_code in (200, 201), sid.text
-        assert up.poll() is None
-        assert "had exited" not in out.read_text(), out.read_text()
-
-
 def _worker_pid(up: subprocess.Popen[bytes], *args: str) -> int:
     import psutil
 
@@ -108,12 +95,19 @@ def _worker_pid(up: subprocess.Popen[bytes], *args: str) -> int:
     return int(found.pid)
 
 
-def test_fleet_up_names_its_workers_and_restarts_a_dead_api_or_worker_saying_so(
+def test_fleet_up_is_not_shadowed_names_its_workers_and_restarts_a_dead_api_or_worker(
     tmp_path: Path, redis_url: str
 ) -> None:
+    # (One `fleet up` for the three properties: each start costs seven processes.)
+    # Given acp.py and orchestrator.py in the working directory of `fleet up`
     with _fleet_up(tmp_path, redis_url) as (up, out, url):
+        # Then the API serves and every worker keeps running
         wait_for(lambda: _health(url), 60, message=f"the API to answer:\n{out.read_text()}")
-        # Given `fleet up` naming every worker it runs, the control-only turn worker among them
+        sid = httpx.post(f"{url}/sessions", json={"cwd": str(tmp_path)}, timeout=10)
+        assert sid.status_code in (200, 201), sid.text
+        assert up.poll() is None
+        assert "had exited" not in out.read_text(), out.read_text()
+        # And it names every worker it runs, the control-only turn worker among them
         said = out.read_text()
         assert "workers: turn@kidshost, turn.ctl@kidshost, job@kidshost" in said, said
         # When the API is killed outright
