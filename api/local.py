@@ -39,7 +39,7 @@ class WorkerProcess:
     def node(self) -> str:
         """Its Celery node name, as Flower shows it and its heartbeat key names it
         (``turn@host``, ``turn.ctl@host``)."""
-        return f"{family_spec(self.family).worker_name(control_only=self.control)}@{self.host}"
+        return f"{self.role}@{self.host}"
 
     @property
     def role(self) -> str:
