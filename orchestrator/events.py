@@ -23,7 +23,7 @@ from typing import Any
 
 import redis
 
-from orchestrator.store import Store
+from orchestrator.store import Store, retried
 
 log = logging.getLogger(__name__)
 
@@ -69,3 +69,26 @@ def publish_many(store: Store, batch: list[tuple[str, str, dict[str, Any]]]) -> 
             exc,
             extra={"session_id": first_sid},
         )
+
+
+@retried
+def deleted_after(store: Store, session_id: str, after: str) -> bool:
+    """Whether the event stream still holds, after entry ``after`` (a stream id), the
+    ``deleted`` event of ``session_id``: a client that lost its connection before that event
+    can still resume and read it. Reads at most the stream's ``STREAM_MAXLEN`` entries, in
+    pages. Raises ``StoreUnavailable``."""
+    cursor = f"({after}"
+    while True:
+        page = store.redis.xrange(store.keys.event_stream, min=cursor, max="+", count=1000)
+        for _, fields in page:
+            raw = fields.get("event", "")
+            if session_id in raw and '"deleted"' in raw:
+                try:
+                    event = json.loads(raw)
+                except ValueError:
+                    continue
+                if event.get("type") == "deleted" and event.get("sessionId") == session_id:
+                    return True
+        if len(page) < 1000:
+            return False
+        cursor = f"({page[-1][0]}"

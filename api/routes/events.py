@@ -9,8 +9,9 @@ parameter) resumes right after it. Without one, the stream starts at the newest 
 later ones are sent). If the resume id is older than the oldest event kept (the stream holds
 about 10,000), an ``event: gap`` is sent first: some events were trimmed, so re-read state
 (``GET /sessions``). ``?sessionId=`` keeps only that session's events (one that names no
-session, unknown or deleted, answers 404 before the stream opens); such a stream ends after
-the session's ``deleted`` event, since nothing of it can follow. Browsers'
+session, unknown or deleted, answers 404 before the stream opens, unless the client resumes
+from before a deleted session's ``deleted`` event still in the stream: it reads that event);
+such a stream ends after the session's ``deleted`` event, since nothing of it can follow. Browsers'
 ``EventSource`` cannot send an ``Authorization`` header, so this route alone also takes the
 token as ``?token=`` (checked in ``api.deps.authorize``, in constant time).
 
@@ -41,7 +42,8 @@ from fastapi.responses import StreamingResponse
 from sse_starlette import EventSourceResponse, ServerSentEvent
 
 from api.deps import AUTH, SettingsDep, StoreDep
-from orchestrator.errors import InvalidParams
+from orchestrator.errors import InvalidParams, SessionNotFound
+from orchestrator.events import deleted_after
 from orchestrator.redisconn import SentinelOptions, async_client, store_unavailable
 from orchestrator.sessions import SESSION_ID_RE, get_session
 
@@ -189,14 +191,23 @@ async def events(
     each ``id:`` is a stream id, and reconnecting with ``Last-Event-ID`` resumes after it. A
     comment heartbeat is sent every 15 s. ``event: gap`` first means events after the
     given id were trimmed (the stream keeps about 10,000). ``sessionId`` of no session
-    (unknown or deleted; archived ones stream): 404 ``session_not_found``; a ``sessionId``
-    stream ends after that session's ``deleted`` event."""
+    (unknown or deleted; archived ones stream): 404 ``session_not_found``, unless resuming
+    from before a deleted session's ``deleted`` event; a ``sessionId`` stream ends after that
+    session's ``deleted`` event."""
+    resume = _resume_id(last_event_id, lastEventId)
     if sessionId is not None:
         if not SESSION_ID_RE.fullmatch(sessionId):
             raise InvalidParams("sessionId is not a session id.", {"param": "sessionId"})
-        # A session that does not exist would stream nothing, forever: 404, as elsewhere.
-        await asyncio.to_thread(get_session, store, sessionId)
-    resume = _resume_id(last_event_id, lastEventId)
+        # A session that does not exist would stream nothing, forever: 404, as elsewhere;
+        # except for a client resuming before the session's `deleted` event, which it may
+        # still read (its stream then ends after it).
+        try:
+            await asyncio.to_thread(get_session, store, sessionId)
+        except SessionNotFound:
+            if resume is None or not await asyncio.to_thread(
+                deleted_after, store, sessionId, resume
+            ):
+                raise
     key = store.keys.event_stream
     client = async_client(
         store.url,

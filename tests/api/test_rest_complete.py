@@ -608,6 +608,35 @@ def test_a_sessions_event_stream_ends_after_its_deleted_event(
         assert _ends(sse), "the stream went on after the session was deleted"
 
 
+def test_a_client_that_missed_a_sessions_deleted_event_resumes_and_reads_it(
+    client: TestClient,
+) -> None:
+    # Given a client watching a session, which saw its archive and then lost the connection
+    sid = _new(client)
+    with _stream(client, params={"sessionId": sid}) as resp:
+        sse = Sse(resp)
+        _connected(sse)
+        client.post(f"/sessions/{sid}/archive")
+        seen = sse.event()
+    assert seen["event"] == "archived", seen
+    # When the session is deleted meanwhile, and the client reconnects after what it saw
+    assert client.delete(f"/sessions/{sid}").json()["deleted"] is True
+    resume = {"Last-Event-ID": seen["id"]}
+    with _stream(client, params={"sessionId": sid}, headers=resume) as resp:
+        # Then it reads the deleted event it missed, and the stream ends
+        assert resp.status_code == 200
+        sse = Sse(resp)
+        _connected(sse)
+        event = sse.event()
+        assert (event["event"], event["json"]) == ("deleted", {"type": "deleted", "sessionId": sid})
+        assert _ends(sse), "the stream went on after the session was deleted"
+    # And a client that had read the deleted event gets 404: nothing of it follows
+    after = {"Last-Event-ID": event["id"]}
+    _error(
+        client.get("/events", params={"sessionId": sid}, headers=after), 404, "session_not_found"
+    )
+
+
 def test_the_event_stream_and_bulk_archive_need_the_token() -> None:
     with rest_client(FLEET_API_TOKEN="s3cret") as client:
         _error(client.get("/events"), 401, "unauthorized")
