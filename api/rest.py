@@ -77,7 +77,8 @@ ERROR_SCHEMA: dict[str, Any] = {
 def _document_errors(app: FastAPI) -> None:
     """Make the OpenAPI document tell the truth about errors: every operation's 422 and
     its other error answers (``default``) have the one error shape, not FastAPI's
-    ``HTTPValidationError``."""
+    ``HTTPValidationError``; an operation with a body also lists 413 (too large) and 415 (a
+    body not sent as JSON)."""
     build = app.openapi
 
     def openapi() -> dict[str, Any]:
@@ -94,6 +95,9 @@ def _document_errors(app: FastAPI) -> None:
                 responses = op.setdefault("responses", {})
                 if "422" in responses:
                     responses["422"] = {"description": "Invalid request", **error}
+                if "requestBody" in op:  # strict_request and the body guard (api/guards.py)
+                    responses["413"] = {"description": "Body larger than allowed", **error}
+                    responses["415"] = {"description": "Body not sent as JSON", **error}
                 responses.setdefault("default", {"description": "Error", **error})
         for unused in ("HTTPValidationError", "ValidationError"):
             schemas.pop(unused, None)

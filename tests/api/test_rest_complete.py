@@ -63,6 +63,11 @@ def test_openapi_documents_every_new_route(client: TestClient) -> None:
     body = spec["components"]["schemas"]["BulkArchiveBody"]["properties"]
     assert {"sessionIds", "filter", "stopActivity", "dryRun"} <= set(body)
     assert body["sessionIds"]["maxItems"] == 10_000
+    # A route with a body documents the answers to a body too large or not sent as JSON
+    answers = paths["/sessions/archive"]["post"]["responses"]
+    assert {"413", "415", "422"} <= set(answers), sorted(answers)
+    assert answers["415"]["content"]["application/json"]["schema"]["$ref"].endswith("/Error")
+    assert "415" not in paths["/sessions"]["get"]["responses"]
 
 
 # --------------------------------------------------------------------------- titles
