@@ -50,7 +50,10 @@ class Heartbeat(bootsteps.StartStopStep):  # type: ignore[misc]  # Celery is unt
     worker, which ``/ready`` does not count; ``workers.app.create_app`` adds it to every
     consumer)."""
 
-    requires = ("celery.worker.consumer.tasks:Tasks",)
+    # After the remote-control step too: its queue is bound when it starts, so a worker counts
+    # as ready only once everything it consumes is bound (a bind refused by a full Redis then
+    # happens before readiness, not after it).
+    requires = ("celery.worker.consumer.tasks:Tasks", "celery.worker.consumer.control:Control")
 
     def __init__(self, parent: Any, **kwargs: Any) -> None:
         super().__init__(parent, **kwargs)
