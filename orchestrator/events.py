@@ -28,6 +28,8 @@ from orchestrator.store import Store, retried
 log = logging.getLogger(__name__)
 
 
+#: The largest stream id Redis can hold.
+_LAST_ID = f"{2**64 - 1}-{2**64 - 1}"
 #: Event kinds kept in the durable stream (and served by ``GET /events``).
 DURABLE_KINDS = frozenset({"archived", "unarchived", "title", "turn", "deleted"})
 #: Approximate cap of the event stream (``XADD MAXLEN ~``): Redis trims whole nodes, so it
@@ -77,6 +79,8 @@ def deleted_after(store: Store, session_id: str, after: str) -> bool:
     ``deleted`` event of ``session_id``: a client that lost its connection before that event
     can still resume and read it. Reads at most the stream's ``STREAM_MAXLEN`` entries, in
     pages. Raises ``StoreUnavailable``."""
+    if after == _LAST_ID:  # nothing can follow it (and Redis refuses it as an open start)
+        return False
     cursor = f"({after}"
     while True:
         page = store.redis.xrange(store.keys.event_stream, min=cursor, max="+", count=1000)

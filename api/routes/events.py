@@ -46,6 +46,7 @@ from orchestrator.errors import InvalidParams, SessionNotFound
 from orchestrator.events import deleted_after
 from orchestrator.redisconn import SentinelOptions, async_client, store_unavailable
 from orchestrator.sessions import SESSION_ID_RE, get_session
+from orchestrator.store import Store
 
 log = logging.getLogger(__name__)
 
@@ -159,6 +160,21 @@ async def _stream(
         await client.aclose()
 
 
+def _streamable(store: Store, session_id: str, resume: str | None) -> None:
+    """Raise ``SessionNotFound`` unless ``session_id`` is a session, or a deleted one whose
+    ``deleted`` event still follows ``resume`` in the stream (only a deleted session's id is
+    looked for there, so an unknown id costs no read of the stream)."""
+    try:
+        get_session(store, session_id)
+        return
+    except SessionNotFound:
+        if resume is None:
+            raise
+    get_session(store, session_id, include_deleted=True)  # an unknown id: 404 here
+    if not deleted_after(store, session_id, resume):
+        raise SessionNotFound(session_id)
+
+
 def _resume_id(header: str | None, query: str | None) -> str | None:
     """The id to resume after (the header wins), checked; raises ``InvalidParams``."""
     resume = header if header is not None else query
@@ -201,13 +217,7 @@ async def events(
         # A session that does not exist would stream nothing, forever: 404, as elsewhere;
         # except for a client resuming before the session's `deleted` event, which it may
         # still read (its stream then ends after it).
-        try:
-            await asyncio.to_thread(get_session, store, sessionId)
-        except SessionNotFound:
-            if resume is None or not await asyncio.to_thread(
-                deleted_after, store, sessionId, resume
-            ):
-                raise
+        await asyncio.to_thread(_streamable, store, sessionId, resume)
     key = store.keys.event_stream
     client = async_client(
         store.url,

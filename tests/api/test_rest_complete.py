@@ -635,11 +635,14 @@ def test_a_client_that_missed_a_sessions_deleted_event_resumes_and_reads_it(
         event = sse.event()
         assert (event["event"], event["json"]) == ("deleted", {"type": "deleted", "sessionId": sid})
         assert _ends(sse), "the stream went on after the session was deleted"
-    # And a client that had read the deleted event gets 404: nothing of it follows
-    after = {"Last-Event-ID": event["id"]}
-    _error(
-        client.get("/events", params={"sessionId": sid}, headers=after), 404, "session_not_found"
-    )
+    # And a client that had read the deleted event gets 404: nothing of it follows (nor after
+    # the largest id a stream can hold, nor for a session that never was)
+    last = f"{2**64 - 1}-{2**64 - 1}"
+    unknown = "sess_" + uuid.uuid4().hex[:24]
+    for who, resume_id in ((sid, event["id"]), (sid, last), (unknown, "0-0")):
+        resume = {"Last-Event-ID": resume_id}
+        answer = client.get("/events", params={"sessionId": who}, headers=resume)
+        _error(answer, 404, "session_not_found")
 
 
 def test_the_event_stream_and_bulk_archive_need_the_token() -> None:
