@@ -39,7 +39,7 @@ class WorkerProcess:
     def node(self) -> str:
         """Its Celery node name, as Flower shows it and its heartbeat key names it
         (``turn@host``, ``turn.ctl@host``)."""
-        return f"{self.role}@{self.host}"
+        return family_spec(self.family).node_name(self.host, control_only=self.control)
 
     @property
     def role(self) -> str:
@@ -106,7 +106,7 @@ class LocalFleet:
     ) -> WorkerProcess:
         """Start one ``fleet worker`` process for ``family`` on ``host`` (``--control``:
         control-only)."""
-        node = f"{family_spec(family).worker_name(control_only=control)}@{host}"
+        node = family_spec(family).node_name(host, control_only=control)
         log_path = self.state_dir / "logs" / f"{node}.log"
         log_path.parent.mkdir(parents=True, exist_ok=True)
         # -P: no working directory first on sys.path, so a file there named like one of

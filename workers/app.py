@@ -47,11 +47,10 @@ def static_queues() -> list[Queue]:
     return [Queue(name, routing_key=name) for name in names]
 
 
-def worker_queues(family: str, host: str, *, control_only: bool = False) -> list[str]:
-    """The queues a worker of ``family`` on ``host`` consumes, control queues first, or its
-    control queue alone (its registry entry's ``worker_queues``). Raises ``UnknownFamily``,
-    or ``InvalidParams`` for a control-only worker of a family whose stops are per host."""
-    return families.get(family).worker_queues(host, control_only=control_only)
+def worker_queues(family: str, host: str) -> list[str]:
+    """The queues a worker of ``family`` on ``host`` consumes, control queues first (its
+    registry entry's ``worker_queues``). Raises ``UnknownFamily``."""
+    return families.get(family).worker_queues(host)
 
 
 def broker_transport(url: str) -> str:

@@ -78,7 +78,7 @@ def worker(
             *quiet,
             "worker",
             "-n",
-            f"{spec.worker_name(control_only=control)}@{host}",
+            spec.node_name(host, control_only=control),
             "-Q",
             ",".join(queues),
             "--pool",

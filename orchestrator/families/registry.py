@@ -121,6 +121,10 @@ class FamilySpec:
         its heartbeat: the family, or its control queue for a control-only worker."""
         return self.control_queue() if control_only else self.name
 
+    def node_name(self, host: str, *, control_only: bool = False) -> str:
+        """The Celery node name of its worker on ``host``: ``turn@host``, ``turn.ctl@host``."""
+        return f"{self.worker_name(control_only=control_only)}@{host}"
+
 
 _REGISTRY: dict[str, FamilySpec] = {}
 _version = 0
