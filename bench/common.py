@@ -3,7 +3,9 @@ it, the seeding of busy sessions, the HTTP API in its own process, and the figur
 
 from __future__ import annotations
 
+import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -38,6 +40,26 @@ def timed(fn: Callable[[], Any], n: int) -> list[float]:
         fn()
         out.append(time.perf_counter() - t0)
     return out
+
+
+#: The fixed workload of ``cpu_reference``: a JSON document about the size of an archive's
+#: answer and stop messages, encoded and decoded this many times.
+_REFERENCE_DOC = {f"k{i}": {"id": f"turn-{i:032x}", "n": i, "on": i % 2 == 0} for i in range(40)}
+_REFERENCE_ROUNDS = 400
+
+
+def cpu_reference(repeats: int = 9) -> float:
+    """Seconds one fixed, CPU-only Python workload takes now (median of ``repeats``): JSON
+    round trips of a small document, no I/O. The same code on the same interpreter takes the
+    same CPU anywhere, so its time says how fast this machine runs Python at this moment:
+    quoted beside a run's figures, it lets two runs (or two machines) be compared."""
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        for _ in range(_REFERENCE_ROUNDS):
+            json.loads(json.dumps(_REFERENCE_DOC))
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
 
 
 class NullDispatcher:

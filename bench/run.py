@@ -49,6 +49,7 @@ from bench.common import (
     api_pids,
     api_server,
     configure,
+    cpu_reference,
     cpu_seconds,
     environment,
     fsync_relaxed,
@@ -91,6 +92,7 @@ def bench_archive_http(url: str, prefix: str, n: int) -> list[Row]:
                 return r.status_code, r.json()
 
             by_lean(warm[0]), by_httpx(warm[1])  # warm-up: connected, scripts loaded
+            reference = cpu_reference()
             lat: dict[str, list[float]] = {"lean": [], "httpx": []}
             cpu0 = cpu_seconds(api_pids[-1])
             for i, sid in enumerate(ids):
@@ -115,7 +117,7 @@ def bench_archive_http(url: str, prefix: str, n: int) -> list[Row]:
             "beside it, alternating)",
             f"n={n} each",
             f"median {ms(med)}, p99 {ms(p99)} (httpx: median {ms(hmed)}, p99 {ms(hp99)}); "
-            f"API CPU {ms(cpu)} per archive",
+            f"API CPU {ms(cpu)} per archive; CPU reference {ms(reference)} just before",
             f"floor 2 RTT median {ms(statistics.median(floor))}, 2 fsynced writes median "
             f"{ms(statistics.median(writes))}; goal median <= 3 ms, p99 <= 5 ms: "
             + ("met" if med <= 0.003 and p99 <= 0.005 else "MISSED"),
@@ -289,6 +291,17 @@ def redis_label(url: str | None) -> str:
     return f"Redis {fields.get('v', '?')} ({fields.get('malloc', '?')}) from {binary}"
 
 
+def _machine_row(before: float, after: float) -> Row:
+    """Row 0: how fast this machine ran Python at the start and the end of the run
+    (``cpu_reference``), so figures from runs at different speeds can be told apart."""
+    return (
+        "0 this machine's speed: a fixed CPU-only workload (JSON round trips, no I/O)",
+        "median of 9",
+        f"{ms(before)} before the run, {ms(after)} after",
+        "lower is faster; compare it between runs before comparing their figures",
+    )
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="smaller sizes")
@@ -323,6 +336,7 @@ def main() -> int:
     plan.insert(2, (3, lambda u, p: bench_bulk(u, p, quick=q)))
     rows: list[Row] = []
     errors = 0
+    reference = cpu_reference()
     for number, fn in plan:
         if only and number not in only:
             continue
@@ -334,6 +348,7 @@ def main() -> int:
             errors += 1
             rows.append((f"{number} ERROR", "", f"{type(exc).__name__}: {exc}"[:300], ""))
         print(f"benchmark {number} done in {time.perf_counter() - started:.1f}s", file=sys.stderr)
+    rows.insert(0, _machine_row(reference, cpu_reference()))
     from rich.console import Console
     from rich.table import Table
 
