@@ -215,7 +215,9 @@ def _restart_dead(fleet: Any, api_proc: Any, url: str) -> Any:
         api_proc = _start_api(url)
         err.print(
             Text(
-                f"API (pid {old}) had exited with {code}; restarted as pid {api_proc.pid}", "yellow"
+                f"API (pid {old}) had exited ({_exit_status(code)}); restarted as pid "
+                f"{api_proc.pid}",
+                "yellow",
             )
         )
     return api_proc

@@ -31,7 +31,11 @@ def _settle(store: Store, dispatcher: Dispatcher | None, sid: str, jids: list[st
     ms = store.now_ms()
     for jid in jids:
         store.run("job_end", [jid, "lost", "", iso(ms), "starting,running"])
-        log.warning("job %s: marked lost (its lease lapsed; the owning worker is gone)", jid)
+        log.warning(
+            "job %s: marked lost (its lease lapsed; the owning worker is gone)",
+            jid,
+            extra={"session_id": sid, "family": "job"},
+        )
 
 
 def _plan_entry(item: ActivityItem) -> Any:

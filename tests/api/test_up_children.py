@@ -115,7 +115,9 @@ def test_fleet_up_is_not_shadowed_names_its_workers_and_restarts_a_dead_api_or_w
         os.kill(first, signal.SIGKILL)
         # Then `fleet up` says so and starts another, which serves
         wait_for(
-            lambda: re.search(r"API \(pid \d+\) had exited with -9; restarted", out.read_text()),
+            lambda: re.search(
+                r"API \(pid \d+\) had exited \(signal SIGKILL\); restarted", out.read_text()
+            ),
             30,
             message=f"`fleet up` to restart its API:\n{out.read_text()}",
         )

@@ -76,7 +76,9 @@ def test_a_job_whose_lease_expired_is_not_live_and_is_marked_lost(
     assert items == []
     assert store.redis.hget(store.keys.job(jid), "state") == jobs.JobState.LOST.value
     assert not store.redis.sismember(store.keys.live_jobs(s.session_id), jid)
-    assert any(jid in r.getMessage() and "lost" in r.getMessage() for r in caplog.records)
+    [record] = [r for r in caplog.records if jid in r.getMessage() and "lost" in r.getMessage()]
+    # And the log line names the job's session, so an operator can find whose job it was
+    assert (record.session_id, record.family) == (s.session_id, "job")  # type: ignore[attr-defined]
 
 
 def test_a_session_with_only_a_reminder_counts_as_active(store: Store, cwd: str) -> None:
