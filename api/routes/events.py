@@ -7,23 +7,24 @@ misses nothing still retained: each SSE event's ``id:`` is its stream id, and a 
 ``Last-Event-ID`` (the header browsers send on reconnect, or the ``lastEventId`` query
 parameter) resumes right after it. Without one, the stream starts at the newest event (only
 later ones are sent). If the resume id is older than the oldest event kept (the stream holds
-about 10,000), an ``event: gap`` is sent first: some events were trimmed, so re-read state
-(``GET /sessions``). ``?sessionId=`` keeps only that session's events (one that names no
-session, unknown or deleted, answers 404 before the stream opens, unless the client resumes
-from before a deleted session's ``deleted`` event still in the stream: it reads that event);
-such a stream ends after the session's ``deleted`` event, since nothing of it can follow. Browsers'
-``EventSource`` cannot send an ``Authorization`` header, so this route alone also takes the
-token as ``?token=`` (checked in ``api.deps.authorize``, in constant time).
+about 10,000) and events were trimmed, an ``event: gap`` is sent first: some events after the
+resume id may be gone, so re-read state (``GET /sessions``). A stream never trimmed has lost
+nothing, so resuming from ``0-0`` replays it without one. ``?sessionId=`` keeps only that
+session's events (one that names no session, unknown or deleted, answers 404 before the stream
+opens, unless the client resumes from before a deleted session's ``deleted`` event still in the
+stream: it reads that event); such a stream ends after the session's ``deleted`` event, since
+nothing of it can follow. Browsers' ``EventSource`` cannot send an ``Authorization`` header, so
+this route alone also takes the token as ``?token=`` (checked in ``api.deps.authorize``, in
+constant time).
 
-Each event is ``id: <stream id>``, ``event: <type>``, ``data: <JSON>`` (``{"type",
-"sessionId", ...}``). The stream opens with the comment ``: connected`` and gets a comment
-``: heartbeat`` every ``FLEET_SSE_HEARTBEAT_SECONDS`` (15 s), which keeps proxies from closing
-it and lets the server notice a client that left. Reads use ``redis.asyncio`` (``XREAD
-BLOCK``), one connection per stream; each read blocks at most ``MAX_BLOCK_MS``, well inside
-the connection's socket timeout ``SOCKET_TIMEOUT``, so an idle stream on a healthy Redis never
-times out on its own block (issue 13, item 19), while a frozen Redis is still noticed. When
-Redis fails mid-stream the client gets ``: store unavailable, retrying`` and the read is
-retried every second.
+Each event is ``id: <stream id>``, ``event: <type>``, ``data: <JSON>`` (``{"type", "sessionId",
+...}``). The stream opens with the comment ``: connected`` and gets a comment ``: heartbeat``
+every ``FLEET_SSE_HEARTBEAT_SECONDS`` (15 s), which keeps proxies from closing it and lets the
+server notice a client that left. Reads use ``redis.asyncio`` (``XREAD BLOCK``), one connection
+per stream; each read blocks at most ``MAX_BLOCK_MS``, well inside the connection's socket
+timeout ``SOCKET_TIMEOUT``, so an idle stream on a healthy Redis never times out on its own
+block (issue 13, item 19), while a frozen Redis is still noticed. When Redis fails mid-stream
+the client gets ``: store unavailable, retrying`` and the read is retried every second.
 """
 
 from __future__ import annotations
@@ -91,21 +92,45 @@ def _entries(reply: Any) -> list[tuple[str, dict[str, str]]]:
     return [(str(i), dict(f)) for entries in groups for i, f in entries]
 
 
+async def _ends(client: aioredis.Redis, key: str) -> tuple[str | None, str | None, bool]:
+    """The stream's oldest and newest entry ids (``None`` when it is empty or absent) and
+    whether it may ever have lost an entry (trimmed or deleted). ``XINFO STREAM`` tells all
+    three at once on Redis >= 7 (``entries-added`` beside ``length``); where it cannot (an
+    older server, a user not allowed the command), the ends are read with ``XRANGE`` and the
+    stream counts as trimmed."""
+    try:
+        info = await client.xinfo_stream(key)
+    except redis.ResponseError as exc:
+        if "no such key" in str(exc).lower():
+            return None, None, False
+        oldest = await client.xrange(key, "-", "+", count=1)
+        newest = await client.xrevrange(key, "+", "-", count=1)
+        return (
+            str(oldest[0][0]) if oldest else None,
+            str(newest[0][0]) if newest else None,
+            True,
+        )
+    first, last = info.get("first-entry"), info.get("last-entry")
+    added = info.get("entries-added")
+    lost = added is None or int(added) > int(info.get("length", 0))
+    return (str(first[0]) if first else None), (str(last[0]) if last else None), lost
+
+
 async def _start(
     client: aioredis.Redis, key: str, resume: str | None
 ) -> tuple[str, dict[str, str] | None]:
-    """Where reading starts, and the ``gap`` notice to send first (or ``None``)."""
+    """Where reading starts, and the ``gap`` notice to send first (or ``None``): a gap only
+    when the resume id is older than the oldest entry and the stream has lost entries, so a
+    resume from ``0-0`` on a stream never trimmed replays it all without one."""
+    oldest, newest, lost = await _ends(client, key)
     if resume is None:
-        newest = await client.xrevrange(key, "+", "-", count=1)
-        return (str(newest[0][0]) if newest else "0-0"), None
-    oldest = await client.xrange(key, "-", "+", count=1)
-    if oldest and _parse_id(str(oldest[0][0]), "") > _parse_id(resume, "Last-Event-ID"):
-        return resume, {"lastEventId": resume, "oldestId": str(oldest[0][0])}
-    newest = await client.xrevrange(key, "+", "-", count=1)
-    if newest and _parse_id(resume, "Last-Event-ID") > _parse_id(str(newest[0][0]), ""):
+        return newest or "0-0", None
+    if lost and oldest and _parse_id(oldest, "") > _parse_id(resume, "Last-Event-ID"):
+        return resume, {"lastEventId": resume, "oldestId": oldest}
+    if newest and _parse_id(resume, "Last-Event-ID") > _parse_id(newest, ""):
         # An id from the future (another fleet's, or made up): nothing would ever follow it.
         # Say so and go on from the newest event, so the client's next id is a real one.
-        return str(newest[0][0]), {"lastEventId": str(newest[0][0]), "unknownId": resume}
+        return newest, {"lastEventId": newest, "unknownId": resume}
     return resume, None
 
 

@@ -10,6 +10,7 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import httpx
@@ -511,16 +512,46 @@ def test_every_session_is_streamed_without_a_filter(client: TestClient) -> None:
     assert seen == [a, b]
 
 
-def test_a_resume_older_than_the_stream_is_announced_as_a_gap(client: TestClient) -> None:
-    sid = _new(client)
-    client.post(f"/sessions/{sid}/archive")  # the stream is not empty
-    with _stream(client, headers={"Last-Event-ID": "1-0"}) as resp:
-        sse = Sse(resp)
-        _connected(sse)
-        gap = sse.event()
+@contextmanager
+def _own_stream(store: Store) -> Iterator[tuple[TestClient, Store]]:
+    """A client and store on a key prefix of their own: an event stream no other test adds
+    to or trims."""
+    prefix = f"{store.keys.prefix}gap-{uuid.uuid4().hex[:8]}:"
+    own = Store(store.url, prefix)
+    try:
+        with rest_client(FLEET_KEY_PREFIX=prefix, FLEET_SSE_HEARTBEAT_SECONDS="0.3") as c:
+            yield c, own
+    finally:
+        own.close()
+
+
+def test_a_resume_older_than_a_trimmed_stream_is_announced_as_a_gap(store: Store) -> None:
+    with _own_stream(store) as (client, own):
+        client.post(f"/sessions/{_new(client)}/archive")
+        # Given a stream that lost its events (trimmed to nothing) and then got a new one
+        own.redis.xtrim(own.keys.event_stream, maxlen=0, approximate=False)
+        client.post(f"/sessions/{_new(client)}/archive")
+        with _stream(client, headers={"Last-Event-ID": "1-0"}) as resp:
+            sse = Sse(resp)
+            _connected(sse)
+            gap = sse.event()
     assert gap["event"] == "gap"
     assert gap["json"]["lastEventId"] == "1-0"
     assert gap["json"]["oldestId"]
+
+
+def test_a_resume_from_the_start_of_a_stream_never_trimmed_replays_it_without_a_gap(
+    store: Store,
+) -> None:
+    with _own_stream(store) as (client, _own):
+        sid = _new(client)
+        client.post(f"/sessions/{sid}/archive")
+        with _stream(client, headers={"Last-Event-ID": "0-0"}) as resp:
+            sse = Sse(resp)
+            _connected(sse)
+            first = sse.event()
+    # Nothing was lost, so the first event is the first one written, not a gap notice
+    assert (first["event"], first["json"]["sessionId"]) == ("archived", sid)
 
 
 @pytest.mark.parametrize(
@@ -744,3 +775,36 @@ def test_raw_non_ascii_bytes_in_a_query_are_refused_before_the_api_and_escaped_o
     head, _, body = escaped.partition(b"\r\n\r\n")
     assert head.startswith(b"HTTP/1.1 422 "), escaped
     assert b'"code":"invalid_params"' in body and b"limit" in body, body
+
+
+def test_where_xinfo_is_refused_the_stream_ends_are_read_and_it_counts_as_trimmed(
+    store: Store,
+) -> None:
+    import asyncio
+
+    import redis
+    import redis.asyncio as aioredis
+
+    from api.routes.events import _ends
+
+    key = f"{store.keys.prefix}ends-{uuid.uuid4().hex[:8]}"
+    first, last = store.redis.xadd(key, {"e": "1"}), store.redis.xadd(key, {"e": "2"})
+
+    async def ends(refuse: bool) -> tuple[str | None, str | None, bool]:
+        client = aioredis.Redis.from_url(store.url, decode_responses=True)
+        if refuse:  # as a server older than 7, or a user without XINFO, answers
+
+            async def refused(*_: Any, **__: Any) -> Any:
+                raise redis.ResponseError("NOPERM this user has no permissions to run 'xinfo'")
+
+            client.xinfo_stream = refused  # type: ignore[method-assign]
+        try:
+            return await _ends(client, key)
+        finally:
+            await client.aclose()
+
+    ids = (str(first), str(last))
+    assert asyncio.run(ends(refuse=False)) == (*ids, False)
+    assert asyncio.run(ends(refuse=True)) == (*ids, True)
+    store.redis.delete(key)
+    assert asyncio.run(ends(refuse=False)) == (None, None, False)
