@@ -17,6 +17,7 @@ from orchestrator.errors import (
     SessionActive,
     SessionArchived,
     SessionNotFound,
+    SessionUnarchived,
     StoreUnavailable,
     TurnNotFound,
     WriteUnconfirmed,
@@ -31,6 +32,7 @@ ERROR_TABLE: dict[type[FleetError], tuple[int, int]] = {
     SessionActive: (409, -32003),
     SessionArchived: (409, -32004),
     AncestorArchived: (409, -32005),
+    SessionUnarchived: (409, -32006),
     InvalidParams: (422, -32602),
     # JSON over a parse limit (depth, number, lone surrogate): malformed rather than invalid.
     InputRejected: (400, -32602),

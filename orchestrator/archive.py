@@ -82,6 +82,9 @@ class ArchiveResult:
     archived_count: int = 0
     stopped: list[ActivityItem] = field(default_factory=list)
     stop_report: StopReport = field(default_factory=StopReport)
+    #: The transition the session is archived by (this archive's, or the earlier one an
+    #: ``already_archived`` found): what a delete waiting on the archive binds to.
+    txn: str = ""
 
     def to_wire(self) -> dict[str, Any]:
         """JSON shape used by the REST API and the CLI."""
@@ -200,7 +203,7 @@ def _archive(
         if outcome == "not_found":
             raise SessionNotFound(sid)
         if outcome == "already":
-            already = ArchiveResult(sid, "already_archived")
+            already = ArchiveResult(sid, "already_archived", txn=str(result[1]))
             if stop_activity:
                 # Nothing changes in the archive state, but work that outlived an earlier
                 # stop (a lost or failed dispatch) is asked to stop again.
@@ -220,7 +223,7 @@ def _archive(
         items = census(store, sid, dispatcher)
         raise ActivityChanged(sid, items) if binding else SessionActive(sid, items)
 
-    done = ArchiveResult(sid, "archived", archived_count=int(result[1]))
+    done = ArchiveResult(sid, "archived", archived_count=int(result[1]), txn=txn)
     log.info(
         "archived (%d in subtree, stopActivity=%s)",
         done.archived_count,

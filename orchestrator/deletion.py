@@ -17,7 +17,11 @@ running under it could no longer be seen or stopped. Hence:
   it to what the user saw), then the census is polled until the subtree is quiet for at most
   ``delete_stop_wait_seconds``, then deleted by the same checked script. Work still live
   after the wait refuses the delete with ``SessionActive``: the session stays archived (not
-  deleted), so the reconciler keeps stopping its work and a later delete can finish.
+  deleted), so the reconciler keeps stopping its work and a later delete can finish. The
+  delete is bound to the archive transition it made (or found): a session unarchived while
+  the delete waited is not deleted (``SessionUnarchived``; checked at each poll and again in
+  the delete's script), since what was created after the unarchive is not what the delete
+  was asked to remove.
 
 Two deletes may race (the same session twice, or a session and an ancestor): the one whose
 script runs first deletes, and the other finds the session gone at whatever step it has
@@ -36,11 +40,16 @@ from tenacity import RetryError, Retrying, retry_if_result, stop_after_delay, wa
 from orchestrator import audit
 from orchestrator.activity import ActivityItem, census
 from orchestrator.archive import Confirmed, archive
-from orchestrator.errors import InvalidParams, SessionActive, SessionNotFound
+from orchestrator.errors import (
+    InvalidParams,
+    SessionActive,
+    SessionNotFound,
+    SessionUnarchived,
+)
 from orchestrator.families import Dispatcher
 from orchestrator.sessions import SESSION_ID_RE, write_delete
 from orchestrator.stops import StopReport
-from orchestrator.store import Store
+from orchestrator.store import Store, retried
 from orchestrator.turns import CANCELLED_BY_DELETE
 
 log = logging.getLogger(__name__)
@@ -98,12 +107,14 @@ def delete(
 
     Raises ``SessionActive`` (live work in the subtree: without ``stop_activity``, or still
     live after the wait), ``ActivityChanged`` (live work beyond ``confirmed``; nothing
-    written), ``InvalidParams`` (``confirmed`` without ``stop_activity``),
+    written), ``SessionUnarchived`` (``stop_activity``: unarchived while the delete waited;
+    nothing deleted), ``InvalidParams`` (``confirmed`` without ``stop_activity``),
     ``StoreUnavailable``.
     """
     result = DeleteResult(session_id, False, stop_activity)
     if not isinstance(session_id, str) or not SESSION_ID_RE.fullmatch(session_id):
         return result
+    txn = ""
     if stop_activity:
         try:
             archived = archive(
@@ -117,16 +128,22 @@ def delete(
         except SessionNotFound:
             return result
         result.stopped, result.stop_report = archived.stopped, archived.stop_report
+        txn = archived.txn
         wait = store.settings.delete_stop_wait_seconds if wait_seconds is None else wait_seconds
-        if not _wait_quiet(store, dispatcher, session_id, wait):
+        waited = _wait_quiet(store, dispatcher, session_id, wait, txn)
+        if waited == "gone":
             return result  # deleted by another delete while this one waited
+        if waited == "unarchived":
+            _unarchived(store, session_id)
     elif confirmed is not None:
         raise InvalidParams(
             "confirmedActivity is only meaningful with stopActivity.",
             {"param": "confirmedActivity"},
         )
     for _ in range(_REFUSAL_RECHECKS):
-        outcome, below = write_delete(store, session_id, check_live=True)
+        outcome, below = write_delete(store, session_id, check_live=True, archive_txn=txn)
+        if outcome == "unarchived":
+            _unarchived(store, session_id)
         if outcome != "active":
             result.deleted, result.deleted_descendants = outcome == "deleted", below
             return result
@@ -149,21 +166,50 @@ def _live(store: Store, session_id: str, dispatcher: Dispatcher) -> list[Activit
         return None
 
 
-def _wait_quiet(store: Store, dispatcher: Dispatcher, session_id: str, seconds: float) -> bool:
-    """Poll the census until the subtree has no live work or ``seconds`` have passed. Returns
-    False when the session was deleted meanwhile (by another delete), else True."""
+def _wait_quiet(
+    store: Store, dispatcher: Dispatcher, session_id: str, seconds: float, txn: str
+) -> str:
+    """Poll until the subtree has no live work or ``seconds`` have passed, checking first
+    each time that the session is still archived by ``txn``. Returns ``quiet``, ``live``
+    (the wait ran out), ``gone`` (deleted by another delete) or ``unarchived``."""
+
+    def poll() -> str:
+        if not _bound(store, session_id, txn):
+            return "unarchived"
+        items = _live(store, session_id, dispatcher)
+        return "gone" if items is None else "live" if items else "quiet"
+
     retrying = Retrying(
-        stop=stop_after_delay(seconds), wait=wait_fixed(_POLL_SECONDS), retry=retry_if_result(bool)
+        stop=stop_after_delay(seconds),
+        wait=wait_fixed(_POLL_SECONDS),
+        retry=retry_if_result(lambda outcome: outcome == "live"),
     )
     try:
-        return retrying(_live, store, session_id, dispatcher) is not None
+        outcome: str = retrying(poll)
+        return outcome
     except RetryError:
         log.warning(
             "delete: work still live %.1fs after its stop; not deleted",
             seconds,
             extra={"session_id": session_id},
         )
-        return True
+        return "live"
+
+
+@retried
+def _bound(store: Store, session_id: str, txn: str) -> bool:
+    """Whether the session is still archived by ``txn`` (a deleted one counts as bound: the
+    census that follows says it is gone)."""
+    archived, current, deleted = store.redis.hmget(
+        store.keys.session(session_id), "archived", "archiveTxn", "deleted"
+    )
+    return bool(deleted == "1" or (archived == "1" and current == txn))
+
+
+def _unarchived(store: Store, session_id: str) -> NoReturn:
+    audit.record(store, session_id, "delete", "refused", reason="unarchived")
+    log.info("delete: unarchived while it waited; not deleted", extra={"session_id": session_id})
+    raise SessionUnarchived(session_id)
 
 
 def _refused(

@@ -9,6 +9,7 @@
     │   └── ActivityChanged    a stop confirmed a list and something else is live now
     ├── SessionArchived        the operation needs an unarchived session
     ├── AncestorArchived       unarchive of a session whose ancestor is still archived
+    ├── SessionUnarchived      a delete's session was unarchived while it waited to delete
     ├── InvalidParams          a value the caller sent is not acceptable
     │   ├── InvalidTitle       a title that is empty after normalization
     │   ├── TooManySessions    a bulk request selects more sessions than allowed
@@ -114,6 +115,22 @@ class AncestorArchived(FleetError):
             f"Session {session_id!r} is under archived session {ancestor_id!r}; "
             "unarchive that session instead.",
             {"sessionId": session_id, "archivedAncestor": ancestor_id},
+        )
+
+
+class SessionUnarchived(FleetError):
+    """Raised when a delete with ``stopActivity`` finds, after waiting for the work it stopped
+    to end, that its session is no longer archived by the archive it made (it was unarchived,
+    and maybe archived again): whatever was created since is the user's, so nothing is
+    deleted."""
+
+    code = "session_unarchived"
+
+    def __init__(self, session_id: str) -> None:
+        super().__init__(
+            f"Session {session_id!r} was unarchived while the delete waited for its work to "
+            "stop; nothing was deleted. Delete it again if it should still go.",
+            {"sessionId": session_id},
         )
 
 

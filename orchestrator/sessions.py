@@ -155,19 +155,22 @@ def delete_session(store: Store, session_id: str) -> bool:
     return write_delete(store, session_id, check_live=False)[0] == "deleted"
 
 
-def write_delete(store: Store, session_id: str, *, check_live: bool) -> tuple[str, list[str]]:
+def write_delete(
+    store: Store, session_id: str, *, check_live: bool, archive_txn: str = ""
+) -> tuple[str, list[str]]:
     """The delete's one write (``delete_session.lua``): the session and every descendant not
     yet deleted, any depth, are deleted together and audited in the same script. Returns
     ``(outcome, descendants)``: ``deleted`` with the ids of the descendants it deleted
-    (breadth first), ``missing`` (nothing to delete) or, with ``check_live``, ``active`` (the
-    session or a descendant has live work; nothing written), both with ``[]``. A delete emits
-    a ``deleted`` event for each session it deleted, in the same script.
-    Raises ``StoreUnavailable``."""
+    (breadth first), ``missing`` (nothing to delete), with ``check_live`` ``active`` (the
+    session or a descendant has live work), or with ``archive_txn`` ``unarchived`` (the
+    session is no longer archived by that transition); nothing written and ``[]`` but for
+    ``deleted``. A delete emits a ``deleted`` event for each session it deleted, in the same
+    script. Raises ``StoreUnavailable``."""
     if not isinstance(session_id, str) or not SESSION_ID_RE.fullmatch(session_id):
         return "missing", []
     when = iso(store.now_ms())
     recorder = audit.script_recorder(store, "delete", {}, eventsMax=events.STREAM_MAXLEN)
-    args = [session_id, when, "1" if check_live else "0", recorder]
+    args = [session_id, when, "1" if check_live else "0", recorder, archive_txn]
     result = store.run("delete_session", args, durable=True)
     below = [str(sid) for sid in result[1]] if result[0] == "deleted" else []
     return str(result[0]), below

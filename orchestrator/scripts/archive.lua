@@ -10,7 +10,7 @@
 -- an item is live now that was not confirmed, named as the census names it: turn:, job:,
 -- reminder: ids of the session itself, subagent:<descendant id> for a descendant with live
 -- work of its own (orchestrator/activity.py).
--- Returns {'not_found'} | {'already'} | {'active'} | {'changed'} | {'archived', n, turns,
+-- Returns {'not_found'} | {'already', archiveTxn (of the archive in place)} | {'active'} | {'changed'} | {'archived', n, turns,
 -- archived, census, nowIso}: turns is a flat list tid, sid, fromState, toState, label,
 -- settlement (of an open tool call, JSON or '') of the turns it stopped; archived a flat list
 -- sid, historyLength of every session it archived, the session first (its history's length
@@ -35,7 +35,7 @@ end
 if redis.call('HGET', k, 'archived') == '1' then
   record_in_script(rec, sid, 'already_archived', now, '{"stopActivity":' .. stop_json .. '}')
   redis.call('HINCRBY', rec.metric, 'already_archived', 1)
-  return {'already'}
+  return {'already', redis.call('HGET', k, 'archiveTxn') or ''}
 end
 local nodes = subtree(sid)
 if stop ~= '1' then

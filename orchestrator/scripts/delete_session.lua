@@ -1,5 +1,6 @@
 -- ARGV: prefix, sid, nowIso, checkLive '0'|'1', recorder (audit.script_recorder's JSON with
---   eventsMax = the event stream's cap)
+--   eventsMax = the event stream's cap), archiveTxn ('' or the archive transition the delete
+--   is bound to)
 -- Deletes the session and its whole subtree (every descendant not yet deleted, any depth):
 -- each is marked deleted and dropped from every index and set the create path put it in (the
 -- archived set, the listing indexes, its lineage, its own children set), and the session
@@ -11,11 +12,20 @@
 -- (record_descendants in _lib.lua). A `deleted` event ({"type": "deleted", "sessionId"}) is
 -- emitted for the session, then for each descendant it deleted (emit_event: the event stream
 -- and the events channel), so the events commit with the delete.
--- Returns {'deleted', descendants (ids, breadth first)} | {'missing'} | {'active'}
+-- With archiveTxn (a delete that archived the session first, then waited for its work to
+-- end) nothing is deleted unless the session is still archived by that transition: if it
+-- was unarchived meanwhile, what was created since belongs to whoever unarchived it.
+-- Returns {'deleted', descendants (ids, breadth first)} | {'missing'} | {'active'} |
+-- {'unarchived'}
 local sid, now = ARGV[2], ARGV[3]
 local k = skey(sid)
 if redis.call('EXISTS', k) == 0 or redis.call('HGET', k, 'deleted') ~= '0' then
   return {'missing'}
+end
+local bound = ARGV[6] or ''
+if bound ~= '' then
+  local h = redis.call('HMGET', k, 'archived', 'archiveTxn')
+  if h[1] ~= '1' or h[2] ~= bound then return {'unarchived'} end
 end
 local nodes = subtree(sid)
 if ARGV[4] == '1' then
