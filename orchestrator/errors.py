@@ -95,13 +95,24 @@ class ActivityChanged(SessionActive):
 
 
 class SessionArchived(FleetError):
-    """Raised when an operation that would run work targets an archived session."""
+    """Raised when an operation that would run work targets an archived session, or one
+    under an archived ancestor (``archived_by``: the session to unarchive, named in the
+    message and as ``data.archivedAncestor``, since unarchiving the session itself would be
+    refused with ``AncestorArchived``)."""
 
     code = "session_archived"
 
-    def __init__(self, session_id: str) -> None:
+    def __init__(self, session_id: str, archived_by: str | None = None) -> None:
+        if archived_by is None or archived_by == session_id:
+            super().__init__(
+                f"Session {session_id!r} is archived; unarchive it first.",
+                {"sessionId": session_id},
+            )
+            return
         super().__init__(
-            f"Session {session_id!r} is archived; unarchive it first.", {"sessionId": session_id}
+            f"Session {session_id!r} is under archived session {archived_by!r}; unarchive "
+            "that session first.",
+            {"sessionId": session_id, "archivedAncestor": archived_by},
         )
 
 

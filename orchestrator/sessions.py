@@ -12,7 +12,7 @@ import json
 from typing import Any
 
 from orchestrator import audit, events, limits
-from orchestrator.errors import InvalidParams, SessionNotFound, TurnStopped
+from orchestrator.errors import InvalidParams, SessionArchived, SessionNotFound, TurnStopped
 from orchestrator.fencing import StepGuard
 from orchestrator.listing import (
     DEFAULT_PAGE,
@@ -39,6 +39,7 @@ from orchestrator.session_record import (
 from orchestrator.store import Store, iso, new_id, retried
 
 __all__ = [
+    "archived_refusal",
     "DEFAULT_PAGE",
     "MAX_CWD_LENGTH",
     "MAX_PAGE",
@@ -192,3 +193,17 @@ def descendants(store: Store, session_id: str) -> list[str]:
         out.extend(nxt)
         level = nxt
     return out
+
+
+@retried
+def archived_refusal(store: Store, session_id: str) -> SessionArchived:
+    """The ``SessionArchived`` to raise for work refused on an archived session: it names the
+    nearest archived ancestor when there is one (the session an unarchive must be asked of;
+    the session's own unarchive would be refused with ``AncestorArchived``)."""
+    lineage = store.redis.lrange(store.keys.lineage(session_id), 0, -1)
+    if lineage:
+        flags = store.redis.smismember(store.keys.archived, lineage)
+        for ancestor, archived in zip(lineage, flags, strict=True):
+            if archived:
+                return SessionArchived(session_id, str(ancestor))
+    return SessionArchived(session_id)

@@ -32,7 +32,6 @@ from enum import StrEnum
 from orchestrator import audit, events, metrics
 from orchestrator.errors import (
     InvalidParams,
-    SessionArchived,
     SessionNotFound,
     StepSuperseded,
     TurnStopped,
@@ -40,7 +39,7 @@ from orchestrator.errors import (
 from orchestrator.families.base import Dispatcher, Family, send_step
 from orchestrator.fencing import StepGuard
 from orchestrator.items import ActivityItem, shorten
-from orchestrator.sessions import SESSION_ID_RE, check_session_id, check_utf8
+from orchestrator.sessions import SESSION_ID_RE, archived_refusal, check_session_id, check_utf8
 from orchestrator.store import Store, iso, new_id, retried
 from orchestrator.usage import usage_of
 
@@ -263,7 +262,7 @@ def start_turn(
         if source != "prompt":
             metrics.incr(store, metrics.WAKEUPS_REFUSED, source)
             audit.record(store, sid, "wakeup", "refused", source=source, archivedBy=result[1])
-        raise SessionArchived(sid)
+        raise archived_refusal(store, sid)
     extra = {"session_id": sid, "turn_id": tid}
     log.info("turn %s %s (%s)", tid, result[0], source, extra=extra)
     if result[0] == "run":

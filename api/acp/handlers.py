@@ -14,7 +14,7 @@ from api.acp.prompts import Prompts
 from api.acp.rpc import INVALID_REQUEST, Method, RpcError
 from api.acp.stream import Streams, call_store
 from orchestrator import activity, archive, audit, deletion, sessions, titles, turns
-from orchestrator.errors import InvalidParams, SessionArchived
+from orchestrator.errors import InvalidParams
 from orchestrator.families import Dispatcher
 from orchestrator.store import Store
 
@@ -73,7 +73,7 @@ async def _openable(conn: AcpConnection, sid: str) -> str:
     """``sid`` if it may be loaded or resumed; raises ``SessionNotFound``, ``SessionArchived``."""
     session: sessions.Session = await call_store(sessions.get_session, conn.store, sid)
     if session.archived:
-        raise SessionArchived(sid)
+        raise await call_store(sessions.archived_refusal, conn.store, sid)
     return sid
 
 
@@ -171,7 +171,7 @@ async def prompt(conn: AcpConnection, req: p.schema.PromptRequest) -> dict[str, 
     sid, text = req.session_id, _prompt_text(req)
     session: sessions.Session = await call_store(sessions.get_session, conn.store, sid)
     if session.archived:
-        raise SessionArchived(sid)
+        raise await call_store(sessions.archived_refusal, conn.store, sid)
     await conn.streams.open_session(sid)  # before the turn exists: its updates are all sent
     conn.prompts.begin(sid)
     tid: str | None = None

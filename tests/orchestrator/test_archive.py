@@ -429,6 +429,28 @@ def test_unarchiving_a_child_under_an_archived_parent_raises_ancestor_archived(
         assert read(store, s).archived is True
 
 
+def test_a_prompt_to_a_session_archived_with_its_parent_names_the_session_to_unarchive(
+    store: Store, recorder: RecordingDispatcher, cwd: str
+) -> None:
+    # Given root -> child, archived together through the root
+    root, child = chain(store, 1, cwd)
+    archive.archive(store, recorder, root.session_id)
+    # When the child is prompted, then the refusal names the root (the child's own unarchive
+    # would be refused), and a prompt to the root names no ancestor
+    with pytest.raises(SessionArchived) as refused:
+        turns.start_turn(store, recorder, child.session_id, "hello")
+    assert refused.value.data == {
+        "sessionId": child.session_id,
+        "archivedAncestor": root.session_id,
+    }
+    assert "unarchive that session first" in refused.value.message
+    assert root.session_id in refused.value.message
+    with pytest.raises(SessionArchived) as own:
+        turns.start_turn(store, recorder, root.session_id, "hello")
+    assert own.value.data == {"sessionId": root.session_id}
+    assert own.value.message.endswith("is archived; unarchive it first.")
+
+
 def test_a_child_created_under_an_archived_parent_is_born_archived_and_restored_with_it(
     store: Store, recorder: RecordingDispatcher, cwd: str
 ) -> None:
