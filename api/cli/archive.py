@@ -123,6 +123,7 @@ def _confirmation(
     from api.context import dispatcher, store
     from orchestrator.activity import census
     from orchestrator.errors import InvalidParams
+    from orchestrator.families import names
 
     if given:
         if not stop:
@@ -134,6 +135,13 @@ def _confirmation(
         if bad:
             raise InvalidParams(
                 f"--confirmed takes FAMILY:ID items (turn:turn_..., job:job_...); got {bad[0]!r}.",
+                {"param": "confirmed"},
+            )
+        unknown = [item for item, (fam, _) in zip(given, pairs, strict=True) if fam not in names()]
+        if unknown:
+            raise InvalidParams(
+                f"--confirmed item {unknown[0]!r} names no family; the families are "
+                f"{', '.join(names())}.",
                 {"param": "confirmed"},
             )
         return [(family, item_id) for family, item_id in pairs]

@@ -55,6 +55,15 @@ def test_a_malformed_confirmed_item_is_named_not_blamed_on_a_missing_stop() -> N
     assert code == 2 and "--confirmed needs --stop" in said, said
 
 
+@pytest.mark.parametrize("command", ["archive", "delete"])
+def test_a_confirmed_item_of_no_family_is_invalid_not_activity_changed(command: str) -> None:
+    sid = "sess_" + "0" * 24
+    code, said = _said(command, sid, "--stop", "--confirmed", "bogus:x")
+    assert code == 2, said
+    assert "invalid_params" in said and "'bogus:x' names no family" in said, said
+    assert "turn, job, subagent, reminder" in said and "activity_changed" not in said, said
+
+
 @pytest.mark.parametrize("command", [("auto-archive",), ("archive", "--auto")])
 def test_a_negative_idle_age_is_refused_naming_the_flag(command: tuple[str, ...]) -> None:
     code, said = _said(*command, "--idle-seconds", "-5", "--dry-run")
