@@ -206,8 +206,12 @@ def _archive(
             already = ArchiveResult(sid, "already_archived", txn=str(result[1]))
             if stop_activity:
                 # Nothing changes in the archive state, but work that outlived an earlier
-                # stop (a lost or failed dispatch) is asked to stop again.
-                already.stopped = census(store, sid, dispatcher)
+                # stop (a lost or failed dispatch) is asked to stop again: the census the
+                # script read with the archive it found, so no stop names work created after
+                # an unarchive that came since (a late stop touches nothing created since).
+                already.stopped = census_of_rows(store, sid, list(result[2]), dispatcher)
+                if not already.stopped:
+                    mark_quiet(store, sid)
                 already.stop_report = _fan_out(store, dispatcher, sid, already.stopped, defer=defer)
             return already
         if outcome == "archived":

@@ -10,14 +10,18 @@
 -- an item is live now that was not confirmed, named as the census names it: turn:, job:,
 -- reminder: ids of the session itself, subagent:<descendant id> for a descendant with live
 -- work of its own (orchestrator/activity.py).
--- Returns {'not_found'} | {'already', archiveTxn (of the archive in place)} | {'active'} | {'changed'} | {'archived', n, turns,
--- archived, census, nowIso}: turns is a flat list tid, sid, fromState, toState, label,
+-- Returns {'not_found'} | {'already', archiveTxn (of the archive in place), census} |
+-- {'active'} | {'changed'} | {'archived', n, turns, archived, census, nowIso}: turns is a
+-- flat list tid, sid, fromState, toState, label,
 -- settlement (of an open tool call, JSON or '') of the turns it stopped; archived a flat list
 -- sid, historyLength of every session it archived, the session first (its history's length
 -- once its turns were stopped: what the session's clients are sent before it closes);
 -- census (with stopActivity, else empty) a flat list sid, census_rows(sid) for the session
 -- and every descendant (descendants in _lib.lua), read after the turns were stopped, in the
 -- same atomic step as the write: the census after the archive, with no round trip of its own.
+-- 'already' carries the census too (with stopActivity), read in the same step as the archive
+-- it found: what its stops name is only what lived under that archive, never work created
+-- after an unarchive that comes between this script and the stops' arrival.
 -- The events of the transition (orchestrator/events.py) are emitted here, in order: one
 -- 'archived' per archived session, then per stopped turn its tool-call settlement ('update')
 -- and, for a turn that ended, its 'turn' event. An archive and a repeat are audited and
@@ -32,10 +36,25 @@ local k = skey(sid)
 if redis.call('EXISTS', k) == 0 or redis.call('HGET', k, 'deleted') ~= '0' then
   return {'not_found'}
 end
+-- With stopActivity, the census of the session and every descendant (census_rows in
+-- _lib.lua, descendants in the order descendants walks them) as a flat list sid, rows, ...;
+-- else empty.
+local function census_of_subtree()
+  local census = {}
+  if stop == '1' then
+    census[1] = sid
+    census[2] = census_rows(sid)
+    for _, d in ipairs(descendants(sid)) do
+      census[#census + 1] = d
+      census[#census + 1] = census_rows(d)
+    end
+  end
+  return census
+end
 if redis.call('HGET', k, 'archived') == '1' then
   record_in_script(rec, sid, 'already_archived', now, '{"stopActivity":' .. stop_json .. '}')
   redis.call('HINCRBY', rec.metric, 'already_archived', 1)
-  return {'already', redis.call('HGET', k, 'archiveTxn') or ''}
+  return {'already', redis.call('HGET', k, 'archiveTxn') or '', census_of_subtree()}
 end
 local nodes = subtree(sid)
 if stop ~= '1' then
@@ -74,13 +93,4 @@ record_descendants(rec, id, sid, below, 'archived', now)
 redis.call('HINCRBY', rec.metric, 'archived', 1)
 -- The events, as events.publish_many writes them.
 emit_archive_events(archived, turns, rec.eventsMax or 10000)
-local census = {}
-if stop == '1' then
-  census[1] = sid
-  census[2] = census_rows(sid)
-  for _, d in ipairs(descendants(sid)) do
-    census[#census + 1] = d
-    census[#census + 1] = census_rows(d)
-  end
-end
-return {'archived', n, turns, archived, census, now}
+return {'archived', n, turns, archived, census_of_subtree(), now}

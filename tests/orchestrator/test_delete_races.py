@@ -83,11 +83,18 @@ def test_a_delete_whose_archive_finds_the_session_gone_answers_deleted_false(
     store: Store, recorder: RecordingDispatcher, cwd: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Given a tree an ancestor's delete has archived with stop (so the child's own archive
-    # finds it already archived and reads its census) ...
+    # finds it already archived, its census read by that same script) ...
     root, child, _grand = chain(store, 2, cwd)
     archive.archive(store, recorder, root.session_id, stop_activity=True)
-    # ... and whose delete of the child completes between that archive and its census
-    monkeypatch.setattr(archive, "census", _deleting_first(archive.census, 1))
+    # ... and whose delete of the child completes right after that script, before the
+    # archive reads the census the script returned
+    real_rows = archive.census_of_rows
+
+    def deleting_first(store: Store, sid: str, *args: Any) -> list[ActivityItem]:
+        assert sessions.write_delete(store, sid, check_live=False)[0] == "deleted"
+        return real_rows(store, sid, *args)
+
+    monkeypatch.setattr(archive, "census_of_rows", deleting_first)
 
     # When the child is deleted with stopActivity, Then nothing is raised: deleted: false
     result = deletion.delete(store, recorder, child.session_id, stop_activity=True)
