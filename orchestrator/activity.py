@@ -38,14 +38,16 @@ Own = tuple[list[ActivityItem], dict[str, list[str]]]
 
 
 @retried
-def _read_own_many(store: Store, sids: list[str]) -> dict[str, Own]:
+def _read_own_many(store: Store, sids: list[str], archived_only: bool = False) -> dict[str, Own]:
     """For each session: its own live items, plus per family the ids of items whose owner
     vanished. One script call whatever the number of sessions: ``census.lua`` applies each
     family's liveness rule (its Lua, the one place it is written) and returns the live rows,
-    which each family's registry entry turns into items."""
+    which each family's registry entry turns into items. With ``archived_only`` a session
+    not archived when the script runs reads as having nothing."""
     # Called directly (not through Store.run) so that ``retried`` sees redis-py's own
     # transient errors: the script only reads, re-running it is harmless.
-    rows = store.script("census")(keys=[], args=[store.keys.prefix, *sids]) if sids else []
+    args = [store.keys.prefix, "1" if archived_only else "0", *sids]
+    rows = store.script("census")(keys=[], args=args) if sids else []
     return {sid: _decode_own(sid, per_family) for sid, per_family in zip(sids, rows, strict=True)}
 
 
@@ -177,6 +179,7 @@ def census_many(
     dispatcher: Dispatcher | None = None,
     *,
     settle: bool = True,
+    archived_only: bool = False,
 ) -> dict[str, list[ActivityItem]]:
     """``census`` of many sessions at once (bulk operations), in a few pipelined round trips
     per batch: one per tree level to find descendants, then one script call
@@ -184,13 +187,16 @@ def census_many(
     subagents costs two. The ids are not checked
     (callers pass stored sessions). With ``settle=False`` nothing is written (a dry run):
     records whose owner vanished are left as they are (they do not count as live either way).
+    With ``archived_only`` (a census whose items are to be stopped) a session or descendant
+    that is no longer archived when its records are read counts as having nothing: it was
+    unarchived since it was chosen, and its work now is not the archive's to stop.
     """
     roots = list(dict.fromkeys(session_ids))
     if not roots:
         return {}
     tree = _descendants_many(store, roots)
     everyone = list(dict.fromkeys([*roots, *(d for r in roots for d in tree[r])]))
-    own_rows = _read_own_many(store, everyone)
+    own_rows = _read_own_many(store, everyone, archived_only)
     return _assemble(store, dispatcher, roots, tree, own_rows, settle)
 
 

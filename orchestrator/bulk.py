@@ -221,7 +221,9 @@ class _Run:
         if self.dry:
             return
         if busy:
-            stops = census_many(self.store, busy, self.dispatcher)
+            # Read only under an archive still in place: a session unarchived since its batch
+            # was written (and maybe prompted again) gets no stop for its new work.
+            stops = census_many(self.store, busy, self.dispatcher, archived_only=True)
             for sid, stopped in flipped.items():
                 stops[sid] = merge_items(stopped, stops.get(sid, []))
             sent = {sid: items for sid, items in stops.items() if items}

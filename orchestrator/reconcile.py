@@ -292,7 +292,7 @@ def reconcile(
         if not picked:
             return
         report.examined += len(picked)
-        found = census_many(store, list(picked), dispatcher, settle=not dry_run)
+        found = census_many(store, list(picked), dispatcher, settle=not dry_run, archived_only=True)
         for sid, h in picked.items():
             items = found[sid]
             if dry_run:

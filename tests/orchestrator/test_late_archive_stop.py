@@ -11,12 +11,12 @@ from typing import Any
 
 import pytest
 
-from orchestrator import archive, deletion, sessions, turns
+from orchestrator import archive, bulk, deletion, reconcile, reminders, sessions, turns
 from orchestrator.errors import SessionUnarchived
 from orchestrator.store import Store
 from orchestrator.turns import TurnState
 from tests.helpers import RecordingDispatcher
-from tests.orchestrator.support import deliver, stops
+from tests.orchestrator.support import STOP_MANY_TASKS, STOP_TASKS, deliver, stops
 
 pytestmark = pytest.mark.redis
 
@@ -94,4 +94,74 @@ def test_a_delete_finding_the_session_archived_never_stops_work_made_after_an_un
     # When its stops arrive, Then the turn made after the unarchive is untouched
     deliver(store, recorder, stops(recorder, since))
     [new] = made
+    _untouched(store, new)
+
+
+def _unarchive_with_new_turn(
+    store: Store, recorder: RecordingDispatcher, sid: str, made: list[str]
+) -> None:
+    assert archive.unarchive(store, sid) == 1
+    made.append(turns.start_turn(store, recorder, sid, "say late\nthink 10"))
+
+
+def test_a_bulk_archive_never_stops_work_made_after_an_unarchive_of_its_batch(
+    store: Store, recorder: RecordingDispatcher, cwd: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given a busy session, bulk archived with stop, unarchived with a new turn right after
+    # its batch's script (before the batch's census of busy sessions)
+    sid = sessions.create_session(store, cwd).session_id
+    turns.start_turn(store, recorder, sid, "think 30")
+    reminders.create_reminder(store, sid, 600, "later")
+    made: list[str] = []
+    real = store.run
+
+    def run(name: str, args: list[Any], **kwargs: Any) -> Any:
+        result = real(name, args, **kwargs)
+        if name == "bulk_archive" and not made:
+            _unarchive_with_new_turn(store, recorder, sid, made)
+        return result
+
+    since = len(recorder.sent)
+    with monkeypatch.context() as patched:
+        patched.setattr(store, "run", run)
+        result = bulk.bulk_archive(store, recorder, session_ids=[sid], stop_activity=True)
+    assert result.totals["archived"] == 1
+
+    # When its stops arrive, Then the new turn was neither named nor touched, and the
+    # reminder, which lived under the archive, was not stopped after the unarchive either
+    sent = [m for m in recorder.sent[since:] if m[0] in STOP_TASKS | STOP_MANY_TASKS]
+    [new] = made
+    assert new not in repr(sent), sent
+    deliver(store, recorder, sent)
+    _untouched(store, new)
+
+
+def test_the_reconciler_never_stops_work_made_after_an_unarchive(
+    store: Store, recorder: RecordingDispatcher, cwd: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given an archived session whose reminder outlived its stop (never delivered here),
+    # unarchived with a new turn right after the reconciler chose it
+    sid = sessions.create_session(store, cwd).session_id
+    reminders.create_reminder(store, sid, 600, "later")
+    archive.archive(store, recorder, sid, stop_activity=True)
+    made: list[str] = []
+    real = reconcile._candidates
+
+    def candidates(store: Store, sids: list[str], **kwargs: Any) -> Any:
+        picked = real(store, sids, **kwargs)
+        if sid in picked and not made:
+            _unarchive_with_new_turn(store, recorder, sid, made)
+        return picked
+
+    monkeypatch.setattr(reconcile, "_candidates", candidates)
+    since = len(recorder.sent)
+
+    # When the reconciler runs and its stops arrive
+    reconcile.reconcile(store, recorder, grace_seconds=0)
+    sent = [m for m in recorder.sent[since:] if m[0] in STOP_TASKS | STOP_MANY_TASKS]
+    deliver(store, recorder, sent)
+
+    # Then nothing was sent for the session, unarchived since it was chosen
+    [new] = made
+    assert sid not in repr(sent), sent
     _untouched(store, new)
