@@ -85,7 +85,7 @@ class Keys:
         sweeper's bookkeeping (``orchestrator/sweeper.py``): resumes (times step ``resumeStep``
         was found lost and dispatched again), resumeStep, and heldTag and heldMs (the
         delivery of its step it found taken by a worker and not begun, and since when, epoch
-        ms on Redis's clock); the fencing of its current step
+        ms on Redis's clock; removed when the turn ends); the fencing of its current step
         (``orchestrator/fencing.py``): stepToken (the token of the copy that began it last)
         and stepLeaseMs (that copy's lease length, to re-take a lapsed lease); inputTokens and
         outputTokens (its model usage); cancelledBy (``archive`` when an archive of its session

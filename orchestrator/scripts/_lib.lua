@@ -283,6 +283,8 @@ local function finish_turn(tid, state, reason, err, ms, iso_time, no_promote)
   local tk = K.turn(tid)
   local sid = redis.call('HGET', tk, 'sessionId')
   redis.call('HSET', tk, 'state', state, 'stopReason', reason, 'error', err, 'endedAt', iso_time)
+  -- The sweeper's note of a held delivery is about a step of a running turn: none is left.
+  redis.call('HDEL', tk, 'heldTag', 'heldMs')
   redis.call('DEL', K.step_lease(tid))
   redis.call('ZREM', K.live_turns(sid), tid)
   redis.call('ZREM', K.turns_inflight, tid)

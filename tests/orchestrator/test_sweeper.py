@@ -264,3 +264,14 @@ def test_a_cancelling_turn_whose_step_is_gone_settles_its_open_tool_call_cancell
     assert run(store, recorder).turns["settled"] == [lost]
     [result] = call_results(store, sid, call)
     assert result["status"] == "cancelled"
+
+
+def test_a_turn_that_ends_keeps_no_note_of_a_held_delivery(
+    store: Store, recorder: RecordingDispatcher, sid: str, lost: str
+) -> None:
+    # Given a running turn the sweeper noted as held by a worker that has not begun its step
+    # (a resumed step's new delivery, noted after the resume cleared the first one)
+    store.redis.hset(store.keys.turn(lost), mapping={"heldTag": "tag-1", "heldMs": "1"})
+    # When the turn ends, then the note goes with it
+    assert turns.finish(store, recorder, lost, TurnState.COMPLETED)
+    assert store.redis.hmget(store.keys.turn(lost), "heldTag", "heldMs") == [None, None]
