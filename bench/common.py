@@ -53,13 +53,12 @@ def cpu_reference(repeats: int = 9) -> float:
     round trips of a small document, no I/O. The same code on the same interpreter takes the
     same CPU anywhere, so its time says how fast this machine runs Python at this moment:
     quoted beside a run's figures, it lets two runs (or two machines) be compared."""
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
+
+    def workload() -> None:
         for _ in range(_REFERENCE_ROUNDS):
             json.loads(json.dumps(_REFERENCE_DOC))
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+
+    return statistics.median(timed(workload, repeats))
 
 
 class NullDispatcher:

@@ -37,9 +37,13 @@ def chain(store: Store, depth: int, cwd: str | None = None) -> list[Session]:
     return out
 
 
-def stops(recorder: RecordingDispatcher, since: int = 0) -> list[tuple[str, list[Any], str]]:
-    """The stop messages the recorder received (from index ``since`` on)."""
-    return [m for m in recorder.sent[since:] if m[0] in STOP_TASKS]
+def stops(
+    recorder: RecordingDispatcher, since: int = 0, *, bulk: bool = False
+) -> list[tuple[str, list[Any], str]]:
+    """The stop messages the recorder received (from index ``since`` on); with ``bulk``, their
+    bulk forms (``STOP_MANY_TASKS``) too."""
+    tasks = STOP_TASKS | STOP_MANY_TASKS if bulk else STOP_TASKS
+    return [m for m in recorder.sent[since:] if m[0] in tasks]
 
 
 def deliver(store: Store, recorder: RecordingDispatcher, messages: list[Any]) -> None:

@@ -16,7 +16,7 @@ from orchestrator.errors import SessionUnarchived
 from orchestrator.store import Store
 from orchestrator.turns import TurnState
 from tests.helpers import RecordingDispatcher
-from tests.orchestrator.support import STOP_MANY_TASKS, STOP_TASKS, deliver, stops
+from tests.orchestrator.support import deliver, stops
 
 pytestmark = pytest.mark.redis
 
@@ -129,7 +129,7 @@ def test_a_bulk_archive_never_stops_work_made_after_an_unarchive_of_its_batch(
 
     # When its stops arrive, Then the new turn was neither named nor touched, and the
     # reminder, which lived under the archive, was not stopped after the unarchive either
-    sent = [m for m in recorder.sent[since:] if m[0] in STOP_TASKS | STOP_MANY_TASKS]
+    sent = stops(recorder, since, bulk=True)
     [new] = made
     assert new not in repr(sent), sent
     deliver(store, recorder, sent)
@@ -158,7 +158,7 @@ def test_the_reconciler_never_stops_work_made_after_an_unarchive(
 
     # When the reconciler runs and its stops arrive
     reconcile.reconcile(store, recorder, grace_seconds=0)
-    sent = [m for m in recorder.sent[since:] if m[0] in STOP_TASKS | STOP_MANY_TASKS]
+    sent = stops(recorder, since, bulk=True)
     deliver(store, recorder, sent)
 
     # Then nothing was sent for the session, unarchived since it was chosen
