@@ -13,9 +13,10 @@ single archives run in order:
 - ``skipped``: selected by ``idleSince`` (or the auto policy's age) but active again by the
   time its batch was written.
 
-It scales by batching every round trip: one Lua script per batch writes the flags and says
-which sessions have live work; only those are read by the census (``census_many``, pipelined);
-with ``stopActivity`` ONE stop message per family per batch carries all the batch's sessions
+It scales by batching every round trip: one Lua script per batch writes the flags, says
+which sessions have live work and, with ``stopActivity``, reads the census of those in the same
+atomic step (a refused one is described by ``census_many`` after it, pipelined); with
+``stopActivity`` ONE stop message per family per batch carries all the batch's sessions
 (``*.stop_many``; jobs: one per owning host's queue). A batch of idle sessions costs a
 constant number of round trips. Stops are never awaited; a failed dispatch is logged and
 reported, never undoes an archive. ``dryRun`` computes the same outcomes and writes nothing.
@@ -46,7 +47,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from orchestrator import audit, events, metrics
-from orchestrator.activity import ActivityItem, census_many, merge_items
+from orchestrator.activity import ActivityItem, census_many, census_of_rows, merge_items
 from orchestrator.bulk_result import OUTCOMES, BulkItem, BulkResult
 from orchestrator.bulk_select import (
     BulkFilter,
@@ -170,28 +171,30 @@ class _Run:
                 done[sid] = BulkItem(sid, "already_archived")
             else:
                 pending.append(sid)
-        busy: list[str] = []
+        busy: dict[str, list[Any]] = {}
         flipped: dict[str, list[ActivityItem]] = {}
         for attempt in range(_REFUSAL_RECHECKS):
             if not pending:
                 break
             active: list[str] = []
             codes, extras = self.script(pending)
-            for pos in range(0, len(extras), 3):
+            rows: dict[str, list[Any]] = {}
+            for pos in range(0, len(extras), 4):
                 sid = pending[int(extras[pos]) - 1]
                 self.virtual.update(map(str, extras[pos + 1]))
                 if extras[pos + 2]:  # stopped (and their events emitted) by the script itself
                     flipped[sid] = stopped_by_archive(
                         self.store, sid, list(extras[pos + 2]), publish=False
                     )
+                rows[sid] = list(extras[pos + 3])
             for sid, code in zip(pending, str(codes), strict=True):
                 outcome = _CODES[code.lower()]
                 if outcome == "active":
                     active.append(sid)
                     continue
                 done[sid] = BulkItem(sid, outcome)
-                if code.isupper() and self.stop and outcome in _STOPPED:
-                    busy.append(sid)
+                if code.isupper() and self.stop and outcome in _STOPPED and not self.dry:
+                    busy[sid] = rows[sid]
             pending = []
             if not active:
                 break
@@ -211,19 +214,25 @@ class _Run:
         return items, lambda: self.finish(items, busy, flipped)
 
     def finish(
-        self, items: list[BulkItem], busy: list[str], flipped: dict[str, list[ActivityItem]]
+        self,
+        items: list[BulkItem],
+        busy: dict[str, list[Any]],
+        flipped: dict[str, list[ActivityItem]],
     ) -> None:
-        """After a batch's write: stop the live work of its ``busy`` sessions (the census read
-        after the write, as a single archive reads it: anything that started before it is seen
-        here, anything after it is refused by the gate; ``flipped``: the turns its script
-        stopped), then record its refusals. Every session the batch archived, descendants
-        included, already got its event (ACP's session_info_update) from the script."""
+        """After a batch's write: stop the live work of its ``busy`` sessions (sid -> the
+        census rows its script read right after the write, in the same atomic step, as a
+        single archive reads them: anything that started before the write is in them, anything
+        after it is refused by the gate, and work created after an unarchive that came since
+        is not; ``flipped``: the turns its script stopped), then record its refusals. Every
+        session the batch archived, descendants included, already got its event (ACP's
+        session_info_update) from the script."""
         if self.dry:
             return
         if busy:
-            # Read only under an archive still in place: a session unarchived since its batch
-            # was written (and maybe prompted again) gets no stop for its new work.
-            stops = census_many(self.store, busy, self.dispatcher, archived_only=True)
+            stops = {
+                sid: census_of_rows(self.store, sid, flat, self.dispatcher)
+                for sid, flat in busy.items()
+            }
             for sid, stopped in flipped.items():
                 stops[sid] = merge_items(stopped, stops.get(sid, []))
             sent = {sid: items for sid, items in stops.items() if items}

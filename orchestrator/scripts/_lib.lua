@@ -244,6 +244,18 @@ local function descendants(sid)
   return out
 end
 
+-- The census of sid and every descendant (census_rows, in the order descendants walks them)
+-- as a flat list sid, rows, ...: what an archive's stops name, read in the step that writes
+-- or finds the archive (orchestrator/activity.py census_of_rows reads it).
+local function subtree_census(sid)
+  local out = {sid, census_rows(sid)}
+  for _, d in ipairs(descendants(sid)) do
+    out[#out + 1] = d
+    out[#out + 1] = census_rows(d)
+  end
+  return out
+end
+
 -- Publish a lifecycle event from the script that makes the change (orchestrator/events.py:
 -- appended to the capped event stream, then published on the events channel), so it
 -- commits with the change and costs no round trip of its own. payload is the event's JSON.

@@ -36,20 +36,11 @@ local k = skey(sid)
 if redis.call('EXISTS', k) == 0 or redis.call('HGET', k, 'deleted') ~= '0' then
   return {'not_found'}
 end
--- With stopActivity, the census of the session and every descendant (census_rows in
--- _lib.lua, descendants in the order descendants walks them) as a flat list sid, rows, ...;
--- else empty.
+-- With stopActivity, the census of the session and every descendant (subtree_census in
+-- _lib.lua); else empty.
 local function census_of_subtree()
-  local census = {}
-  if stop == '1' then
-    census[1] = sid
-    census[2] = census_rows(sid)
-    for _, d in ipairs(descendants(sid)) do
-      census[#census + 1] = d
-      census[#census + 1] = census_rows(d)
-    end
-  end
-  return census
+  if stop == '1' then return subtree_census(sid) end
+  return {}
 end
 if redis.call('HGET', k, 'archived') == '1' then
   record_in_script(rec, sid, 'already_archived', now, '{"stopActivity":' .. stop_json .. '}')

@@ -27,10 +27,16 @@
 --           'n' not found, 's' skipped, 'x' active (live work and no stopActivity); upper
 --           case ('A', 'L', 'X') when its subtree has live work (computed for active, for
 --           archived, and with stopActivity for already), so callers read the census only then
---   extras  flat list position (1-based), would, turns for the sessions that have either:
+--   extras  flat list position (1-based), would, turns, census for the sessions that have
+--           any of them:
 --           would  dry run only: the ids the transition would have archived
 --           turns  flat list tid, sid, fromState, toState, label, settlement of the turns it
 --                  stopped (settlement: the tool-call settlement it wrote, JSON, or '')
+--           census with stopActivity, for a session archived ('A') or found archived ('L')
+--                  with live work in its subtree: subtree_census (_lib.lua), read right after
+--                  its own write (or with the archive it found), in this same atomic step, so
+--                  the stops name only what lived under this archive, never work created
+--                  after an unarchive that comes before the stops are sent
 local stop, dry, now, base = ARGV[2], ARGV[3], ARGV[4], ARGV[5]
 local idle_before, with_unarchive = tonumber(ARGV[6]), ARGV[7] == '1'
 local FIRST = 9
@@ -114,7 +120,15 @@ for i = FIRST, #ARGV do
     code = 'n'
   elseif h[2] == '1' then
     code = 'l'
-    if stop == '1' and any_live(tree(sid)) == 1 then code = 'L' end
+    if stop == '1' and any_live(tree(sid)) == 1 then
+      code = 'L'
+      if dry ~= '1' then
+        extras[#extras + 1] = i - FIRST + 1
+        extras[#extras + 1] = {}
+        extras[#extras + 1] = {}
+        extras[#extras + 1] = subtree_census(sid)
+      end
+    end
   elseif not idle_enough(h) then
     code = 's'
   else
@@ -152,10 +166,14 @@ for i = FIRST, #ARGV do
       end
       if #descendants > 0 then below[i - FIRST + 1] = descendants end
       code = busy == 1 and 'A' or 'a'
-      if #would > 0 or #turns > 0 then
+      -- The census after this session's write and the stops of its turns.
+      local census = {}
+      if stop == '1' and busy == 1 and dry ~= '1' then census = subtree_census(sid) end
+      if #would > 0 or #turns > 0 or #census > 0 then
         extras[#extras + 1] = i - FIRST + 1
         extras[#extras + 1] = would
         extras[#extras + 1] = turns
+        extras[#extras + 1] = census
         for _, v in ipairs(turns) do stopped[#stopped + 1] = v end
       end
     end

@@ -99,14 +99,17 @@ def test_metrics_count_archives_refusals_stops_refused_wakeups_and_quiet(
     def gained(name: str, **labels: str) -> float:
         return value(after, name, **labels) - value(before, name, **labels)
 
+    # (the stop counts are bookkeeping the API writes after its answer, within a moment)
     after, types = wait_for(
         lambda: (
             (s := scrape(client))
             and value(s[0], "fleet_wakeups_refused_total", source="reminder")
             > value(before, "fleet_wakeups_refused_total", source="reminder")
+            and value(s[0], "fleet_stop_dispatches_total", family="turn")
+            > value(before, "fleet_stop_dispatches_total", family="turn")
             and s
         ),
-        message="the refused wake-up to be counted",
+        message="the refused wake-up and the turn's stop to be counted",
     )
     assert gained("fleet_archives_total", outcome="refused") == 1
     assert gained("fleet_archives_total", outcome="archived") == 1

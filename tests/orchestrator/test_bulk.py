@@ -444,13 +444,14 @@ def test_a_batchs_stops_follow_its_own_write_and_all_are_sent_before_it_returns(
 def test_a_failure_after_a_batchs_write_is_raised_and_its_archives_stay(
     store: Store, recorder: RecordingDispatcher, cwd: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # Given two batches of busy sessions, and a census after the first batch's write that fails
+    # Given two batches of busy sessions, and a step after the first batch's write (reading its
+    # census into stops, which settles stale records) that fails on the store
     busy = [Busy(store, recorder, cwd, host="host0") for _ in range(4)]
 
     def down(*args: Any, **kwargs: Any) -> Any:
         raise StoreUnavailable("The session store is unavailable: test. Try again shortly.")
 
-    monkeypatch.setattr(bulk, "census_many", down)
+    monkeypatch.setattr(bulk, "census_of_rows", down)
     # When they are archived with stopActivity
     with pytest.raises(StoreUnavailable):
         bulk.bulk_archive(

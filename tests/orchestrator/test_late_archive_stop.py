@@ -108,10 +108,10 @@ def test_a_bulk_archive_never_stops_work_made_after_an_unarchive_of_its_batch(
     store: Store, recorder: RecordingDispatcher, cwd: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Given a busy session, bulk archived with stop, unarchived with a new turn right after
-    # its batch's script (before the batch's census of busy sessions)
+    # its batch's script (before the batch's stops are built and sent)
     sid = sessions.create_session(store, cwd).session_id
     turns.start_turn(store, recorder, sid, "think 30")
-    reminders.create_reminder(store, sid, 600, "later")
+    rid = reminders.create_reminder(store, sid, 600, "later")
     made: list[str] = []
     real = store.run
 
@@ -127,10 +127,12 @@ def test_a_bulk_archive_never_stops_work_made_after_an_unarchive_of_its_batch(
         result = bulk.bulk_archive(store, recorder, session_ids=[sid], stop_activity=True)
     assert result.totals["archived"] == 1
 
-    # When its stops arrive, Then the new turn was neither named nor touched, and the
-    # reminder, which lived under the archive, was not stopped after the unarchive either
+    # When its stops arrive, Then they name what lived under the archive (the reminder, read
+    # in the batch's own script, as a single archive's census is) and the new turn was neither
+    # named nor touched
     sent = stops(recorder, since, bulk=True)
     [new] = made
+    assert rid in repr(sent), sent
     assert new not in repr(sent), sent
     deliver(store, recorder, sent)
     _untouched(store, new)
