@@ -113,11 +113,24 @@ async def _fleet_error(_: Request, exc: Exception) -> JSONResponse:
     return JSONResponse(error_body(error.code, error.message, error.data), status_code=status)
 
 
+def _in_words(error: dict[str, Any]) -> str:
+    """A validation error's message a person can act on: a body that is not JSON says where
+    and why it stops being JSON, a missing body says one is needed; others as pydantic says."""
+    loc, kind = tuple(error.get("loc", ())), error.get("type")
+    if kind == "json_invalid":
+        why = (error.get("ctx") or {}).get("error", "not JSON")
+        at = f" at character {loc[1]}" if len(loc) > 1 else ""
+        return f"not valid JSON{at} ({why}); send a JSON object"
+    if kind == "missing" and loc == ("body",):
+        return "a JSON object is required (the body is empty)"
+    return str(error.get("msg", ""))
+
+
 async def _invalid(_: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, RequestValidationError)
     found = exc.errors()
     errors = [
-        {"loc": list(e.get("loc", ())), "msg": e.get("msg", "")} for e in found[:MAX_LISTED_ERRORS]
+        {"loc": list(e.get("loc", ())), "msg": _in_words(e)} for e in found[:MAX_LISTED_ERRORS]
     ]
     texts = [".".join(str(p) for p in e["loc"]) + f": {e['msg']}" for e in errors]
     where = in_words(texts, len(found), ", ")

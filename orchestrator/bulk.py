@@ -39,6 +39,7 @@ run was under way is not archived again.
 
 from __future__ import annotations
 
+import contextvars
 import logging
 from collections import Counter
 from collections.abc import Callable
@@ -311,7 +312,9 @@ def _run(run: _Run, ids: list[str], batch_size: int, progress: Progress | None) 
                 raise
             if behind is not None:
                 behind.result()  # raises what the previous batch's finish raised
-            behind = after.submit(finish)
+            # In the caller's context: its audit entries are the caller's (the request's
+            # actor), as the batch's own script records them.
+            behind = after.submit(contextvars.copy_context().run, finish)
             results.extend(items)
             if progress is not None:
                 progress(len(results), len(ids))

@@ -182,7 +182,20 @@ def test_create_rejects_a_body_that_is_not_json(client: TestClient) -> None:
     resp = client.post(
         "/sessions", content=b"cwd=/tmp", headers={"content-type": "application/json"}
     )
-    _error(resp, 422, "invalid_params")
+    error = _error(resp, 422, "invalid_params")
+    # It says where the body stops being JSON and what to send instead
+    assert error["message"] == (
+        "Invalid request: body.0: not valid JSON at character 0 (Expecting value);"
+        " send a JSON object"
+    ), error["message"]
+
+
+def test_a_route_that_needs_a_body_says_so_when_it_is_empty(client: TestClient) -> None:
+    resp = client.post("/sessions", content=b"", headers={"content-type": "application/json"})
+    error = _error(resp, 422, "invalid_params")
+    assert error["message"] == (
+        "Invalid request: body: a JSON object is required (the body is empty)"
+    ), error["message"]
 
 
 # --------------------------------------------------------------------------- get and malformed ids

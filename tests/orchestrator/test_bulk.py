@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import redis
 
-from orchestrator import archive, bulk, events, jobs, reminders, sessions, turns
+from orchestrator import archive, audit, bulk, events, jobs, reminders, sessions, turns
 from orchestrator.activity import census
 from orchestrator.errors import InvalidParams, SessionActive, StoreUnavailable, TooManySessions
 from orchestrator.families import Task
@@ -460,6 +460,29 @@ def test_a_failure_after_a_batchs_write_is_raised_and_its_archives_stay(
     # Then the failure is the caller's, and the first batch stays archived (as single archives
     # would: the reconciler stops what the census could not)
     assert all(read(store, b.sid).archived for b in busy[:2])
+
+
+def test_every_audit_entry_of_a_bulk_names_its_caller_also_those_written_after_a_batch(
+    store: Store, recorder: RecordingDispatcher, cwd: str
+) -> None:
+    # Given two busy sessions, and a caller acting as a REST client
+    stopped, refused = Busy(store, recorder, cwd, host="hostA"), Busy(store, recorder, cwd, "hostB")
+    # When one is bulk archived with stopActivity and the other without (refused)
+    with audit.acting_as("rest:10.0.0.7"):
+        bulk.bulk_archive(store, recorder, session_ids=[stopped.sid], stop_activity=True)
+        bulk.bulk_archive(store, recorder, session_ids=[refused.sid])
+    # Then the entries written after the batch (what its stops sent, the refusal) name the
+    # caller, as the entry the batch's script wrote does
+    entries = {
+        (e["outcome"], e["actor"])
+        for sid in (stopped.sid, refused.sid)
+        for e in audit.read(store, sid)
+    }
+    assert entries == {
+        ("archived", "rest:10.0.0.7"),
+        ("stop_sent", "rest:10.0.0.7"),
+        ("refused", "rest:10.0.0.7"),
+    }
 
 
 # --------------------------------------------------------------------------- dry run
