@@ -141,6 +141,17 @@ def _memory(store: Any, idle: int) -> Row:
     )
 
 
+def _key_table(before: tuple[int, int], after: tuple[int, int]) -> str:
+    """What Redis's own key table did during the bulk, from ``Probe.tables`` (slots, keys)
+    before and after it: a doubling inside the bulk makes every lookup of the bulk read two
+    tables until its keys are moved (``docs/benchmarks.md``, "Why the million misses")."""
+    (slots0, keys0), (slots1, keys1) = before, after
+    said = f"Redis key table {slots0:,} -> {slots1:,} slots ({keys0:,} -> {keys1:,} keys)"
+    if slots1 > slots0:
+        return said + ": it grew during the bulk"
+    return said + ": no resize"
+
+
 def bench_million(url: str, prefix: str, size: int, idle: int, busy: int) -> list[Row]:
     store, _ = configure(url, prefix)
     rows: list[Row] = []
@@ -183,6 +194,7 @@ def bench_million(url: str, prefix: str, size: int, idle: int, busy: int) -> lis
             rss0 = _rss_mb(pid)
             mem0 = int(store.redis.info("memory")["used_memory"])
             forks0, _ = probe.forks()
+            table0 = probe.tables()["keyspace"]
             store.redis.config_resetstat()
             t1 = time.perf_counter()
             r = client.post(
@@ -190,6 +202,7 @@ def bench_million(url: str, prefix: str, size: int, idle: int, busy: int) -> lis
             )
             took = time.perf_counter() - t1
             forks1, running = probe.forks()
+            table1 = probe.tables()["keyspace"]
         assert r.status_code == 200, r.text[:300]
         growth = _rss_peak_mb(pid) - rss0
     forked = forks1 > forks0 or running
@@ -206,7 +219,9 @@ def bench_million(url: str, prefix: str, size: int, idle: int, busy: int) -> lis
             f" {totals.get('archived')} archived, {totals.get('already_archived')} with their"
             f" parent, {totals.get('refused')} refused; Redis ran scripts {scripts:.2f} s;"
             f" Redis memory +{per_archived:.0f} bytes per session archived;"
-            + (" a fork child (AOF rewrite) ran beside it" if forked else " no fork child"),
+            + (" a fork child (AOF rewrite) ran beside it" if forked else " no fork child")
+            + "; "
+            + _key_table(table0, table1),
             "goal <= 10 s and <= 200 MB: " + ("met" if took <= 10 and growth <= 200 else "MISSED"),
         )
     )
