@@ -47,14 +47,24 @@ class WorkerProcess:
         return family_spec(self.family).worker_name(control_only=self.control)
 
 
+def controllable() -> tuple[str, ...]:
+    """The families a control-only worker can serve (``fleet worker --control``): those whose
+    stops need not run on the host owning the item."""
+    return tuple(name for name in family_names() if not family_spec(name).host_stops)
+
+
 @dataclass
 class LocalFleet:
     """Family workers for one Redis URL and key prefix.
 
     ``job_hosts`` job workers are started with distinct host names (``<hostname>-1`` ...), so
     a stop for a job can be seen to reach exactly the host that owns it. Each family in
-    ``control_families`` gets a control-only worker beside its own (``turn``: its threads are
-    held by the steps an archive stops, so its stops would otherwise wait for one to end).
+    ``control_families`` gets a control-only worker beside its own; by default every family
+    that can have one (``turn``, ``subagent``, ``reminder``; ``job`` stops run on the host
+    owning the process). A turn worker's threads are held by the steps an archive stops, so its
+    stops would otherwise wait for one to end; the subagent and reminder workers take one
+    message at a time, so a burst of archives queues their stops behind each other
+    (benchmark 4's delivery hop).
     """
 
     redis_url: str
@@ -63,7 +73,7 @@ class LocalFleet:
     hostname: str = "local"
     job_hosts: int = 1
     concurrency: int = 8
-    control_families: tuple[str, ...] = ("turn",)
+    control_families: tuple[str, ...] = field(default_factory=controllable)
     extra_env: dict[str, str] = field(default_factory=dict)
     workers: list[WorkerProcess] = field(default_factory=list)
 

@@ -35,7 +35,7 @@ EXPECTED_SERVICES = {
     "api",
     "flower",
     *(f"worker-{name}" for name in WORKER_FAMILIES),
-    "worker-turn-control",
+    *(f"worker-{name}-control" for name in ("turn", "subagent", "reminder")),
     "sentinel-1",
     "sentinel-2",
     "sentinel-3",
@@ -350,8 +350,9 @@ def test_worker_services_cover_every_family(services: dict[str, dict[str, Any]])
     assert families["job"] == "worker-job"
     # The reminder poller runs inside the reminder worker (no service of its own)
     assert families["reminder"] == "worker-reminder"
-    # Turn stops have a worker of their own, beside the turn workers whose threads run steps
-    assert control == {"turn": "worker-turn-control"}
+    # Every family whose stops need not run on the owning host has a stop worker of its own,
+    # beside the workers whose threads run its work (the job stops run on the job's host)
+    assert control == {name: f"worker-{name}-control" for name in ("turn", "subagent", "reminder")}
 
 
 def test_job_workers_scale_as_hosts_of_their_own(services: dict[str, dict[str, Any]]) -> None:

@@ -113,7 +113,8 @@ def up(
     api: bool = typer.Option(True, help="Serve the HTTP API too (the default; --no-api: not)."),
 ) -> None:
     """Run the whole fleet locally until Ctrl-C: Redis (embedded if FLEET_REDIS_URL is unset),
-    one worker per family, a control-only turn worker (turn.ctl) and the API. While it runs,
+    one worker per family, a control-only worker for the turn, subagent and reminder stops
+    (turn.ctl, subagent.ctl, reminder.ctl) and the API. While it runs,
     it publishes where it runs in FLEET_STATE_DIR/fleet.json, so other fleet commands started
     with the same state directory (the same working directory by default) find it without
     FLEET_REDIS_URL."""

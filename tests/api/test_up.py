@@ -50,7 +50,7 @@ def test_fleet_up_starts_an_embedded_redis_and_every_family_then_stops_them_all(
         url = line.group(1)
         client = redis.Redis.from_url(url, decode_responses=True)
         # Then an embedded, append-only Redis answers and every family has a live worker,
-        # the turn family a control-only one beside it
+        # the turn, subagent and reminder families a control-only one beside it
         assert client.config_get("appendonly")["appendonly"] == "yes"
         beats = client.keys("upcheck:worker:*")
         assert {b.split(":")[2] for b in beats} == {
@@ -58,7 +58,9 @@ def test_fleet_up_starts_an_embedded_redis_and_every_family_then_stops_them_all(
             "turn.ctl",
             "job",
             "subagent",
+            "subagent.ctl",
             "reminder",
+            "reminder.ctl",
         }
         server_pids = [
             p.pid

@@ -87,18 +87,25 @@ def _api_pid(up: subprocess.Popen[bytes]) -> int:
     return int(api.pid)
 
 
-def _worker_pid(up: subprocess.Popen[bytes], *args: str) -> int:
+def _worker_pid(up: subprocess.Popen[bytes], family: str, *, control: bool = False) -> int:
+    """The pid of `fleet up`'s worker of ``family`` (its control-only one with ``control``)."""
     import psutil
 
-    kids = psutil.Process(up.pid).children()
-    [found] = [p for p in kids if "worker" in p.cmdline() and p.cmdline()[-len(args) :] == [*args]]
+    def serves(cmd: list[str]) -> bool:
+        return (
+            "worker" in cmd
+            and cmd[cmd.index("--family") + 1] == family
+            and ("--control" in cmd) == control
+        )
+
+    [found] = [p for p in psutil.Process(up.pid).children() if serves(p.cmdline())]
     return int(found.pid)
 
 
 def test_fleet_up_is_not_shadowed_names_its_workers_and_restarts_a_dead_api_or_worker(
     tmp_path: Path, redis_url: str
 ) -> None:
-    # (One `fleet up` for the three properties: each start costs seven processes.)
+    # (One `fleet up` for the three properties: each start costs nine processes.)
     # Given acp.py and orchestrator.py in the working directory of `fleet up`
     with _fleet_up(tmp_path, redis_url) as (up, out, url):
         # Then the API serves and every worker keeps running
@@ -107,9 +114,12 @@ def test_fleet_up_is_not_shadowed_names_its_workers_and_restarts_a_dead_api_or_w
         assert sid.status_code in (200, 201), sid.text
         assert up.poll() is None
         assert "had exited" not in out.read_text(), out.read_text()
-        # And it names every worker it runs, the control-only turn worker among them
+        # And it names every worker it runs, the control-only ones among them
         said = out.read_text()
-        assert "workers: turn@kidshost, turn.ctl@kidshost, job@kidshost" in said, said
+        assert (
+            "workers: turn@kidshost, turn.ctl@kidshost, job@kidshost, subagent@kidshost, "
+            "subagent.ctl@kidshost, reminder@kidshost, reminder.ctl@kidshost" in said
+        ), said
         # When the API is killed outright
         first = _api_pid(up)
         os.kill(first, signal.SIGKILL)
@@ -124,7 +134,7 @@ def test_fleet_up_is_not_shadowed_names_its_workers_and_restarts_a_dead_api_or_w
         wait_for(lambda: _health(url), 60, message=f"the new API to answer:\n{out.read_text()}")
         assert _api_pid(up) != first
         # When the control-only worker is killed outright
-        os.kill(_worker_pid(up, "--control"), signal.SIGKILL)
+        os.kill(_worker_pid(up, "turn", control=True), signal.SIGKILL)
         # Then `fleet up` starts another and says how the first one ended
         wait_for(
             lambda: (
@@ -133,4 +143,4 @@ def test_fleet_up_is_not_shadowed_names_its_workers_and_restarts_a_dead_api_or_w
             30,
             message=f"`fleet up` to restart its control worker:\n{out.read_text()}",
         )
-        assert _worker_pid(up, "--control") and up.poll() is None
+        assert _worker_pid(up, "turn", control=True) and up.poll() is None

@@ -162,14 +162,14 @@ def test_flower_shows_the_stops_of_an_archive_and_the_refused_late_step(
     wait_turn_state(store, late, "cancelled")
 
     # Then Flower lists one task per stop, by name, with the session id first, done by the
-    # worker of its family (the job stop by the host owning the job, the turn stop by the
-    # turn family's control-only worker or its turn worker); and the late step as REFUSED.
+    # worker of its family (the job stop by the host owning the job, the others by their
+    # family's control-only worker or its own worker); and the late step as REFUSED.
     # Every task of the session has settled: none STARTED, none FAILURE.
     expected_workers = {
         "turn.stop": {"turn.ctl@test", "turn@test"},
         "job.stop": {f"job@{job_host}"},
-        "subagent.stop": {"subagent@test"},
-        "reminder.stop": {"reminder@test"},
+        "subagent.stop": {"subagent.ctl@test", "subagent@test"},
+        "reminder.stop": {"reminder.ctl@test", "reminder@test"},
     }
 
     def settled() -> dict[str, dict[str, Any]] | None:
