@@ -20,6 +20,7 @@ import redis
 from redis.commands.core import Script
 from tenacity import retry, retry_if_exception_type, stop_after_delay, wait_exponential
 
+from orchestrator import lualink
 from orchestrator.errors import WriteUnconfirmed
 from orchestrator.keys import Keys, lua_prelude
 from orchestrator.redisconn import SentinelOptions, store_unavailable, sync_client
@@ -78,6 +79,16 @@ def retried(fn: Callable[P, T]) -> Callable[P, T]:
             return inner(*args, **kwargs)
 
     return wrapper
+
+
+@functools.lru_cache(maxsize=4)
+def _prelude(version: int) -> list[lualink.Statement]:
+    """The statements of every script's prelude for the families' registry ``version``: the
+    key builders, ``_lib.lua``, the families' liveness rules."""
+    from orchestrator.families import registry
+
+    lib = (_SCRIPTS_DIR / "_lib.lua").read_text(encoding="utf-8")
+    return lualink.statements("\n".join([lua_prelude(), lib, registry.lua_rules(), ""]))
 
 
 @retried
@@ -150,16 +161,16 @@ class Store:
         """Return the Lua script ``orchestrator/scripts/<name>.lua`` registered on the client,
         after its prelude: the key builders ``K`` (``keys.lua_prelude``), ``_lib.lua`` and each
         registered family's liveness rule (``orchestrator.families``), so every script reads
-        key names from ``orchestrator/keys.py`` and one liveness rule per family."""
+        key names from ``orchestrator/keys.py`` and one liveness rule per family. Only the
+        prelude's definitions the script reaches are put before it (``lualink``): Redis runs
+        the whole source on every call."""
         from orchestrator.families import registry
 
         key = (name, registry.version())
         found = self._scripts.get(key)
         if found is None:
-            lib = (_SCRIPTS_DIR / "_lib.lua").read_text(encoding="utf-8")
             body = (_SCRIPTS_DIR / f"{name}.lua").read_text(encoding="utf-8")
-            source = "\n".join([lua_prelude(), lib, registry.lua_rules(), body])
-            found = self.redis.register_script(source)
+            found = self.redis.register_script(lualink.link(_prelude(key[1]), body))
             self._scripts[key] = found
         return found
 
