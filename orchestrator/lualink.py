@@ -45,8 +45,30 @@ class Statement:
 
 
 def _code(text: str) -> str:
-    """``text`` without its ``--`` comments (the prelude's strings hold no ``--``)."""
-    return "\n".join(line.split("--", 1)[0] for line in text.splitlines())
+    """``text`` without its ``--`` comments; a ``--`` inside a quoted string is kept. Raises
+    ``ValueError`` for a long bracket (``[[``, ``[=[``: long strings and block comments),
+    which the scripts do not use and this does not read."""
+    if re.search(r"\[=*\[", text):
+        raise ValueError("a long bracket ([[ or [=[) in a script: not supported by lualink")
+    return "\n".join(_line_code(line) for line in text.splitlines())
+
+
+def _line_code(line: str) -> str:
+    quote = ""
+    i = 0
+    while i < len(line):
+        ch = line[i]
+        if quote:
+            if ch == "\\":
+                i += 1  # the escaped character
+            elif ch == quote:
+                quote = ""
+        elif ch in "'\"":
+            quote = ch
+        elif line.startswith("--", i):
+            return line[:i]
+        i += 1
+    return line
 
 
 def _uses(text: str) -> set[str]:

@@ -75,6 +75,14 @@ def test_a_table_that_is_reached_keeps_every_registration_into_it() -> None:
     assert "local function helper" not in source
 
 
+def test_a_double_dash_inside_a_string_is_not_a_comment() -> None:
+    source = linked("local sep = '--' .. \"x--\" return helper(sep) -- not: unused_helper()")
+    assert "local function helper" in source
+    assert "local function unused_helper" not in source
+    with pytest.raises(ValueError, match="long bracket"):
+        linked("return [[ helper ]]")
+
+
 def test_a_body_that_reaches_nothing_runs_alone() -> None:
     assert linked("return 1").strip() == "return 1"
 
