@@ -13,8 +13,11 @@ and jobs, reminders and subagents are stored by scripts that refuse otherwise
 (``TurnStopped``; a superseded copy's conversation write raises ``StepSuperseded``). A launch
 over one of the ``FLEET_MAX_*`` limits (``orchestrator/limits.py``) stores nothing and settles
 its tool call ``failed`` with the limit's message; so does a call the registry cannot parse
-(unknown tool, malformed arguments: ``ToolArgumentsError``). The model sees either as the
-call's result in its next step. The ``tool_call`` update carries the tool's name in
+(unknown tool, malformed arguments: ``ToolArgumentsError``). So does a spawn whose subagent
+was archived on its own between its creation and its first turn (it had no work yet, so an
+archive naming it, or a bulk archive selecting it by its cwd, could take it): nothing ran in
+it, and the spawning turn goes on. The model sees any of these as the call's result in its
+next step. The ``tool_call`` update carries the tool's name in
 ``_meta.agentFleet.tool`` and its arguments in ``rawInput`` (``orchestrator/chat.py`` reads
 them back into the conversation).
 """
@@ -192,6 +195,7 @@ def run_tool(
     if not record_update(store, session_id, update, token=token):
         log.info("tool %s not launched: the turn no longer runs", call.name, extra=extra)
         return None
+    child_archived = False
     try:
         if tool is None:
             status, text = "failed", problem
@@ -202,6 +206,15 @@ def run_tool(
         return None
     except LimitReached as exc:  # a tool error the turn sees; it goes on to its next step
         status, text = "failed", f"{call.name} refused: {exc.message}"
+    except _SubagentArchived as exc:
+        child_archived = True
+        status, text = (
+            "failed",
+            (
+                f"{call.name}: subagent {exc.child} was archived before its first turn began (it "
+                "had no work yet); nothing ran in it"
+            ),
+        )
     settled = record_update(
         store,
         session_id,
@@ -216,7 +229,17 @@ def run_tool(
         token=token,
     )
     log.info("tool %s: %s%s", call.name, text[:200], "" if settled else " (dropped)", extra=extra)
+    if child_archived and not settled:
+        return None  # the subagent went with this turn's own lineage: the archive stopped it
     return None if status == "cancelled" else text
+
+
+class _SubagentArchived(Exception):
+    """The subagent a spawn created was archived before its first turn could be stored."""
+
+    def __init__(self, child: str) -> None:
+        super().__init__(child)
+        self.child = child
 
 
 def _launch(
@@ -229,7 +252,8 @@ def _launch(
 ) -> tuple[str, str]:
     """Run the tool its validated ``args`` name; returns (status, text). Raises
     ``TurnStopped`` when a launch was refused because the turn no longer runs,
-    ``LimitReached``."""
+    ``LimitReached``, ``_SubagentArchived`` (a spawned subagent archived before its first
+    turn)."""
     if isinstance(args, ShellArgs):
         return _shell(args, get_session(store, session_id).cwd, cancel)
     if isinstance(args, StartJobArgs):
@@ -246,7 +270,14 @@ def _launch(
     if isinstance(args, SpawnSubagentArgs):
         parent = get_session(store, session_id)
         child = create_session(store, parent.cwd, parent_id=session_id, guard=guard)
-        start_turn(store, dispatcher, child.session_id, args.prompt, source="subagent", guard=guard)
+        try:
+            start_turn(
+                store, dispatcher, child.session_id, args.prompt, source="subagent", guard=guard
+            )
+        except SessionArchived as exc:
+            # Archived since its creation: on its own (run_tool settles the call failed), or
+            # with this turn's lineage (then this turn no longer runs and nothing is recorded).
+            raise _SubagentArchived(child.session_id) from exc
         return "completed", f"started subagent {child.session_id}"
     assert isinstance(args, SetReminderArgs)
     rid = create_reminder(store, session_id, args.seconds, args.prompt, guard=guard)
