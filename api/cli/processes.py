@@ -9,6 +9,7 @@ import signal
 import socket
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import typer
@@ -164,8 +165,8 @@ def up(
         console.print(f"job workers on {', '.join(fleet.job_host_names())}")
         api_url = f"http://{settings.api_host}:{settings.api_port}" if api else None
         if api_url:
-            api_proc = _start_api(url)
-            console.print(f"API on {api_url}")
+            api_proc = _start_api(url, _api_log(settings.state_dir))
+            console.print(f"API on {api_url} (log {_api_log(settings.state_dir)})")
         published = discovery.publish(settings.state_dir, url, settings.key_prefix, api_url)
         console.print(
             f"published in {published}: fleet commands run with this state directory find "
@@ -213,30 +214,41 @@ def _restart_dead(fleet: Any, api_proc: Any, url: str) -> Any:
         )
     if api_proc is not None and api_proc.poll() is not None:
         old, code = api_proc.pid, api_proc.returncode
-        api_proc = _start_api(url)
+        api_proc = _start_api(url, _api_log(fleet.state_dir))
         err.print(
             Text(
                 f"API (pid {old}) had exited ({_exit_status(code)}); restarted as pid "
-                f"{api_proc.pid}",
+                f"{api_proc.pid} (log {_api_log(fleet.state_dir)})",
                 "yellow",
             )
         )
     return api_proc
 
 
-def _start_api(url: str) -> Any:
-    """Start ``fleet api`` on ``url`` as a child process that dies with this one."""
+def _api_log(state_dir: Path) -> Path:
+    """Where ``fleet up`` appends its API's output: beside the workers' logs."""
+    return state_dir / "logs" / "api.log"
+
+
+def _start_api(url: str, log_path: Path) -> Any:
+    """Start ``fleet api`` on ``url`` as a child process that dies with this one, its output
+    (the access log among it) appended to ``log_path``, as each worker's is to its own."""
     import subprocess
 
     from orchestrator.processes import die_with_parent
 
-    # -P: the working directory is not put first on sys.path (an ``acp.py`` there would
-    # be imported in place of the ACP library).
-    return subprocess.Popen(
-        [sys.executable, "-P", "-m", "api.cli", "api"],
-        env=dict(os.environ, FLEET_REDIS_URL=url),
-        preexec_fn=die_with_parent(signal.SIGTERM, new_session=False),
-    )
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_path, "ab") as log_file:
+        # -P: the working directory is not put first on sys.path (an ``acp.py`` there would
+        # be imported in place of the ACP library).
+        return subprocess.Popen(
+            [sys.executable, "-P", "-m", "api.cli", "api"],
+            env=dict(os.environ, FLEET_REDIS_URL=url),
+            preexec_fn=die_with_parent(signal.SIGTERM, new_session=False),
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+        )
 
 
 def _api_host(requested: str, token: str) -> str:

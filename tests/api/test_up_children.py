@@ -116,6 +116,13 @@ def test_fleet_up_is_not_shadowed_names_its_workers_and_restarts_a_dead_api_or_w
         assert "had exited" not in out.read_text(), out.read_text()
         # And it names every worker it runs, the control-only ones among them
         said = out.read_text()
+        # And the API's output, its access log among it, goes to a log of its own beside the
+        # workers', not into what `fleet up` says
+        found = re.search(r"API on \S+ \(log (\S+)\)", said)
+        assert found, said
+        api_log = Path(found.group(1))
+        wait_for(lambda: "/sessions" in api_log.read_text(), 10, message="the API's access log")
+        assert "/sessions" not in out.read_text()
         assert (
             "workers: turn@kidshost, turn.ctl@kidshost, job@kidshost, subagent@kidshost, "
             "subagent.ctl@kidshost, reminder@kidshost, reminder.ctl@kidshost" in said
