@@ -16,6 +16,7 @@ import difflib
 import hmac
 from dataclasses import dataclass, field
 from typing import Annotated, Any
+from urllib.parse import unquote_to_bytes
 
 from fastapi import Depends, Header
 from starlette.requests import HTTPConnection, Request
@@ -23,6 +24,7 @@ from starlette.requests import HTTPConnection, Request
 from api.context import checked_redis_url
 from api.guards import is_json_type
 from api.wiring import celery_dispatcher
+from orchestrator import untrusted
 from orchestrator.bookkeeping import Bookkeeper
 from orchestrator.errors import InvalidParams
 from orchestrator.families import Dispatcher
@@ -147,6 +149,26 @@ class UnsupportedMediaType(Exception):
         self.content_type = content_type
 
 
+def _utf8_query(raw: bytes) -> None:
+    """Refuse a query parameter whose name or value is not UTF-8 once its ``%XX`` escapes are
+    decoded (``?q=%ff``): the server would read the bad bytes as U+FFFD and answer another
+    question (an empty list) without a word."""
+    for pair in raw.split(b"&"):
+        name, _, value = pair.partition(b"=")
+        for part in (name, value):
+            decoded = unquote_to_bytes(part.replace(b"+", b" "))
+            try:
+                decoded.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                shown = unquote_to_bytes(name.replace(b"+", b" ")).decode("utf-8", "replace")
+                raise InvalidParams(
+                    f"query parameter {shown[:80]!r} is not UTF-8 once its %XX escapes are "
+                    f"decoded: {untrusted.not_utf8(decoded, exc)}; percent-encode its UTF-8 "
+                    "bytes.",
+                    {"param": shown[:80], "offset": exc.start},
+                ) from None
+
+
 def _single_valued(request: HTTPConnection) -> None:
     """Refuse a query parameter given twice (``?archived=only&archived=include``): taking one
     of them silently would answer a question the caller did not ask."""
@@ -214,16 +236,19 @@ def _known_query(request: HTTPConnection, route: Any) -> None:
 
 async def strict_request(request: HTTPConnection) -> None:
     """What every route checks before its own parameters, as one app-wide dependency (one
-    solve per request): no query parameter given twice (``_single_valued``) nor one the
-    route does not take (``_known_query``), and a route that takes a JSON body gets a
-    non-empty body only as JSON (``is_json_type``): curl's ``-d`` sends a form type, which
-    the route would refuse as "not a valid dictionary" without a word about the type. A
-    body-less request passes. (``HTTPConnection``, not ``Request``: it also runs for the
-    ``/acp`` WebSocket.)"""
+    solve per request): no query parameter that is not UTF-8 once decoded (``_utf8_query``),
+    given twice (``_single_valued``) nor one the route does not take (``_known_query``), and
+    a route that takes a JSON body gets a non-empty body only as JSON (``is_json_type``):
+    curl's ``-d`` sends a form type, which the route would refuse as "not a valid dictionary"
+    without a word about the type. A body-less request passes. (``HTTPConnection``, not
+    ``Request``: it also runs for the ``/acp`` WebSocket.)"""
     route = request.scope.get("route")
-    if request.scope.get("query_string"):
+    if raw := request.scope.get("query_string"):
+        probe = route is not None and route.path in PROBES
+        if b"%" in raw and not probe:
+            _utf8_query(raw)
         _single_valued(request)
-        if route is not None and route.path not in PROBES:
+        if route is not None and not probe:
             _known_query(request, route)
     if isinstance(request, Request) and getattr(route, "body_field", None) is not None:
         content_type = request.headers.get("content-type")

@@ -41,6 +41,27 @@ def test_a_last_event_id_outside_the_id_range_is_refused(client: TestClient, bad
     assert r.status_code == 422, r.text
 
 
+@pytest.mark.parametrize(
+    ("query", "param"), [("q=%ff", "q"), ("q=caf%C3", "q"), ("%ff=1", "\ufffd")]
+)
+def test_a_query_parameter_that_is_not_utf8_once_decoded_is_refused_saying_so(
+    client: TestClient, query: str, param: str
+) -> None:
+    # Not read as U+FFFD and answered with an empty list: refused, naming the byte
+    r = client.get(f"/sessions?{query}")
+    assert r.status_code == 422, r.text
+    error = r.json()["error"]
+    assert error["code"] == "invalid_params"
+    assert "not UTF-8 once its %XX escapes are decoded" in error["message"]
+    assert "byte 0x" in error["message"]
+    assert error["data"]["param"] == param
+
+
+def test_percent_encoded_utf8_and_the_probes_query_pass(client: TestClient) -> None:
+    assert client.get("/sessions?q=caf%C3%A9+au+lait").status_code == 200
+    assert client.get("/health?cachebust=%ff").status_code == 200
+
+
 def test_a_repeated_query_parameter_is_refused_not_silently_chosen(client: TestClient) -> None:
     r = client.get("/sessions", params=[("archived", "only"), ("archived", "include")])
     assert r.status_code == 422
