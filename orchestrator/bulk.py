@@ -61,7 +61,7 @@ from orchestrator.errors import InvalidParams, TooManySessions
 from orchestrator.families import Dispatcher
 from orchestrator.sessions import SESSION_ID_RE
 from orchestrator.stops import StopReport, dispatch_stops_many
-from orchestrator.store import Store, iso, new_id
+from orchestrator.store import Store, new_id
 from orchestrator.turns import stopped_by_archive
 
 log = logging.getLogger(__name__)
@@ -133,7 +133,7 @@ class _Run:
         argv: list[Any] = [
             "1" if self.stop else "0",
             "1" if self.dry else "0",
-            iso(self.store.now_ms()),
+            "",  # the script reads the server's clock: its times are its commit's, no TIME trip
             new_id("arc"),
             "" if self.idle_before is None else self.idle_before,
             "1" if self.with_unarchive else "0",

@@ -1,4 +1,5 @@
--- ARGV: prefix, stopActivity '0'|'1', dryRun '0'|'1', nowIso, txnBase, idleBeforeMs|'',
+-- ARGV: prefix, stopActivity '0'|'1', dryRun '0'|'1', nowIso ('' for the server's clock),
+--       txnBase, idleBeforeMs|'',
 --       withUnarchive '0'|'1', record (JSON, see the end of the script), sid...
 -- One batch of a bulk archive: for each session, in order, exactly what archive.lua does (the
 -- live-work check, unless stopActivity, and the archive write of the session and its whole
@@ -38,6 +39,7 @@
 --                  the stops name only what lived under this archive, never work created
 --                  after an unarchive that comes before the stops are sent
 local stop, dry, now, base = ARGV[2], ARGV[3], ARGV[4], ARGV[5]
+if now == '' then now = iso_ms(server_ms()) end
 local idle_before, with_unarchive = tonumber(ARGV[6]), ARGV[7] == '1'
 local FIRST = 9
 -- sid -> {deleted, archived, updatedMs, unarchivedMs, cwdHash}, as read (archived kept

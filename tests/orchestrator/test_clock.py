@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from orchestrator import bulk, reminders, sessions
+from orchestrator import audit, bulk, reminders, sessions
 from orchestrator.archive import archive
 from orchestrator.families import Task
 from orchestrator.reconcile import reconcile
@@ -115,3 +115,23 @@ def backdate(store: Store, sid: str, ms: int) -> None:
     for state in ("all", "active", "archived"):
         for key in (k.index(state), k.index(state, cwd_hash)):
             store.redis.zadd(key, {sid: ms}, xx=True)
+
+
+@pytest.mark.parametrize("skew", SKEWS, ids=["ahead", "behind"])
+def test_a_bulk_archive_stamps_its_sessions_with_the_stores_clock_at_its_write(
+    store: Store, monkeypatch: pytest.MonkeyPatch, skew: float
+) -> None:
+    # Given idle sessions, and a caller whose clock is an hour off
+    cwd = unique_cwd()
+    ids = [sessions.create_session(store, cwd).session_id for _ in range(3)]
+    skew_clock(monkeypatch, skew)
+    before = store.now_ms()
+    # When a bulk archive takes them
+    bulk.bulk_archive(store, RecordingDispatcher(), flt=bulk.BulkFilter(cwd=cwd))
+    after = store.now_ms()
+    # Then each is stamped by the store's clock during the write, its audit entry too
+    for sid in ids:
+        stamped = sessions.get_session(store, sid).archived_at
+        assert iso(before) <= stamped <= iso(after)
+        [entry] = [e for e in audit.read(store, sid) if e["action"] == "bulk_archive"]
+        assert entry["at"] == stamped
