@@ -37,6 +37,10 @@ _FILLS = re.compile(r"\b([A-Za-z_][A-Za-z0-9_]*)\s*\[[^\]]*\]\s*=(?!=)")
 
 @dataclass(frozen=True)
 class Statement:
+    """One top-level statement of the prelude: its ``text`` (with the comment lines before
+    it), the names it ``defines`` (``K.name`` for a key builder), the names it ``uses``
+    outside comments, and for a registration the function it ``calls``."""
+
     text: str
     defines: frozenset[str]
     uses: frozenset[str]
