@@ -240,7 +240,8 @@ async def strict_request(request: HTTPConnection) -> None:
     given twice (``_single_valued``) nor one the route does not take (``_known_query``), and
     a route that takes a JSON body gets a non-empty body only as JSON (``is_json_type``):
     curl's ``-d`` sends a form type, which the route would refuse as "not a valid dictionary"
-    without a word about the type. A body-less request passes. (``HTTPConnection``, not
+    without a word about the type; nor the JSON ``null``, which FastAPI would take for no
+    body. A body-less request passes. (``HTTPConnection``, not
     ``Request``: it also runs for the ``/acp`` WebSocket.)"""
     route = request.scope.get("route")
     if raw := request.scope.get("query_string"):
@@ -253,5 +254,11 @@ async def strict_request(request: HTTPConnection) -> None:
     if isinstance(request, Request) and getattr(route, "body_field", None) is not None:
         content_type = request.headers.get("content-type")
         # FastAPI has read the body already (cached): no second read.
-        if not is_json_type(content_type) and await request.body():
+        body = await request.body()
+        if not is_json_type(content_type) and body:
             raise UnsupportedMediaType(content_type)
+        if body.strip() == b"null":  # FastAPI reads it as no body: an optional one passes
+            raise InvalidParams(
+                "The request body must be a JSON object, or no body at all (got null).",
+                {"param": "body"},
+            )

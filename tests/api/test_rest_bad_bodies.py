@@ -39,6 +39,15 @@ def test_half_a_million_wrong_ids_are_refused_by_count_in_one_short_answer(
     assert len(answer.content) < 1_000, len(answer.content)
 
 
+def test_a_null_body_is_refused_not_read_as_no_body(client: TestClient) -> None:
+    # Given an idle session: an archive with `null` would have archived it, as `{}` does
+    sid = client.post("/sessions", json={"cwd": f"/tmp/big-{uuid.uuid4().hex}"}).json()
+    path = f"/sessions/{sid['sessionId']}/archive"
+    error = error_shape(_post(client, path, "null"), 422, "invalid_params")
+    assert "got null" in error["message"] and error["data"] == {"param": "body"}
+    assert client.get(f"/sessions/{sid['sessionId']}").json()["archived"] is False
+
+
 def test_too_many_confirmed_items_are_refused_by_count(client: TestClient) -> None:
     sid = client.post("/sessions", json={"cwd": f"/tmp/big-{uuid.uuid4().hex}"}).json()
     items = ",".join(['{"family":"nope","id":"x"}'] * (archive.MAX_CONFIRMED + 1))
@@ -86,7 +95,7 @@ def test_an_acp_request_with_many_bad_members_names_five_and_lists_twenty() -> N
     assert str(refused.value).endswith("(and 995 more)."), str(refused.value)[-60:]
 
 
-@pytest.mark.parametrize("body", ["{", "[]", '"str"', '{"stopActivity":true}', "1"])
+@pytest.mark.parametrize("body", ["{", "[]", '"str"', '{"stopActivity":true}', "1", " null "])
 def test_unarchive_refuses_a_body_it_would_ignore(client: TestClient, body: str) -> None:
     sid = client.post("/sessions", json={"cwd": f"/tmp/big-{uuid.uuid4().hex}"}).json()
     path = f"/sessions/{sid['sessionId']}/unarchive"
