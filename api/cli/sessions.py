@@ -128,15 +128,20 @@ def _at(iso_time: str | None) -> str:
 def sessions_new(
     cwd: str = typer.Argument(..., metavar="CWD", help="Absolute working directory."),
     parent: str | None = typer.Option(None, metavar="ID", help="Parent session id."),
+    as_json: bool = typer.Option(
+        False, "--json", help="Print the session as JSON (as `sessions ls --json` lists it)."
+    ),
 ) -> None:
-    """Create a session and print its id. A CWD that does not exist here is kept (the
-    session's tools run on a worker's host, where it may), with a note on stderr."""
+    """Create a session and print its id (with --json, the session). A CWD that does not
+    exist here is kept (the session's tools run on a worker's host, where it may), with a
+    note on stderr."""
     import os
 
     from api.context import store
     from orchestrator.sessions import create_session
 
-    print(create_session(store(), cwd, parent).session_id)
+    created = create_session(store(), cwd, parent)
+    print(json.dumps(created.to_info(), indent=2) if as_json else created.session_id)
     if not os.path.isdir(cwd):
         err.print(
             f"note: {cwd} is not a directory on this machine; the session keeps it, as its "

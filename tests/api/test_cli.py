@@ -82,6 +82,14 @@ def test_sessions_new_prints_an_id_listed_by_ls() -> None:
     assert [s["sessionId"] for s in _ls("--cwd", cwd)] == [sid]
 
 
+def test_sessions_new_json_prints_the_session_as_ls_lists_it() -> None:
+    cwd = _cwd()
+    created = json.loads(_ok("sessions", "new", cwd, "--json"))
+    assert ID_RE.match(created["sessionId"]), created
+    listed = next(s for s in _ls() if s["sessionId"] == created["sessionId"])
+    assert created == listed
+
+
 def test_sessions_new_with_parent() -> None:
     parent = _new()
     child = _ok("sessions", "new", _cwd(), "--parent", parent).strip()
