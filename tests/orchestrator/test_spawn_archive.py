@@ -5,7 +5,6 @@ stopped only when its own lineage was archived."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from typing import Any
 
@@ -23,12 +22,10 @@ def step(store: Store, recorder: RecordingDispatcher, sid: str, tid: str, index:
     return steps.run_step(store, recorder, ScriptedModel(), tools.run_tool, sid, tid, index)
 
 
-def updates(store: Store, sid: str) -> list[dict[str, Any]]:
-    out = []
-    for raw in store.redis.lrange(store.keys.history(sid), 0, -1):
-        entry = json.loads(raw)
-        out.append(entry.get("update", entry))
-    return out
+def tool_results(store: Store, sid: str) -> list[dict[str, Any]]:
+    """The session's ``tool_call_update`` updates, oldest first."""
+    updates = sessions.conversation(store, sid)
+    return [u for u in updates if u.get("sessionUpdate") == "tool_call_update"]
 
 
 def archive_after_creation(
@@ -74,7 +71,7 @@ def test_a_subagent_archived_alone_before_its_first_turn_fails_the_spawn_and_the
     # And nothing ran in it: it holds no turn
     assert store.redis.zcard(store.keys.live_turns(child.session_id)) == 0
     # And the spawn's tool call settled failed, saying why, while the parent turn runs on
-    settled = [u for u in updates(store, parent) if u.get("sessionUpdate") == "tool_call_update"]
+    settled = tool_results(store, parent)
     assert [u["status"] for u in settled] == ["failed"]
     text = settled[0]["content"][0]["content"]["text"]
     assert child.session_id in text and "archived before its first turn began" in text
@@ -104,7 +101,4 @@ def test_a_spawn_whose_own_lineage_is_archived_meanwhile_stops_with_the_turn(
     ended = turns.get_turn(store, tid)
     assert ended is not None and ended.state is TurnState.CANCELLED
     assert ended.cancelled_by == "archive"
-    statuses = [
-        u["status"] for u in updates(store, parent) if u.get("sessionUpdate") == "tool_call_update"
-    ]
-    assert "failed" not in statuses
+    assert "failed" not in [u["status"] for u in tool_results(store, parent)]
