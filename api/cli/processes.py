@@ -165,8 +165,9 @@ def up(
         console.print(f"job workers on {', '.join(fleet.job_host_names())}")
         api_url = f"http://{settings.api_host}:{settings.api_port}" if api else None
         if api_url:
-            api_proc = _start_api(url, _api_log(settings.state_dir))
-            console.print(f"API on {api_url} (log {_api_log(settings.state_dir)})")
+            api_log = _api_log(settings.state_dir)
+            api_proc = _start_api(url, api_log)
+            console.print(f"API on {api_url} (log {api_log})")
         published = discovery.publish(settings.state_dir, url, settings.key_prefix, api_url)
         console.print(
             f"published in {published}: fleet commands run with this state directory find "
@@ -214,11 +215,12 @@ def _restart_dead(fleet: Any, api_proc: Any, url: str) -> Any:
         )
     if api_proc is not None and api_proc.poll() is not None:
         old, code = api_proc.pid, api_proc.returncode
-        api_proc = _start_api(url, _api_log(fleet.state_dir))
+        api_log = _api_log(fleet.state_dir)
+        api_proc = _start_api(url, api_log)
         err.print(
             Text(
                 f"API (pid {old}) had exited ({_exit_status(code)}); restarted as pid "
-                f"{api_proc.pid} (log {_api_log(fleet.state_dir)})",
+                f"{api_proc.pid} (log {api_log})",
                 "yellow",
             )
         )
