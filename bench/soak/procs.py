@@ -192,8 +192,8 @@ class Processes:
 
     # ------------------------------------------------------------------ signals
     def pids(self) -> dict[str, int]:
-        """Name -> PID of every running process (``redis``, ``api``, ``beat``,
-        ``<family>@<host>``)."""
+        """Name -> PID of every running process (``redis``, ``api``, ``beat``, and each
+        worker by its node name: ``<family>@<host>``, ``<family>.ctl@<host>``)."""
         out: dict[str, int] = {}
         if self.redis.pid is not None:
             out["redis"] = self.redis.pid
@@ -202,11 +202,11 @@ class Processes:
                 out[helper.name] = helper.process.pid
         for w in self.fleet.workers:
             if w.process.poll() is None:
-                out[f"{w.family.value}@{w.host}"] = w.process.pid
+                out[w.node] = w.process.pid
         return out
 
     def worker_names(self) -> list[str]:
-        return [f"{w.family.value}@{w.host}" for w in self.fleet.workers]
+        return [w.node for w in self.fleet.workers]
 
     def signal(self, name: str, sig: int) -> bool:
         """Send ``sig`` to the process ``name``; a SIGKILL is marked as the soak's own.
@@ -239,8 +239,10 @@ class Processes:
                         self._launch(helper)
                     return
             for i, w in enumerate(self.fleet.workers):
-                if f"{w.family.value}@{w.host}" == name and w.process.poll() is not None:
-                    self.fleet.workers[i] = self.fleet.start_worker(w.family, w.host, append=False)
+                if w.node == name and w.process.poll() is not None:
+                    self.fleet.workers[i] = self.fleet.start_worker(
+                        w.family, w.host, control=w.control, append=False
+                    )
 
     # ------------------------------------------------------------------ watching
     def watch_once(self) -> None:
@@ -259,7 +261,7 @@ class Processes:
                     dead.append((helper.name, proc.pid, proc.returncode, helper.log_path))
             for w in self.fleet.workers:
                 if w.process.poll() is not None:
-                    name = f"{w.family.value}@{w.host}"
+                    name = w.node
                     dead.append((name, w.process.pid, w.process.returncode, w.log_path))
             for name, pid, code, log_path in dead:
                 if pid in self._expected:
@@ -281,14 +283,14 @@ class Processes:
 
     def log_paths(self) -> dict[str, Path]:
         """Name -> log file of every worker (current and replaced: same path) and helper."""
-        out = {f"{w.family.value}@{w.host}": w.log_path for w in self.fleet.workers}
+        out = {w.node: w.log_path for w in self.fleet.workers}
         out["api"] = self.api.log_path
         out["beat"] = self.beat.log_path
         return out
 
     def worker(self, name: str) -> WorkerProcess | None:
         for w in self.fleet.workers:
-            if f"{w.family.value}@{w.host}" == name:
+            if w.node == name:
                 return w
         return None
 
