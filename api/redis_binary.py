@@ -3,6 +3,7 @@ on ``PATH`` (not a copy of the bundled one), or else the one bundled with ``redi
 
 from __future__ import annotations
 
+import filecmp
 import importlib.util
 import os
 import shutil
@@ -53,7 +54,9 @@ def find_redis_server() -> str | None:
 
 
 def _same_file(a: str, b: str) -> bool:
+    """Whether ``a`` is ``b`` or a byte-for-byte copy of it (pip copies the bundled binary
+    into the virtual environment's ``bin``, it does not link it)."""
     try:
-        return os.path.samefile(a, b)
+        return os.path.samefile(a, b) or filecmp.cmp(a, b, shallow=False)
     except OSError:
         return False

@@ -171,14 +171,18 @@ def test_bundled_binary_is_used_when_none_on_path(
             client.close()
 
 
+@pytest.mark.parametrize("how", ["copy", "symlink"])
 def test_a_redis_on_path_wins_over_the_venvs_copy_of_the_bundled_one(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, bundled: str
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, bundled: str, how: str
 ) -> None:
-    # Given PATH with a virtual environment's bin (a link to the bundled binary) first and the
-    # machine's own redis-server after it
+    # Given PATH with a virtual environment's bin first (pip puts a copy of the bundled binary
+    # there; a link is checked too) and the machine's own redis-server after it
     venv_bin, system_bin = tmp_path / "venv-bin", tmp_path / "usr-bin"
     venv_bin.mkdir(), system_bin.mkdir()
-    (venv_bin / "redis-server").symlink_to(bundled)
+    if how == "copy":
+        shutil.copy2(bundled, venv_bin / "redis-server")
+    else:
+        (venv_bin / "redis-server").symlink_to(bundled)
     own = system_bin / "redis-server"
     own.write_text("#!/bin/sh\nexit 0\n")
     own.chmod(0o755)
