@@ -12,9 +12,12 @@ The hops of one family's stop, each timed per session from what the fleet record
   its ``turn.stop``'s, which may come later) -> ``quietAt`` on the session (the check a stop
   or a step makes once it acted, ``activity.note_quiet``); with which family ended last.
 
-``ended`` is the whole of it for one item: the response -> its recorded end. A turn's step in
-flight ends on its own, when its watch sees the turn no longer running (``steps._StepWatch``),
-which may be before its ``turn.stop`` is delivered.
+``ended`` is the whole of it for one item: the response -> its recorded end. Two families
+may end an item before its stop task starts, which ``early`` counts: a turn's step in flight
+ends on its own when its watch sees the turn no longer running (``steps._StepWatch``), and a
+job host stops a job when the archive's event names its session and the gate refuses it
+(``JobSupervisor``'s gate watch, ``orchestrator/jobs.py``). Then the stop task only finds
+the item ended, and ``exiting`` reads 0.
 
 Clocks: Celery's event timestamps and the stored times are this machine's wall clock (the
 workers and Redis run here), and the response time is taken with ``time.time``.
@@ -121,6 +124,7 @@ def breakdown(
     record: list[float] = []
     to_quiet: list[float] = []
     last_family: Counter[str] = Counter()
+    early: Counter[str] = Counter()  # items that ended before their stop task started
     for sid in sids:
         ends = _item_ends(store, sid, before[sid])
         for family, end in ends.items():
@@ -132,6 +136,7 @@ def breakdown(
             if end is not None:
                 hops[(family, "exiting")].append(max(0.0, end - got[1]))
                 hops[(family, "ended")].append(end - answered[sid])
+                early[family] += end < got[0]
         quiet = _ts(store.redis.hget(store.keys.session(sid), "quietAt"))
         if quiet is not None:
             to_quiet.append(quiet - answered[sid])
@@ -153,6 +158,9 @@ def breakdown(
             values = hops.get((family, hop))
             if values:
                 parts.append(f"{hop} {ms(statistics.median(values))} (p99 {ms(pct(values, 0.99))})")
+        if hops.get((family, "ended")):
+            ended = len(hops[(family, "ended")])
+            parts.append(f"ended before its stop task started: {early[family]} of {ended}")
         if parts:
             rows.append(
                 (

@@ -55,3 +55,14 @@ def refusal(session_id: str, reason: str) -> StepRefused:
     """The typed veto for a refusal ``reason`` the gate's rule gave (``archived``, ``deleted``,
     ``missing``); an archived session holds its own refusal (see the module docstring)."""
     return StepRefused(session_id, reason, session_id if reason == "archived" else None)
+
+
+def verdicts(store: Store, session_ids: list[str]) -> dict[str, str]:
+    """The gate's verdict on each of ``session_ids`` in one round trip (``gate_many.lua``):
+    ``{sessionId: "ok" | "archived" | "deleted" | "missing"}``; a malformed id is
+    ``missing``. Raises ``StoreUnavailable``."""
+    wanted = [s for s in dict.fromkeys(session_ids) if isinstance(s, str)]
+    valid = [s for s in wanted if SESSION_ID_RE.fullmatch(s)]
+    replies = store.run("gate_many", valid) if valid else []
+    found = dict(zip(valid, (str(v) for v in replies), strict=True))
+    return {s: found.get(s, "missing") for s in wanted}

@@ -10,6 +10,14 @@ a killed worker's jobs die with it; a frozen worker's are killed by its watchdog
 (``orchestrator/jobwatch.py``) before their leases lapse; a worker that resumes and finds a
 job's renewal refused kills its process group and stops tracking it.
 
+A job host does not wait for a stop request to stop a job whose session an archive or a delete
+took: while it runs jobs it follows the lifecycle event stream (``orchestrator/events.py``),
+which archive and delete append to in the script that writes them, and asks the gate
+(``gate.verdicts``) about the sessions named; a job whose session the gate now refuses is
+stopped at once. The ``job.stop`` request that follows finds it stopped. What a read of the
+stream may have missed (the watch (re)starting, a page the stream's cap may have trimmed) is
+covered by asking the gate about every job it runs.
+
 Stopping is cooperative first: SIGTERM to the process group, SIGKILL after the grace period.
 A stop signals only a process that is verifiably the job's (``orchestrator/ownership.py``):
 one this supervisor forked, or an orphan of an earlier worker of this host whose pid still
@@ -31,8 +39,10 @@ from concurrent import futures
 from dataclasses import dataclass
 from enum import StrEnum
 
-from orchestrator import jobwatch, limits
-from orchestrator.errors import TurnStopped
+import redis
+
+from orchestrator import activity, events, gate, jobwatch, limits
+from orchestrator.errors import FleetError, TurnStopped
 from orchestrator.families import Dispatcher, Family, Task, work_queue
 from orchestrator.fencing import StepGuard
 from orchestrator.ownership import new_instance, process_start
@@ -43,6 +53,13 @@ log = logging.getLogger(__name__)
 
 #: A starting job not taken by any worker within this time stops counting as live (ms).
 START_TIMEOUT_MS = 30_000
+#: Lifecycle events after which a session's gate may refuse: its jobs are then checked.
+_GATING_EVENTS = frozenset({"archived", "deleted"})
+#: How long one read of the event stream waits for an event (ms).
+_WATCH_BLOCK_MS = 1000
+#: Events read at most per read of the event stream; a full page may have missed entries
+#: the stream's cap trimmed, so every running job is checked after one.
+_WATCH_PAGE = 1000
 
 
 class JobState(StrEnum):
@@ -166,6 +183,12 @@ class JobSupervisor:
         self._watchdog: subprocess.Popen[bytes] | None = None
         self._thread = threading.Thread(target=self._loop, name="job-supervisor", daemon=True)
         self._thread.start()
+        #: Set when a process starts here: the gate watch wakes to follow the event stream.
+        self._started = threading.Event()
+        self._watch_thread = threading.Thread(
+            target=self._watch, name="job-gate-watch", daemon=True
+        )
+        self._watch_thread.start()
 
     # -- public ------------------------------------------------------------------------------
     def start(self, session_id: str, job_id: str) -> str:
@@ -289,19 +312,29 @@ class JobSupervisor:
             except Exception as exc:
                 log.warning("job %s stop at shutdown failed: %s", run.job_id, exc)
         self._stop.set()
+        self._started.set()
         with self._wake:
             self._wake.notify()
         self._thread.join(timeout=5)
+        self._watch_thread.join(timeout=_WATCH_BLOCK_MS / 1000 + 3)
         if self._watchdog is not None:
             self._watchdog.kill()
             self._watchdog.wait(5)
 
     # -- internals ---------------------------------------------------------------------------
     def _terminate(self, run: _Running) -> str:
+        """Stop one process (SIGTERM, SIGKILL after the grace period) and record the job
+        ``stopped``. A second caller while a stop is under way (the ``job.stop`` task and the
+        gate watch may meet here) waits for that process to end instead of signalling it
+        again."""
         proc = run.process
         extra = {"session_id": run.session_id, "family": "job"}
         with self._lock:
-            run.stopping = True
+            first, run.stopping = not run.stopping, True
+        if not first:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(self.grace + 5)
+            return "stopped"
         if proc.poll() is None:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGTERM)
@@ -343,6 +376,7 @@ class JobSupervisor:
                 continue
             with self._lock:
                 self._running[job_id] = _Running(job_id, session_id, proc)
+            self._started.set()
             _record_pid(self.store, job_id, proc.pid, process_start(proc.pid))
             log.info(
                 "job %s running as pid %d for %gs",
@@ -392,6 +426,76 @@ class JobSupervisor:
                 code,
                 extra={"session_id": run.session_id, "family": "job"},
             )
+
+    def _watch(self) -> None:
+        """The gate watch (thread ``job-gate-watch``): while jobs run here, follow the event
+        stream from its tip and stop each job whose session the gate refuses once an archive
+        or a delete names it. Idle while none runs. A Redis failure is logged once per outage
+        and the watch starts again from the tip, after checking every job it runs."""
+        after: str | None = None
+        failing = False
+        while not self._stop.is_set():
+            with self._lock:
+                idle = not self._running
+            if idle:
+                after = None  # nothing to stop: read nothing until a process starts
+                self._started.wait(_WATCH_BLOCK_MS / 1000)
+                self._started.clear()
+                continue
+            try:
+                if after is None:
+                    after = events.stream_tip(self.store)
+                    self._stop_refused(None)
+                after, found = events.follow(
+                    self.store, after, block_ms=_WATCH_BLOCK_MS, count=_WATCH_PAGE
+                )
+                named = {str(e.get("sessionId")) for e in found if e.get("type") in _GATING_EVENTS}
+                if len(found) >= _WATCH_PAGE:
+                    self._stop_refused(None)
+                elif named:
+                    self._stop_refused(named)
+            except (redis.RedisError, FleetError) as exc:
+                if not failing:
+                    log.warning("job gate watch: %s; following again once Redis answers", exc)
+                failing, after = True, None
+                self._stop.wait(0.5)
+                continue
+            if failing:
+                log.info("job gate watch: following the event stream again")
+                failing = False
+
+    def _stop_refused(self, session_ids: set[str] | None) -> None:
+        """Stop, each in a thread of its own, the jobs running here (of ``session_ids``, or
+        all) whose session the gate refuses now. One round trip; none when no job here
+        belongs to those sessions."""
+        with self._lock:
+            runs = [
+                r
+                for r in self._running.values()
+                if not r.stopping and (session_ids is None or r.session_id in session_ids)
+            ]
+        if not runs:
+            return
+        verdict = gate.verdicts(self.store, [r.session_id for r in runs])
+        for run in runs:
+            reason = verdict.get(run.session_id, "ok")
+            if reason != "ok":
+                threading.Thread(
+                    target=self._stop_gated,
+                    args=(run, reason),
+                    name=f"job-stop-{run.job_id}",
+                    daemon=True,
+                ).start()
+
+    def _stop_gated(self, run: _Running, reason: str) -> None:
+        extra = {"session_id": run.session_id, "family": "job"}
+        log.info("job %s: its session is %s; stopping it", run.job_id, reason, extra=extra)
+        try:
+            self._terminate(run)
+        except Exception as exc:  # the job.stop request and the reconciler still follow
+            log.warning("job %s stop failed: %s", run.job_id, exc, extra=extra)
+            return
+        activity.note_quiet(self.store, run.session_id)
 
     def _loop(self) -> None:
         interval = max(0.05, min(0.5, self.lease_ms / 1000 / 4))

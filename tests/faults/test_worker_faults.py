@@ -8,22 +8,17 @@ SECONDS``) instead of 60, so a step whose worker was killed comes back within th
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Iterator
 from datetime import datetime
 
 import pytest
 
 from orchestrator import jobs
-from orchestrator.activity import census
 from orchestrator.archive import archive
 from orchestrator.families import Family
-from orchestrator.reconcile import reconcile
 from orchestrator.sessions import create_session, get_session
 from orchestrator.turns import start_turn
 from tests.faults.fleets import PrivateFleet, private_fleet
-from tests.faults.test_reconciler import bookkeeping
-from tests.helpers import FaultyDispatcher
 from tests.workers.support import (
     job_record,
     model_requests,
@@ -105,43 +100,3 @@ def test_a_killed_job_workers_processes_die_with_it_and_the_job_lapses_to_lost(
     wait_drained(store, sid, 20)
     assert {job_record(store, jid)["state"] for jid in jids} <= {"lost", "stopped"}
     assert not any(process_alive(pid) for pid in pids)
-
-
-def test_a_rejected_stop_dispatch_keeps_the_archive_and_the_reconciler_stops_the_work(
-    private: PrivateFleet, caplog: pytest.LogCaptureFixture
-) -> None:
-    store, dispatcher = private.store, private.dispatcher
-    # Given a session owning a running job
-    sid = create_session(store, "/tmp/faults").session_id
-    jid = jobs.create_job(store, dispatcher, sid, 82.3, "sleep 82.3")
-    pid = wait_job_pid(store, jid)
-
-    # When it is archived while the broker refuses every message
-    broker = FaultyDispatcher(dispatcher)
-    broker.broken = True
-    with caplog.at_level(logging.WARNING, logger="orchestrator.stops"):
-        result = archive(store, broker, sid, stop_activity=True)
-
-    # Then the archive stands, the failure is reported and logged, and the job still runs
-    assert result.outcome == "archived" and result.stop_report.failed
-    assert result.stop_report.failed[0][0] == "job"
-    assert any("stop dispatch for job failed" in r.getMessage() for r in caplog.records)
-    assert get_session(store, sid).archived
-    assert [i.id for i in census(store, sid)] == [jid] and process_alive(pid)
-
-    # And a reconciler run while the broker is still down fails softly and counts an attempt
-    down = reconcile(store, broker, grace_seconds=0, max_attempts=5)
-    assert down.failed == {"job": 1} and bookkeeping(store, sid)["reconcileAttempts"] == "1"
-
-    # When the broker is back, the next run stops the job
-    broker.broken = False
-    up = reconcile(store, broker, grace_seconds=0, max_attempts=5)
-    assert up.sent == {"job": 1}
-    assert [(t, a) for t, a, _ in broker.sent_for(sid)] == [("job.stop", [sid, [jid]])]
-    wait_gone(pid)
-    wait_drained(store, sid)
-    assert job_record(store, jid)["state"] == "stopped"
-
-    # And the run after that records it quiet and clears the bookkeeping
-    reconcile(store, broker, grace_seconds=0, max_attempts=5)
-    assert bookkeeping(store, sid) == {} and get_session(store, sid).quiet_at is not None

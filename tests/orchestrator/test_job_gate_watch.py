@@ -1,0 +1,150 @@
+"""A job host stops the jobs of an archived session by itself (``JobSupervisor``'s gate
+watch, ``orchestrator/jobs.py``): it follows the event stream the archive script appends to
+and asks the gate, so a job ends although its ``job.stop`` request is never delivered. Run
+in-process with a real ``JobSupervisor`` (real ``sleep`` processes) against real Redis; the
+dispatcher records the stop requests and delivers none."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import redis
+
+from orchestrator import archive, events, jobs, sessions
+from orchestrator.activity import census
+from orchestrator.jobs import JobState
+from orchestrator.store import Store
+from tests.helpers import RecordingDispatcher, wait_for
+from tests.workers.support import process_alive
+
+pytestmark = pytest.mark.timeout(60)
+
+
+@pytest.fixture
+def supervisor(store: Store) -> Iterator[jobs.JobSupervisor]:
+    sup = jobs.JobSupervisor(store, "host-gate-watch", lease_ms=10_000, grace_seconds=1)
+    yield sup
+    sup.shutdown()
+
+
+def running_job(store: Store, sup: jobs.JobSupervisor, sid: str) -> tuple[str, int]:
+    """A job of ``sid`` running under ``sup``: ``(job id, pid)``."""
+    jid = jobs.create_job(store, RecordingDispatcher(), sid, 60, "sleep 60")
+    assert sup.start(sid, jid) == "running"
+    return jid, sup.pids()[jid]
+
+
+def state(store: Store, jid: str) -> str | None:
+    found: str | None = store.redis.hget(store.keys.job(jid), "state")
+    return found
+
+
+def test_an_archived_sessions_job_ends_although_its_stop_request_is_never_delivered(
+    store: Store, cwd: str, supervisor: jobs.JobSupervisor
+) -> None:
+    # Given a session whose job runs here, and another session whose job runs here too
+    sid = sessions.create_session(store, cwd).session_id
+    other = sessions.create_session(store, cwd).session_id
+    jid, pid = running_job(store, supervisor, sid)
+    other_jid, other_pid = running_job(store, supervisor, other)
+    # When the first is archived with stopActivity, its stop requests recorded, none delivered
+    sent = RecordingDispatcher()
+    archive.archive(store, sent, sid, stop_activity=True)
+    assert [(task, args) for task, args, _ in sent.sent if task == "job.stop"] == [
+        ("job.stop", [sid, [jid]])
+    ]
+    # Then this host stops its job (SIGTERM to the real process) and records it stopped
+    wait_for(lambda: not process_alive(pid), 10, message="the archived session's job to end")
+    wait_for(lambda: state(store, jid) == JobState.STOPPED, 10, message="the job stopped")
+    assert census(store, sid) == []
+    # And the archive is recorded quiet by the same host, with no stop task run
+    wait_for(
+        lambda: store.redis.hget(store.keys.session(sid), "quietAt"),
+        10,
+        message="the archive recorded quiet",
+    )
+    # And the other session's job runs on
+    assert process_alive(other_pid)
+    assert state(store, other_jid) == JobState.RUNNING
+    assert jid not in supervisor.owned()
+
+
+def test_a_subagents_job_ends_when_its_parent_is_archived(
+    store: Store, cwd: str, supervisor: jobs.JobSupervisor
+) -> None:
+    # Given a job of a subagent
+    parent = sessions.create_session(store, cwd).session_id
+    child = sessions.create_session(store, cwd, parent_id=parent).session_id
+    jid, pid = running_job(store, supervisor, child)
+    # When the parent is archived with stopActivity (no stop request delivered)
+    archive.archive(store, RecordingDispatcher(), parent, stop_activity=True)
+    # Then the subagent's job ends here
+    wait_for(lambda: not process_alive(pid), 10, message="the subagent's job to end")
+    wait_for(lambda: state(store, jid) == JobState.STOPPED, 10, message="the job stopped")
+
+
+def test_an_archive_read_late_spares_a_job_started_after_the_unarchive(
+    store: Store, cwd: str, supervisor: jobs.JobSupervisor, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given a host that follows the stream (a job of another session runs here), whose read of
+    # the next archive of `sid` is held back until the test lets it go
+    sid = sessions.create_session(store, cwd).session_id
+    held, release = threading.Event(), threading.Event()
+    follow = events.follow
+
+    def late_follow(*args: Any, **kwargs: Any) -> tuple[str, list[dict[str, Any]]]:
+        after, found = follow(*args, **kwargs)
+        if any(e.get("type") == "archived" and e.get("sessionId") == sid for e in found):
+            held.set()
+            release.wait(20)
+        return after, found
+
+    monkeypatch.setattr(events, "follow", late_follow)  # before the watch starts reading
+    keep_busy = sessions.create_session(store, cwd).session_id
+    busy_jid, _ = running_job(store, supervisor, keep_busy)
+    # When the idle session is archived, then unarchived, then starts a job here, all before
+    # the host reads that archive
+    archive.archive(store, RecordingDispatcher(), sid)
+    assert held.wait(10), "the watch never read the archive"
+    archive.unarchive(store, sid)
+    jid, pid = running_job(store, supervisor, sid)
+    release.set()
+    # Then the late archive stops nothing: the gate admits the session now
+    archive.archive(store, RecordingDispatcher(), keep_busy, stop_activity=True)
+    wait_for(
+        lambda: state(store, busy_jid) == JobState.STOPPED,
+        10,
+        message="the next archive to be acted on (the watch has read past the late one)",
+    )
+    assert process_alive(pid)
+    assert state(store, jid) == JobState.RUNNING
+
+
+def test_an_archive_the_watch_could_not_read_is_caught_when_it_follows_again(
+    store: Store, cwd: str, supervisor: jobs.JobSupervisor, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given a host running a job, whose read of the stream fails once, right after the
+    # archive below is appended (the entries of that read are lost with it)
+    follow = events.follow
+    failed = threading.Event()
+
+    def failing_follow(*args: Any, **kwargs: Any) -> tuple[str, list[dict[str, Any]]]:
+        after, found = follow(*args, **kwargs)
+        if not failed.is_set() and any(e.get("sessionId") == sid for e in found):
+            failed.set()
+            raise redis.ConnectionError("connection reset by the test")
+        return after, found
+
+    monkeypatch.setattr(events, "follow", failing_follow)  # before the watch starts reading
+    sid = sessions.create_session(store, cwd).session_id
+    jid, pid = running_job(store, supervisor, sid)
+    # When the session is archived with stopActivity (no stop request delivered)
+    archive.archive(store, RecordingDispatcher(), sid, stop_activity=True)
+    # Then the read that saw it failed, and the watch, following again from the stream's end,
+    # checks every job it runs and stops this one
+    assert failed.wait(10), "the watch never read the archive"
+    wait_for(lambda: not process_alive(pid), 10, message="the job to end after the failure")
+    wait_for(lambda: state(store, jid) == JobState.STOPPED, 10, message="the job stopped")
