@@ -14,10 +14,10 @@ The hops of one family's stop, each timed per session from what the fleet record
 
 ``ended`` is the whole of it for one item: the response -> its recorded end. Two families
 may end an item before its stop task starts, which ``early`` counts: a turn's step in flight
-ends on its own when its watch sees the turn no longer running (``steps._StepWatch``), and a
-job host stops a job when the archive's event names its session and the gate refuses it
-(``JobSupervisor``'s gate watch, ``orchestrator/jobs.py``). Then the stop task only finds
-the item ended, and ``exiting`` reads 0.
+ends on its own when its watch sees the turn no longer running (``steps._StepWatch``, woken by
+the gate's closure), and a job host stops a job when it hears the closure of its session and
+the gate refuses it (``JobSupervisor``, ``orchestrator/jobs.py``). Then the stop task only
+finds the item ended, and ``exiting`` reads 0.
 
 Clocks: Celery's event timestamps and the stored times are this machine's wall clock (the
 workers and Redis run here), and the response time is taken with ``time.time``.

@@ -96,31 +96,3 @@ def deleted_after(store: Store, session_id: str, after: str) -> bool:
         if len(page) < 1000:
             return False
         cursor = f"({page[-1][0]}"
-
-
-def stream_tip(store: Store) -> str:
-    """The id of the event stream's newest entry (``0-0`` when it is empty): where a reader
-    that wants only what comes next starts. Raises ``redis.RedisError``."""
-    newest = store.redis.xrevrange(store.keys.event_stream, count=1)
-    return str(newest[0][0]) if newest else "0-0"
-
-
-def follow(
-    store: Store, after: str, *, block_ms: int, count: int = 1000
-) -> tuple[str, list[dict[str, Any]]]:
-    """The lifecycle events appended after stream id ``after``, waiting up to ``block_ms``
-    (``XREAD BLOCK``) when there are none yet: ``(id of the last entry read, events)``, at
-    most ``count`` of them, oldest first; ``after`` again when none came. An entry that is not
-    a JSON object is skipped. Raises ``redis.RedisError`` (the caller decides how to wait)."""
-    reply = store.redis.xread({store.keys.event_stream: after}, count=count, block=block_ms)
-    found: list[dict[str, Any]] = []
-    for _, entries in reply or []:
-        for entry_id, fields in entries:
-            after = str(entry_id)
-            try:
-                event = json.loads(fields.get("event", ""))
-            except ValueError:
-                continue
-            if isinstance(event, dict):
-                found.append(event)
-    return after, found

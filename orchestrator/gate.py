@@ -18,12 +18,29 @@ script.
 
 If Redis cannot be read the gate fails closed: ``StoreUnavailable`` propagates and the caller
 retries the step later instead of running it.
+
+The gate is also announced when it closes. The scripts that archive (``emit_archive_events``
+in ``_lib.lua``, for one archive or one bulk batch) publish the ids of the sessions they
+archived, one message per script, on ``Keys.gate_closed``. A process that runs work (a job
+host, a turn worker with steps in flight) listens there (``listen``) instead of waiting for a
+stop request or its next poll; it still asks the gate before it stops anything, since a
+message may be read after an unarchive.
 """
 
 from __future__ import annotations
 
+import contextlib
+import json
+import logging
+import threading
+from collections.abc import Callable
+
+import redis
+
 from orchestrator.sessions import SESSION_ID_RE
 from orchestrator.store import Store
+
+log = logging.getLogger(__name__)
 
 
 class StepRefused(Exception):
@@ -66,3 +83,133 @@ def verdicts(store: Store, session_ids: list[str]) -> dict[str, str]:
     replies = store.run("gate_many", valid) if valid else []
     found = dict(zip(valid, (str(v) for v in replies), strict=True))
     return {s: found.get(s, "missing") for s in wanted}
+
+
+#: A listener of gate closures: called with the ids of the sessions an archive just closed
+#: the gate on, or with ``None`` when some may have been missed (the subscription was made
+#: or made again): the listener then looks at all its work.
+Listener = Callable[[frozenset[str] | None], None]
+
+#: Longest wait for one message (s): how soon the feed notices it has no listener left.
+_FEED_WAIT = 1.0
+
+
+class _Feed:
+    """The process's subscription to ``Keys.gate_closed`` for one store: a thread that runs
+    while listeners are registered and tells each of them every closure."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self._lock = threading.Lock()
+        self._listeners: dict[int, Listener] = {}
+        self._thread: threading.Thread | None = None
+        #: Set while the subscription stands (closures published now are heard).
+        self.subscribed = threading.Event()
+
+    def add(self, listener: Listener) -> None:
+        with self._lock:
+            self._listeners[id(listener)] = listener
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="gate-feed", daemon=True)
+                self._thread.start()
+
+    def remove(self, listener: Listener) -> None:
+        with self._lock:
+            self._listeners.pop(id(listener), None)
+
+    def _tell(self, closed: frozenset[str] | None) -> None:
+        with self._lock:
+            listeners = list(self._listeners.values())
+        for listener in listeners:
+            try:
+                listener(closed)
+            except Exception as exc:  # one listener's failure must not silence the others
+                log.warning("gate closure listener failed: %s", exc)
+
+    def _run(self) -> None:
+        pubsub: redis.client.PubSub | None = None
+        failing = False
+        while True:
+            with self._lock:
+                if not self._listeners:
+                    self._thread = None
+                    self.subscribed.clear()
+                    break
+            try:
+                if pubsub is None:
+                    pubsub = self.store.redis.pubsub()
+                    pubsub.subscribe(self.store.keys.gate_closed)
+                message = pubsub.get_message(timeout=_FEED_WAIT)
+            except (redis.RedisError, OSError) as exc:
+                self.subscribed.clear()
+                if not failing:
+                    log.warning(
+                        "gate closures not heard: %s; listening again once Redis answers", exc
+                    )
+                failing = True
+                _close(pubsub)
+                pubsub = None
+                threading.Event().wait(0.5)
+                continue
+            if message is None:
+                continue
+            if message["type"] == "subscribe":  # from here on nothing is missed
+                self.subscribed.set()
+                if failing:
+                    log.info("gate closures heard again")
+                    failing = False
+                self._tell(None)
+            elif message["type"] == "message":
+                self._tell(_closed_ids(message["data"]))
+        _close(pubsub)
+
+
+def _close(pubsub: redis.client.PubSub | None) -> None:
+    if pubsub is not None:
+        with contextlib.suppress(redis.RedisError, OSError):
+            pubsub.close()
+
+
+def _closed_ids(data: object) -> frozenset[str] | None:
+    """The session ids of one closure message (a JSON list); ``None`` (look at everything)
+    for a message that is not one."""
+    try:
+        ids = json.loads(data) if isinstance(data, (str, bytes)) else None
+    except ValueError:
+        ids = None
+    if not isinstance(ids, list):
+        return None
+    return frozenset(i for i in ids if isinstance(i, str))
+
+
+_feeds: dict[int, _Feed] = {}
+_feeds_lock = threading.Lock()
+
+
+def listen(store: Store, listener: Listener) -> None:
+    """Call ``listener`` with every gate closure announced on ``store`` from now on (on the
+    process's one subscription thread per store, ``gate-feed``), and with ``None`` once the
+    subscription is made and each time it is made again after a Redis failure (logged once
+    per outage). ``listener`` must be quick or hand its work on: it runs on that thread.
+    Until ``unlisten``."""
+    with _feeds_lock:
+        feed = _feeds.get(id(store))
+        if feed is None or feed.store is not store:
+            feed = _feeds[id(store)] = _Feed(store)
+    feed.add(listener)
+
+
+def unlisten(store: Store, listener: Listener) -> None:
+    """Stop calling ``listener`` (idempotent)."""
+    with _feeds_lock:
+        feed = _feeds.get(id(store))
+    if feed is not None:
+        feed.remove(listener)
+
+
+def listening(store: Store) -> threading.Event | None:
+    """The event set while this process's subscription to ``store``'s closures stands, or
+    ``None`` when nothing listens (for tests and readiness checks)."""
+    with _feeds_lock:
+        feed = _feeds.get(id(store))
+    return feed.subscribed if feed is not None and feed.store is store else None

@@ -10,13 +10,12 @@ a killed worker's jobs die with it; a frozen worker's are killed by its watchdog
 (``orchestrator/jobwatch.py``) before their leases lapse; a worker that resumes and finds a
 job's renewal refused kills its process group and stops tracking it.
 
-A job host does not wait for a stop request to stop a job whose session an archive or a delete
-took: while it runs jobs it follows the lifecycle event stream (``orchestrator/events.py``),
-which archive and delete append to in the script that writes them, and asks the gate
-(``gate.verdicts``) about the sessions named; a job whose session the gate now refuses is
-stopped at once. The ``job.stop`` request that follows finds it stopped. What a read of the
-stream may have missed (the watch (re)starting, a page the stream's cap may have trimmed) is
-covered by asking the gate about every job it runs.
+A job host does not wait for a stop request to stop a job whose session an archive took: it
+listens for the gate's closures (``gate.listen``: the archive scripts announce the sessions
+they archived) and, for the sessions of jobs it runs, asks the gate (``gate.verdicts``); a job
+whose session the gate now refuses is stopped at once. The ``job.stop`` request that follows
+finds it stopped. When the subscription is made, or made again after a Redis failure, it asks
+the gate about every job it runs, so a closure announced while nobody listened is not missed.
 
 Stopping is cooperative first: SIGTERM to the process group, SIGKILL after the grace period.
 A stop signals only a process that is verifiably the job's (``orchestrator/ownership.py``):
@@ -39,9 +38,7 @@ from concurrent import futures
 from dataclasses import dataclass
 from enum import StrEnum
 
-import redis
-
-from orchestrator import activity, events, gate, jobwatch, limits
+from orchestrator import activity, gate, jobwatch, limits
 from orchestrator.errors import FleetError, TurnStopped
 from orchestrator.families import Dispatcher, Family, Task, work_queue
 from orchestrator.fencing import StepGuard
@@ -53,13 +50,9 @@ log = logging.getLogger(__name__)
 
 #: A starting job not taken by any worker within this time stops counting as live (ms).
 START_TIMEOUT_MS = 30_000
-#: Lifecycle events after which a session's gate may refuse: its jobs are then checked.
-_GATING_EVENTS = frozenset({"archived", "deleted"})
-#: How long one read of the event stream waits for an event (ms).
-_WATCH_BLOCK_MS = 1000
-#: Events read at most per read of the event stream; a full page may have missed entries
-#: the stream's cap trimmed, so every running job is checked after one.
-_WATCH_PAGE = 1000
+#: How long a closure is remembered (s): a job forked after its session's closure was heard
+#: (claimed just before the archive) is checked against it.
+_RECENT_CLOSURE_SECONDS = 60.0
 
 
 class JobState(StrEnum):
@@ -183,12 +176,12 @@ class JobSupervisor:
         self._watchdog: subprocess.Popen[bytes] | None = None
         self._thread = threading.Thread(target=self._loop, name="job-supervisor", daemon=True)
         self._thread.start()
-        #: Set when a process starts here: the gate watch wakes to follow the event stream.
-        self._started = threading.Event()
-        self._watch_thread = threading.Thread(
-            target=self._watch, name="job-gate-watch", daemon=True
-        )
-        self._watch_thread.start()
+        #: Gate closures heard and not yet looked at: session ids, or ``None`` for all jobs.
+        self._closures: set[str] | None = set()
+        #: Sessions whose closure was heard lately (id -> monotonic time heard).
+        self._recently_closed: dict[str, float] = {}
+        self._listener: gate.Listener = self._on_closed  # one object: unlisten finds it
+        gate.listen(store, self._listener)
 
     # -- public ------------------------------------------------------------------------------
     def start(self, session_id: str, job_id: str) -> str:
@@ -311,12 +304,11 @@ class JobSupervisor:
                 self._terminate(run)
             except Exception as exc:
                 log.warning("job %s stop at shutdown failed: %s", run.job_id, exc)
+        gate.unlisten(self.store, self._listener)
         self._stop.set()
-        self._started.set()
         with self._wake:
             self._wake.notify()
         self._thread.join(timeout=5)
-        self._watch_thread.join(timeout=_WATCH_BLOCK_MS / 1000 + 3)
         if self._watchdog is not None:
             self._watchdog.kill()
             self._watchdog.wait(5)
@@ -376,7 +368,9 @@ class JobSupervisor:
                 continue
             with self._lock:
                 self._running[job_id] = _Running(job_id, session_id, proc)
-            self._started.set()
+                closed_lately = session_id in self._recently_closed
+            if closed_lately:  # claimed just before an archive heard already: ask the gate
+                self._heard({session_id})
             _record_pid(self.store, job_id, proc.pid, process_start(proc.pid))
             log.info(
                 "job %s running as pid %d for %gs",
@@ -427,42 +421,38 @@ class JobSupervisor:
                 extra={"session_id": run.session_id, "family": "job"},
             )
 
-    def _watch(self) -> None:
-        """The gate watch (thread ``job-gate-watch``): while jobs run here, follow the event
-        stream from its tip and stop each job whose session the gate refuses once an archive
-        or a delete names it. Idle while none runs. A Redis failure is logged once per outage
-        and the watch starts again from the tip, after checking every job it runs."""
-        after: str | None = None
-        failing = False
-        while not self._stop.is_set():
-            with self._lock:
-                idle = not self._running
-            if idle:
-                after = None  # nothing to stop: read nothing until a process starts
-                self._started.wait(_WATCH_BLOCK_MS / 1000)
-                self._started.clear()
-                continue
+    def _on_closed(self, closed: frozenset[str] | None) -> None:
+        """A gate closure heard (on the gate feed's thread): handed to the supervisor's
+        thread, which asks the gate about the jobs here of those sessions."""
+        now = time.monotonic()
+        with self._lock:
+            if closed is not None:
+                for sid in closed:
+                    self._recently_closed[sid] = now
+            for sid, heard in list(self._recently_closed.items()):
+                if now - heard > _RECENT_CLOSURE_SECONDS:
+                    del self._recently_closed[sid]
+        self._heard(None if closed is None else set(closed))
+
+    def _heard(self, closed: set[str] | None) -> None:
+        with self._wake:
+            if closed is None or self._closures is None:
+                self._closures = None
+            else:
+                self._closures |= closed
+            self._wake.notify()
+
+    def _check_closures(self) -> None:
+        """On the supervisor's thread: the closures heard since the last look."""
+        with self._wake:
+            closures, self._closures = self._closures, set()
+        if closures is None or closures:
             try:
-                if after is None:
-                    after = events.stream_tip(self.store)
-                    self._stop_refused(None)
-                after, found = events.follow(
-                    self.store, after, block_ms=_WATCH_BLOCK_MS, count=_WATCH_PAGE
-                )
-                named = {str(e.get("sessionId")) for e in found if e.get("type") in _GATING_EVENTS}
-                if len(found) >= _WATCH_PAGE:
-                    self._stop_refused(None)
-                elif named:
-                    self._stop_refused(named)
-            except (redis.RedisError, FleetError) as exc:
-                if not failing:
-                    log.warning("job gate watch: %s; following again once Redis answers", exc)
-                failing, after = True, None
+                self._stop_refused(closures)
+            except FleetError as exc:  # looked at again, all of them, in a moment
+                log.warning("gate closure not acted on yet: %s", exc)
+                self._heard(None)
                 self._stop.wait(0.5)
-                continue
-            if failing:
-                log.info("job gate watch: following the event stream again")
-                failing = False
 
     def _stop_refused(self, session_ids: set[str] | None) -> None:
         """Stop, each in a thread of its own, the jobs running here (of ``session_ids``, or
@@ -506,10 +496,11 @@ class JobSupervisor:
             log.error("job watchdog not started: %s", exc)
         while not self._stop.is_set():
             with self._wake:
-                if not self._requests:
+                if not self._requests and self._closures == set():
                     self._wake.wait(interval)
             try:
                 self._spawn_pending()
+                self._check_closures()
                 if time.monotonic() - last_reap >= interval:
                     self._reap()
                     last_reap = time.monotonic()

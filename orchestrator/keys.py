@@ -215,6 +215,13 @@ class Keys:
         return f"{self.prefix}events"
 
     @property
+    def gate_closed(self) -> str:
+        """PUBSUB channel: a JSON list of the session ids one archive script (or one bulk
+        batch) just archived, for the processes that stop their work
+        (``orchestrator/gate.py``)."""
+        return f"{self.prefix}gate:closed"
+
+    @property
     def event_stream(self) -> str:
         """STREAM: the lifecycle events of ``events`` kept durably (field ``event``: the JSON
         payload), capped near ``events.STREAM_MAXLEN`` entries; ``GET /events`` (Server-Sent

@@ -70,8 +70,10 @@ class _StepWatch:
         guard: StepGuard,
         stopping: threading.Event | None,
         flush: Callable[[], None],
+        session_id: str,
     ) -> None:
         self.store = store
+        self.session_id = session_id
         self.flush = flush
         self.guard = guard
         self.stopping = stopping
@@ -254,7 +256,7 @@ def _run_begun(
     if index == 0 and turn.source == "prompt":
         _generate_title(store, turn.session_id, turn.prompt)
     emit = _Emit(store, turn.session_id, guard)
-    with _StepWatch(store, guard, stopping, emit.flush) as watch:
+    with _StepWatch(store, guard, stopping, emit.flush, turn.session_id) as watch:
         try:
             result = _act(store, dispatcher, model, tools, turn, emit, index, watch.cancel)
         except ModelError as exc:

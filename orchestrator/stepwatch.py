@@ -6,15 +6,19 @@ flight in one worker, two thousand script calls a second and a hundred lease wri
 fsync on an append-only store), which starved the worker's own consumer of the CPU and
 delayed every stop's delivery. The process's watches of one store share one thread instead:
 every ``CANCEL_POLL`` s one ``turn_watch_many.lua`` call reads every watched turn's state (and,
-every ``REFRESH`` s, refreshes every lease), then each watch is told what its turn is.
+every ``REFRESH`` s, refreshes every lease), then each watch is told what its turn is. An
+archive does not wait for that poll: while the thread runs it listens for the gate's closures
+(``gate.listen``), and one that names the session of a watched step polls at once.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+import time
 from typing import Protocol
 
+from orchestrator import gate
 from orchestrator.errors import StoreUnavailable
 from orchestrator.store import Store
 
@@ -25,6 +29,7 @@ class Watched(Protocol):
     """What the shared poll needs of a watch: its turn, token and lease, and where to say
     what it saw (``seen`` returns whether the watch is done)."""
 
+    session_id: str
     turn_id: str
     token: str
     lease_ms: int
@@ -48,6 +53,9 @@ class _Poll:
         self._lock = threading.Lock()
         self._watches: dict[int, Watched] = {}
         self._thread: threading.Thread | None = None
+        #: Set to poll before ``every`` is up (a gate closure names a watched step's session).
+        self._wake = threading.Event()
+        self._listener: gate.Listener = self._on_closed  # one object: unlisten finds it
 
     def add(self, watch: Watched) -> None:
         with self._lock:
@@ -60,18 +68,34 @@ class _Poll:
         with self._lock:
             self._watches.pop(id(watch), None)
 
+    def _on_closed(self, closed: frozenset[str] | None) -> None:
+        """A gate closure heard: poll now if it names a watched step's session (``None``,
+        a subscription made again, changes nothing: the next poll reads every turn)."""
+        if closed is None:
+            return
+        with self._lock:
+            named = any(w.session_id in closed for w in self._watches.values())
+        if named:
+            self._wake.set()
+
     def _run(self) -> None:
-        since_refresh = 0.0
-        wake = threading.Event()
+        gate.listen(self.store, self._listener)
+        try:
+            self._poll()
+        finally:
+            gate.unlisten(self.store, self._listener)
+
+    def _poll(self) -> None:
+        refreshed = time.monotonic()
         while True:
-            wake.wait(self.every)
+            self._wake.wait(self.every)
+            self._wake.clear()
             with self._lock:
                 watches = list(self._watches.values())
                 if not watches:
                     self._thread = None
                     return
-            since_refresh += self.every
-            refresh = since_refresh >= self.refresh
+            refresh = time.monotonic() - refreshed >= self.refresh
             live = []
             for w in watches:
                 if w.tick():
@@ -89,7 +113,7 @@ class _Poll:
                 log.debug("step watch poll: %s", exc)
                 continue
             if refresh:
-                since_refresh = 0.0
+                refreshed = time.monotonic()
             for w, state in zip(live, states, strict=True):
                 if w.seen(str(state)):
                     self.remove(w)

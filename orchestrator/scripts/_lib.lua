@@ -270,11 +270,15 @@ end
 -- fields each (turn id, session id, previous state, new state, label, settlement): a settled
 -- tool call's update, then a `turn` event for each turn that ended cancelled.
 local function emit_archive_events(archived, turns, stream_max)
+  local closed = {}
   for i = 1, #archived, 2 do
     emit_event(string.format(
       '{"type": "archived", "sessionId": "%s", "archived": true, "historyLength": %d}',
       archived[i], archived[i + 1]), stream_max)
+    closed[#closed + 1] = archived[i]
   end
+  -- The gate's closure, for the processes that stop their work (orchestrator/gate.py).
+  if #closed > 0 then redis.call('PUBLISH', K.gate_closed, cjson.encode(closed)) end
   for i = 1, #turns, 6 do
     local tid, tsid, to, settlement = turns[i], turns[i + 1], turns[i + 3], turns[i + 5]
     if settlement ~= '' then

@@ -1,15 +1,18 @@
-"""A job host's gate watch (``JobSupervisor``, ``orchestrator/jobs.py``) outlives a Redis
-crash: Redis is SIGKILLed and restarted (append-only, same port) while a job runs, and an
-archive made after the restart still stops the job with no stop request delivered."""
+"""A job host hears the gate's closures through Redis faults (``JobSupervisor`` and
+``gate.listen``): on a private Redis, SIGKILLed and restarted, or whose subscription
+connections are killed while an archive's closure is lost, an archive still stops the job
+with no stop request delivered."""
 
 from __future__ import annotations
 
 import logging
+import threading
+from collections.abc import Iterator
 
 import pytest
 
 from api.embedded import EmbeddedRedis
-from orchestrator import archive, jobs, sessions
+from orchestrator import archive, gate, jobs, sessions
 from orchestrator.jobs import JobState
 from orchestrator.store import Store
 from tests.faults.test_redis_durability import crash_and_restart
@@ -19,39 +22,90 @@ from tests.workers.support import process_alive
 pytestmark = pytest.mark.timeout(60)
 
 
-def test_the_gate_watch_follows_again_after_redis_is_killed_and_restarted(
-    private_redis: EmbeddedRedis, caplog: pytest.LogCaptureFixture
-) -> None:
-    # Given a job running under a supervisor whose watch follows the stream of a private Redis
-    store = Store(private_redis.url, "gatewatch:")
+@pytest.fixture
+def store(private_redis: EmbeddedRedis) -> Iterator[Store]:
+    s = Store(private_redis.url, "gatewatch:")
+    yield s
+    s.close()
+
+
+@pytest.fixture
+def supervisor(store: Store) -> Iterator[jobs.JobSupervisor]:
     sup = jobs.JobSupervisor(store, "host-restart", lease_ms=20_000, grace_seconds=1)
-    try:
-        sid = sessions.create_session(store, "/tmp/gate-watch").session_id
-        jid = jobs.create_job(store, RecordingDispatcher(), sid, 60, "sleep 60")
-        assert sup.start(sid, jid) == "running"
-        pid = sup.pids()[jid]
+    yield sup
+    sup.shutdown()
 
-        # When Redis is SIGKILLed and restarted, and the watch has met the outage
-        with caplog.at_level(logging.INFO, logger="orchestrator.jobs"):
-            crash_and_restart(private_redis)
-            wait_for(
-                lambda: "following the event stream again" in caplog.text,
-                15,
-                message="the watch to follow again",
-            )
-            assert "job gate watch:" in caplog.text  # the failure, logged once
-        assert process_alive(pid)
 
-        # And the session is archived with stopActivity, its stop request never delivered
-        archive.archive(store, RecordingDispatcher(), sid, stop_activity=True)
+def running_job(store: Store, sup: jobs.JobSupervisor) -> tuple[str, str, int]:
+    """A new session's job running under ``sup``: ``(sid, jid, pid)``."""
+    sid = sessions.create_session(store, "/tmp/gate-watch").session_id
+    jid = jobs.create_job(store, RecordingDispatcher(), sid, 60, "sleep 60")
+    assert sup.start(sid, jid) == "running"
+    return sid, jid, sup.pids()[jid]
 
-        # Then the host stops the job all the same
-        wait_for(lambda: not process_alive(pid), 10, message="the job to end")
-        wait_for(
-            lambda: store.redis.hget(store.keys.job(jid), "state") == JobState.STOPPED,
-            10,
-            message="the job recorded stopped",
-        )
-    finally:
-        sup.shutdown()
-        store.close()
+
+def subscribed(store: Store) -> bool:
+    event = gate.listening(store)
+    return event is not None and event.is_set()
+
+
+def stopped(store: Store, jid: str, pid: int) -> None:
+    wait_for(lambda: not process_alive(pid), 10, message="the job to end")
+    wait_for(
+        lambda: store.redis.hget(store.keys.job(jid), "state") == JobState.STOPPED,
+        10,
+        message="the job recorded stopped",
+    )
+
+
+def test_closures_are_heard_again_after_redis_is_killed_and_restarted(
+    private_redis: EmbeddedRedis,
+    store: Store,
+    supervisor: jobs.JobSupervisor,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # Given a job running under a supervisor that hears the private Redis's closures
+    sid, jid, pid = running_job(store, supervisor)
+    wait_for(lambda: subscribed(store), 10, message="the subscription")
+
+    # When Redis is SIGKILLed and restarted, and the subscription is made again
+    with caplog.at_level(logging.INFO, logger="orchestrator.gate"):
+        crash_and_restart(private_redis)
+        wait_for(lambda: "gate closures heard again" in caplog.text, 15, message="heard again")
+    assert "gate closures not heard" in caplog.text  # the failure, logged once
+    assert process_alive(pid)
+
+    # And the session is archived with stopActivity, its stop request never delivered
+    archive.archive(store, RecordingDispatcher(), sid, stop_activity=True)
+
+    # Then the host stops the job all the same
+    stopped(store, jid, pid)
+
+
+def test_a_closure_lost_with_the_subscription_is_made_up_for_when_it_is_made_again(
+    store: Store, supervisor: jobs.JobSupervisor, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given a job running here, and the closure of its archive lost on the way (dropped as it
+    # is read, and the subscription's connection killed right after)
+    sid, jid, pid = running_job(store, supervisor)
+    wait_for(lambda: subscribed(store), 10, message="the subscription")
+    parse, lost = gate._closed_ids, threading.Event()
+
+    def losing(data: object) -> frozenset[str] | None:
+        closed = parse(data)
+        if closed and sid in closed and not lost.is_set():
+            lost.set()
+            return frozenset()
+        return closed
+
+    monkeypatch.setattr(gate, "_closed_ids", losing)
+
+    # When the session is archived with stopActivity (no stop request delivered)
+    archive.archive(store, RecordingDispatcher(), sid, stop_activity=True)
+    assert lost.wait(10), "the closure was never read"
+    assert process_alive(pid)
+    store.redis.client_kill_filter(_type="pubsub")
+
+    # Then once the subscription is made again, the host asks the gate about every job it
+    # runs and stops this one
+    stopped(store, jid, pid)

@@ -1,19 +1,18 @@
-"""A job host stops the jobs of an archived session by itself (``JobSupervisor``'s gate
-watch, ``orchestrator/jobs.py``): it follows the event stream the archive script appends to
-and asks the gate, so a job ends although its ``job.stop`` request is never delivered. Run
-in-process with a real ``JobSupervisor`` (real ``sleep`` processes) against real Redis; the
-dispatcher records the stop requests and delivers none."""
+"""A job host stops the jobs of an archived session by itself (``JobSupervisor``,
+``orchestrator/jobs.py``): it hears the gate's closure the archive script announces
+(``gate.listen``) and asks the gate, so a job ends although its ``job.stop`` request is never
+delivered. Run in-process with a real ``JobSupervisor`` (real ``sleep`` processes) against
+real Redis; the dispatcher records the stop requests and delivers none. A closure missed while
+Redis was away: ``tests/faults/test_job_gate_watch_restart.py``."""
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Iterator
-from typing import Any
 
 import pytest
-import redis
 
-from orchestrator import archive, events, jobs, sessions
+from orchestrator import archive, gate, jobs, sessions
 from orchestrator.activity import census
 from orchestrator.jobs import JobState
 from orchestrator.store import Store
@@ -86,65 +85,40 @@ def test_a_subagents_job_ends_when_its_parent_is_archived(
     wait_for(lambda: state(store, jid) == JobState.STOPPED, 10, message="the job stopped")
 
 
-def test_an_archive_read_late_spares_a_job_started_after_the_unarchive(
+def test_a_closure_heard_late_spares_a_job_started_after_the_unarchive(
     store: Store, cwd: str, supervisor: jobs.JobSupervisor, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # Given a host that follows the stream (a job of another session runs here), whose read of
-    # the next archive of `sid` is held back until the test lets it go
+    # Given a host whose hearing of the next archive of `sid` is held back until the test
+    # lets it go (the process's closure feed reads it, then waits)
     sid = sessions.create_session(store, cwd).session_id
     held, release = threading.Event(), threading.Event()
-    follow = events.follow
+    parse = gate._closed_ids
 
-    def late_follow(*args: Any, **kwargs: Any) -> tuple[str, list[dict[str, Any]]]:
-        after, found = follow(*args, **kwargs)
-        if any(e.get("type") == "archived" and e.get("sessionId") == sid for e in found):
+    def late(data: object) -> frozenset[str] | None:
+        closed = parse(data)
+        if closed and sid in closed:
             held.set()
             release.wait(20)
-        return after, found
+        return closed
 
-    monkeypatch.setattr(events, "follow", late_follow)  # before the watch starts reading
+    monkeypatch.setattr(gate, "_closed_ids", late)
     keep_busy = sessions.create_session(store, cwd).session_id
     busy_jid, _ = running_job(store, supervisor, keep_busy)
+    subscribed = gate.listening(store)
+    assert subscribed is not None and subscribed.wait(10), "no subscription to closures"
     # When the idle session is archived, then unarchived, then starts a job here, all before
-    # the host reads that archive
+    # the host hears that archive
     archive.archive(store, RecordingDispatcher(), sid)
-    assert held.wait(10), "the watch never read the archive"
+    assert held.wait(10), "the feed never read the archive"
     archive.unarchive(store, sid)
     jid, pid = running_job(store, supervisor, sid)
     release.set()
-    # Then the late archive stops nothing: the gate admits the session now
+    # Then the late closure stops nothing: the gate admits the session now
     archive.archive(store, RecordingDispatcher(), keep_busy, stop_activity=True)
     wait_for(
         lambda: state(store, busy_jid) == JobState.STOPPED,
         10,
-        message="the next archive to be acted on (the watch has read past the late one)",
+        message="the next archive to be acted on (the late one was heard before it)",
     )
     assert process_alive(pid)
     assert state(store, jid) == JobState.RUNNING
-
-
-def test_an_archive_the_watch_could_not_read_is_caught_when_it_follows_again(
-    store: Store, cwd: str, supervisor: jobs.JobSupervisor, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    # Given a host running a job, whose read of the stream fails once, right after the
-    # archive below is appended (the entries of that read are lost with it)
-    follow = events.follow
-    failed = threading.Event()
-
-    def failing_follow(*args: Any, **kwargs: Any) -> tuple[str, list[dict[str, Any]]]:
-        after, found = follow(*args, **kwargs)
-        if not failed.is_set() and any(e.get("sessionId") == sid for e in found):
-            failed.set()
-            raise redis.ConnectionError("connection reset by the test")
-        return after, found
-
-    monkeypatch.setattr(events, "follow", failing_follow)  # before the watch starts reading
-    sid = sessions.create_session(store, cwd).session_id
-    jid, pid = running_job(store, supervisor, sid)
-    # When the session is archived with stopActivity (no stop request delivered)
-    archive.archive(store, RecordingDispatcher(), sid, stop_activity=True)
-    # Then the read that saw it failed, and the watch, following again from the stream's end,
-    # checks every job it runs and stops this one
-    assert failed.wait(10), "the watch never read the archive"
-    wait_for(lambda: not process_alive(pid), 10, message="the job to end after the failure")
-    wait_for(lambda: state(store, jid) == JobState.STOPPED, 10, message="the job stopped")

@@ -6,19 +6,20 @@ from __future__ import annotations
 
 import threading
 
-from orchestrator import sessions, steps, turns
+from orchestrator import archive, gate, sessions, steps, stepwatch, turns
 from orchestrator.fencing import StepGuard
 from orchestrator.store import Store
-from tests.helpers import RecordingDispatcher
+from tests.helpers import RecordingDispatcher, wait_for
 
 TOKEN, OTHER = "token-of-this-copy", "token-of-another-copy"
 
 
-def _in_flight(store: Store, cwd: str) -> str:
+def _in_flight(store: Store, cwd: str) -> tuple[str, str]:
+    """A turn of a new session with its first step begun by this copy: (sid, tid)."""
     sid = sessions.create_session(store, cwd).session_id
     tid = turns.start_turn(store, RecordingDispatcher(), sid, "think 60")
     assert store.run("turn_begin_step", [tid, 0, steps.STEP_LEASE_MS, TOKEN])[0] == "ok"
-    return tid
+    return sid, tid
 
 
 def _watch_threads() -> list[threading.Thread]:
@@ -29,8 +30,12 @@ def test_steps_in_flight_share_one_watch_and_each_hears_its_own_stop(
     store: Store, cwd: str
 ) -> None:
     # Given five steps in flight in this process, each under its watch
-    tids = [_in_flight(store, cwd) for _ in range(5)]
-    watches = [steps._StepWatch(store, StepGuard(tid, TOKEN), None, lambda: None) for tid in tids]
+    flights = [_in_flight(store, cwd) for _ in range(5)]
+    tids = [tid for _, tid in flights]
+    watches = [
+        steps._StepWatch(store, StepGuard(tid, TOKEN), None, lambda: None, sid)
+        for sid, tid in flights
+    ]
     for w in watches:
         w.__enter__()
     try:
@@ -49,3 +54,29 @@ def test_steps_in_flight_share_one_watch_and_each_hears_its_own_stop(
     finally:
         for w in watches:
             w.__exit__(None, None, None)
+
+
+def test_an_archive_wakes_the_watch_of_its_sessions_steps_before_the_next_poll(
+    store: Store, cwd: str
+) -> None:
+    # Given two steps in flight under a shared poll that polls only every 30 s
+    (sid, tid), (other_sid, other_tid) = _in_flight(store, cwd), _in_flight(store, cwd)
+    poll = stepwatch._Poll(store, 30.0, 60.0)
+    watch = steps._StepWatch(store, StepGuard(tid, TOKEN), None, lambda: None, sid)
+    other = steps._StepWatch(store, StepGuard(other_tid, TOKEN), None, lambda: None, other_sid)
+    poll.add(watch)
+    poll.add(other)
+    try:
+        wait_for(lambda: gate.listening(store) is not None, 10, message="the poll to listen")
+        subscribed = gate.listening(store)
+        assert subscribed is not None and subscribed.wait(10), "no subscription to closures"
+        # When the first step's session is archived with stopActivity
+        archive.archive(store, RecordingDispatcher(), sid, stop_activity=True)
+        # Then its step is told at once, long before the next poll
+        assert watch.cancel.wait(10) and watch.stopped
+        # And the other step is not
+        assert not other.cancel.is_set()
+    finally:
+        poll.remove(watch)
+        poll.remove(other)
+
