@@ -38,6 +38,7 @@ from collections.abc import Callable
 import redis
 
 from orchestrator.sessions import SESSION_ID_RE
+from orchestrator.sharing import PerStore, Shared
 from orchestrator.store import Store
 
 log = logging.getLogger(__name__)
@@ -94,47 +95,27 @@ Listener = Callable[[frozenset[str] | None], None]
 _FEED_WAIT = 1.0
 
 
-class _Feed:
+class _Feed(Shared[Listener]):
     """The process's subscription to ``Keys.gate_closed`` for one store: a thread that runs
     while listeners are registered and tells each of them every closure."""
 
     def __init__(self, store: Store) -> None:
+        super().__init__("gate-feed")
         self.store = store
-        self._lock = threading.Lock()
-        self._listeners: dict[int, Listener] = {}
-        self._thread: threading.Thread | None = None
         #: Set while the subscription stands (closures published now are heard).
         self.subscribed = threading.Event()
 
-    def add(self, listener: Listener) -> None:
-        with self._lock:
-            self._listeners[id(listener)] = listener
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name="gate-feed", daemon=True)
-                self._thread.start()
-
-    def remove(self, listener: Listener) -> None:
-        with self._lock:
-            self._listeners.pop(id(listener), None)
-
     def _tell(self, closed: frozenset[str] | None) -> None:
-        with self._lock:
-            listeners = list(self._listeners.values())
-        for listener in listeners:
+        for listener in self.members():
             try:
                 listener(closed)
             except Exception as exc:  # one listener's failure must not silence the others
                 log.warning("gate closure listener failed: %s", exc)
 
-    def _run(self) -> None:
+    def serve(self) -> None:
         pubsub: redis.client.PubSub | None = None
         failing = False
-        while True:
-            with self._lock:
-                if not self._listeners:
-                    self._thread = None
-                    self.subscribed.clear()
-                    break
+        while not self.finished():
             try:
                 if pubsub is None:
                     pubsub = self.store.redis.pubsub()
@@ -161,6 +142,7 @@ class _Feed:
                 self._tell(None)
             elif message["type"] == "message":
                 self._tell(_closed_ids(message["data"]))
+        self.subscribed.clear()
         _close(pubsub)
 
 
@@ -182,8 +164,7 @@ def _closed_ids(data: object) -> frozenset[str] | None:
     return frozenset(i for i in ids if isinstance(i, str))
 
 
-_feeds: dict[int, _Feed] = {}
-_feeds_lock = threading.Lock()
+_feeds: PerStore[_Feed] = PerStore(_Feed)
 
 
 def listen(store: Store, listener: Listener) -> None:
@@ -192,24 +173,18 @@ def listen(store: Store, listener: Listener) -> None:
     subscription is made and each time it is made again after a Redis failure (logged once
     per outage). ``listener`` must be quick or hand its work on: it runs on that thread.
     Until ``unlisten``."""
-    with _feeds_lock:
-        feed = _feeds.get(id(store))
-        if feed is None or feed.store is not store:
-            feed = _feeds[id(store)] = _Feed(store)
-    feed.add(listener)
+    _feeds.get(store).add(listener)
 
 
 def unlisten(store: Store, listener: Listener) -> None:
     """Stop calling ``listener`` (idempotent)."""
-    with _feeds_lock:
-        feed = _feeds.get(id(store))
+    feed = _feeds.find(store)
     if feed is not None:
         feed.remove(listener)
 
 
 def listening(store: Store) -> threading.Event | None:
     """The event set while this process's subscription to ``store``'s closures stands, or
-    ``None`` when nothing listens (for tests and readiness checks)."""
-    with _feeds_lock:
-        feed = _feeds.get(id(store))
-    return feed.subscribed if feed is not None and feed.store is store else None
+    ``None`` when nothing ever listened (for tests)."""
+    feed = _feeds.find(store)
+    return feed.subscribed if feed is not None else None

@@ -20,6 +20,7 @@ from typing import Protocol
 
 from orchestrator import gate
 from orchestrator.errors import StoreUnavailable
+from orchestrator.sharing import Shared
 from orchestrator.store import Store
 
 log = logging.getLogger(__name__)
@@ -43,42 +44,25 @@ class Watched(Protocol):
         ...
 
 
-class _Poll:
+class _Poll(Shared[Watched]):
     """The shared poll of one store: a thread that runs while watches are registered."""
 
     def __init__(self, store: Store, every: float, refresh: float) -> None:
+        super().__init__("step-watch")
         self.store = store
         self.every = every
         self.refresh = refresh
-        self._lock = threading.Lock()
-        self._watches: dict[int, Watched] = {}
-        self._thread: threading.Thread | None = None
         #: Set to poll before ``every`` is up (a gate closure names a watched step's session).
         self._wake = threading.Event()
         self._listener: gate.Listener = self._on_closed  # one object: unlisten finds it
 
-    def add(self, watch: Watched) -> None:
-        with self._lock:
-            self._watches[id(watch)] = watch
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name="step-watch", daemon=True)
-                self._thread.start()
-
-    def remove(self, watch: Watched) -> None:
-        with self._lock:
-            self._watches.pop(id(watch), None)
-
     def _on_closed(self, closed: frozenset[str] | None) -> None:
         """A gate closure heard: poll now if it names a watched step's session (``None``,
         a subscription made again, changes nothing: the next poll reads every turn)."""
-        if closed is None:
-            return
-        with self._lock:
-            named = any(w.session_id in closed for w in self._watches.values())
-        if named:
+        if closed is not None and any(w.session_id in closed for w in self.members()):
             self._wake.set()
 
-    def _run(self) -> None:
+    def serve(self) -> None:
         gate.listen(self.store, self._listener)
         try:
             self._poll()
@@ -90,14 +74,11 @@ class _Poll:
         while True:
             self._wake.wait(self.every)
             self._wake.clear()
-            with self._lock:
-                watches = list(self._watches.values())
-                if not watches:
-                    self._thread = None
-                    return
+            if self.finished():
+                return
             refresh = time.monotonic() - refreshed >= self.refresh
             live = []
-            for w in watches:
+            for w in self.members():
                 if w.tick():
                     self.remove(w)
                 else:
