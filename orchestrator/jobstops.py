@@ -6,6 +6,7 @@ its process, ``orchestrator/ownership.py``)."""
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 from orchestrator.families import Dispatcher, Family, Task, control_queue
 from orchestrator.jobs import JobState, end_job, job_fields
@@ -23,12 +24,15 @@ def stop_unclaimed(
     *,
     local_host: str,
     local_instance: str,
+    stop_local: Callable[[str], str],
 ) -> dict[str, str]:
-    """Stop jobs not supervised by the caller (worker instance ``local_instance`` on
-    ``local_host``): still ``starting`` -> ``stopped`` (the worker that takes one later finds
-    it stopped); running on another host -> the stop is forwarded to that host's queue;
-    claimed by this instance -> left to it (it is ending here); claimed by an earlier worker of
-    this host (an orphan) -> ``_stop_orphan``. Returns ``{jobId: outcome}``."""
+    """Stop jobs the caller (worker instance ``local_instance`` on ``local_host``) did not
+    supervise when it looked: still ``starting`` -> ``stopped`` (the worker that takes one
+    later finds it stopped); running on another host -> the stop is forwarded to that host's
+    queue; claimed by this instance since the caller looked (its ``job.run`` raced the stop)
+    -> ``stop_local(jobId)``, which waits for its fork and stops it, or reports it ended;
+    claimed by an earlier worker of this host (an orphan) -> ``_stop_orphan``. Returns
+    ``{jobId: outcome}``."""
     outcomes: dict[str, str] = {}
     for jid in job_ids:
         result = end_job(store, jid, JobState.STOPPED, was=JobState.STARTING)
@@ -43,7 +47,7 @@ def stop_unclaimed(
             dispatcher.send(Task.JOB_STOP, [session_id, [jid]], control_queue(Family.JOB, host))
             outcomes[jid] = f"forwarded to {host}"
         elif instance == local_instance:
-            outcomes[jid] = "not here (running: ending on this worker)"
+            outcomes[jid] = stop_local(jid)
         else:
             outcomes[jid] = _stop_orphan(store, session_id, jid, pid, started)
     return outcomes

@@ -71,6 +71,7 @@ def deliver(store: Store, recorder: RecordingDispatcher, messages: list[Any]) ->
                 list(args[1]),
                 local_host=host,
                 local_instance=f"{host}/here",
+                stop_local=no_local_jobs,
             )
         elif task == Task.SUBAGENT_STOP:
             subagents.stop_subagents(store, recorder, args[0], args[1])
@@ -106,3 +107,9 @@ class FailingDispatcher(RecordingDispatcher):
         if task in self.fail:
             raise RuntimeError("broker down")
         super().send(task, args, queue)
+
+
+def no_local_jobs(job_id: str) -> str:
+    """``stop_unclaimed``'s ``stop_local`` for a caller that supervises no job: never
+    reached, since no job is claimed by its instance."""
+    raise AssertionError(f"job {job_id} is claimed by an instance that supervises nothing")

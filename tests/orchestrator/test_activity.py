@@ -13,7 +13,7 @@ from orchestrator.errors import SessionNotFound
 from orchestrator.families import Family
 from orchestrator.store import Store
 from tests.helpers import RecordingDispatcher
-from tests.orchestrator.support import STOP_TASKS, chain, claim_job, deliver
+from tests.orchestrator.support import STOP_TASKS, chain, claim_job, deliver, no_local_jobs
 
 
 def test_a_new_session_has_no_live_work(store: Store, cwd: str) -> None:
@@ -131,7 +131,13 @@ def test_finished_turns_and_ended_jobs_are_not_live(
     turns.finish(store, recorder, tid, turns.TurnState.COMPLETED)
     jid = jobs.create_job(store, recorder, s.session_id, 1, "sleep 1s")
     jobstops.stop_unclaimed(
-        store, recorder, s.session_id, [jid], local_host="hostA", local_instance="hostA/here"
+        store,
+        recorder,
+        s.session_id,
+        [jid],
+        local_host="hostA",
+        local_instance="hostA/here",
+        stop_local=no_local_jobs,
     )
 
     assert census(store, s.session_id) == []

@@ -13,7 +13,7 @@ from orchestrator.activity import census
 from orchestrator.jobs import JobState
 from orchestrator.store import Store
 from tests.helpers import RecordingDispatcher
-from tests.orchestrator.support import chain, claim_job
+from tests.orchestrator.support import chain, claim_job, no_local_jobs
 
 
 def job(store: Store, jid: str) -> dict[str, str]:
@@ -100,7 +100,13 @@ def test_stop_unclaimed_stops_a_starting_job_before_any_worker_takes_it(
     mark = len(recorder.sent)
     # When it is stopped by a worker that does not supervise it
     outcome = jobstops.stop_unclaimed(
-        store, recorder, sid, [jid], local_host="hostA", local_instance="hostA/here"
+        store,
+        recorder,
+        sid,
+        [jid],
+        local_host="hostA",
+        local_instance="hostA/here",
+        stop_local=no_local_jobs,
     )
     # Then it ends stopped, is no longer live, and a worker taking it later starts nothing
     assert outcome == {jid: "stopped before it started"}
@@ -118,7 +124,13 @@ def test_stop_unclaimed_forwards_the_stop_of_a_job_running_on_another_host(
     mark = len(recorder.sent)
 
     outcome = jobstops.stop_unclaimed(
-        store, recorder, sid, [jid], local_host="hostA", local_instance="hostA/here"
+        store,
+        recorder,
+        sid,
+        [jid],
+        local_host="hostA",
+        local_instance="hostA/here",
+        stop_local=no_local_jobs,
     )
 
     assert outcome == {jid: "forwarded to hostB"}
@@ -135,7 +147,13 @@ def test_stop_unclaimed_ends_a_local_orphan_recorded_without_a_process(
     claim_job(store, jid, "hostA")
 
     outcome = jobstops.stop_unclaimed(
-        store, recorder, sid, [jid], local_host="hostA", local_instance="hostA/here"
+        store,
+        recorder,
+        sid,
+        [jid],
+        local_host="hostA",
+        local_instance="hostA/here",
+        stop_local=no_local_jobs,
     )
 
     assert outcome == {jid: "stopped (no process was recorded)"}
@@ -148,11 +166,23 @@ def test_stop_unclaimed_reports_jobs_that_already_ended(
 ) -> None:
     jid = jobs.create_job(store, recorder, sid, 30, "sleep 30s")
     jobstops.stop_unclaimed(
-        store, recorder, sid, [jid], local_host="hostA", local_instance="hostA/here"
+        store,
+        recorder,
+        sid,
+        [jid],
+        local_host="hostA",
+        local_instance="hostA/here",
+        stop_local=no_local_jobs,
     )
 
     again = jobstops.stop_unclaimed(
-        store, recorder, sid, [jid, "job_nope"], local_host="hostA", local_instance="hostA/here"
+        store,
+        recorder,
+        sid,
+        [jid, "job_nope"],
+        local_host="hostA",
+        local_instance="hostA/here",
+        stop_local=no_local_jobs,
     )
 
     assert again == {jid: JobState.STOPPED, "job_nope": "missing"}

@@ -79,4 +79,3 @@ def test_an_archive_wakes_the_watch_of_its_sessions_steps_before_the_next_poll(
     finally:
         poll.remove(watch)
         poll.remove(other)
-

@@ -179,3 +179,48 @@ def _signalling(method: Any, event: threading.Event) -> Any:
         return result
 
     return wrapper
+
+
+def test_a_job_claimed_here_just_after_the_stop_looked_is_still_stopped(
+    fleet: Any, store: Any, sessions: Any, worker_runtime: Any
+) -> None:
+    # Given this process acting as a job worker, and a starting job whose job.run is taken by
+    # this worker just after the stop task looked at the jobs it runs (its claim lands between
+    # that look and the stop's reading of the job; its fork is held back a moment)
+    from orchestrator.jobs import JobSupervisor
+    from workers.tasks import job as job_tasks
+
+    rt = worker_runtime
+    release = threading.Event()
+
+    def held_command(seconds: float) -> list[str]:
+        release.wait(10)
+        return ["sleep", f"{seconds:g}"]
+
+    sup = JobSupervisor(store, rt.host, lease_ms=10_000, grace_seconds=1, command=held_command)
+    saved, rt.supervisor = rt.supervisor, sup
+    sid = sessions.new()
+    jid = new_id("job")
+    store.run("job_create", [jid, sid, "sleep 67.3s", 67.3, iso(now_ms()), 30_000, "", "", 16])
+    looked = sup.owned
+
+    def owned_then_claimed() -> set[str]:
+        before = looked()
+        threading.Thread(target=sup.start, args=(sid, jid), daemon=True).start()
+        wait_for(lambda: job_record(store, jid)["state"] == "running", 5, message="the claim")
+        release.set()
+        return before
+
+    sup.owned = owned_then_claimed  # type: ignore[method-assign]
+    try:
+        # When the stop runs
+        outcome = job_tasks.stop(sid, [jid])
+
+        # Then the job's process is stopped here, not left running behind the stop
+        assert outcome["jobs"] == {jid: "stopped"}
+        wait_for(lambda: not sleep_processes(os.getpid(), "67.3"), 5, message="no job process")
+        assert job_record(store, jid)["state"] == "stopped"
+    finally:
+        release.set()
+        sup.shutdown()
+        rt.supervisor = saved

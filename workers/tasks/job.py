@@ -62,6 +62,7 @@ def stop(session_id: str, job_ids: list[str]) -> dict[str, Any]:
                 others,
                 local_host=rt.host,
                 local_instance=sup.instance,
+                stop_local=lambda jid: sup.stop(session_id, [jid])[jid],
             )
         )
     activity.note_quiet(rt.store, session_id)
