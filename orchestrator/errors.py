@@ -117,7 +117,8 @@ class SessionArchived(FleetError):
 
 
 class AncestorArchived(FleetError):
-    """Raised when unarchiving a session whose ancestor is still archived."""
+    """Raised when unarchiving a session whose ancestor is still archived; ``ancestor_id``
+    is the farthest archived ancestor, the one whose unarchive is not refused so."""
 
     code = "ancestor_archived"
 

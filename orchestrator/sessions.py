@@ -198,12 +198,13 @@ def descendants(store: Store, session_id: str) -> list[str]:
 @retried
 def archived_refusal(store: Store, session_id: str) -> SessionArchived:
     """The ``SessionArchived`` to raise for work refused on an archived session: it names the
-    nearest archived ancestor when there is one (the session an unarchive must be asked of;
-    the session's own unarchive would be refused with ``AncestorArchived``)."""
+    farthest archived ancestor when there is one, the session an unarchive must be asked of
+    (the archived set is materialized down the lineage, so the session's own unarchive, and
+    that of every ancestor below that one, would be refused with ``AncestorArchived``)."""
     lineage = store.redis.lrange(store.keys.lineage(session_id), 0, -1)
     if lineage:
         flags = store.redis.smismember(store.keys.archived, lineage)
-        for ancestor, archived in zip(lineage, flags, strict=True):
-            if archived:
-                return SessionArchived(session_id, str(ancestor))
+        archived = [str(a) for a, flag in zip(lineage, flags, strict=True) if flag]
+        if archived:
+            return SessionArchived(session_id, archived[-1])
     return SessionArchived(session_id)

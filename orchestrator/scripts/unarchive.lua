@@ -24,9 +24,14 @@ if redis.call('EXISTS', k) == 0 or redis.call('HGET', k, 'deleted') ~= '0' then
   return {'not_found'}
 end
 if redis.call('HGET', k, 'archived') ~= '1' then return {'not_archived'} end
+-- Refused under an archived ancestor, naming the farthest one: the archived set is
+-- materialized down the lineage, so the ancestors between it and sid are archived too and
+-- their unarchive would be refused the same way; only its unarchive can be asked.
+local topmost = false
 for _, a in ipairs(redis.call('LRANGE', K.lineage(sid), 0, -1)) do
-  if redis.call('SISMEMBER', K.archived, a) == 1 then return {'ancestor', a} end
+  if redis.call('SISMEMBER', K.archived, a) == 1 then topmost = a end
 end
+if topmost then return {'ancestor', topmost} end
 local txn = redis.call('HGET', k, 'archiveTxn')
 local n, restored, below = 0, {}, {}
 for _, s in ipairs(subtree(sid)) do

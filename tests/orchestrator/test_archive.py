@@ -420,29 +420,58 @@ def test_unarchiving_a_child_under_an_archived_parent_raises_ancestor_archived(
     root, child, grandchild = chain(store, 2, cwd)
     archive.archive(store, recorder, root.session_id)
 
+    # Each names the root, the one session whose unarchive is not refused (the child between
+    # it and the grandchild is archived too)
     for s in (child, grandchild):
         with pytest.raises(AncestorArchived) as raised:
             archive.unarchive(store, s.session_id)
-        assert raised.value.data["archivedAncestor"] == (
-            root.session_id if s is child else child.session_id
-        )
+        assert raised.value.data["archivedAncestor"] == root.session_id
         assert read(store, s).archived is True
+
+
+def test_under_two_archives_the_refusal_names_the_one_to_unarchive_first(
+    store: Store, recorder: RecordingDispatcher, cwd: str
+) -> None:
+    # Given root -> child -> grandchild, the child archived on its own, then the root
+    root, child, grandchild = chain(store, 2, cwd)
+    archive.archive(store, recorder, child.session_id)
+    archive.archive(store, recorder, root.session_id)
+    # Then the grandchild's unarchive and its prompt name the root
+    with pytest.raises(AncestorArchived) as raised:
+        archive.unarchive(store, grandchild.session_id)
+    assert raised.value.data["archivedAncestor"] == root.session_id
+    with pytest.raises(SessionArchived) as refused:
+        turns.start_turn(store, recorder, grandchild.session_id, "hello")
+    assert refused.value.data["archivedAncestor"] == root.session_id
+    # When the root is unarchived (the child's own archive stands), they name the child
+    archive.unarchive(store, root.session_id)
+    with pytest.raises(AncestorArchived) as raised:
+        archive.unarchive(store, grandchild.session_id)
+    assert raised.value.data["archivedAncestor"] == child.session_id
+    with pytest.raises(SessionArchived) as refused:
+        turns.start_turn(store, recorder, grandchild.session_id, "hello")
+    assert refused.value.data["archivedAncestor"] == child.session_id
+    # And following the names unarchives the grandchild
+    archive.unarchive(store, child.session_id)
+    assert not read(store, grandchild).archived
 
 
 def test_a_prompt_to_a_session_archived_with_its_parent_names_the_session_to_unarchive(
     store: Store, recorder: RecordingDispatcher, cwd: str
 ) -> None:
-    # Given root -> child, archived together through the root
-    root, child = chain(store, 1, cwd)
+    # Given root -> child -> grandchild, archived together through the root
+    root, child, grandchild = chain(store, 2, cwd)
     archive.archive(store, recorder, root.session_id)
-    # When the child is prompted, then the refusal names the root (the child's own unarchive
-    # would be refused), and a prompt to the root names no ancestor
-    with pytest.raises(SessionArchived) as refused:
-        turns.start_turn(store, recorder, child.session_id, "hello")
-    assert refused.value.data == {
-        "sessionId": child.session_id,
-        "archivedAncestor": root.session_id,
-    }
+    # When the child or the grandchild is prompted, then the refusal names the root (their
+    # own unarchive, and the child's for the grandchild, would be refused), and a prompt to
+    # the root names no ancestor
+    for s in (child, grandchild):
+        with pytest.raises(SessionArchived) as refused:
+            turns.start_turn(store, recorder, s.session_id, "hello")
+        assert refused.value.data == {
+            "sessionId": s.session_id,
+            "archivedAncestor": root.session_id,
+        }
     assert "unarchive that session first" in refused.value.message
     assert root.session_id in refused.value.message
     with pytest.raises(SessionArchived) as own:
