@@ -23,9 +23,10 @@ _SCAN_CHUNK = 1_000
 
 @dataclass(frozen=True)
 class BulkFilter:
-    """What a filter selects among sessions that are not archived: ``cwd`` (exact absolute
-    path), ``idle_since`` (ISO 8601 with an offset or ``Z``: last activity strictly older),
-    ``q`` (case-insensitive substring of the title). At least one is required."""
+    """What a filter selects among sessions that are not archived: ``cwd`` (an absolute path,
+    compared in normal form: ``session_record.check_cwd``), ``idle_since`` (ISO 8601 with an
+    offset or ``Z``: last activity strictly older), ``q`` (case-insensitive substring of the
+    title). At least one is required."""
 
     cwd: str | None = None
     idle_since: str | None = None

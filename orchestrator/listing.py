@@ -182,9 +182,10 @@ def list_sessions(
     """List sessions newest activity first, filtered before pagination (ACP ``session/list``).
 
     ``archived``: ``exclude`` (default, also for ``None``), ``include`` or ``only``; ``cwd``:
-    exact absolute path or ``None``; ``cursor``: an opaque ``nextCursor`` from an earlier page
-    of the same listing; ``limit``: 1..``MAX_PAGE``; ``q``: a title search (case-insensitive
-    substring; see ``_search_page``). Deleted sessions never appear.
+    an absolute path, compared in normal form (``session_record.check_cwd``), or ``None``;
+    ``cursor``: an opaque ``nextCursor`` from an earlier page of the same listing; ``limit``:
+    1..``MAX_PAGE``; ``q``: a title search (case-insensitive substring; see
+    ``_search_page``). Deleted sessions never appear.
     Raises ``InvalidParams`` for a bad filter, cwd, q or cursor; ``StoreUnavailable``.
     """
     flt = ArchivedFilter.parse(archived)

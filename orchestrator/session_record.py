@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import posixpath
 import re
 import unicodedata
 from dataclasses import dataclass, field
@@ -136,7 +137,10 @@ def cwd_hash(cwd: str) -> str:
 
 
 def check_cwd(cwd: object) -> str:
-    """Return ``cwd`` if it is an absolute path string; raise ``InvalidParams`` otherwise."""
+    """Return ``cwd``, an absolute path string, in its normal form: repeated and trailing
+    slashes and ``.`` / ``..`` components resolved as text (``/srv//app/`` and
+    ``/srv/x/../app`` are ``/srv/app``; nothing on disk is read), so a session created with
+    one spelling is found by a filter given another. Raises ``InvalidParams`` otherwise."""
     if not isinstance(cwd, str) or not cwd.startswith("/"):
         raise InvalidParams("cwd must be an absolute path (starting with '/').", {"param": "cwd"})
     if len(cwd) > MAX_CWD_LENGTH or "\x00" in cwd:
@@ -147,7 +151,8 @@ def check_cwd(cwd: object) -> str:
     if any(unicodedata.category(ch) == "Cc" for ch in cwd):
         # Control characters would reach terminals and logs that print the path.
         raise InvalidParams("cwd must not contain control characters.", {"param": "cwd"})
-    return cwd
+    # posixpath keeps a leading '//' (POSIX leaves its meaning to the system): one slash here.
+    return "/" + posixpath.normpath(cwd).lstrip("/")
 
 
 def check_utf8(text: str, param: str) -> str:

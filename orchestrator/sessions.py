@@ -88,7 +88,7 @@ def create_session(
     ``FLEET_MAX_SUBAGENTS_PER_SESSION`` live subagents; counted in the creating script),
     ``StoreUnavailable``.
     """
-    check_cwd(cwd)
+    cwd = check_cwd(cwd)
     if parent_id is not None:
         check_session_id(parent_id)
     model = check_model(model)

@@ -616,6 +616,12 @@ def test_a_filter_selects_by_cwd_title_and_idle_time(
     }
     assert bulk.select(store, bulk.BulkFilter(cwd=cwd, idle_since=since, q="login")) == [old_match]
     assert elsewhere not in bulk.select(store, bulk.BulkFilter(cwd=cwd))
+    # Any spelling of the directory selects the same sessions
+    for spelled in (cwd + "/", cwd.replace("/", "//"), cwd + "/sub/.."):
+        assert bulk.select(store, bulk.BulkFilter(cwd=spelled, q="login")) == [
+            old_match,
+            recent_match,
+        ]
     # An archived session is not selected again
     archive.archive(store, recorder, old_match)
     assert bulk.select(store, bulk.BulkFilter(cwd=cwd, q="login")) == [recent_match]

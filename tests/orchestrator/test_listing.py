@@ -88,15 +88,19 @@ def test_any_other_archived_value_is_invalid_params_never_a_silent_exclude(
     assert raised.value.data["param"] == "archived"
 
 
-def test_the_cwd_filter_matches_the_path_exactly(store: Store) -> None:
-    # Given sessions in a directory, its trailing-slash spelling, a sibling and a subdirectory
+def test_the_cwd_filter_matches_the_directory_however_it_is_spelled(store: Store) -> None:
+    # Given sessions in a directory under three spellings, a sibling and a subdirectory
     base = unique_cwd()
-    exact = sessions.create_session(store, base)
-    for other in (base + "/", base + "x", base + "/sub"):
+    same = [sessions.create_session(store, c) for c in (base, base + "/", base + "/sub/..")]
+    for other in (base + "x", base + "/sub"):
         sessions.create_session(store, other)
-    # When listing by the directory, Then only the session with exactly that cwd appears
-    for flt in ("exclude", "include"):
-        assert ids(sessions.list_sessions(store, cwd=base, archived=flt)) == [exact.session_id]
+    # Then each is stored under the directory's normal form
+    assert {s.cwd for s in same} == {base}
+    # When listing by any spelling of the directory, Then exactly its three sessions appear
+    for spelled in (base, base + "/", base.replace("/", "//")):
+        for flt in ("exclude", "include"):
+            listed = ids(sessions.list_sessions(store, cwd=spelled, archived=flt))
+            assert sorted(listed) == sorted(s.session_id for s in same)
 
 
 @pytest.mark.parametrize("bad_cwd", ["relative", "", 7])
