@@ -123,13 +123,15 @@ class _Feed(Shared[Listener]):
                 message = pubsub.get_message(timeout=_FEED_WAIT)
             except (redis.RedisError, OSError) as exc:
                 self.subscribed.clear()
+                _close(pubsub)
+                pubsub = None
+                if self.finished():  # nobody listens any more (a store closed after use)
+                    return
                 if not failing:
                     log.warning(
                         "gate closures not heard: %s; listening again once Redis answers", exc
                     )
                 failing = True
-                _close(pubsub)
-                pubsub = None
                 threading.Event().wait(0.5)
                 continue
             if message is None:
