@@ -174,13 +174,14 @@ class JobSupervisor:
         self._wake = threading.Condition()
         self._stop = threading.Event()
         self._watchdog: subprocess.Popen[bytes] | None = None
-        self._thread = threading.Thread(target=self._loop, name="job-supervisor", daemon=True)
-        self._thread.start()
         #: Gate closures heard and not yet looked at: session ids, or ``None`` for all jobs.
         self._closures: set[str] | None = set()
         #: Sessions whose closure was heard lately (id -> monotonic time heard).
         self._recently_closed: dict[str, float] = {}
         self._listener: gate.Listener = self._on_closed  # one object: unlisten finds it
+        # Every attribute the thread reads is set before it starts.
+        self._thread = threading.Thread(target=self._loop, name="job-supervisor", daemon=True)
+        self._thread.start()
         gate.listen(store, self._listener)
 
     # -- public ------------------------------------------------------------------------------
@@ -495,10 +496,10 @@ class JobSupervisor:
         except OSError as exc:
             log.error("job watchdog not started: %s", exc)
         while not self._stop.is_set():
-            with self._wake:
-                if not self._requests and self._closures == set():
-                    self._wake.wait(interval)
-            try:
+            try:  # nothing may end this thread: every job of this worker is forked here
+                with self._wake:
+                    if not self._requests and self._closures == set():
+                        self._wake.wait(interval)
                 self._spawn_pending()
                 self._check_closures()
                 if time.monotonic() - last_reap >= interval:
@@ -506,3 +507,4 @@ class JobSupervisor:
                     last_reap = time.monotonic()
             except Exception as exc:  # a Redis blip must not kill the supervisor
                 log.warning("job supervisor: %s", exc)
+                self._stop.wait(interval)

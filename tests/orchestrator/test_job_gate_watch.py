@@ -8,6 +8,7 @@ Redis was away: ``tests/faults/test_job_gate_watch_restart.py``."""
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -122,3 +123,27 @@ def test_a_closure_heard_late_spares_a_job_started_after_the_unarchive(
     )
     assert process_alive(pid)
     assert state(store, jid) == JobState.RUNNING
+
+
+def test_a_supervisor_whose_thread_runs_before_its_constructor_returns_still_forks_jobs(
+    store: Store, cwd: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given the worst scheduling for a new supervisor: its thread runs for a while before the
+    # constructor goes on past starting it
+    class EagerThread(threading.Thread):
+        def start(self) -> None:
+            super().start()
+            if self.name == "job-supervisor":
+                time.sleep(0.3)
+
+    monkeypatch.setattr(threading, "Thread", EagerThread)
+    sup = jobs.JobSupervisor(store, "host-eager", lease_ms=10_000, grace_seconds=1)
+    monkeypatch.undo()
+    try:
+        # Then its thread is alive, and a job it takes gets its process
+        assert sup._thread.is_alive()
+        sid = sessions.create_session(store, cwd).session_id
+        jid, pid = running_job(store, sup, sid)
+        assert process_alive(pid)
+    finally:
+        sup.shutdown()
