@@ -35,6 +35,7 @@ import threading
 import time
 from typing import IO, Any
 
+from orchestrator import execwatch
 from orchestrator.errors import LimitReached, SessionArchived, TurnStopped
 from orchestrator.families import Dispatcher
 from orchestrator.fencing import StepGuard
@@ -44,7 +45,7 @@ from orchestrator.processes import under_timeout
 from orchestrator.reminders import create_reminder
 from orchestrator.sessions import create_session, get_session
 from orchestrator.settings import get_settings
-from orchestrator.steps import CANCEL_POLL
+from orchestrator.steps import CANCEL_POLL, STEP_LEASE_MS
 from orchestrator.store import Store, new_id
 from orchestrator.toolbox import (
     SetReminderArgs,
@@ -80,21 +81,26 @@ def _kill_group(proc: subprocess.Popen[bytes]) -> None:
         proc.wait(5)
 
 
-def _shell(args: ShellArgs, cwd: str, cancel: threading.Event) -> tuple[str, str]:
+def _shell(
+    store: Store, guard: StepGuard, args: ShellArgs, cwd: str, cancel: threading.Event
+) -> tuple[str, str]:
     """Run ``args.command`` with ``/bin/sh`` in ``cwd`` inside the turn, as the worker's user;
     where ``cwd`` is not a directory on this worker, in an empty temporary one (removed after,
     and said in the result) rather than anywhere that holds files. Returns (status, text)."""
     if os.path.isdir(cwd):
-        return _run_shell(args, cwd, cancel, "")
+        return _run_shell(store, guard, args, cwd, cancel, "")
     with tempfile.TemporaryDirectory(prefix="fleet-shell-") as scratch:
         note = f"(the session's cwd {cwd} is not a directory on this worker: ran in {scratch})\n"
-        return _run_shell(args, scratch, cancel, note)
+        return _run_shell(store, guard, args, scratch, cancel, note)
 
 
-def _run_shell(args: ShellArgs, cwd: str, cancel: threading.Event, note: str) -> tuple[str, str]:
-    """Kill the command's process group at its timeout or once ``cancel`` is set. Returns
-    (status, text): the exit status and the first ``FLEET_TOOL_OUTPUT_MAX_BYTES`` of its
-    output (stdout and stderr), after ``note``."""
+def _run_shell(
+    store: Store, guard: StepGuard, args: ShellArgs, cwd: str, cancel: threading.Event, note: str
+) -> tuple[str, str]:
+    """Kill the command's process group at its timeout or once ``cancel`` is set; its exec
+    watchdog (``orchestrator/execwatch.py``) kills it if the step's lease runs out (a frozen
+    worker). Returns (status, text): the exit status and the first
+    ``FLEET_TOOL_OUTPUT_MAX_BYTES`` of its output (stdout and stderr), after ``note``."""
     keep = get_settings().tool_output_max_bytes
     # Under timeout (no time limit of its own: this loop keeps it), leading its own process
     # group, which dies whole with the worker thread running the step (SIGTERM, then SIGKILL
@@ -114,7 +120,12 @@ def _run_shell(args: ShellArgs, cwd: str, cancel: threading.Event, note: str) ->
     reader = threading.Thread(target=_drain, args=drain, daemon=True)
     reader.start()
     started, why = time.monotonic(), ""
+    watch = None
     try:
+        try:
+            watch = execwatch.start(store, guard.turn_id, guard.token, STEP_LEASE_MS, proc.pid)
+        except OSError as exc:  # the command runs on, watched only by the step as before
+            log.warning("exec watchdog of turn %s not started: %s", guard.turn_id, exc)
         while True:
             try:
                 proc.wait(CANCEL_POLL)
@@ -133,6 +144,7 @@ def _run_shell(args: ShellArgs, cwd: str, cancel: threading.Event, note: str) ->
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(5)
+        execwatch.stop(watch)
     reader.join(2)
     text = note + output.decode("utf-8", "replace")
     if total[0] > keep:
@@ -255,7 +267,7 @@ def _launch(
     ``LimitReached``, ``_SubagentArchived`` (a spawned subagent archived before its first
     turn)."""
     if isinstance(args, ShellArgs):
-        return _shell(args, get_session(store, session_id).cwd, cancel)
+        return _shell(store, guard, args, get_session(store, session_id).cwd, cancel)
     if isinstance(args, StartJobArgs):
         jid = create_job(
             store,
