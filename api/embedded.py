@@ -217,6 +217,24 @@ class EmbeddedRedis:
                     break
             raise RuntimeError(last_error)
 
+    def exited(self) -> int | None:
+        """The exit status of a server that was started and has since died by itself
+        (negative: the signal that ended it), or ``None`` (running, or never started or
+        stopped)."""
+        process = self._process
+        return None if process is None else process.poll()
+
+    def restart(self) -> EmbeddedRedis:
+        """Start a server that died again, on the port it had, so every URL handed out still
+        names it; it loads its append-only file (``appendfsync always``: every acknowledged
+        write). From then on the port is kept across restarts. Raises ``RuntimeError`` as
+        ``start`` does (the port taken meanwhile among the reasons)."""
+        with self._lock:
+            port = self._port or self._requested_port
+            self._kill_process()  # reaps the dead process, closes its log
+            self._requested_port = port
+            return self.start()
+
     def stop(self) -> None:
         """Stop the server: SIGTERM, wait up to 5 s, then SIGKILL. Idempotent.
 

@@ -177,6 +177,7 @@ def up(
         signal.signal(signal.SIGTERM, interrupt)
         while True:
             time.sleep(1)
+            _restart_redis(embedded)
             api_proc = _restart_dead(fleet, api_proc, url)
     except KeyboardInterrupt:
         pass
@@ -199,6 +200,28 @@ def _exit_status(code: int) -> str:
         return f"signal {signal.Signals(-code).name}"
     except ValueError:
         return f"signal {-code}"
+
+
+def _restart_redis(embedded: Any) -> None:
+    """Start ``fleet up``'s embedded Redis again if it died (crash, OOM, kill -9), on its
+    port and from its append-only file, saying so on stderr; a failed start is said and
+    tried again on the next call. The workers and the API reconnect by themselves."""
+    if embedded is None or embedded.running:
+        return
+    code = embedded.exited()  # None after a failed restart: tried again now
+    how = "not running" if code is None else f"had exited ({_exit_status(code)})"
+    try:
+        embedded.restart()
+    except RuntimeError as exc:
+        err.print(Text(f"embedded Redis {how}; restart failed: {exc}", "red"))
+        return
+    err.print(
+        Text(
+            f"embedded Redis {how}; restarted on {embedded.url} "
+            f"(pid {embedded.pid}, log {embedded.log_path})",
+            "yellow",
+        )
+    )
 
 
 def _restart_dead(fleet: Any, api_proc: Any, url: str) -> Any:

@@ -25,14 +25,15 @@ def _item(sid: str, jid: str, fields: list[str | None]) -> ActivityItem:
 
 
 def _settle(store: Store, dispatcher: Dispatcher | None, sid: str, jids: list[str]) -> None:
-    """A job whose lease lapsed is marked ``lost`` (its owning worker is gone)."""
+    """A job whose lease lapsed is marked ``lost``: its owning worker stopped renewing it
+    (dead, frozen, or cut off from Redis; its watchdog kills the process before the lapse)."""
     from orchestrator.store import iso
 
     ms = store.now_ms()
     for jid in jids:
         store.run("job_end", [jid, "lost", "", iso(ms), "starting,running"])
         log.warning(
-            "job %s: marked lost (its lease lapsed; the owning worker is gone)",
+            "job %s: marked lost (its lease lapsed: its worker stopped renewing it)",
             jid,
             extra={"session_id": sid, "family": "job"},
         )

@@ -30,20 +30,24 @@ def _free_port() -> int:
 
 @contextmanager
 def _fleet_up(
-    tmp_path: Path, redis_url: str
+    tmp_path: Path, redis_url: str | None
 ) -> Iterator[tuple[subprocess.Popen[bytes], Path, str]]:
-    """``fleet up`` (its console script, as a user runs it) in ``tmp_path`` with the API."""
+    """``fleet up`` (its console script, as a user runs it) in ``tmp_path`` with the API, on
+    ``redis_url``, or on its own embedded Redis (state in ``tmp_path/state``) when ``None``."""
     for name in SHADOWS:
         (tmp_path / name).write_text("import os\nos._exit(7)\n")
     port = _free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("FLEET_")}
     env.update(
-        FLEET_REDIS_URL=redis_url,
         FLEET_KEY_PREFIX=f"upkids-{uuid.uuid4().hex[:8]}:",
         FLEET_HOSTNAME="kidshost",
         FLEET_API_PORT=str(port),
         PYTHONUNBUFFERED="1",
     )
+    if redis_url is None:
+        env.update(FLEET_STATE_DIR=str(tmp_path / "state"))
+    else:
+        env.update(FLEET_REDIS_URL=redis_url)
     out = tmp_path / "up.log"
     fleet = Path(sys.executable).parent / "fleet"
     with open(out, "wb") as log:
@@ -151,3 +155,41 @@ def test_fleet_up_is_not_shadowed_names_its_workers_and_restarts_a_dead_api_or_w
             message=f"`fleet up` to restart its control worker:\n{out.read_text()}",
         )
         assert _worker_pid(up, "turn", control=True) and up.poll() is None
+
+
+def test_fleet_up_restarts_its_embedded_redis_on_the_same_port_with_its_data(
+    tmp_path: Path,
+) -> None:
+    import psutil
+
+    # Given `fleet up` on its own embedded Redis (no FLEET_REDIS_URL), with a session stored
+    with _fleet_up(tmp_path, None) as (up, out, url):
+        wait_for(lambda: _health(url), 60, message=f"the API to answer:\n{out.read_text()}")
+        made = httpx.post(f"{url}/sessions", json={"cwd": str(tmp_path)}, timeout=10)
+        assert made.status_code in (200, 201), made.text
+        sid = made.json()["sessionId"]
+        found = re.search(r"fleet up on (redis://127\.0\.0\.1:\d+/0)", out.read_text())
+        assert found, out.read_text()
+        [redis_server] = [
+            p for p in psutil.Process(up.pid).children() if p.name().startswith("redis-server")
+        ]
+
+        # When its Redis is killed outright
+        os.kill(redis_server.pid, signal.SIGKILL)
+
+        # Then `fleet up` says so and starts it again on the same address
+        wait_for(
+            lambda: (
+                f"embedded Redis had exited (signal SIGKILL); restarted on {found.group(1)}"
+                in out.read_text()
+            ),
+            30,
+            message=f"`fleet up` to restart its Redis:\n{out.read_text()}",
+        )
+        # And the session written before the crash is served again
+        wait_for(
+            lambda: httpx.get(f"{url}/sessions/{sid}", timeout=5).status_code == 200,
+            30,
+            message="the session to be served again",
+        )
+        assert up.poll() is None
