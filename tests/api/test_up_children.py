@@ -1,5 +1,5 @@
 """`fleet up`'s children: they never import a file of the working directory in place of a
-module of the project, and a dead API is restarted like a dead worker."""
+module of the project, and a dead API or embedded Redis is restarted like a dead worker."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -29,11 +30,9 @@ def _free_port() -> int:
 
 
 @contextmanager
-def _fleet_up(
-    tmp_path: Path, redis_url: str | None
-) -> Iterator[tuple[subprocess.Popen[bytes], Path, str]]:
+def _fleet_up(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[bytes], Path, str]]:
     """``fleet up`` (its console script, as a user runs it) in ``tmp_path`` with the API, on
-    ``redis_url``, or on its own embedded Redis (state in ``tmp_path/state``) when ``None``."""
+    its own embedded Redis (state in ``tmp_path/state``)."""
     for name in SHADOWS:
         (tmp_path / name).write_text("import os\nos._exit(7)\n")
     port = _free_port()
@@ -44,10 +43,7 @@ def _fleet_up(
         FLEET_API_PORT=str(port),
         PYTHONUNBUFFERED="1",
     )
-    if redis_url is None:
-        env.update(FLEET_STATE_DIR=str(tmp_path / "state"))
-    else:
-        env.update(FLEET_REDIS_URL=redis_url)
+    env.update(FLEET_STATE_DIR=str(tmp_path / "state"))
     out = tmp_path / "up.log"
     fleet = Path(sys.executable).parent / "fleet"
     with open(out, "wb") as log:
@@ -84,34 +80,30 @@ def _health(url: str) -> bool:
 
 
 def _api_pid(up: subprocess.Popen[bytes]) -> int:
-    import psutil
-
-    kids = psutil.Process(up.pid).children()
-    [api] = [p for p in kids if p.cmdline()[-1:] == ["api"]]
-    return int(api.pid)
+    return _child_pid(up, lambda p: p.cmdline()[-1:] == ["api"])
 
 
 def _worker_pid(up: subprocess.Popen[bytes], family: str, *, control: bool = False) -> int:
     """The pid of `fleet up`'s worker of ``family`` (its control-only one with ``control``)."""
-    import psutil
 
-    def serves(cmd: list[str]) -> bool:
+    def serves(p: Any) -> bool:
+        cmd = p.cmdline()
         return (
             "worker" in cmd
             and cmd[cmd.index("--family") + 1] == family
             and ("--control" in cmd) == control
         )
 
-    [found] = [p for p in psutil.Process(up.pid).children() if serves(p.cmdline())]
-    return int(found.pid)
+    return _child_pid(up, serves)
 
 
-def test_fleet_up_is_not_shadowed_names_its_workers_and_restarts_a_dead_api_or_worker(
-    tmp_path: Path, redis_url: str
+def test_fleet_up_is_not_shadowed_names_its_workers_and_restarts_a_dead_api_worker_or_redis(
+    tmp_path: Path,
 ) -> None:
-    # (One `fleet up` for the three properties: each start costs nine processes.)
-    # Given acp.py and orchestrator.py in the working directory of `fleet up`
-    with _fleet_up(tmp_path, redis_url) as (up, out, url):
+    # (One `fleet up` for the four properties: each start costs ten processes.)
+    # Given acp.py and orchestrator.py in the working directory of `fleet up`, which runs on
+    # its own embedded Redis
+    with _fleet_up(tmp_path) as (up, out, url):
         # Then the API serves and every worker keeps running
         wait_for(lambda: _health(url), 60, message=f"the API to answer:\n{out.read_text()}")
         sid = httpx.post(f"{url}/sessions", json={"cwd": str(tmp_path)}, timeout=10)
@@ -155,29 +147,14 @@ def test_fleet_up_is_not_shadowed_names_its_workers_and_restarts_a_dead_api_or_w
             message=f"`fleet up` to restart its control worker:\n{out.read_text()}",
         )
         assert _worker_pid(up, "turn", control=True) and up.poll() is None
-
-
-def test_fleet_up_restarts_its_embedded_redis_on_the_same_port_with_its_data(
-    tmp_path: Path,
-) -> None:
-    import psutil
-
-    # Given `fleet up` on its own embedded Redis (no FLEET_REDIS_URL), with a session stored
-    with _fleet_up(tmp_path, None) as (up, out, url):
-        wait_for(lambda: _health(url), 60, message=f"the API to answer:\n{out.read_text()}")
+        # When its embedded Redis is killed outright, with a session stored in it
         made = httpx.post(f"{url}/sessions", json={"cwd": str(tmp_path)}, timeout=10)
         assert made.status_code in (200, 201), made.text
         sid = made.json()["sessionId"]
         found = re.search(r"fleet up on (redis://127\.0\.0\.1:\d+/0)", out.read_text())
         assert found, out.read_text()
-        [redis_server] = [
-            p for p in psutil.Process(up.pid).children() if p.name().startswith("redis-server")
-        ]
-
-        # When its Redis is killed outright
-        os.kill(redis_server.pid, signal.SIGKILL)
-
-        # Then `fleet up` says so and starts it again on the same address
+        os.kill(_child_pid(up, lambda p: p.name().startswith("redis-server")), signal.SIGKILL)
+        # Then `fleet up` says so and starts it again on the same address, from its data
         wait_for(
             lambda: (
                 f"embedded Redis had exited (signal SIGKILL); restarted on {found.group(1)}"
@@ -186,10 +163,17 @@ def test_fleet_up_restarts_its_embedded_redis_on_the_same_port_with_its_data(
             30,
             message=f"`fleet up` to restart its Redis:\n{out.read_text()}",
         )
-        # And the session written before the crash is served again
         wait_for(
             lambda: httpx.get(f"{url}/sessions/{sid}", timeout=5).status_code == 200,
             30,
-            message="the session to be served again",
+            message="the session stored before the crash to be served again",
         )
         assert up.poll() is None
+
+
+def _child_pid(up: subprocess.Popen[bytes], matches: Any) -> int:
+    """The pid of the one child of `fleet up` that ``matches`` (a psutil process)."""
+    import psutil
+
+    [found] = [p for p in psutil.Process(up.pid).children() if matches(p)]
+    return int(found.pid)
