@@ -17,6 +17,7 @@ from collections.abc import Iterator
 import pytest
 
 from orchestrator import gate
+from orchestrator.activity import census
 from orchestrator.archive import archive
 from orchestrator.families import Family
 from orchestrator.sessions import create_session, get_session
@@ -186,3 +187,45 @@ def test_a_subagent_finishing_after_its_parents_archive_adds_nothing_to_the_pare
     assert lengths(store, parent) == at_archive
     assert get_session(store, parent).updated_at == archived.updated_at
     assert store.redis.zcard(store.keys.live_turns(parent)) == 0
+
+
+def test_a_frozen_turn_workers_shell_command_is_dead_once_its_turn_no_longer_counts(
+    private: PrivateFleet,
+) -> None:
+    # The command's exec watchdog (orchestrator/execwatch.py) kills it before its step's
+    # lease lapses: when the census stops counting the turn, no process of it runs; and the
+    # worker, once resumed, keeps working.
+    store, dispatcher = private.store, private.dispatcher
+    worker = private.worker(Family.TURN).process.pid
+    # Given a turn whose step runs a 121.3 s shell command
+    sid = create_session(store, "/tmp/frozen-turn").session_id
+    tid = start_turn(store, dispatcher, sid, "exec 121.3\nsay never")
+    wait_for(lambda: sleep_processes(worker, "121.3"), 30, message="the shell command to run")
+
+    # When its turn worker is frozen (SIGSTOP by PID; its children are not), and the session
+    # is archived with stopActivity (the stop and the step both wait on the frozen worker)
+    private.signal(Family.TURN, signal.SIGSTOP)
+    try:
+        result = archive(store, dispatcher, sid, stop_activity=True)
+        assert result.outcome == "archived"
+        # Then while the census counts the turn, and once it does not, the check holds: when
+        # it stops counting, the command is already dead
+        wait_for(lambda: not census(store, sid), 20, message="the census to empty")
+        assert not sleep_processes(worker, "121.3"), "the census is empty over a live command"
+    finally:
+        # When the worker resumes
+        private.signal(Family.TURN, signal.SIGCONT)
+
+    # Then the turn ended and the worker keeps working: a new session's turn completes
+    wait_for(
+        lambda: (t := get_turn(store, tid)) is not None and t.state.value != "cancelling",
+        15,
+        message="the turn to settle",
+    )
+    sid2 = create_session(store, "/tmp/frozen-turn").session_id
+    tid2 = start_turn(store, dispatcher, sid2, "say back")
+    wait_for(
+        lambda: (t := get_turn(store, tid2)) is not None and t.state.value == "completed",
+        30,
+        message="a new turn to complete",
+    )
