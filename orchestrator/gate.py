@@ -166,7 +166,7 @@ def _closed_ids(data: object) -> frozenset[str] | None:
     return frozenset(i for i in ids if isinstance(i, str))
 
 
-_feeds: PerStore[_Feed] = PerStore(_Feed)
+_feeds: PerStore[_Feed] = PerStore()
 
 
 def listen(store: Store, listener: Listener) -> None:
@@ -175,7 +175,7 @@ def listen(store: Store, listener: Listener) -> None:
     subscription is made and each time it is made again after a Redis failure (logged once
     per outage). ``listener`` must be quick or hand its work on: it runs on that thread.
     Until ``unlisten``."""
-    _feeds.get(store).add(listener)
+    _feeds.get(store, _Feed).add(listener)
 
 
 def unlisten(store: Store, listener: Listener) -> None:

@@ -61,18 +61,19 @@ class Shared(Generic[M]):
 
 
 class PerStore(Generic[S]):
-    """One ``S`` per store in this process, made by ``make(store)`` when first asked for."""
+    """One ``S`` per store in this process, made by the first ``get``."""
 
-    def __init__(self, make: Callable[[Store], S]) -> None:
-        self._make = make
+    def __init__(self) -> None:
         self._lock = threading.Lock()
         self._made: dict[int, tuple[Store, S]] = {}
 
-    def get(self, store: Store) -> S:
+    def get(self, store: Store, make: Callable[[Store], S]) -> S:
+        """The store's ``S``, made by ``make(store)`` if there is none yet (a later call's
+        ``make`` is not used)."""
         with self._lock:
             found = self._made.get(id(store))
             if found is None or found[0] is not store:
-                found = self._made[id(store)] = (store, self._make(store))
+                found = self._made[id(store)] = (store, make(store))
             return found[1]
 
     def find(self, store: Store) -> S | None:

@@ -20,7 +20,7 @@ from typing import Protocol
 
 from orchestrator import gate
 from orchestrator.errors import StoreUnavailable
-from orchestrator.sharing import Shared
+from orchestrator.sharing import PerStore, Shared
 from orchestrator.store import Store
 
 log = logging.getLogger(__name__)
@@ -100,24 +100,18 @@ class _Poll(Shared[Watched]):
                     self.remove(w)
 
 
-_polls: dict[int, _Poll] = {}
-_polls_lock = threading.Lock()
+_polls: PerStore[_Poll] = PerStore()
 
 
 def watch(store: Store, watched: Watched, every: float, refresh: float) -> None:
     """Poll ``watched`` with every other watch of ``store`` in this process, every ``every``
-    seconds, refreshing leases every ``refresh`` seconds, until it says it is done or
-    ``unwatch`` is called."""
-    with _polls_lock:
-        poll = _polls.get(id(store))
-        if poll is None or poll.store is not store:
-            poll = _polls[id(store)] = _Poll(store, every, refresh)
-    poll.add(watched)
+    seconds, refreshing leases every ``refresh`` seconds (the first watch of the store sets
+    both), until it says it is done or ``unwatch`` is called."""
+    _polls.get(store, lambda s: _Poll(s, every, refresh)).add(watched)
 
 
 def unwatch(store: Store, watched: Watched) -> None:
     """Stop polling ``watched`` (idempotent)."""
-    with _polls_lock:
-        poll = _polls.get(id(store))
+    poll = _polls.find(store)
     if poll is not None:
         poll.remove(watched)
