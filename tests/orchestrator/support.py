@@ -64,15 +64,7 @@ def deliver(store: Store, recorder: RecordingDispatcher, messages: list[Any]) ->
             turns.cancel_turns(store, recorder, args[0], list(args[1]))
         elif task == Task.JOB_STOP:
             host = queue.removeprefix("job.ctl.") if queue != "job.ctl" else "no-such-host"
-            jobstops.stop_unclaimed(
-                store,
-                recorder,
-                args[0],
-                list(args[1]),
-                local_host=host,
-                local_instance=f"{host}/here",
-                stop_local=no_local_jobs,
-            )
+            stop_jobs_elsewhere(store, recorder, args[0], list(args[1]), host)
         elif task == Task.SUBAGENT_STOP:
             subagents.stop_subagents(store, recorder, args[0], args[1])
         elif task == Task.REMINDER_STOP:
@@ -109,7 +101,21 @@ class FailingDispatcher(RecordingDispatcher):
         super().send(task, args, queue)
 
 
-def no_local_jobs(job_id: str) -> str:
-    """``stop_unclaimed``'s ``stop_local`` for a caller that supervises no job: never
-    reached, since no job is claimed by its instance."""
-    raise AssertionError(f"job {job_id} is claimed by an instance that supervises nothing")
+def stop_jobs_elsewhere(
+    store: Store, recorder: RecordingDispatcher, sid: str, job_ids: list[str], host: str = "hostA"
+) -> dict[str, str]:
+    """``jobstops.stop_unclaimed`` as a job worker of ``host`` (instance ``<host>/here``) that
+    supervises no job runs it: the jobs' outcomes."""
+
+    def no_local_jobs(job_id: str) -> str:  # no job is claimed by this instance
+        raise AssertionError(f"job {job_id} is claimed by an instance that supervises nothing")
+
+    return jobstops.stop_unclaimed(
+        store,
+        recorder,
+        sid,
+        job_ids,
+        local_host=host,
+        local_instance=f"{host}/here",
+        stop_local=no_local_jobs,
+    )

@@ -7,13 +7,13 @@ from typing import Any
 
 import pytest
 
-from orchestrator import activity, archive, deletion, jobs, jobstops, reminders, sessions, turns
+from orchestrator import activity, archive, deletion, jobs, reminders, sessions, turns
 from orchestrator.activity import ActivityItem, census, merge_items, shorten
 from orchestrator.errors import SessionNotFound
 from orchestrator.families import Family
 from orchestrator.store import Store
 from tests.helpers import RecordingDispatcher
-from tests.orchestrator.support import STOP_TASKS, chain, claim_job, deliver, no_local_jobs
+from tests.orchestrator.support import STOP_TASKS, chain, claim_job, deliver, stop_jobs_elsewhere
 
 
 def test_a_new_session_has_no_live_work(store: Store, cwd: str) -> None:
@@ -130,15 +130,7 @@ def test_finished_turns_and_ended_jobs_are_not_live(
     tid = turns.start_turn(store, recorder, s.session_id, "say hi")
     turns.finish(store, recorder, tid, turns.TurnState.COMPLETED)
     jid = jobs.create_job(store, recorder, s.session_id, 1, "sleep 1s")
-    jobstops.stop_unclaimed(
-        store,
-        recorder,
-        s.session_id,
-        [jid],
-        local_host="hostA",
-        local_instance="hostA/here",
-        stop_local=no_local_jobs,
-    )
+    stop_jobs_elsewhere(store, recorder, s.session_id, [jid])
 
     assert census(store, s.session_id) == []
 

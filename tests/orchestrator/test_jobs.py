@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import pytest
 
-from orchestrator import archive, jobs, jobstops, sessions
+from orchestrator import archive, jobs, sessions
 from orchestrator.activity import census
 from orchestrator.jobs import JobState
 from orchestrator.store import Store
 from tests.helpers import RecordingDispatcher
-from tests.orchestrator.support import chain, claim_job, no_local_jobs
+from tests.orchestrator.support import chain, claim_job, stop_jobs_elsewhere
 
 
 def job(store: Store, jid: str) -> dict[str, str]:
@@ -99,15 +99,7 @@ def test_stop_unclaimed_stops_a_starting_job_before_any_worker_takes_it(
     jid = jobs.create_job(store, recorder, sid, 30, "sleep 30s")
     mark = len(recorder.sent)
     # When it is stopped by a worker that does not supervise it
-    outcome = jobstops.stop_unclaimed(
-        store,
-        recorder,
-        sid,
-        [jid],
-        local_host="hostA",
-        local_instance="hostA/here",
-        stop_local=no_local_jobs,
-    )
+    outcome = stop_jobs_elsewhere(store, recorder, sid, [jid])
     # Then it ends stopped, is no longer live, and a worker taking it later starts nothing
     assert outcome == {jid: "stopped before it started"}
     assert job(store, jid)["state"] == JobState.STOPPED
@@ -123,15 +115,7 @@ def test_stop_unclaimed_forwards_the_stop_of_a_job_running_on_another_host(
     claim_job(store, jid, "hostB")
     mark = len(recorder.sent)
 
-    outcome = jobstops.stop_unclaimed(
-        store,
-        recorder,
-        sid,
-        [jid],
-        local_host="hostA",
-        local_instance="hostA/here",
-        stop_local=no_local_jobs,
-    )
+    outcome = stop_jobs_elsewhere(store, recorder, sid, [jid])
 
     assert outcome == {jid: "forwarded to hostB"}
     assert recorder.sent[mark:] == [("job.stop", [sid, [jid]], "job.ctl.hostB")]
@@ -146,15 +130,7 @@ def test_stop_unclaimed_ends_a_local_orphan_recorded_without_a_process(
     jid = jobs.create_job(store, recorder, sid, 30, "sleep 30s")
     claim_job(store, jid, "hostA")
 
-    outcome = jobstops.stop_unclaimed(
-        store,
-        recorder,
-        sid,
-        [jid],
-        local_host="hostA",
-        local_instance="hostA/here",
-        stop_local=no_local_jobs,
-    )
+    outcome = stop_jobs_elsewhere(store, recorder, sid, [jid])
 
     assert outcome == {jid: "stopped (no process was recorded)"}
     assert job(store, jid)["state"] == JobState.STOPPED
@@ -165,25 +141,9 @@ def test_stop_unclaimed_reports_jobs_that_already_ended(
     store: Store, recorder: RecordingDispatcher, sid: str
 ) -> None:
     jid = jobs.create_job(store, recorder, sid, 30, "sleep 30s")
-    jobstops.stop_unclaimed(
-        store,
-        recorder,
-        sid,
-        [jid],
-        local_host="hostA",
-        local_instance="hostA/here",
-        stop_local=no_local_jobs,
-    )
+    stop_jobs_elsewhere(store, recorder, sid, [jid])
 
-    again = jobstops.stop_unclaimed(
-        store,
-        recorder,
-        sid,
-        [jid, "job_nope"],
-        local_host="hostA",
-        local_instance="hostA/here",
-        stop_local=no_local_jobs,
-    )
+    again = stop_jobs_elsewhere(store, recorder, sid, [jid, "job_nope"])
 
     assert again == {jid: JobState.STOPPED, "job_nope": "missing"}
 
