@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import os
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import pytest
@@ -30,6 +32,39 @@ pytestmark = pytest.mark.timeout(60)
 
 #: Jobs to try before giving up on seeing both hosts take one.
 MAX_JOBS = 12
+
+
+@contextmanager
+def _held_supervisor(store: Any, rt: Any) -> Iterator[tuple[Any, threading.Event]]:
+    """This process acting as a job worker: a real ``JobSupervisor`` installed as the
+    runtime's (so the real ``job.stop`` task code uses it), whose every fork is held back
+    until the event it yields with is set. Restored and shut down after the block."""
+    from orchestrator.jobs import JobSupervisor
+
+    release = threading.Event()
+
+    def held_command(seconds: float) -> list[str]:
+        release.wait(10)
+        return ["sleep", f"{seconds:g}"]
+
+    # The lease outlasts a held fork (~2 s): a job whose lease lapsed counts as lost and is
+    # killed at its first renewal, which is not a race these tests are about.
+    sup = JobSupervisor(store, rt.host, lease_ms=10_000, grace_seconds=1, command=held_command)
+    saved, rt.supervisor = rt.supervisor, sup
+    try:
+        yield sup, release
+    finally:
+        release.set()
+        sup.shutdown()
+        rt.supervisor = saved
+
+
+def _starting_job(store: Any, sid: str, seconds: float) -> str:
+    """A stored ``starting`` job of ``sid`` whose start request was never sent: its id."""
+    jid = new_id("job")
+    label = f"sleep {seconds:g}s"
+    store.run("job_create", [jid, sid, label, seconds, iso(now_ms()), 30_000, "", "", 16])
+    return jid
 
 
 def jobs_on_both_hosts(store: Any, dispatcher: Any, sessions: Any) -> dict[str, tuple[str, str]]:
@@ -82,8 +117,7 @@ def test_a_job_no_worker_has_taken_yet_is_stopped_before_it_starts_and_never_sta
 ) -> None:
     # Given a stored job whose start request has not been sent yet
     sid = sessions.new()
-    jid = new_id("job")
-    store.run("job_create", [jid, sid, "sleep 65.3s", 65.3, iso(now_ms()), 30_000, "", "", 16])
+    jid = _starting_job(store, sid, 65.3)
     [item] = census(store, sid)
     assert (item.family.value, item.host) == ("job", None)
 
@@ -112,30 +146,18 @@ def test_a_stop_that_races_the_fork_of_a_job_process_still_ends_the_process(
 ) -> None:
     # Given this process acting as a job worker (the real job.stop task code and a real
     # JobSupervisor), whose fork of a claimed job is held back until released
-    from orchestrator.jobs import JobSupervisor
     from workers.tasks import job as job_tasks
 
-    rt = worker_runtime
-    release = threading.Event()
-
-    def held_command(seconds: float) -> list[str]:
-        release.wait(10)
-        return ["sleep", f"{seconds:g}"]
-
-    # The lease outlasts the held fork (~2 s): a job whose lease lapsed counts as lost and is
-    # killed at its first renewal, which is not the race this test is about.
-    sup = JobSupervisor(store, rt.host, lease_ms=10_000, grace_seconds=1, command=held_command)
-    # The moment the stop task asks the supervisor which jobs are its own: the fork is released
-    # only after it, so the stop has surely seen the job before its process existed.
-    looked = threading.Event()
-    for name in ("owned", "pids"):
-        if hasattr(sup, name):
-            setattr(sup, name, _signalling(getattr(sup, name), looked))
-    saved, rt.supervisor = rt.supervisor, sup
-    try:
+    with _held_supervisor(store, worker_runtime) as (sup, release):
+        # The moment the stop task asks the supervisor which jobs are its own: the fork is
+        # released only after it, so the stop has surely seen the job before its process
+        # existed.
+        looked = threading.Event()
+        for name in ("owned", "pids"):
+            if hasattr(sup, name):
+                setattr(sup, name, _signalling(getattr(sup, name), looked))
         sid = sessions.new()
-        jid = new_id("job")
-        store.run("job_create", [jid, sid, "sleep 66.3s", 66.3, iso(now_ms()), 30_000, "", "", 16])
+        jid = _starting_job(store, sid, 66.3)
         starter = threading.Thread(target=sup.start, args=(sid, jid), daemon=True)
         starter.start()
         wait_for(
@@ -164,10 +186,6 @@ def test_a_stop_that_races_the_fork_of_a_job_process_still_ends_the_process(
         )
         assert outcome["jobs"] == {jid: "stopped"}
         assert job_record(store, jid)["state"] == "stopped"
-    finally:
-        release.set()
-        sup.shutdown()
-        rt.supervisor = saved
 
 
 def _signalling(method: Any, event: threading.Event) -> Any:
@@ -187,32 +205,22 @@ def test_a_job_claimed_here_just_after_the_stop_looked_is_still_stopped(
     # Given this process acting as a job worker, and a starting job whose job.run is taken by
     # this worker just after the stop task looked at the jobs it runs (its claim lands between
     # that look and the stop's reading of the job; its fork is held back a moment)
-    from orchestrator.jobs import JobSupervisor
     from workers.tasks import job as job_tasks
 
-    rt = worker_runtime
-    release = threading.Event()
+    with _held_supervisor(store, worker_runtime) as (sup, release):
+        sid = sessions.new()
+        jid = _starting_job(store, sid, 67.3)
+        looked = sup.owned
 
-    def held_command(seconds: float) -> list[str]:
-        release.wait(10)
-        return ["sleep", f"{seconds:g}"]
+        def owned_then_claimed() -> set[str]:
+            before = looked()
+            threading.Thread(target=sup.start, args=(sid, jid), daemon=True).start()
+            wait_for(lambda: job_record(store, jid)["state"] == "running", 5, message="claim")
+            release.set()
+            return before
 
-    sup = JobSupervisor(store, rt.host, lease_ms=10_000, grace_seconds=1, command=held_command)
-    saved, rt.supervisor = rt.supervisor, sup
-    sid = sessions.new()
-    jid = new_id("job")
-    store.run("job_create", [jid, sid, "sleep 67.3s", 67.3, iso(now_ms()), 30_000, "", "", 16])
-    looked = sup.owned
+        sup.owned = owned_then_claimed
 
-    def owned_then_claimed() -> set[str]:
-        before = looked()
-        threading.Thread(target=sup.start, args=(sid, jid), daemon=True).start()
-        wait_for(lambda: job_record(store, jid)["state"] == "running", 5, message="the claim")
-        release.set()
-        return before
-
-    sup.owned = owned_then_claimed  # type: ignore[method-assign]
-    try:
         # When the stop runs
         outcome = job_tasks.stop(sid, [jid])
 
@@ -220,7 +228,3 @@ def test_a_job_claimed_here_just_after_the_stop_looked_is_still_stopped(
         assert outcome["jobs"] == {jid: "stopped"}
         wait_for(lambda: not sleep_processes(os.getpid(), "67.3"), 5, message="no job process")
         assert job_record(store, jid)["state"] == "stopped"
-    finally:
-        release.set()
-        sup.shutdown()
-        rt.supervisor = saved
