@@ -20,6 +20,7 @@ is used and removed afterwards. Figures are wall-clock medians and 99th percenti
 9. a large fleet: list pages, memory per idle session, one bulk archive (``--million``)
 10. a model step through the fleet vs the same request straight through the SDK
     (``bench/model.py``)
+11. a shell tool call as a turn worker runs it vs the bare command (``bench/shell.py``)
 """
 
 from __future__ import annotations
@@ -63,6 +64,7 @@ from bench.concurrency import bench_concurrency
 from bench.million import bench_million
 from bench.model import bench_model_step
 from bench.naive import bench_naive
+from bench.shell import bench_shell
 
 
 # --------------------------------------------------------------------------- 1
@@ -332,6 +334,7 @@ def main() -> int:
         (8, lambda u, p: bench_concurrency(u, p, 200 if q else 1000, quick=q)),
         (9, lambda u, p: bench_million(u, p, *million)),
         (10, lambda u, p: bench_model_step(u, p, 50 if q else 300)),
+        (11, lambda u, p: bench_shell(u, p, 20 if q else 60)),
     ]
     plan.insert(2, (3, lambda u, p: bench_bulk(u, p, quick=q)))
     rows: list[Row] = []

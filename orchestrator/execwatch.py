@@ -1,45 +1,60 @@
-"""The exec watchdog: a turn's shell command never outlives its step's lease.
+"""The exec warden: a turn's shell command never outlives its step's lease.
 
 A ``shell`` tool call runs its command as a child of the turn worker (``tools._run_shell``,
 under coreutils ``timeout``, which dies with the worker). A *frozen* worker (SIGSTOP, a
 stalled VM thread) stops refreshing its step's lease (``Keys.step_lease``), and once the
 lease lapses the census counts the turn as not live (``turn.lua``: a ``cancelling`` turn
 without its lease is stale), but freezing a process does not freeze its children: the command
-would run on, hidden. So each command gets this watchdog, a child process of the worker that
-the worker's freeze does not reach (it dies with the worker's thread by
-``PR_SET_PDEATHSIG``):
+would run on, hidden. So every command is watched by this process's *warden*: one child
+process per worker process (``Warden``, started with the first command it watches; it dies
+with the thread that started it, ``PR_SET_PDEATHSIG``, and when the worker's end of its pipe
+closes), which the worker's freeze does not reach. Per command it watches (``ExecWatch``):
 
 * every ``1/8`` lease it reads the lease (its value, the step copy's token, and its remaining
   TTL) and keeps the local (monotonic) time it lapses, as last read;
 * once less than a third of a lease is left (the step watch refreshes it every second of a
   five-second lease), or the lease is gone or held by another copy of the step, it kills the
   command's process group (SIGKILL, only after the pid is verified by its start time,
-  ``ownership.kill_if_ours``) and exits. When Redis cannot be read it judges by the lapse time
-  it last read, since the server's TTL keeps running;
-* it exits when the command's process is gone (the tool stops it as well once the command
-  ends).
+  ``ownership.kill_if_ours``) and stops watching it. When Redis cannot be read it judges by
+  the lapse time it last read, since the server's TTL keeps running;
+* it stops watching a command once its process is gone, or when the worker says it ended.
 
-Run as ``python -m orchestrator.execwatch TURN_ID TOKEN LEASE_MS PID PID_START``; the store is
-the settings' (``FLEET_REDIS_URL``, ``FLEET_KEY_PREFIX``: the URL never goes on a command
-line). Imports no Celery. The same rule as the job watchdog (``orchestrator/jobwatch.py``).
+The worker speaks to its warden over the warden's stdin, one JSON object per line:
+``{"watch": [turn_id, token, lease_ms, pid, pid_start]}`` and ``{"drop": [pid, pid_start]}``.
+A warden found dead (killed, or the thread that started it ended) is started again with every
+command still watched; one that does not take a line at once (frozen, its pipe full) is
+killed and replaced, so a command never waits on it.
+
+Run as ``python -m orchestrator.execwatch``; the store is the settings' (``FLEET_REDIS_URL``,
+``FLEET_KEY_PREFIX``: the URL never goes on a command line). Imports no Celery. The lease
+rule is the job watchdog's (``orchestrator/jobwatch.py``).
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
+import queue
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Iterable
+from typing import Any
 
 from orchestrator.errors import StoreUnavailable
 from orchestrator.ownership import is_process, kill_if_ours, process_start
 from orchestrator.processes import die_with_parent
 from orchestrator.settings import get_settings
+from orchestrator.sharing import PerStore
 from orchestrator.store import Store, retried
 
 log = logging.getLogger(__name__)
+
+#: A watched command: its pid and start time (``ownership.process_start``, as text).
+Watch = tuple[int, str]
 
 
 @retried
@@ -77,7 +92,7 @@ class ExecWatch:
         try:
             token, ttl_ms = _read(self.store, self.turn_id)
         except StoreUnavailable as exc:  # the TTL runs on in the server: judge by last read
-            log.warning("exec watchdog of turn %s cannot read the store: %s", self.turn_id, exc)
+            log.warning("exec warden, turn %s: cannot read the store: %s", self.turn_id, exc)
         else:
             held = token == self.token and ttl_ms > 0
             self.lapses = now + ttl_ms / 1000 if held else float("-inf")
@@ -91,56 +106,231 @@ class ExecWatch:
             )
         return True
 
-    def run(self) -> None:
-        """Poll every ``interval`` seconds until the watch is over."""
-        while True:
+
+class Watching:
+    """The warden's side: the commands it watches, each polled every ``interval`` of its own.
+    ``handle`` takes one request (the module docstring's lines, parsed); ``tick`` polls the
+    watches that are due and returns the seconds until the next is (``None``: none left)."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self.watches: dict[Watch, ExecWatch] = {}
+        self._due: dict[Watch, float] = {}
+
+    def handle(self, request: dict[str, Any]) -> None:
+        """Raises ``ValueError``/``TypeError`` for a request of another shape."""
+        if "watch" in request:
+            turn_id, token, lease_ms, pid, started = request["watch"]
+            key = (int(pid), str(started))
+            self.watches[key] = ExecWatch(
+                self.store, str(turn_id), str(token), int(lease_ms), key[0], key[1]
+            )
+            self._due[key] = time.monotonic()
+        elif "drop" in request:
+            pid, started = request["drop"]
+            key = (int(pid), str(started))
+            self.watches.pop(key, None)
+            self._due.pop(key, None)
+        else:
+            raise ValueError(f"not a warden request: {request!r}")
+
+    def tick(self) -> float | None:
+        now = time.monotonic()
+        for key, watch in list(self.watches.items()):
+            if self._due[key] > now:
+                continue
             try:
-                if self.poll():
-                    return
+                over = watch.poll()
             except Exception as exc:  # contained: one bad read must not end the watch
-                log.warning("exec watchdog: %s", exc)
-            time.sleep(self.interval)
+                log.warning("exec warden: %s", exc)
+                over = False
+            if over:
+                del self.watches[key], self._due[key]
+            else:
+                self._due[key] = time.monotonic() + watch.interval
+        if not self._due:
+            return None
+        return max(0.0, min(self._due.values()) - time.monotonic())
 
 
-def start(
-    store: Store, turn_id: str, token: str, lease_ms: int, pid: int
-) -> subprocess.Popen[bytes] | None:
-    """Start the watchdog of command ``pid`` as a child process of the caller's thread (it
-    dies with that thread, ``PR_SET_PDEATHSIG``), in a session of its own. ``None`` when the
-    command's start time cannot be read (it is already gone). Raises ``OSError``."""
-    started = process_start(pid)
-    if started is None:
-        return None
-    env = {**os.environ, "FLEET_REDIS_URL": store.url, "FLEET_KEY_PREFIX": store.keys.prefix}
-    argv = [turn_id, token, str(lease_ms), str(pid), repr(started)]
-    return subprocess.Popen(
-        [sys.executable, "-P", "-m", "orchestrator.execwatch", *argv],
-        stdin=subprocess.DEVNULL,
-        env=env,
-        preexec_fn=die_with_parent(),
-    )
+def serve(store: Store, requests: Iterable[str]) -> None:
+    """The warden's loop: take the request lines of ``requests`` (read on a thread of their
+    own) and poll the watches between them, until ``requests`` ends (the worker closed its end
+    or died: its commands die with it)."""
+    inbox: queue.Queue[str | None] = queue.Queue()
+
+    def read() -> None:
+        try:
+            for line in requests:
+                inbox.put(line)
+        finally:
+            inbox.put(None)
+
+    threading.Thread(target=read, name="warden-inbox", daemon=True).start()
+    watching = Watching(store)
+    wait: float | None = None
+    while True:
+        try:
+            line = inbox.get(timeout=wait)
+        except queue.Empty:
+            line = ""
+        while line is not None:
+            if line.strip():
+                try:
+                    watching.handle(json.loads(line))
+                except (ValueError, TypeError, KeyError) as exc:
+                    log.warning("exec warden: a bad request line (%s): %.200r", exc, line)
+            try:
+                line = inbox.get_nowait()
+            except queue.Empty:
+                break
+        if line is None:
+            return
+        wait = watching.tick()
 
 
-def stop(watch: subprocess.Popen[bytes] | None) -> None:
-    """End a watchdog ``start`` returned (its command is over)."""
-    if watch is None:
-        return
-    with contextlib.suppress(ProcessLookupError):
-        watch.kill()
-    with contextlib.suppress(subprocess.TimeoutExpired):
-        watch.wait(5)
+class Warden:
+    """The worker's side: this process's warden for one store (``warden(store)``), started
+    with the first ``watch`` and again whenever it is found dead; every method is safe from
+    any thread."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self._lock = threading.Lock()
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._owner = 0
+        #: What the warden must watch now: each watched command's request.
+        self._watched: dict[Watch, dict[str, Any]] = {}
+
+    @property
+    def pid(self) -> int | None:
+        """The warden process's pid, while it runs."""
+        proc = self._proc
+        return proc.pid if proc is not None and proc.poll() is None else None
+
+    def watch(self, turn_id: str, token: str, lease_ms: int, pid: int) -> Watch | None:
+        """Have command ``pid`` of step copy ``token`` of ``turn_id`` (lease ``lease_ms``)
+        watched. ``None`` when its start time cannot be read (it is already gone). Raises
+        ``OSError`` when no warden can be started."""
+        started = process_start(pid)
+        if started is None:
+            return None
+        key = (pid, repr(started))
+        request = {"watch": [turn_id, token, lease_ms, pid, key[1]]}
+        with self._lock:
+            self._watched[key] = request
+            self._send(request)
+        return key
+
+    def drop(self, key: Watch | None) -> None:
+        """Stop watching a command ``watch`` returned (it is over). Never raises."""
+        if key is None:
+            return
+        with self._lock:
+            if self._watched.pop(key, None) is None:
+                return
+            try:  # a warden found dead is started again only for the others
+                self._send({"drop": list(key)}, restart=bool(self._watched))
+            except OSError as exc:
+                log.warning("exec warden not started again: %s", exc)
+
+    def ensure(self) -> None:
+        """Start the warden again, with every watched command, if it died (killed, or the
+        thread that started it ended) while commands are watched. Raises ``OSError``."""
+        with self._lock:
+            proc = self._proc
+            if not self._watched or (
+                proc is not None and self._owner == os.getpid() and proc.poll() is None
+            ):
+                return
+            if proc is not None:
+                log.warning("exec warden (pid %d) died: started again", proc.pid)
+            self._proc = None
+            self._start()
+
+    def close(self) -> None:
+        """End the warden (it exits once its stdin closes) and forget every watch."""
+        with self._lock:
+            self._watched.clear()
+            proc, self._proc = self._proc, None
+        if proc is not None:
+            _end(proc, kill=False)
+
+    def _send(self, request: dict[str, Any], *, restart: bool = True) -> None:
+        line = (json.dumps(request) + "\n").encode()
+        proc = self._proc
+        alive = proc is not None and self._owner == os.getpid() and proc.poll() is None
+        if alive:
+            assert proc is not None and proc.stdin is not None
+            try:  # a line is shorter than PIPE_BUF: written whole or not at all
+                if proc.stdin.write(line) == len(line):
+                    return
+            except (BlockingIOError, BrokenPipeError, ValueError):
+                pass
+            log.warning("exec warden (pid %d) did not take a request: replaced", proc.pid)
+        if proc is not None and self._owner == os.getpid():
+            _end(proc, kill=True)
+        self._proc = None
+        if not restart:
+            return
+        self._start()  # with every watched command, this request's included
+
+    def _start(self) -> None:
+        env = {
+            **os.environ,
+            "FLEET_REDIS_URL": self.store.url,
+            "FLEET_KEY_PREFIX": self.store.keys.prefix,
+        }
+        # Unbuffered and non-blocking: a write that would wait on the warden fails instead.
+        proc = subprocess.Popen(
+            [sys.executable, "-P", "-m", "orchestrator.execwatch"],
+            stdin=subprocess.PIPE,
+            bufsize=0,
+            env=env,
+            preexec_fn=die_with_parent(),
+        )
+        assert proc.stdin is not None
+        os.set_blocking(proc.stdin.fileno(), False)
+        self._proc, self._owner = proc, os.getpid()
+        lines = b"".join((json.dumps(r) + "\n").encode() for r in self._watched.values())
+        if lines:
+            try:
+                proc.stdin.write(lines)
+            except (BlockingIOError, BrokenPipeError) as exc:
+                log.warning("exec warden (pid %d) did not take its watches: %s", proc.pid, exc)
 
 
-def main(argv: list[str]) -> None:
-    """``TURN_ID TOKEN LEASE_MS PID PID_START``: watch that command until it is over."""
+def _end(proc: subprocess.Popen[bytes], *, kill: bool) -> None:
+    with contextlib.suppress(OSError, ValueError):
+        if proc.stdin is not None:
+            proc.stdin.close()
+    if kill:
+        with contextlib.suppress(ProcessLookupError):
+            proc.kill()
+    try:
+        proc.wait(5)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(5)
+
+
+_wardens: PerStore[Warden] = PerStore()
+
+
+def warden(store: Store) -> Warden:
+    """This process's warden for ``store`` (made by the first call)."""
+    return _wardens.get(store, Warden)
+
+
+def main() -> None:
+    """Serve the requests of stdin until it closes."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s execwatch %(message)s")
     settings = get_settings()
     if not settings.redis_url:
         raise SystemExit("execwatch: FLEET_REDIS_URL is not set")
-    turn_id, token, lease_ms, pid, started = argv[:5]
     store = Store(settings.redis_url, settings.key_prefix)
-    ExecWatch(store, turn_id, token, int(lease_ms), int(pid), started).run()
+    serve(store, sys.stdin)
 
 
-if __name__ == "__main__":  # pragma: no cover - the shell tool's child process
-    main(sys.argv[1:])
+if __name__ == "__main__":  # pragma: no cover - the turn worker's child process
+    main()

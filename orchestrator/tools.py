@@ -97,9 +97,9 @@ def _shell(
 def _run_shell(
     store: Store, guard: StepGuard, args: ShellArgs, cwd: str, cancel: threading.Event, note: str
 ) -> tuple[str, str]:
-    """Kill the command's process group at its timeout or once ``cancel`` is set; its exec
-    watchdog (``orchestrator/execwatch.py``) kills it if the step's lease runs out (a frozen
-    worker). Returns (status, text): the exit status and the first
+    """Kill the command's process group at its timeout or once ``cancel`` is set; this
+    process's exec warden (``orchestrator/execwatch.py``) kills it if the step's lease runs out
+    (a frozen worker). Returns (status, text): the exit status and the first
     ``FLEET_TOOL_OUTPUT_MAX_BYTES`` of its output (stdout and stderr), after ``note``."""
     keep = get_settings().tool_output_max_bytes
     # Under timeout (no time limit of its own: this loop keeps it), leading its own process
@@ -120,18 +120,23 @@ def _run_shell(
     reader = threading.Thread(target=_drain, args=drain, daemon=True)
     reader.start()
     started, why = time.monotonic(), ""
-    watch = None
+    warden, watch = execwatch.warden(store), None
     try:
         try:
-            watch = execwatch.start(store, guard.turn_id, guard.token, STEP_LEASE_MS, proc.pid)
+            watch = warden.watch(guard.turn_id, guard.token, STEP_LEASE_MS, proc.pid)
         except OSError as exc:  # the command runs on, watched only by the step as before
-            log.warning("exec watchdog of turn %s not started: %s", guard.turn_id, exc)
+            log.warning("exec warden of turn %s not started: %s", guard.turn_id, exc)
         while True:
             try:
                 proc.wait(CANCEL_POLL)
                 break
             except subprocess.TimeoutExpired:
                 pass
+            if watch is not None:
+                try:
+                    warden.ensure()
+                except OSError as exc:
+                    log.warning("exec warden of turn %s not started again: %s", guard.turn_id, exc)
             if cancel.is_set():
                 why = "cancelled"
             elif time.monotonic() - started >= args.timeout_seconds:
@@ -144,7 +149,7 @@ def _run_shell(
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(5)
-        execwatch.stop(watch)
+        warden.drop(watch)
     reader.join(2)
     text = note + output.decode("utf-8", "replace")
     if total[0] > keep:

@@ -134,16 +134,26 @@ def test_a_shell_tools_process_dies_with_its_sigkilled_turn_worker_and_archive_s
         # Given a turn whose step runs the shell tool (sleep 92.345)
         sid = create_session(store, "/tmp/orphans").session_id
         start_turn(store, dispatcher, sid, f"say before\nexec {marker}\nsay after")
+        worker = psutil.Process(private.worker(Family.TURN).process.pid)
         [first] = wait_for(
             lambda: sleeps(marker), STARTUP_TIMEOUT, message="the shell tool's child"
+        )
+        # (and the worker's exec warden, which watches it)
+        [warden] = wait_for(
+            lambda: [
+                p for p in worker.children() if "orchestrator.execwatch" in " ".join(p.cmdline())
+            ],
+            STARTUP_TIMEOUT,
+            message="the turn worker's exec warden",
         )
 
         # When its turn worker is SIGKILLed by PID
         kill_turn_worker(private)
 
-        # Then the tool's child dies too (and an archive that stops the session's work, once
-        # the sweeper settled what it can, hides nothing)
+        # Then the tool's child dies too, and so does the warden (and an archive that stops
+        # the session's work, once the sweeper settled what it can, hides nothing)
         wait_for(lambda: not first.is_running(), 20, message="the shell child to die")
+        wait_for(lambda: not warden.is_running(), 20, message="the exec warden to die")
         archive(store, dispatcher, sid, stop_activity=True)
         wait_for(lambda: not marked(marker), 30, message="no process of the session left")
 

@@ -1,0 +1,179 @@
+"""The exec warden (``orchestrator/execwatch.py``) against real Redis and real processes: one
+warden process per worker process watches every shell command of its steps, kills only the
+commands whose step lease runs low or changes hands, and is started again, with what it
+watched, when it dies."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+from collections.abc import Iterator
+
+import pytest
+
+from orchestrator.execwatch import Warden
+from orchestrator.processes import die_with_parent
+from orchestrator.store import Store
+from tests.helpers import wait_for
+
+LEASE_MS = 1500  # a third (0.5 s) is the margin; polled every 0.19 s
+
+
+@pytest.fixture
+def warden(store: Store) -> Iterator[Warden]:
+    made = Warden(store)
+    yield made
+    made.close()
+
+
+@pytest.fixture
+def commands() -> Iterator[list[subprocess.Popen[bytes]]]:
+    made: list[subprocess.Popen[bytes]] = []
+    yield made
+    for proc in made:
+        proc.kill()
+        proc.wait(5)
+
+
+def command(commands: list[subprocess.Popen[bytes]]) -> subprocess.Popen[bytes]:
+    """A shell tool's command stand-in: leads its own process group, as under ``timeout``."""
+    proc = subprocess.Popen(["sleep", "60"], preexec_fn=die_with_parent())
+    commands.append(proc)
+    return proc
+
+
+def lease(store: Store, turn_id: str, token: str, ms: int = 60_000) -> None:
+    store.redis.set(store.keys.step_lease(turn_id), token, px=ms)
+
+
+def watched(
+    store: Store, warden: Warden, commands: list[subprocess.Popen[bytes]], turn_id: str
+) -> subprocess.Popen[bytes]:
+    """A command of turn ``turn_id``'s step copy ``tok`` (which holds its lease), watched."""
+    lease(store, turn_id, "tok")
+    proc = command(commands)
+    assert warden.watch(turn_id, "tok", LEASE_MS, proc.pid) is not None
+    return proc
+
+
+def lease_runs_low(store: Store, turn_id: str) -> None:
+    """Less than a third of the lease left: its worker stopped renewing it."""
+    store.redis.pexpire(store.keys.step_lease(turn_id), 200)
+
+
+def test_one_warden_watches_every_command_and_kills_only_the_one_whose_lease_ran_low(
+    store: Store, warden: Warden, commands: list[subprocess.Popen[bytes]]
+) -> None:
+    # Given two commands of two turns, each step copy holding its lease
+    lease(store, "turn-a", "tok-a")
+    lease(store, "turn-b", "tok-b")
+    a, b = command(commands), command(commands)
+    assert warden.watch("turn-a", "tok-a", LEASE_MS, a.pid) is not None
+    first = warden.pid
+    assert warden.watch("turn-b", "tok-b", LEASE_MS, b.pid) is not None
+    # Then one warden process watches both
+    assert first is not None and warden.pid == first
+    # When turn a's lease has less than a third left (its worker stopped renewing it)
+    store.redis.pexpire(store.keys.step_lease("turn-a"), 300)
+    # Then a's process group is killed, and b runs on
+    assert a.wait(10) == -signal.SIGKILL
+    assert b.poll() is None
+    # When turn b's lease is taken by another copy of its step
+    lease(store, "turn-b", "tok-other")
+    # Then b is killed too, by the same warden
+    assert b.wait(10) == -signal.SIGKILL
+    assert warden.pid == first
+
+
+def test_a_dropped_command_is_no_longer_watched(
+    store: Store, warden: Warden, commands: list[subprocess.Popen[bytes]]
+) -> None:
+    # Given a watched command whose step ended: the tool drops it
+    lease(store, "turn-d", "tok")
+    proc = command(commands)
+    warden.drop(warden.watch("turn-d", "tok", LEASE_MS, proc.pid))
+    # And a second command keeps the warden busy
+    other = watched(store, warden, commands, "turn-e")
+    # When the first turn's lease is gone
+    store.redis.delete(store.keys.step_lease("turn-d"))
+    # Then the second's lease going low still kills it, and the dropped one lives
+    lease_runs_low(store, "turn-e")
+    assert other.wait(10) == -signal.SIGKILL
+    assert proc.poll() is None
+
+
+def test_a_killed_warden_is_started_again_with_what_it_watched(
+    store: Store, warden: Warden, commands: list[subprocess.Popen[bytes]]
+) -> None:
+    # Given a watched command
+    proc = watched(store, warden, commands, "turn-k")
+    dead = warden.pid
+    assert dead is not None
+    # When its warden is killed (SIGKILL by its pid), and the tool's loop checks on it
+    os.kill(dead, signal.SIGKILL)
+    wait_for(lambda: warden.pid is None, 10, message="the warden to be reaped")
+    warden.ensure()
+    # Then a new warden runs, and it watches the command it was never told of again
+    assert warden.pid not in (None, dead)
+    lease_runs_low(store, "turn-k")
+    assert proc.wait(10) == -signal.SIGKILL
+
+
+def test_a_frozen_warden_is_replaced_at_the_next_command_instead_of_blocking_it(
+    store: Store, warden: Warden, commands: list[subprocess.Popen[bytes]]
+) -> None:
+    # Given a warden frozen (SIGSTOP by its pid) with its pipe full
+    first = watched(store, warden, commands, "turn-f")
+    frozen = warden.pid
+    assert frozen is not None
+    os.kill(frozen, signal.SIGSTOP)
+    try:
+        proc = warden._proc
+        assert proc is not None and proc.stdin is not None
+        while proc.stdin.write(b" " * 4096):  # as many lines as it never read
+            pass
+        # When the next command is watched: the call returns at once with a new warden
+        second = watched(store, warden, commands, "turn-g")
+        assert warden.pid not in (None, frozen)
+        with pytest.raises(ProcessLookupError):  # the frozen one was killed
+            os.kill(frozen, 0)
+        # Then the new warden watches both commands
+        lease_runs_low(store, "turn-f")
+        lease_runs_low(store, "turn-g")
+        assert first.wait(10) == -signal.SIGKILL
+        assert second.wait(10) == -signal.SIGKILL
+    finally:
+        with contextlib.suppress(ProcessLookupError):  # replaced: killed and reaped
+            os.kill(frozen, signal.SIGCONT)
+
+
+def test_the_warden_ends_when_its_worker_closes_its_pipe(
+    store: Store, warden: Warden, commands: list[subprocess.Popen[bytes]]
+) -> None:
+    proc = watched(store, warden, commands, "turn-c")
+    started = warden._proc
+    assert started is not None
+    warden.close()
+    assert started.wait(10) == 0
+    assert proc.poll() is None  # closing the pipe kills nothing
+
+
+def test_a_bad_request_line_does_not_end_the_warden(
+    store: Store, warden: Warden, commands: list[subprocess.Popen[bytes]]
+) -> None:
+    proc = watched(store, warden, commands, "turn-x")
+    running = warden._proc
+    assert running is not None and running.stdin is not None
+    running.stdin.write(b'{"nonsense": 1}\nnot json\n{"watch": [1]}\n')
+    lease_runs_low(store, "turn-x")
+    assert proc.wait(10) == -signal.SIGKILL
+    assert warden.pid == running.pid
+
+
+def test_a_command_already_gone_is_not_watched(store: Store, warden: Warden) -> None:
+    gone = subprocess.Popen(["true"])
+    gone.wait(5)
+    assert warden.watch("turn-z", "tok", LEASE_MS, gone.pid) is None
+    assert warden.pid is None  # no warden started for nothing
