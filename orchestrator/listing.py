@@ -77,7 +77,7 @@ class Page:
 
 
 def normalize_query(q: object) -> str | None:
-    """The needle of a title search: ``q`` in NFC, trimmed and case-folded; ``None`` for no
+    """The needle of a title search: ``q`` trimmed and folded (``_fold``); ``None`` for no
     search (``None`` or blank). Raises ``InvalidParams`` when ``q`` is not a string, is longer
     than ``MAX_QUERY`` characters or is not valid Unicode text."""
     if q is None:
@@ -89,14 +89,21 @@ def normalize_query(q: object) -> str | None:
             f"q is longer than {MAX_QUERY} characters.", {"param": "q", "maxLength": MAX_QUERY}
         )
     check_utf8(q, "q")
-    needle = unicodedata.normalize("NFC", q).strip().casefold()
+    needle = _fold(q.strip())
     return needle or None
+
+
+def _fold(text: str) -> str:
+    """``text`` in NFC, case-folded, with the dot that folding leaves after an ``i`` (from
+    the dotted capital ``İ``, U+0130) dropped, so ``İstanbul``, ``ISTANBUL`` and
+    ``istanbul`` fold alike."""
+    return unicodedata.normalize("NFC", text).casefold().replace("i\u0307", "i")
 
 
 def title_matches(title: str | None, needle: str) -> bool:
     """Whether ``needle`` (from ``normalize_query``) is a case-insensitive substring of the
-    title; an untitled session matches no search."""
-    return bool(title) and needle in unicodedata.normalize("NFC", title or "").casefold()
+    title (both folded by ``_fold``); an untitled session matches no search."""
+    return bool(title) and needle in _fold(title or "")
 
 
 def _encode_cursor(

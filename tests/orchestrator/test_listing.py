@@ -343,3 +343,24 @@ def test_no_listed_row_contradicts_its_filter_while_another_thread_toggles_archi
         done.set()
         toggler.join()
     assert wrong == []
+
+
+@pytest.mark.parametrize(
+    ("title", "q"),
+    [
+        ("İstanbul office", "istanbul"),  # the dotted capital I folds to i and a dot
+        ("İstanbul office", "ISTANBUL"),
+        ("istanbul office", "İstanbul"),
+        ("Straße", "STRASSE"),  # full case folding
+        ("Cafe\u0301 notes", "café"),  # decomposed and composed é alike (NFC)
+    ],
+)
+def test_a_title_search_folds_case_the_same_way_on_both_sides(title: str, q: str) -> None:
+    needle = sessions.normalize_query(q)
+    assert needle is not None and sessions.title_matches(title, needle)
+
+
+def test_a_title_search_still_tells_dotless_i_apart() -> None:
+    # ı (dotless i) is a letter of its own: it folds to itself, not to i
+    needle = sessions.normalize_query("ılık")
+    assert needle is not None and not sessions.title_matches("ilik", needle)
