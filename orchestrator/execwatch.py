@@ -42,8 +42,9 @@ import sys
 import threading
 import time
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, BinaryIO
 
+from orchestrator import logs
 from orchestrator.errors import StoreUnavailable
 from orchestrator.ownership import is_process, kill_if_ours, process_start
 from orchestrator.processes import die_with_parent
@@ -55,6 +56,13 @@ log = logging.getLogger(__name__)
 
 #: A watched command: its pid and start time (``ownership.process_start``, as text).
 Watch = tuple[int, str]
+
+#: Seconds between the warden's beats: a byte on its stdout, from a thread of its own.
+BEAT = 0.25
+#: Seconds without a beat after which the worker replaces its warden (frozen: SIGSTOP).
+SILENCE = 2.0
+#: Seconds a new warden has for its first beat (its interpreter's start-up).
+START_GRACE = 30.0
 
 
 @retried
@@ -92,7 +100,12 @@ class ExecWatch:
         try:
             token, ttl_ms = _read(self.store, self.turn_id)
         except StoreUnavailable as exc:  # the TTL runs on in the server: judge by last read
-            log.warning("exec warden, turn %s: cannot read the store: %s", self.turn_id, exc)
+            log.warning(
+                "exec warden, turn %s: cannot read the store: %s",
+                self.turn_id,
+                exc,
+                extra={"turn_id": self.turn_id},
+            )
         else:
             held = token == self.token and ttl_ms > 0
             self.lapses = now + ttl_ms / 1000 if held else float("-inf")
@@ -103,6 +116,7 @@ class ExecWatch:
                 "turn %s: its step's lease ran out (worker frozen?): shell command killed (pid %d)",
                 self.turn_id,
                 self.pid,
+                extra={"turn_id": self.turn_id},
             )
         return True
 
@@ -153,10 +167,27 @@ class Watching:
         return max(0.0, min(self._due.values()) - time.monotonic())
 
 
-def serve(store: Store, requests: Iterable[str]) -> None:
+def _beat(beats: BinaryIO) -> None:
+    """Write a byte to ``beats`` every ``BEAT`` seconds until the reader is gone (a full pipe,
+    its reader frozen, drops beats rather than block)."""
+    os.set_blocking(beats.fileno(), False)
+    while True:
+        try:
+            beats.write(b".")
+        except BlockingIOError:
+            pass
+        except (BrokenPipeError, ValueError, OSError):
+            return
+        time.sleep(BEAT)
+
+
+def serve(store: Store, requests: Iterable[str], beats: BinaryIO | None = None) -> None:
     """The warden's loop: take the request lines of ``requests`` (read on a thread of their
     own) and poll the watches between them, until ``requests`` ends (the worker closed its end
-    or died: its commands die with it)."""
+    or died: its commands die with it). With ``beats``, a thread writes a byte to it every
+    ``BEAT`` seconds, by which the worker knows its warden is not frozen."""
+    if beats is not None:
+        threading.Thread(target=_beat, args=(beats,), name="warden-beat", daemon=True).start()
     inbox: queue.Queue[str | None] = queue.Queue()
 
     def read() -> None:
@@ -199,6 +230,10 @@ class Warden:
         self._lock = threading.Lock()
         self._proc: subprocess.Popen[bytes] | None = None
         self._owner = 0
+        #: Monotonic seconds of the running warden's last beat (or of its start), and
+        #: whether it has beaten yet.
+        self._heard = 0.0
+        self._beaten = False
         #: What the warden must watch now: each watched command's request.
         self._watched: dict[Watch, dict[str, Any]] = {}
 
@@ -236,15 +271,25 @@ class Warden:
 
     def ensure(self) -> None:
         """Start the warden again, with every watched command, if it died (killed, or the
-        thread that started it ended) while commands are watched. Raises ``OSError``."""
+        thread that started it ended) or went ``SILENCE`` seconds without a beat (frozen)
+        while commands are watched. Raises ``OSError``."""
         with self._lock:
             proc = self._proc
-            if not self._watched or (
-                proc is not None and self._owner == os.getpid() and proc.poll() is None
-            ):
+            if not self._watched:
                 return
-            if proc is not None:
-                log.warning("exec warden (pid %d) died: started again", proc.pid)
+            if proc is not None and self._owner == os.getpid():
+                if proc.poll() is None:
+                    silent = time.monotonic() - self._heard
+                    if silent <= (SILENCE if self._beaten else START_GRACE):
+                        return
+                    log.warning(
+                        "exec warden (pid %d) silent for %.1f s (frozen?): replaced",
+                        proc.pid,
+                        silent,
+                    )
+                    _end(proc, kill=True)
+                else:
+                    log.warning("exec warden (pid %d) died: started again", proc.pid)
             self._proc = None
             self._start()
 
@@ -281,23 +326,39 @@ class Warden:
             "FLEET_REDIS_URL": self.store.url,
             "FLEET_KEY_PREFIX": self.store.keys.prefix,
         }
-        # Unbuffered and non-blocking: a write that would wait on the warden fails instead.
+        # Requests unbuffered and non-blocking (a write that would wait on the warden fails
+        # instead); beats read by a thread of their own.
         proc = subprocess.Popen(
             [sys.executable, "-P", "-m", "orchestrator.execwatch"],
             stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
             bufsize=0,
             env=env,
             preexec_fn=die_with_parent(),
         )
-        assert proc.stdin is not None
+        assert proc.stdin is not None and proc.stdout is not None
         os.set_blocking(proc.stdin.fileno(), False)
         self._proc, self._owner = proc, os.getpid()
+        self._heard, self._beaten = time.monotonic(), False
+        threading.Thread(
+            target=self._listen, args=(proc,), name="warden-beats", daemon=True
+        ).start()
         lines = b"".join((json.dumps(r) + "\n").encode() for r in self._watched.values())
         if lines:
             try:
                 proc.stdin.write(lines)
             except (BlockingIOError, BrokenPipeError) as exc:
                 log.warning("exec warden (pid %d) did not take its watches: %s", proc.pid, exc)
+
+    def _listen(self, proc: subprocess.Popen[bytes]) -> None:
+        """Note each beat of warden ``proc`` until its stdout ends (it exited)."""
+        assert proc.stdout is not None
+        with contextlib.suppress(OSError, ValueError):
+            while proc.stdout.read(64):
+                if self._proc is proc:
+                    self._heard, self._beaten = time.monotonic(), True
+        with contextlib.suppress(OSError):
+            proc.stdout.close()
 
 
 def _end(proc: subprocess.Popen[bytes], *, kill: bool) -> None:
@@ -324,12 +385,12 @@ def warden(store: Store) -> Warden:
 
 def main() -> None:
     """Serve the requests of stdin until it closes."""
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s execwatch %(message)s")
+    logs.configure()  # FLEET_LOG_FORMAT, as the worker whose stderr this shares
     settings = get_settings()
     if not settings.redis_url:
         raise SystemExit("execwatch: FLEET_REDIS_URL is not set")
     store = Store(settings.redis_url, settings.key_prefix)
-    serve(store, sys.stdin)
+    serve(store, sys.stdin, os.fdopen(sys.stdout.fileno(), "wb", buffering=0, closefd=False))
 
 
 if __name__ == "__main__":  # pragma: no cover - the turn worker's child process

@@ -40,6 +40,7 @@ import sys
 import time
 from dataclasses import dataclass
 
+from orchestrator import logs
 from orchestrator.errors import StoreUnavailable
 from orchestrator.ownership import kill_if_ours
 from orchestrator.processes import die_with_parent
@@ -153,7 +154,7 @@ def start(store: Store, host: str, instance: str, lease_ms: int) -> subprocess.P
 
 def main(argv: list[str]) -> None:
     """``HOST INSTANCE [LEASE_MS]``: watch that worker instance's jobs until killed."""
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s jobwatch %(message)s")
+    logs.configure()  # FLEET_LOG_FORMAT, as the worker whose stderr this shares
     settings = get_settings()
     if not settings.redis_url:
         raise SystemExit("jobwatch: FLEET_REDIS_URL is not set")

@@ -6,14 +6,17 @@ watched, when it dies."""
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
+import sys
+import time
 from collections.abc import Iterator
 
 import pytest
 
-from orchestrator.execwatch import Warden
+from orchestrator.execwatch import SILENCE, Warden
 from orchestrator.processes import die_with_parent
 from orchestrator.store import Store
 from tests.helpers import wait_for
@@ -147,6 +150,70 @@ def test_a_frozen_warden_is_replaced_at_the_next_command_instead_of_blocking_it(
     finally:
         with contextlib.suppress(ProcessLookupError):  # replaced: killed and reaped
             os.kill(frozen, signal.SIGCONT)
+
+
+def test_a_warden_stopped_without_a_full_pipe_is_replaced_once_its_beats_stop(
+    store: Store, warden: Warden, commands: list[subprocess.Popen[bytes]]
+) -> None:
+    # Given a watched command whose warden has beaten (it is up)
+    proc = watched(store, warden, commands, "turn-s")
+    wait_for(lambda: warden._beaten, 30, message="the warden's first beat")
+    frozen = warden.pid
+    assert frozen is not None
+    # When the warden is frozen (SIGSTOP by its pid) while the tool's loop checks on it
+    os.kill(frozen, signal.SIGSTOP)
+    try:
+        warden.ensure()
+        assert warden.pid == frozen  # not yet: SILENCE has not passed
+        # Then once SILENCE passes without a beat it is killed and replaced
+        wait_for(
+            lambda: (warden.ensure(), warden.pid)[1] not in (None, frozen),
+            SILENCE + 10,
+            message="the silent warden to be replaced",
+        )
+        with pytest.raises(ProcessLookupError):
+            os.kill(frozen, 0)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(frozen, signal.SIGCONT)
+    # And the new warden watches the command it was never told of again
+    lease_runs_low(store, "turn-s")
+    assert proc.wait(10) == -signal.SIGKILL
+
+
+def test_a_healthy_warden_is_kept_however_long_it_watches(
+    store: Store, warden: Warden, commands: list[subprocess.Popen[bytes]]
+) -> None:
+    watched(store, warden, commands, "turn-h")
+    wait_for(lambda: warden._beaten, 30, message="the warden's first beat")
+    first = warden.pid
+    deadline = time.monotonic() + SILENCE * 2
+    while time.monotonic() < deadline:  # the tool's loop, for twice SILENCE
+        warden.ensure()
+        time.sleep(0.05)
+    assert warden.pid == first
+
+
+def test_the_wardens_log_lines_follow_fleet_log_format(store: Store) -> None:
+    # Given a warden run as a worker runs it, with JSON logs, sent a line it cannot read
+    env = {
+        **os.environ,
+        "FLEET_REDIS_URL": store.url,
+        "FLEET_KEY_PREFIX": store.keys.prefix,
+        "FLEET_LOG_FORMAT": "json",
+    }
+    proc = subprocess.Popen(
+        [sys.executable, "-P", "-m", "orchestrator.execwatch"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        env=env,
+    )
+    _, err = proc.communicate(b"not json\n", timeout=60)
+    # Then its warning is one JSON line
+    [line] = [line for line in err.decode().splitlines() if line.strip()]
+    record = json.loads(line)
+    assert record["level"] == "WARNING" and "bad request line" in record["message"], record
 
 
 def test_the_warden_ends_when_its_worker_closes_its_pipe(
