@@ -127,10 +127,13 @@ async def list_sessions(conn: AcpConnection, req: p.ListSessionsRequest) -> dict
 
 async def archive_session(conn: AcpConnection, req: p.ArchiveSessionRequest) -> dict[str, Any]:
     # On ACP the protocol's rule wins: an active session has its work stopped (as if
-    # session/close were called) and is archived; never refused for being busy. Every
-    # connection with it open is told and closes it when the archive's event arrives.
+    # session/close were called) and is archived, unless the client says
+    # `"stopActivity": false` (then a busy session is refused, -32003 with its live items, as
+    # REST refuses it). Every connection with it open is told and closes it when the
+    # archive's event arrives.
+    stop = req.stop_activity is not False
     await call_store(
-        archive.archive, conn.store, conn.dispatcher, req.session_id, stop_activity=True
+        archive.archive, conn.store, conn.dispatcher, req.session_id, stop_activity=stop
     )
     return {}
 

@@ -15,7 +15,15 @@ import re
 from typing import Annotated, Any, TypeVar
 
 from acp import schema
-from pydantic import BaseModel, Field, StrictInt, StrictStr, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    Field,
+    StrictBool,
+    StrictInt,
+    StrictStr,
+    ValidationError,
+    field_validator,
+)
 
 from api.errors import MAX_LISTED_ERRORS, in_words
 from orchestrator.errors import InvalidParams
@@ -46,7 +54,12 @@ class _SessionRequest(schema.BaseModel):
 
 
 class ArchiveSessionRequest(_SessionRequest):
-    """``session/archive`` params (unstable schema): ``{"sessionId"}``."""
+    """``session/archive`` params (unstable schema): ``{"sessionId"}``, and agent-fleet's
+    ``stopActivity`` (``false``: refuse a busy session, as REST does, instead of stopping its
+    work; absent, ``null`` or ``true``: the protocol's rule, stop it). Any other value is
+    -32602: a client that says not to stop must never have its work stopped."""
+
+    stop_activity: Annotated[StrictBool | None, Field(alias="stopActivity")] = None
 
 
 class UnarchiveSessionRequest(_SessionRequest):

@@ -758,6 +758,27 @@ def test_archive_and_unarchive_of_unknown_or_deleted_session_is_resource_not_fou
     assert agent.call("session/delete", {"sessionId": "sess_" + "1" * 24}) == {}
 
 
+def test_archive_with_stop_activity_false_refuses_a_busy_session_naming_its_work(
+    agent: StdioAgent, store: Any, cwd: str
+) -> None:
+    # Given a session with a queued turn (no worker runs it)
+    sid = new_session(agent, cwd)
+    tid = turns.start_turn(store, RecordingDispatcher(), sid, "think 30")
+    # When a client archives it saying not to stop its work
+    err = agent.error("session/archive", {"sessionId": sid, "stopActivity": False}, -32003)
+    # Then it is refused with the live items, and nothing is archived or stopped
+    assert [(a["family"], a["id"]) for a in err["data"]["activity"]] == [("turn", tid)], err
+    assert "stopActivity" in err["message"], err
+    # And a value that is not a boolean is refused, never read as either
+    for value in ("false", 0, "no", []):
+        agent.error("session/archive", {"sessionId": sid, "stopActivity": value}, INVALID_PARAMS)
+    assert store.redis.hget(store.keys.session(sid), "archived") == "0"
+    assert turns.get_turn(store, tid).state.value in ("queued", "running")  # still live
+    # And without it (or with null or true) the protocol's rule stops the work and archives
+    assert agent.call("session/archive", {"sessionId": sid, "stopActivity": None}) == {}
+    assert store.redis.hget(store.keys.session(sid), "archived") == "1"
+
+
 @pytest.mark.parametrize("method", ["session/archive", "session/unarchive"])
 def test_archive_and_unarchive_require_a_session_id(agent: StdioAgent, method: str) -> None:
     for params in ({}, {"sessionId": None}, {"sessionId": 5}, {"sessionId": ""}):
