@@ -359,8 +359,10 @@ def bulk_archive(
     max_selected: int | None = None,
     progress: Progress | None = None,
 ) -> BulkResult:
-    """Archive the sessions named by ``session_ids`` (in that order; duplicates once) or
-    selected by ``flt`` (exactly one of the two), in batches of ``batch_size``.
+    """Archive the sessions named by ``session_ids`` (duplicates once) or selected by ``flt``
+    (exactly one of the two), ancestors first (so a subtree is archived in its root's
+    transition whatever the order of the ids), in batches of ``batch_size``. Results come in
+    the order the ids were named (a filter's: ancestors first, then oldest activity first).
 
     Raises ``InvalidParams`` (both or neither given, a bad id list or filter),
     ``TooManySessions`` (more than ``MAX_IDS`` ids, or a filter selecting more than
@@ -377,7 +379,12 @@ def bulk_archive(
         if not isinstance(session_ids, list) or not all(isinstance(s, str) for s in session_ids):
             raise InvalidParams("sessionIds must be a list of strings.", {"param": "sessionIds"})
         check_id_count(len(session_ids))
-        ids = list(dict.fromkeys(session_ids))
+        named = list(dict.fromkeys(session_ids))
+        # Written ancestors first, as a filter's selection is, so a named subtree is archived
+        # in its root's transition (and restored with it) whatever order the ids came in;
+        # answered in the order they were named.
+        ids = roots_first(store, [sid for sid in named if SESSION_ID_RE.fullmatch(sid)])
+        ids += [sid for sid in named if not SESSION_ID_RE.fullmatch(sid)]
         idle_before = None
     else:
         assert flt is not None
@@ -392,7 +399,11 @@ def bulk_archive(
         action="bulk_archive",
         idle_before=idle_before,
     )
-    return _run(run, ids, batch_size, progress)
+    result = _run(run, ids, batch_size, progress)
+    if session_ids is not None:
+        place = {sid: i for i, sid in enumerate(named)}
+        result.results.sort(key=lambda item: place[item.session_id])
+    return result
 
 
 def auto_archive(

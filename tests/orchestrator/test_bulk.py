@@ -176,6 +176,26 @@ def test_duplicate_ids_are_archived_once(
     assert result.totals["selected"] == 1
 
 
+def test_named_ids_are_written_ancestors_first_and_answered_in_the_order_named(
+    store: Store, recorder: RecordingDispatcher, cwd: str
+) -> None:
+    # Given a lineage parent -> child -> grandchild, named leaves first
+    parent = new(store, cwd)
+    child = new(store, cwd, parent=parent)
+    grandchild = new(store, cwd, parent=child)
+    result = bulk.bulk_archive(store, recorder, session_ids=[grandchild, "nope", child, parent])
+    # Then the parent's transition archived the whole subtree, as a filter's would
+    assert [(i.session_id, i.outcome) for i in result.results] == [
+        (grandchild, "already_archived"),
+        ("nope", "not_found"),
+        (child, "already_archived"),
+        (parent, "archived"),
+    ]
+    # And unarchiving the parent restores all three, whatever order they were named in
+    assert archive.unarchive(store, parent) == 3
+    assert not any(read(store, sid).archived for sid in (parent, child, grandchild))
+
+
 def test_an_empty_id_list_selects_nothing(store: Store, recorder: RecordingDispatcher) -> None:
     result = bulk.bulk_archive(store, recorder, session_ids=[])
     assert result.totals["selected"] == 0 and result.batches == 0
@@ -551,10 +571,13 @@ def test_a_parent_archives_its_subtree_in_one_transition_that_unarchive_restores
 def test_a_child_archived_before_its_parent_stays_archived_when_the_parent_is_restored(
     store: Store, recorder: RecordingDispatcher, cwd: str
 ) -> None:
-    # As two single archives in this order would: the child has a transition of its own
+    # As two single archives would: the child, archived by an earlier request, has a
+    # transition of its own (named with its parent in one request, it would share the
+    # parent's: ids are written ancestors first)
     root, child, _ = (s.session_id for s in chain(store, 2, cwd))
+    assert outcomes(bulk.bulk_archive(store, recorder, session_ids=[child])) == {child: "archived"}
     result = bulk.bulk_archive(store, recorder, session_ids=[child, root])
-    assert outcomes(result) == {child: "archived", root: "archived"}
+    assert outcomes(result) == {child: "already_archived", root: "archived"}
     assert archive.unarchive(store, root) == 1
     assert read(store, child).archived is True
 
