@@ -30,6 +30,15 @@ log = logging.getLogger(__name__)
 #: Largest JSON-RPC message accepted, in bytes of text.
 MAX_MESSAGE = 1_000_000
 
+
+def _utf8_length_over(text: str, limit: int) -> bool:
+    """Whether ``text`` takes more than ``limit`` bytes in UTF-8 (``MAX_MESSAGE`` counts bytes
+    on every transport: a WebSocket text frame arrives decoded)."""
+    if len(text) > limit:
+        return True
+    return len(text) * 4 > limit and len(text.encode("utf-8", "surrogatepass")) > limit
+
+
 PARSE_ERROR, INVALID_REQUEST, METHOD_NOT_FOUND, INVALID_PARAMS, INTERNAL_ERROR = (
     -32700,
     -32600,
@@ -215,7 +224,7 @@ class RpcEndpoint:
             await self.answer_error(None, exc)
 
     async def _handle_text(self, text: str) -> None:
-        if len(text) > MAX_MESSAGE:
+        if _utf8_length_over(text, MAX_MESSAGE):
             await self.refuse_oversized()
             return
         try:

@@ -112,7 +112,7 @@ def _good_id(value: Any) -> bool:
 async def _answered(sent: list[dict[str, Any]], text: str) -> None:
     """A request with a usable id gets an answer with that id (a prompt may stay pending).
     An oversized message is refused unread, so its answer carries a null id."""
-    if len(text) > MAX_MESSAGE:
+    if len(text.encode("utf-8", "surrogatepass")) > MAX_MESSAGE:
         return
     try:
         msg = untrusted.loads(text)
@@ -394,3 +394,15 @@ def test_oversized_message_is_refused_clearly(harness: Harness) -> None:
     _check_messages(sent, text)
     err = sent[0]["error"]
     assert err["code"] == -32600 and str(MAX_MESSAGE) in err["message"], err
+
+
+def test_the_message_limit_counts_utf8_bytes_as_a_websocket_frame_arrives_decoded(
+    harness: Harness,
+) -> None:
+    # Given a text message of fewer characters than MAX_MESSAGE but more bytes (3 each)
+    euros = "\u20ac" * (MAX_MESSAGE // 3 + 1)
+    text = '{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"x":"' + euros + '"}}'
+    assert len(text) < MAX_MESSAGE < len(text.encode())
+    # Then it is refused as a stdio line of the same bytes would be
+    err = harness.run(text)[0]["error"]
+    assert err["code"] == -32600 and f"larger than {MAX_MESSAGE} bytes" in err["message"], err
