@@ -51,6 +51,13 @@ log = logging.getLogger(__name__)
 
 #: The ``reason`` recorded on a job the watchdog killed.
 REASON = "its worker stopped renewing the lease (frozen?): killed before the lease lapsed"
+#: The ``reason`` (and log line) of one killed only after its lease lapsed: the watchdog was
+#: held up as well (frozen with its worker, a whole host paused), so the census may already
+#: count the job lost.
+LATE_REASON = (
+    "its worker stopped renewing the lease (frozen?): killed {late:.1f} s after the lease"
+    " lapsed, this watchdog having been held up too"
+)
 
 
 @dataclass
@@ -59,6 +66,8 @@ class _Watched:
     started: str
     #: Monotonic seconds at which the lease lapses, as last read (``-inf``: kill now).
     lapses: float
+    #: The last lapse time read while the lease still ran (``lapses`` may be ``-inf`` since).
+    renewed_until: float = float("-inf")
 
 
 #: Per job id: state, instance, pid, pidStart and the lease's remaining TTL in ms (< 0: none).
@@ -111,7 +120,9 @@ class Watchdog:
             ours = state == "running" and instance == self.instance
             if ours and pid:
                 lapses = now + ttl_ms / 1000 if ttl_ms > 0 else float("-inf")
-                self._watched[jid] = _Watched(int(pid), started or "", lapses)
+                known = self._watched.get(jid)
+                until = lapses if ttl_ms > 0 else known.renewed_until if known else lapses
+                self._watched[jid] = _Watched(int(pid), started or "", lapses, until)
             elif jid in self._watched and not ours:
                 # Ended (its process is gone, so nothing is signalled) or counted lost by the
                 # census (a whole host frozen and thawed): its process must not run on.
@@ -120,12 +131,14 @@ class Watchdog:
     def _kill(self, jid: str, job: _Watched) -> bool:
         if not kill_if_ours(job.pid, job.started):
             return False  # already gone (or the pid is someone else's now)
+        late = time.monotonic() - job.renewed_until
+        reason = LATE_REASON.format(late=late) if 0 < late < float("inf") else REASON
         try:
             ms = self.store.now_ms()
-            self.store.run("job_end", [jid, "lost", "", iso(ms), "running", REASON])
+            self.store.run("job_end", [jid, "lost", "", iso(ms), "running", reason])
         except StoreUnavailable as exc:  # the lease lapses anyway; the census records it
             log.warning("job %s killed, not recorded: %s", jid, exc)
-        log.warning("job %s: %s (pid %d)", jid, REASON, job.pid)
+        log.warning("job %s: %s (pid %d)", jid, reason, job.pid)
         return True
 
     def run_forever(self) -> None:

@@ -7,11 +7,12 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import time
 from collections.abc import Iterator
 
 import pytest
 
-from orchestrator import jobs, sessions
+from orchestrator import jobs, jobwatch, sessions
 from orchestrator.activity import census
 from orchestrator.jobs import JobState
 from orchestrator.jobwatch import REASON, Watchdog
@@ -74,6 +75,25 @@ def test_a_watched_job_the_census_counted_lost_is_killed_if_its_process_still_ru
     # Then the watchdog's next pass kills its process
     assert watchdog.poll() == [jid]
     assert sleeper.wait(5) == -9
+
+
+def test_a_job_killed_only_after_its_lease_lapsed_says_so_not_that_it_was_in_time(
+    store: Store, cwd: str, sleeper: subprocess.Popen[bytes]
+) -> None:
+    # Given a watched job whose lease the watchdog last read with 0.2 s left
+    jid = running_job(store, cwd, sleeper, process_start(sleeper.pid))
+    watchdog = Watchdog(store, "hostA", INSTANCE, 3000)
+    store.redis.pexpire(store.keys.job_lease(jid), 60_000)
+    assert watchdog.poll() == []
+    store.redis.pexpire(store.keys.job_lease(jid), 200)
+    watchdog._learn(jobwatch._read(store, "hostA", [jid]), time.monotonic())
+    # When the watchdog itself is held up past that lapse (frozen with its worker)
+    time.sleep(0.5)
+    # Then its next pass kills the job and records how late it was, not "before it lapsed"
+    assert watchdog.poll() == [jid]
+    assert sleeper.wait(5) == -9
+    reason = store.redis.hget(store.keys.job(jid), "reason")
+    assert reason is not None and reason != REASON and "after the lease lapsed" in reason
 
 
 def test_a_pid_that_did_not_start_when_the_job_did_is_never_signalled(
