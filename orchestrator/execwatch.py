@@ -52,7 +52,8 @@ from orchestrator.settings import get_settings
 from orchestrator.sharing import PerStore
 from orchestrator.store import Store, retried
 
-log = logging.getLogger(__name__)
+#: Named, not ``__name__``: run with ``-m`` this module is ``__main__``.
+log = logging.getLogger("orchestrator.execwatch")
 
 #: A watched command: its pid and start time (``ownership.process_start``, as text).
 Watch = tuple[int, str]
@@ -385,7 +386,8 @@ def warden(store: Store) -> Warden:
 
 def main() -> None:
     """Serve the requests of stdin until it closes."""
-    logs.configure()  # FLEET_LOG_FORMAT, as the worker whose stderr this shares
+    # FLEET_LOG_FORMAT, as the worker whose stderr this shares, its lines marked as its own
+    logs.configure(filters=[logs.FixedContext(family="turn")])
     settings = get_settings()
     if not settings.redis_url:
         raise SystemExit("execwatch: FLEET_REDIS_URL is not set")

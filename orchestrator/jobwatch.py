@@ -47,7 +47,8 @@ from orchestrator.processes import die_with_parent
 from orchestrator.settings import get_settings
 from orchestrator.store import Store, iso, retried
 
-log = logging.getLogger(__name__)
+#: Named, not ``__name__``: run with ``-m`` this module is ``__main__``.
+log = logging.getLogger("orchestrator.jobwatch")
 
 #: The ``reason`` recorded on a job the watchdog killed.
 REASON = "its worker stopped renewing the lease (frozen?): killed before the lease lapsed"
@@ -167,7 +168,8 @@ def start(store: Store, host: str, instance: str, lease_ms: int) -> subprocess.P
 
 def main(argv: list[str]) -> None:
     """``HOST INSTANCE [LEASE_MS]``: watch that worker instance's jobs until killed."""
-    logs.configure()  # FLEET_LOG_FORMAT, as the worker whose stderr this shares
+    # FLEET_LOG_FORMAT, as the worker whose stderr this shares, its lines marked as its own
+    logs.configure(filters=[logs.FixedContext(family="job")])
     settings = get_settings()
     if not settings.redis_url:
         raise SystemExit("jobwatch: FLEET_REDIS_URL is not set")

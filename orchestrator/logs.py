@@ -136,6 +136,22 @@ def _context(record: logging.LogRecord) -> dict[str, Any]:
     return out
 
 
+class FixedContext(logging.Filter):
+    """Fills context fields (``CONTEXT_FIELDS``) a record does not carry with fixed values:
+    a helper process of one family (a watchdog) marks its lines with it, as its worker's
+    lines are marked."""
+
+    def __init__(self, **fields: str) -> None:
+        super().__init__()
+        self.fields = fields
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        for name, value in self.fields.items():
+            if getattr(record, name, None) is None:
+                setattr(record, name, value)
+        return True
+
+
 class JsonFormatter(logging.Formatter):
     """One JSON object per record, on one line."""
 

@@ -214,6 +214,7 @@ def test_the_wardens_log_lines_follow_fleet_log_format(store: Store) -> None:
     [line] = [line for line in err.decode().splitlines() if line.strip()]
     record = json.loads(line)
     assert record["level"] == "WARNING" and "bad request line" in record["message"], record
+    assert (record["logger"], record["family"]) == ("orchestrator.execwatch", "turn"), record
 
 
 def test_the_warden_ends_when_its_worker_closes_its_pipe(
