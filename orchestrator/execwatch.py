@@ -11,7 +11,8 @@ with the thread that started it, ``PR_SET_PDEATHSIG``, and when the worker's end
 closes), which the worker's freeze does not reach. Per command it watches (``ExecWatch``):
 
 * every ``1/8`` lease it reads the lease (its value, the step copy's token, and its remaining
-  TTL) and keeps the local (monotonic) time it lapses, as last read;
+  TTL; the leases of every command then due in one round trip, never retried, that may take
+  ``READ_TIMEOUT``) and keeps the local (monotonic) time it lapses, as last read;
 * once less than a third of a lease is left (the step watch refreshes it every second of a
   five-second lease), or the lease is gone or held by another copy of the step, it kills the
   command's process group (SIGKILL, only after the pid is verified by its start time,
@@ -50,7 +51,7 @@ from orchestrator.ownership import is_process, kill_if_ours, process_start
 from orchestrator.processes import die_with_parent
 from orchestrator.settings import get_settings
 from orchestrator.sharing import PerStore
-from orchestrator.store import Store, retried
+from orchestrator.store import Store, translated
 
 #: Named, not ``__name__``: run with ``-m`` this module is ``__main__``.
 log = logging.getLogger("orchestrator.execwatch")
@@ -66,24 +67,32 @@ SILENCE = 2.0
 START_GRACE = 30.0
 
 
-@retried
-def _read(store: Store, turn_id: str) -> tuple[str | None, int]:
-    """The step lease's value (the owning copy's token) and remaining TTL in ms (< 0: none)."""
-    pipe = store.redis.pipeline(transaction=False)
-    pipe.get(store.keys.step_lease(turn_id))
-    pipe.pttl(store.keys.step_lease(turn_id))
-    token, ttl = pipe.execute()
-    return token, int(ttl)
+#: Seconds one read of the leases may take in the warden (its store's socket timeouts): a
+#: stalled Redis must not hold up the kill decisions, which then go by the lapse times last
+#: read (the server's TTLs keep running).
+READ_TIMEOUT = 0.5
+
+#: Per turn id: the step lease's value (the owning copy's token) and remaining TTL in ms.
+Lease = tuple[str | None, int]
+
+
+def _read(store: Store, turn_ids: list[str]) -> dict[str, Lease]:
+    """The step leases of ``turn_ids``: one round trip, never retried (the next tick reads
+    again). Raises ``StoreUnavailable``."""
+    with translated():
+        pipe = store.redis.pipeline(transaction=False)
+        for tid in turn_ids:
+            pipe.get(store.keys.step_lease(tid))
+            pipe.pttl(store.keys.step_lease(tid))
+        found = pipe.execute()
+    return {tid: (found[2 * i], int(found[2 * i + 1])) for i, tid in enumerate(turn_ids)}
 
 
 class ExecWatch:
     """Watches one command (``pid``, started at ``started``) of the step copy ``token`` of
-    turn ``turn_id`` (see the module docstring); ``poll`` does one pass."""
+    turn ``turn_id`` (see the module docstring); ``judge`` does one pass."""
 
-    def __init__(
-        self, store: Store, turn_id: str, token: str, lease_ms: int, pid: int, started: str
-    ) -> None:
-        self.store = store
+    def __init__(self, turn_id: str, token: str, lease_ms: int, pid: int, started: str) -> None:
         self.turn_id = turn_id
         self.token = token
         self.pid = pid
@@ -93,24 +102,18 @@ class ExecWatch:
         #: Monotonic seconds at which the lease lapses, as last read.
         self.lapses = time.monotonic() + lease_ms / 1000
 
-    def poll(self) -> bool:
-        """One pass. Returns whether the watch is over (the command is gone or was killed)."""
+    def judge(self, lease: Lease | None, asked: float) -> bool:
+        """One pass, given the lease as read by a request sent at ``asked`` (monotonic; the
+        TTL counts from then at the latest) or ``None`` (it could not be read: the lapse time
+        last read stands). Returns whether the watch is over (the command is gone or was
+        killed)."""
         if not is_process(self.pid, self.started):
             return True
-        now = time.monotonic()
-        try:
-            token, ttl_ms = _read(self.store, self.turn_id)
-        except StoreUnavailable as exc:  # the TTL runs on in the server: judge by last read
-            log.warning(
-                "exec warden, turn %s: cannot read the store: %s",
-                self.turn_id,
-                exc,
-                extra={"turn_id": self.turn_id},
-            )
-        else:
+        if lease is not None:
+            token, ttl_ms = lease
             held = token == self.token and ttl_ms > 0
-            self.lapses = now + ttl_ms / 1000 if held else float("-inf")
-        if self.lapses - now >= self.margin:
+            self.lapses = asked + ttl_ms / 1000 if held else float("-inf")
+        if self.lapses - time.monotonic() >= self.margin:
             return False
         if kill_if_ours(self.pid, self.started):
             log.warning(
@@ -123,9 +126,10 @@ class ExecWatch:
 
 
 class Watching:
-    """The warden's side: the commands it watches, each polled every ``interval`` of its own.
-    ``handle`` takes one request (the module docstring's lines, parsed); ``tick`` polls the
-    watches that are due and returns the seconds until the next is (``None``: none left)."""
+    """The warden's side: the commands it watches, each judged every ``interval`` of its own.
+    ``handle`` takes one request (the module docstring's lines, parsed); ``tick`` reads the
+    leases of the watches that are due (one round trip) and judges them, and returns the
+    seconds until the next is due (``None``: none left)."""
 
     def __init__(self, store: Store) -> None:
         self.store = store
@@ -137,9 +141,7 @@ class Watching:
         if "watch" in request:
             turn_id, token, lease_ms, pid, started = request["watch"]
             key = (int(pid), str(started))
-            self.watches[key] = ExecWatch(
-                self.store, str(turn_id), str(token), int(lease_ms), key[0], key[1]
-            )
+            self.watches[key] = ExecWatch(str(turn_id), str(token), int(lease_ms), *key)
             self._due[key] = time.monotonic()
         elif "drop" in request:
             pid, started = request["drop"]
@@ -150,19 +152,26 @@ class Watching:
             raise ValueError(f"not a warden request: {request!r}")
 
     def tick(self) -> float | None:
-        now = time.monotonic()
-        for key, watch in list(self.watches.items()):
-            if self._due[key] > now:
-                continue
+        asked = time.monotonic()
+        due = [key for key, at in self._due.items() if at <= asked]
+        leases: dict[str, Lease] = {}
+        if due:
             try:
-                over = watch.poll()
-            except Exception as exc:  # contained: one bad read must not end the watch
-                log.warning("exec warden: %s", exc)
+                leases = _read(self.store, sorted({self.watches[k].turn_id for k in due}))
+            except StoreUnavailable as exc:  # the TTLs run on in the server: last reads stand
+                log.warning("exec warden: cannot read the step leases: %s", exc)
+        now = time.monotonic()
+        for key in due:
+            watch = self.watches[key]
+            try:
+                over = watch.judge(leases.get(watch.turn_id), asked)
+            except Exception as exc:  # contained: one bad record must not end the watch
+                log.warning("exec warden: %s", exc, extra={"turn_id": watch.turn_id})
                 over = False
             if over:
                 del self.watches[key], self._due[key]
             else:
-                self._due[key] = time.monotonic() + watch.interval
+                self._due[key] = now + watch.interval
         if not self._due:
             return None
         return max(0.0, min(self._due.values()) - time.monotonic())
@@ -391,7 +400,10 @@ def main() -> None:
     settings = get_settings()
     if not settings.redis_url:
         raise SystemExit("execwatch: FLEET_REDIS_URL is not set")
-    store = Store(settings.redis_url, settings.key_prefix)
+    timeout = READ_TIMEOUT
+    store = Store(
+        settings.redis_url, settings.key_prefix, socket_timeout=timeout, connect_timeout=timeout
+    )
     serve(store, sys.stdin, os.fdopen(sys.stdout.fileno(), "wb", buffering=0, closefd=False))
 
 
