@@ -45,7 +45,7 @@ from orchestrator.errors import StoreUnavailable
 from orchestrator.ownership import kill_if_ours
 from orchestrator.processes import die_with_parent
 from orchestrator.settings import get_settings
-from orchestrator.store import Store, iso, retried
+from orchestrator.store import Store, iso, translated
 
 #: Named, not ``__name__``: run with ``-m`` this module is ``__main__``.
 log = logging.getLogger("orchestrator.jobwatch")
@@ -75,15 +75,22 @@ class _Watched:
 Row = tuple[str | None, str | None, str | None, str | None, int]
 
 
-@retried
+#: Seconds one read may take in the watchdog (its store's socket timeouts): a stalled Redis
+#: must not hold up the kill decisions, which then go by the lapse times last read (the
+#: server's TTLs keep running).
+READ_TIMEOUT = 0.5
+
+
 def _read(store: Store, host: str, known: list[str]) -> dict[str, Row]:
-    """The records of the host's claimed jobs and of ``known`` ones: two round trips."""
-    jids = sorted(set(store.redis.smembers(store.keys.host_jobs(host))) | set(known))
-    pipe = store.redis.pipeline(transaction=False)
-    for jid in jids:
-        pipe.hmget(store.keys.job(jid), "state", "instance", "pid", "pidStart")
-        pipe.pttl(store.keys.job_lease(jid))
-    found = pipe.execute() if jids else []
+    """The records of the host's claimed jobs and of ``known`` ones: two round trips, never
+    retried (the next pass reads again). Raises ``StoreUnavailable``."""
+    with translated():
+        jids = sorted(set(store.redis.smembers(store.keys.host_jobs(host))) | set(known))
+        pipe = store.redis.pipeline(transaction=False)
+        for jid in jids:
+            pipe.hmget(store.keys.job(jid), "state", "instance", "pid", "pidStart")
+            pipe.pttl(store.keys.job_lease(jid))
+        found = pipe.execute() if jids else []
     return {jid: (*found[2 * i], int(found[2 * i + 1])) for i, jid in enumerate(jids)}
 
 
@@ -101,20 +108,29 @@ class Watchdog:
 
     def poll(self) -> list[str]:
         """One pass: learn lapse times, kill what must die. Returns the killed job ids."""
-        now = time.monotonic()
+        asked = time.monotonic()  # the TTLs read count from then at the latest
         try:
             rows = _read(self.store, self.host, list(self._watched))
         except StoreUnavailable as exc:  # the TTL runs on in the server: judge by last read
             log.warning("job watchdog cannot read the store: %s", exc)
         else:
-            self._learn(rows, now)
-        killed = []
+            self._learn(rows, asked)
+        # Every kill first, by the time after the read; then their records, which may wait
+        # on a store that does not answer.
+        now = time.monotonic()
+        killed: list[tuple[str, str, int]] = []
         for jid, job in list(self._watched.items()):
             if job.lapses - now < self.margin:
                 del self._watched[jid]
-                if self._kill(jid, job):
-                    killed.append(jid)
-        return killed
+                if kill_if_ours(job.pid, job.started):
+                    late = time.monotonic() - job.renewed_until
+                    late_ok = 0 < late < float("inf")
+                    killed.append(
+                        (jid, LATE_REASON.format(late=late) if late_ok else REASON, job.pid)
+                    )
+        for jid, reason, pid in killed:
+            self._record(jid, reason, pid)
+        return [jid for jid, _, _ in killed]
 
     def _learn(self, rows: dict[str, Row], now: float) -> None:
         for jid, (state, instance, pid, started, ttl_ms) in rows.items():
@@ -129,18 +145,14 @@ class Watchdog:
                 # census (a whole host frozen and thawed): its process must not run on.
                 self._watched[jid].lapses = float("-inf")
 
-    def _kill(self, jid: str, job: _Watched) -> bool:
-        if not kill_if_ours(job.pid, job.started):
-            return False  # already gone (or the pid is someone else's now)
-        late = time.monotonic() - job.renewed_until
-        reason = LATE_REASON.format(late=late) if 0 < late < float("inf") else REASON
+    def _record(self, jid: str, reason: str, pid: int) -> None:
+        """Record killed job ``jid`` lost with ``reason`` (a no-op if it ended otherwise)."""
         try:
             ms = self.store.now_ms()
             self.store.run("job_end", [jid, "lost", "", iso(ms), "running", reason])
         except StoreUnavailable as exc:  # the lease lapses anyway; the census records it
             log.warning("job %s killed, not recorded: %s", jid, exc)
-        log.warning("job %s: %s (pid %d)", jid, reason, job.pid)
-        return True
+        log.warning("job %s: %s (pid %d)", jid, reason, pid)
 
     def run_forever(self) -> None:
         """Poll every ``interval`` seconds until killed (with the worker, by PDEATHSIG)."""
@@ -175,7 +187,10 @@ def main(argv: list[str]) -> None:
         raise SystemExit("jobwatch: FLEET_REDIS_URL is not set")
     host, instance = argv[:2]
     lease_ms = int(argv[2]) if len(argv) > 2 else int(settings.job_lease_seconds * 1000)
-    store = Store(settings.redis_url, settings.key_prefix)
+    timeout = READ_TIMEOUT
+    store = Store(
+        settings.redis_url, settings.key_prefix, socket_timeout=timeout, connect_timeout=timeout
+    )
     Watchdog(store, host, instance, lease_ms).run_forever()
 
 
