@@ -6,7 +6,8 @@ stalled VM thread) stops refreshing its step's lease (``Keys.step_lease``), and 
 lease lapses the census counts the turn as not live (``turn.lua``: a ``cancelling`` turn
 without its lease is stale), but freezing a process does not freeze its children: the command
 would run on, hidden. So every command is watched by this process's *warden*: one child
-process per worker process (``Warden``, started with the first command it watches; it dies
+process per worker process (``Warden``, started when a turn worker is ready, or else with
+the first command it watches; it dies
 with the thread that started it, ``PR_SET_PDEATHSIG``, and when the worker's end of its pipe
 closes), which the worker's freeze does not reach. Per command it watches (``ExecWatch``):
 
@@ -252,6 +253,16 @@ class Warden:
         """The warden process's pid, while it runs."""
         proc = self._proc
         return proc.pid if proc is not None and proc.poll() is None else None
+
+    def start(self) -> None:
+        """Start the warden now unless it runs (a turn worker starts it when it is ready, so
+        its first command does not wait for the warden's start-up). Raises ``OSError``."""
+        with self._lock:
+            proc = self._proc
+            if proc is not None and self._owner == os.getpid() and proc.poll() is None:
+                return
+            self._proc = None
+            self._start()
 
     def watch(self, turn_id: str, token: str, lease_ms: int, pid: int) -> Watch | None:
         """Have command ``pid`` of step copy ``token`` of ``turn_id`` (lease ``lease_ms``)

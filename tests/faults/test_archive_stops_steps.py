@@ -14,6 +14,7 @@ import signal
 import time
 from collections.abc import Iterator
 
+import psutil
 import pytest
 
 from orchestrator import gate
@@ -197,6 +198,16 @@ def test_a_frozen_turn_workers_shell_command_is_dead_once_its_turn_no_longer_cou
     # worker, once resumed, keeps working.
     store, dispatcher = private.store, private.dispatcher
     worker = private.worker(Family.TURN).process.pid
+    # (whose exec warden the worker started when it was ready, not with the command)
+    wait_for(
+        lambda: [
+            p
+            for p in psutil.Process(worker).children()
+            if "orchestrator.execwatch" in " ".join(p.cmdline())
+        ],
+        30,
+        message="the turn worker's exec warden",
+    )
     # Given a turn whose step runs a 121.3 s shell command
     sid = create_session(store, "/tmp/frozen-turn").session_id
     tid = start_turn(store, dispatcher, sid, "exec 121.3\nsay never")

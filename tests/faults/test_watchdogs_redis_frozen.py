@@ -11,6 +11,9 @@ import signal
 import subprocess
 import threading
 import time
+from collections.abc import Callable, Iterator
+
+import pytest
 
 from api.embedded import EmbeddedRedis
 from orchestrator import jobs, jobwatch, sessions
@@ -24,83 +27,105 @@ from tests.orchestrator.support import claim_job
 LEASE_MS = 6000  # killed with a third (2 s) left; polled every 0.75 s
 
 
+class Victim:
+    """A process in a group of its own (as a command under ``timeout``, as a job), and the
+    monotonic time it died, noted by a thread of its own (the watchdog's record of a kill
+    may wait on the frozen Redis)."""
+
+    def __init__(self) -> None:
+        self.proc = subprocess.Popen(["sleep", "60"], preexec_fn=die_with_parent())
+        self.died: float | None = None
+        self._waiter = threading.Thread(target=self._wait, daemon=True)
+        self._waiter.start()
+
+    def _wait(self) -> None:
+        self.proc.wait()
+        self.died = time.monotonic()
+
+    def killed_within(self, since: float, seconds: float) -> float:
+        """Seconds from ``since`` to its SIGKILL death, asserted to be under ``seconds``."""
+        self._waiter.join(seconds + 10)
+        assert self.proc.returncode == -signal.SIGKILL, self.proc.returncode
+        assert self.died is not None
+        took = self.died - since
+        assert took < seconds, f"killed {took:.2f} s after the lease was set"
+        return took
+
+
+@pytest.fixture
+def victim() -> Iterator[Victim]:
+    made = Victim()
+    yield made
+    if made.proc.poll() is None:
+        made.proc.kill()
+        made.proc.wait(5)
+
+
+@pytest.fixture
+def freeze(private_redis: EmbeddedRedis) -> Iterator[Callable[[], None]]:
+    """Freezes the private Redis (SIGSTOP by its PID); thawed after the test."""
+    pid = private_redis.pid
+    assert pid is not None
+    frozen: list[int] = []
+
+    def stop() -> None:
+        os.kill(pid, signal.SIGSTOP)
+        frozen.append(pid)
+
+    yield stop
+    for p in frozen:
+        os.kill(p, signal.SIGCONT)
+
+
 def test_a_watched_command_dies_before_its_lease_lapses_while_redis_is_frozen(
-    private_redis: EmbeddedRedis,
+    private_redis: EmbeddedRedis, victim: Victim, freeze: Callable[[], None]
 ) -> None:
     store = Store(private_redis.url, "frozen-redis:")
     warden = Warden(store)
-    proc = subprocess.Popen(["sleep", "60"], preexec_fn=die_with_parent())
-    redis_pid = private_redis.pid
-    assert redis_pid is not None
-    frozen = False
     try:
         # Given a command whose step lease (6 s) the warden has read once
         store.redis.set(store.keys.step_lease("turn-f"), "tok", px=LEASE_MS)
         leased = time.monotonic()
-        assert warden.watch("turn-f", "tok", LEASE_MS, proc.pid) is not None
+        assert warden.watch("turn-f", "tok", LEASE_MS, victim.proc.pid) is not None
         wait_for(
             lambda: int(store.redis.info("commandstats").get("cmdstat_pttl", {}).get("calls", 0)),
             30,
             message="the warden's first read of the lease",
         )
-        # When Redis is frozen (SIGSTOP by its PID): no read answers, and nobody renews
-        os.kill(redis_pid, signal.SIGSTOP)
-        frozen = True
+        # When Redis is frozen: no read answers, and nobody renews
+        freeze()
         # Then the command is killed before the lease would lapse in the server
-        assert proc.wait(LEASE_MS / 1000 + 10) == -signal.SIGKILL
-        died = time.monotonic() - leased
-        assert died < LEASE_MS / 1000, f"killed {died:.2f} s after the lease was set"
+        victim.killed_within(leased, LEASE_MS / 1000)
     finally:
-        if frozen:
-            os.kill(redis_pid, signal.SIGCONT)
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(5)
         warden.close()
         store.close()
 
 
 def test_a_watched_job_dies_before_its_lease_lapses_while_redis_is_frozen(
-    private_redis: EmbeddedRedis,
+    private_redis: EmbeddedRedis, victim: Victim, freeze: Callable[[], None]
 ) -> None:
     # The watchdog's store as its process makes it: reads give up after READ_TIMEOUT
     timeout = jobwatch.READ_TIMEOUT
     store = Store(
         private_redis.url, "frozen-redis:", socket_timeout=timeout, connect_timeout=timeout
     )
-    proc = subprocess.Popen(["sleep", "60"], preexec_fn=die_with_parent())
-    redis_pid = private_redis.pid
-    assert redis_pid is not None
-    frozen = False
     try:
         # Given a running job of this instance whose 6 s lease the watchdog has read once
         sid = sessions.create_session(store, "/tmp/frozen-redis").session_id
         jid = jobs.create_job(store, RecordingDispatcher(), sid, 60, "sleep 60")
         claim_job(store, jid, "hostA")
-        started = repr(process_start(proc.pid))
-        store.redis.hset(store.keys.job(jid), mapping={"pid": proc.pid, "pidStart": started})
+        started = repr(process_start(victim.proc.pid))
+        store.redis.hset(store.keys.job(jid), mapping={"pid": victim.proc.pid, "pidStart": started})
         store.redis.pexpire(store.keys.job_lease(jid), LEASE_MS)
         leased = time.monotonic()
         watchdog = jobwatch.Watchdog(store, "hostA", "hostA/test", LEASE_MS)
         assert watchdog.poll() == []
-        deaths: list[float] = []  # when the process died (its record may wait on Redis)
-        waiter = threading.Thread(target=lambda: (proc.wait(), deaths.append(time.monotonic())))
-        waiter.start()
-        # When Redis is frozen (SIGSTOP by its PID), and the watchdog polls as it runs
-        os.kill(redis_pid, signal.SIGSTOP)
-        frozen = True
+        # When Redis is frozen, and the watchdog polls as it runs
+        freeze()
         while not watchdog.poll():
             assert time.monotonic() - leased < LEASE_MS / 1000 + 10, "never killed"
             time.sleep(watchdog.interval)
         # Then the job is killed before the lease would lapse in the server
-        waiter.join(5)
-        assert proc.returncode == -signal.SIGKILL
-        died = deaths[0] - leased
-        assert died < LEASE_MS / 1000, f"killed {died:.2f} s after the lease was set"
+        victim.killed_within(leased, LEASE_MS / 1000)
     finally:
-        if frozen:
-            os.kill(redis_pid, signal.SIGCONT)
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(5)
         store.close()

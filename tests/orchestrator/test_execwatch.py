@@ -90,6 +90,22 @@ def test_one_warden_watches_every_command_and_kills_only_the_one_whose_lease_ran
     assert warden.pid == first
 
 
+def test_a_warden_started_ahead_serves_the_first_command(
+    store: Store, warden: Warden, commands: list[subprocess.Popen[bytes]]
+) -> None:
+    # Given a warden started before any command (as a turn worker starts it when ready)
+    warden.start()
+    wait_for(lambda: warden._beaten, 30, message="the warden's first beat")
+    ahead = warden.pid
+    warden.start()  # a second start keeps it
+    assert ahead is not None and warden.pid == ahead
+    # When the first command is watched and its lease runs low, that warden kills it
+    proc = watched(store, warden, commands, "turn-w")
+    lease_runs_low(store, "turn-w")
+    assert proc.wait(10) == -signal.SIGKILL
+    assert warden.pid == ahead
+
+
 def test_a_dropped_command_is_no_longer_watched(
     store: Store, warden: Warden, commands: list[subprocess.Popen[bytes]]
 ) -> None:
