@@ -90,6 +90,13 @@ def gather(url: str, prefix: str, logs: dict[str, Path], api: str, token: str) -
     client: Any = redis.Redis.from_url(url, decode_responses=True, socket_timeout=30)
     ev = Evidence()
     try:
+        # Reminders before turns: a reminder fires by creating its turn in the same script,
+        # and turns are never deleted, so one read fired here has its turn in the read below
+        # (read the other way round, one firing in between would look lost).
+        keys = list(_scan(client, f"{prefix}reminder:rem_*"))
+        for h in _hashes(client, keys):
+            if h.get("reminderId"):
+                ev.reminders[h["reminderId"]] = h
         keys = [key for key in _scan(client, f"{prefix}turn:turn_*")]
         for h in _hashes(client, keys):
             if h.get("turnId"):
@@ -107,10 +114,6 @@ def gather(url: str, prefix: str, logs: dict[str, Path], api: str, token: str) -
         sids = sorted(ev.requests)
         for sid, line in zip(sids, _lists(client, [k.lineage(s) for s in sids]), strict=True):
             ev.lineages[sid] = line
-        keys = list(_scan(client, f"{prefix}reminder:rem_*"))
-        for h in _hashes(client, keys):
-            if h.get("reminderId"):
-                ev.reminders[h["reminderId"]] = h
         keys = list(_scan(client, f"{prefix}history:*"))
         for rows in _lists(client, keys):
             for row in rows:
