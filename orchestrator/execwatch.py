@@ -233,8 +233,8 @@ def serve(store: Store, requests: Iterable[str], beats: BinaryIO | None = None) 
 
 class Warden:
     """The worker's side: this process's warden for one store (``warden(store)``), started
-    with the first ``watch`` and again whenever it is found dead; every method is safe from
-    any thread."""
+    by ``start`` (a turn worker, when ready) or else with the first ``watch``, and again
+    whenever it is found dead or silent; every method is safe from any thread."""
 
     def __init__(self, store: Store) -> None:
         self.store = store
