@@ -13,7 +13,7 @@ closes), which the worker's freeze does not reach. Per command it watches (``Exe
 
 * every ``1/8`` lease it reads the lease (its value, the step copy's token, and its remaining
   TTL; the leases of every command then due in one round trip, never retried, that may take
-  ``READ_TIMEOUT``) and keeps the local (monotonic) time it lapses, as last read;
+  ``watchdogs.READ_TIMEOUT``) and keeps the local (monotonic) time it lapses, as last read;
 * once less than a third of a lease is left (the step watch refreshes it every second of a
   five-second lease), or the lease is gone or held by another copy of the step, it kills the
   command's process group (SIGKILL, only after the pid is verified by its start time,
@@ -46,11 +46,9 @@ import time
 from collections.abc import Iterable
 from typing import Any, BinaryIO
 
-from orchestrator import logs
+from orchestrator import watchdogs
 from orchestrator.errors import StoreUnavailable
 from orchestrator.ownership import is_process, kill_if_ours, process_start
-from orchestrator.processes import die_with_parent
-from orchestrator.settings import get_settings
 from orchestrator.sharing import PerStore
 from orchestrator.store import Store, translated
 
@@ -67,11 +65,6 @@ SILENCE = 2.0
 #: Seconds a new warden has for its first beat (its interpreter's start-up).
 START_GRACE = 30.0
 
-
-#: Seconds one read of the leases may take in the warden (its store's socket timeouts): a
-#: stalled Redis must not hold up the kill decisions, which then go by the lapse times last
-#: read (the server's TTLs keep running).
-READ_TIMEOUT = 0.5
 
 #: Per turn id: the step lease's value (the owning copy's token) and remaining TTL in ms.
 Lease = tuple[str | None, int]
@@ -98,10 +91,12 @@ class ExecWatch:
         self.token = token
         self.pid = pid
         self.started = started
-        self.margin = lease_ms / 3000
-        self.interval = max(0.05, lease_ms / 8000)
+        self.margin = watchdogs.kill_margin(lease_ms)
+        self.interval = watchdogs.poll_interval(lease_ms)
         #: Monotonic seconds at which the lease lapses, as last read.
         self.lapses = time.monotonic() + lease_ms / 1000
+        #: Monotonic seconds at which the next pass is due (at once, at first).
+        self.due = 0.0
 
     def judge(self, lease: Lease | None, asked: float) -> bool:
         """One pass, given the lease as read by a request sent at ``asked`` (monotonic; the
@@ -135,7 +130,6 @@ class Watching:
     def __init__(self, store: Store) -> None:
         self.store = store
         self.watches: dict[Watch, ExecWatch] = {}
-        self._due: dict[Watch, float] = {}
 
     def handle(self, request: dict[str, Any]) -> None:
         """Raises ``ValueError``/``TypeError`` for a request of another shape."""
@@ -143,18 +137,15 @@ class Watching:
             turn_id, token, lease_ms, pid, started = request["watch"]
             key = (int(pid), str(started))
             self.watches[key] = ExecWatch(str(turn_id), str(token), int(lease_ms), *key)
-            self._due[key] = time.monotonic()
         elif "drop" in request:
             pid, started = request["drop"]
-            key = (int(pid), str(started))
-            self.watches.pop(key, None)
-            self._due.pop(key, None)
+            self.watches.pop((int(pid), str(started)), None)
         else:
             raise ValueError(f"not a warden request: {request!r}")
 
     def tick(self) -> float | None:
         asked = time.monotonic()
-        due = [key for key, at in self._due.items() if at <= asked]
+        due = [key for key, watch in self.watches.items() if watch.due <= asked]
         leases: dict[str, Lease] = {}
         if due:
             try:
@@ -170,12 +161,12 @@ class Watching:
                 log.warning("exec warden: %s", exc, extra={"turn_id": watch.turn_id})
                 over = False
             if over:
-                del self.watches[key], self._due[key]
+                del self.watches[key]
             else:
-                self._due[key] = now + watch.interval
-        if not self._due:
+                watch.due = now + watch.interval
+        if not self.watches:
             return None
-        return max(0.0, min(self._due.values()) - time.monotonic())
+        return max(0.0, min(w.due for w in self.watches.values()) - time.monotonic())
 
 
 def _beat(beats: BinaryIO) -> None:
@@ -254,12 +245,17 @@ class Warden:
         proc = self._proc
         return proc.pid if proc is not None and proc.poll() is None else None
 
+    def _ours(self) -> subprocess.Popen[bytes] | None:
+        """The warden this process started (a forked copy of this object holds its parent's),
+        running or not."""
+        return self._proc if self._owner == os.getpid() else None
+
     def start(self) -> None:
         """Start the warden now unless it runs (a turn worker starts it when it is ready, so
         its first command does not wait for the warden's start-up). Raises ``OSError``."""
         with self._lock:
-            proc = self._proc
-            if proc is not None and self._owner == os.getpid() and proc.poll() is None:
+            proc = self._ours()
+            if proc is not None and proc.poll() is None:
                 return
             self._proc = None
             self._start()
@@ -295,10 +291,10 @@ class Warden:
         thread that started it ended) or went ``SILENCE`` seconds without a beat (frozen)
         while commands are watched. Raises ``OSError``."""
         with self._lock:
-            proc = self._proc
+            proc = self._ours()
             if not self._watched:
                 return
-            if proc is not None and self._owner == os.getpid():
+            if proc is not None:
                 if proc.poll() is None:
                     silent = time.monotonic() - self._heard
                     if silent <= (SILENCE if self._beaten else START_GRACE):
@@ -324,17 +320,16 @@ class Warden:
 
     def _send(self, request: dict[str, Any], *, restart: bool = True) -> None:
         line = (json.dumps(request) + "\n").encode()
-        proc = self._proc
-        alive = proc is not None and self._owner == os.getpid() and proc.poll() is None
-        if alive:
-            assert proc is not None and proc.stdin is not None
+        proc = self._ours()
+        if proc is not None and proc.poll() is None:
+            assert proc.stdin is not None
             try:  # a line is shorter than PIPE_BUF: written whole or not at all
                 if proc.stdin.write(line) == len(line):
                     return
             except (BlockingIOError, BrokenPipeError, ValueError):
                 pass
             log.warning("exec warden (pid %d) did not take a request: replaced", proc.pid)
-        if proc is not None and self._owner == os.getpid():
+        if proc is not None:
             _end(proc, kill=True)
         self._proc = None
         if not restart:
@@ -342,20 +337,14 @@ class Warden:
         self._start()  # with every watched command, this request's included
 
     def _start(self) -> None:
-        env = {
-            **os.environ,
-            "FLEET_REDIS_URL": self.store.url,
-            "FLEET_KEY_PREFIX": self.store.keys.prefix,
-        }
         # Requests unbuffered and non-blocking (a write that would wait on the warden fails
         # instead); beats read by a thread of their own.
-        proc = subprocess.Popen(
-            [sys.executable, "-P", "-m", "orchestrator.execwatch"],
+        proc = watchdogs.spawn(
+            self.store,
+            "orchestrator.execwatch",
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             bufsize=0,
-            env=env,
-            preexec_fn=die_with_parent(),
         )
         assert proc.stdin is not None and proc.stdout is not None
         os.set_blocking(proc.stdin.fileno(), False)
@@ -406,15 +395,7 @@ def warden(store: Store) -> Warden:
 
 def main() -> None:
     """Serve the requests of stdin until it closes."""
-    # FLEET_LOG_FORMAT, as the worker whose stderr this shares, its lines marked as its own
-    logs.configure(filters=[logs.FixedContext(family="turn")])
-    settings = get_settings()
-    if not settings.redis_url:
-        raise SystemExit("execwatch: FLEET_REDIS_URL is not set")
-    timeout = READ_TIMEOUT
-    store = Store(
-        settings.redis_url, settings.key_prefix, socket_timeout=timeout, connect_timeout=timeout
-    )
+    store = watchdogs.own_store("execwatch", "turn")
     serve(store, sys.stdin, os.fdopen(sys.stdout.fileno(), "wb", buffering=0, closefd=False))
 
 

@@ -34,16 +34,14 @@ the lease defaults to ``FLEET_JOB_LEASE_SECONDS``. Imports no Celery.
 from __future__ import annotations
 
 import logging
-import os
 import subprocess
 import sys
 import time
 from dataclasses import dataclass
 
-from orchestrator import logs
+from orchestrator import watchdogs
 from orchestrator.errors import StoreUnavailable
 from orchestrator.ownership import kill_if_ours
-from orchestrator.processes import die_with_parent
 from orchestrator.settings import get_settings
 from orchestrator.store import Store, iso, translated
 
@@ -75,12 +73,6 @@ class _Watched:
 Row = tuple[str | None, str | None, str | None, str | None, int]
 
 
-#: Seconds one read may take in the watchdog (its store's socket timeouts): a stalled Redis
-#: must not hold up the kill decisions, which then go by the lapse times last read (the
-#: server's TTLs keep running).
-READ_TIMEOUT = 0.5
-
-
 def _read(store: Store, host: str, known: list[str]) -> dict[str, Row]:
     """The records of the host's claimed jobs and of ``known`` ones: two round trips, never
     retried (the next pass reads again). Raises ``StoreUnavailable``."""
@@ -102,8 +94,8 @@ class Watchdog:
         self.store = store
         self.host = host
         self.instance = instance
-        self.margin = lease_ms / 3000
-        self.interval = max(0.05, lease_ms / 8000)
+        self.margin = watchdogs.kill_margin(lease_ms)
+        self.interval = watchdogs.poll_interval(lease_ms)
         self._watched: dict[str, _Watched] = {}
 
     def poll(self) -> list[str]:
@@ -165,32 +157,19 @@ class Watchdog:
 
 
 def start(store: Store, host: str, instance: str, lease_ms: int) -> subprocess.Popen[bytes]:
-    """Start the watchdog of worker ``instance``'s jobs as a child process, from the caller's
-    thread (it dies with that thread, ``PR_SET_PDEATHSIG``), in a session of its own so a
-    signal to the worker's process group does not freeze it. The store's URL goes through the
-    environment (``FLEET_REDIS_URL``), never the command line. Raises ``OSError``."""
-    env = {**os.environ, "FLEET_REDIS_URL": store.url, "FLEET_KEY_PREFIX": store.keys.prefix}
-    return subprocess.Popen(
-        [sys.executable, "-P", "-m", "orchestrator.jobwatch", host, instance, str(lease_ms)],
-        stdin=subprocess.DEVNULL,
-        env=env,
-        preexec_fn=die_with_parent(),
+    """Start the watchdog of worker ``instance``'s jobs as a child process of the caller's
+    thread (``watchdogs.spawn``). Raises ``OSError``."""
+    return watchdogs.spawn(
+        store, "orchestrator.jobwatch", host, instance, str(lease_ms), stdin=subprocess.DEVNULL
     )
 
 
 def main(argv: list[str]) -> None:
     """``HOST INSTANCE [LEASE_MS]``: watch that worker instance's jobs until killed."""
-    # FLEET_LOG_FORMAT, as the worker whose stderr this shares, its lines marked as its own
-    logs.configure(filters=[logs.FixedContext(family="job")])
-    settings = get_settings()
-    if not settings.redis_url:
-        raise SystemExit("jobwatch: FLEET_REDIS_URL is not set")
+    store = watchdogs.own_store("jobwatch", "job")
     host, instance = argv[:2]
-    lease_ms = int(argv[2]) if len(argv) > 2 else int(settings.job_lease_seconds * 1000)
-    timeout = READ_TIMEOUT
-    store = Store(
-        settings.redis_url, settings.key_prefix, socket_timeout=timeout, connect_timeout=timeout
-    )
+    default = int(get_settings().job_lease_seconds * 1000)
+    lease_ms = int(argv[2]) if len(argv) > 2 else default
     Watchdog(store, host, instance, lease_ms).run_forever()
 
 

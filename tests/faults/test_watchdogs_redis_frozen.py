@@ -16,13 +16,13 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from api.embedded import EmbeddedRedis
-from orchestrator import jobs, jobwatch, sessions
+from orchestrator import jobwatch, watchdogs
 from orchestrator.execwatch import Warden
 from orchestrator.ownership import process_start
 from orchestrator.processes import die_with_parent
 from orchestrator.store import Store
-from tests.helpers import RecordingDispatcher, wait_for
-from tests.orchestrator.support import claim_job
+from tests.helpers import wait_for
+from tests.orchestrator.support import running_job
 
 LEASE_MS = 6000  # killed with a third (2 s) left; polled every 0.75 s
 
@@ -104,18 +104,15 @@ def test_a_watched_command_dies_before_its_lease_lapses_while_redis_is_frozen(
 def test_a_watched_job_dies_before_its_lease_lapses_while_redis_is_frozen(
     private_redis: EmbeddedRedis, victim: Victim, freeze: Callable[[], None]
 ) -> None:
-    # The watchdog's store as its process makes it: reads give up after READ_TIMEOUT
-    timeout = jobwatch.READ_TIMEOUT
+    # The watchdog's store as its process makes it (watchdogs.own_store): READ_TIMEOUT
+    timeout = watchdogs.READ_TIMEOUT
     store = Store(
         private_redis.url, "frozen-redis:", socket_timeout=timeout, connect_timeout=timeout
     )
     try:
         # Given a running job of this instance whose 6 s lease the watchdog has read once
-        sid = sessions.create_session(store, "/tmp/frozen-redis").session_id
-        jid = jobs.create_job(store, RecordingDispatcher(), sid, 60, "sleep 60")
-        claim_job(store, jid, "hostA")
-        started = repr(process_start(victim.proc.pid))
-        store.redis.hset(store.keys.job(jid), mapping={"pid": victim.proc.pid, "pidStart": started})
+        started = process_start(victim.proc.pid)
+        jid = running_job(store, "/tmp/frozen-redis", victim.proc, started)
         store.redis.pexpire(store.keys.job_lease(jid), LEASE_MS)
         leased = time.monotonic()
         watchdog = jobwatch.Watchdog(store, "hostA", "hostA/test", LEASE_MS)

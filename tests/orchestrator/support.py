@@ -7,10 +7,11 @@ what a stop does once it arrives without starting Celery.
 
 from __future__ import annotations
 
+import subprocess
 import uuid
 from typing import Any
 
-from orchestrator import jobstops, limits, reminders, sessions, subagents, turns
+from orchestrator import jobs, jobstops, limits, reminders, sessions, subagents, turns
 from orchestrator.families import Task
 from orchestrator.sessions import Session
 from orchestrator.store import Store
@@ -80,6 +81,16 @@ def claim_job(store: Store, job_id: str, host: str = "hostA") -> str:
     args = [job_id, host, 5000, "2026-01-01T00:00:00Z", f"{host}/test", cap, template]
     result: str = store.run("job_claim", args)
     return result
+
+
+def running_job(store: Store, cwd: str, proc: subprocess.Popen[bytes], started: object) -> str:
+    """A new session's job, claimed by instance ``hostA/test`` (``claim_job``) and recorded
+    as running ``proc``, started at ``started`` (``ownership.process_start``)."""
+    sid = sessions.create_session(store, cwd).session_id
+    jid = jobs.create_job(store, RecordingDispatcher(), sid, 60, "sleep 60")
+    claim_job(store, jid, "hostA")
+    store.redis.hset(store.keys.job(jid), mapping={"pid": proc.pid, "pidStart": repr(started)})
+    return jid
 
 
 def model_requests(store: Store, session_id: str) -> list[str]:

@@ -20,7 +20,7 @@ from orchestrator.ownership import process_start
 from orchestrator.processes import die_with_parent
 from orchestrator.store import Store
 from tests.helpers import RecordingDispatcher, wait_for
-from tests.orchestrator.support import claim_job
+from tests.orchestrator.support import running_job
 from tests.workers.support import process_alive
 
 INSTANCE = "hostA/test"  # claim_job's instance
@@ -32,14 +32,6 @@ def sleeper() -> Iterator[subprocess.Popen[bytes]]:
     yield proc
     proc.kill()
     proc.wait(5)
-
-
-def running_job(store: Store, cwd: str, proc: subprocess.Popen[bytes], started: object) -> str:
-    sid = sessions.create_session(store, cwd).session_id
-    jid = jobs.create_job(store, RecordingDispatcher(), sid, 60, "sleep 60")
-    claim_job(store, jid, "hostA")
-    store.redis.hset(store.keys.job(jid), mapping={"pid": proc.pid, "pidStart": repr(started)})
-    return jid
 
 
 def test_a_job_whose_lease_runs_low_is_killed_then_recorded_lost_before_the_lease_lapses(
