@@ -144,7 +144,7 @@ def _memory(store: Any, idle: int) -> Row:
 def _key_table(before: tuple[int, int], after: tuple[int, int]) -> str:
     """What Redis's own key table did during the bulk, from ``Probe.tables`` (slots, keys)
     before and after it: a doubling inside the bulk makes every lookup of the bulk read two
-    tables until its keys are moved (``docs/benchmarks.md``, "Why the million misses")."""
+    tables until its keys are moved (``docs/benchmarks.md``, "Why the million missed")."""
     (slots0, keys0), (slots1, keys1) = before, after
     said = f"Redis key table {slots0:,} -> {slots1:,} slots ({keys0:,} -> {keys1:,} keys)"
     if slots1 > slots0:

@@ -384,14 +384,73 @@ local function stop_turns_for_archive(sid, out, by)
   end
 end
 
+-- The session hash fields that hold the newest entries of its trail while they wait there
+-- (defer_trail; orchestrator/audit.py TRAIL_SLOTS reads them): two slots, the older first,
+-- each the entry's id, at, action, outcome, actor and detail. Two, as one bulk request can
+-- give a session two entries: its ancestor's archive and its own (found archived).
+local TRAIL_SLOTS = {
+  {'trailId', 'trailAt', 'trailAction', 'trailOutcome', 'trailActor', 'trailDetail'},
+  {'trail2Id', 'trail2At', 'trail2Action', 'trail2Outcome', 'trail2Actor', 'trail2Detail'},
+}
+
+local function trail_entry(id, at, action, outcome, actor, detail)
+  return cjson.encode({id = id, at = at, action = action, outcome = outcome, actor = actor,
+    detail = detail})
+end
+
+-- Which slots of the session's hash hold a waiting entry: {slot 1 taken, slot 2 taken}.
+local function trail_waiting(sid)
+  local ids = redis.call('HMGET', skey(sid), TRAIL_SLOTS[1][1], TRAIL_SLOTS[2][1])
+  return {ids[1] ~= false, ids[2] ~= false}
+end
+
+-- Moves the entries defer_trail left in the session's hash to the end of its trail list,
+-- oldest first, so the next entry lands after them. waiting is trail_waiting's answer (read
+-- here when nil). Returns the list's length after the move (0: nothing moved).
+local function flush_trail(rec, sid, waiting)
+  waiting = waiting or trail_waiting(sid)
+  local n = 0
+  for i, fields in ipairs(TRAIL_SLOTS) do
+    if waiting[i] then
+      local e = redis.call('HMGET', skey(sid), unpack(fields))
+      redis.call('HDEL', skey(sid), unpack(fields))
+      n = redis.call('RPUSH', rec.auditSession .. sid,
+        trail_entry(e[1], e[2], e[3], e[4], e[5], e[6]))
+    end
+  end
+  return n
+end
+
 -- Appends an audit entry (its fields; id is the fleet-wide stream's) to the trail of sid
--- (Keys.audit_log, a LIST, under the key prefix rec.auditSession), trimmed exactly to
--- rec.maxSession entries.
+-- (Keys.audit_log, a LIST, under the key prefix rec.auditSession), after any entry waiting
+-- in its hash, trimmed exactly to rec.maxSession entries.
 local function push_trail(rec, sid, id, at, action, outcome, detail)
+  flush_trail(rec, sid)
   local key = rec.auditSession .. sid
-  local n = redis.call('RPUSH', key, cjson.encode({id = id, at = at, action = action,
-    outcome = outcome, actor = rec.actor, detail = detail}))
+  local n = redis.call('RPUSH', key, trail_entry(id, at, action, outcome, rec.actor, detail))
   if n > rec.maxSession then redis.call('LTRIM', key, n - rec.maxSession, -1) end
+end
+
+-- push_trail for a bulk archive: the entry waits in the session's hash (a free slot of
+-- TRAIL_SLOTS; short values, so the hash keeps its compact encoding) until the session's next
+-- entry moves it to the list (flush_trail). A session with no trail yet gets no key of its
+-- own: a bulk over many such sessions adds no keys to Redis's key table (docs/benchmarks.md,
+-- "Why the million missed"). Readers merge the slots (audit.read). With both slots taken,
+-- their entries move to the list first.
+local function defer_trail(rec, sid, id, at, action, outcome, detail)
+  local waiting = trail_waiting(sid)
+  local slot = 1
+  if waiting[1] and not waiting[2] then
+    slot = 2
+  elseif waiting[1] then
+    local n = flush_trail(rec, sid, waiting)
+    if n > rec.maxSession then
+      redis.call('LTRIM', rec.auditSession .. sid, n - rec.maxSession, -1)
+    end
+  end
+  local f = TRAIL_SLOTS[slot]
+  redis.call('HSET', skey(sid), f[1], id, f[2], at, f[3], action, f[4], outcome, f[5], rec.actor,
+    f[6], detail)
 end
 
 -- Appends an audit entry in the script that makes the change, so the record commits with it
@@ -401,9 +460,10 @@ end
 -- session's trail (Keys.audit_log, a LIST) gets the same entry as JSON with that id.
 -- With untrimmed, the fleet-wide stream is not trimmed here: the caller, recording many
 -- entries, trims it once with trim_audit_all before its script ends (the same stream, as
--- nothing outside the script can read it in between, without a trim per entry).
+-- nothing outside the script can read it in between, without a trim per entry). With
+-- deferred, the session's entry waits in its hash (defer_trail), as a bulk archive leaves it.
 -- Returns the entry id.
-local function record_in_script(rec, sid, outcome, at, detail, untrimmed, action)
+local function record_in_script(rec, sid, outcome, at, detail, untrimmed, action, deferred)
   action = action or rec.action
   detail = detail or rec.detail
   local fields = {'at', at, 'action', action, 'outcome', outcome, 'actor', rec.actor,
@@ -414,7 +474,11 @@ local function record_in_script(rec, sid, outcome, at, detail, untrimmed, action
   else
     id = redis.call('XADD', rec.auditAll, 'MAXLEN', rec.maxGlobal, '*', unpack(fields))
   end
-  push_trail(rec, sid, id, at, action, outcome, detail)
+  if deferred then
+    defer_trail(rec, sid, id, at, action, outcome, detail)
+  else
+    push_trail(rec, sid, id, at, action, outcome, detail)
+  end
   return id
 end
 
@@ -422,11 +486,13 @@ end
 -- the transition of ancestor whose entry is id (record_in_script's reply) archived or restored
 -- it: that entry's action (rec.action unless given), outcome, actor and time, detail
 -- {"ancestorId": ancestor} (audit.detail_json's form). The fleet-wide stream keeps its one
--- entry per request; the id leads to it.
-local function record_descendants(rec, id, ancestor, descendants, outcome, at, action)
+-- entry per request; the id leads to it. With deferred, each entry waits in the descendant's
+-- hash (defer_trail).
+local function record_descendants(rec, id, ancestor, descendants, outcome, at, action, deferred)
   local detail = string.format('{"ancestorId":"%s"}', ancestor)
+  local write = deferred and defer_trail or push_trail
   for _, d in ipairs(descendants) do
-    push_trail(rec, d, id, at, action or rec.action, outcome, detail)
+    write(rec, d, id, at, action or rec.action, outcome, detail)
   end
 end
 

@@ -9,7 +9,6 @@ recorded), or once a third of the sessions are archived, whichever comes first."
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import signal
 import socket
@@ -23,7 +22,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from orchestrator import bulk, metrics
+from orchestrator import audit, bulk, metrics
 from orchestrator.sessions import create_session
 from orchestrator.store import Store
 from tests.helpers import RecordingDispatcher, http_ok, wait_until_up
@@ -85,14 +84,15 @@ def _archived_and_audited(store: Store) -> tuple[int, int]:
 
 
 def _archive_entries(store: Store, ids: list[str]) -> dict[str, list[str]]:
-    """Per session, the outcomes of its bulk-archive audit entries."""
-    pipe = store.redis.pipeline(transaction=False)
-    for sid in ids:
-        pipe.lrange(store.keys.audit_log(sid), 0, -1)
-    trails = [[json.loads(raw) for raw in rows] for rows in pipe.execute()]
+    """Per session, the outcomes of its bulk-archive audit entries (its whole trail: the list
+    and the entries waiting in its hash, as ``audit.read`` merges them)."""
     return {
-        sid: [e["outcome"] for e in trail if e["action"] == "bulk_archive"]
-        for sid, trail in zip(ids, trails, strict=True)
+        sid: [
+            e["outcome"]
+            for e in audit.read(store, sid, count=audit.MAX_READ)
+            if e["action"] == "bulk_archive"
+        ]
+        for sid in ids
     }
 
 

@@ -6,11 +6,13 @@ still read, merged with the list in id order, and paged across with ``before``."
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
 
-from orchestrator import archive, audit, bookkeeping, sessions, titles, turns
+from orchestrator import archive, audit, bookkeeping, bulk, sessions, titles, turns
+from orchestrator.bulk_select import BulkFilter
 from orchestrator.store import Store
 from tests.helpers import RecordingDispatcher, count_round_trips
 
@@ -117,3 +119,96 @@ def test_an_entry_written_late_is_timed_when_written_so_time_and_id_sort_alike(
     assert [e["action"] for e in entries] == ["stop", "unarchive", "archive"]
     times = [e["at"] for e in entries]
     assert times == sorted(times, reverse=True)
+
+
+def test_a_bulk_archive_adds_no_key_per_session_and_its_entries_read_as_any_other(
+    own_store: Store, recorder: RecordingDispatcher, cwd: str
+) -> None:
+    # Given twenty idle sessions with no trail yet, one with a child (the filter selects it
+    # too: one request gives it two entries, its parent's and its own)
+    ids = [sessions.create_session(own_store, cwd).session_id for _ in range(20)]
+    child = sessions.create_session(own_store, cwd, parent_id=ids[0]).session_id
+    keys_before = own_store.redis.dbsize()
+    # When they are archived in one bulk request
+    with audit.acting_as("bulk-tester"):
+        result = bulk.bulk_archive(own_store, recorder, flt=BulkFilter(cwd=cwd))
+    assert result.totals["archived"] == 20
+    # Then the bulk made no trail key (nor any other key) per session: each entry waits in
+    # its session's hash, which keeps its compact encoding
+    made = own_store.redis.dbsize() - keys_before
+    assert made < 10, f"{made} keys added for 21 sessions"
+    for sid in (*ids, child):
+        assert not own_store.redis.exists(own_store.keys.audit_log(sid))
+        assert own_store.redis.object("encoding", own_store.keys.session(sid)) == "listpack"
+    # And each trail reads as one entry carrying the fleet-wide stream's id
+    (entry,) = audit.read(own_store, ids[1])
+    assert (entry["action"], entry["outcome"], entry["actor"], entry["sessionId"]) == (
+        "bulk_archive",
+        "archived",
+        "bulk-tester",
+        ids[1],
+    )
+    assert own_store.redis.xrange(own_store.keys.audit_all, entry["id"], entry["id"])
+    # And the child, archived with its parent and then found archived, holds both entries
+    own, inherited = audit.read(own_store, child)
+    assert (own["action"], own["outcome"]) == ("bulk_archive", "already_archived")
+    assert inherited["detail"] == {"ancestorId": ids[0]}
+    assert inherited["id"] == audit.read(own_store, ids[0])[0]["id"]
+
+
+def test_an_entry_waiting_in_the_hash_moves_to_the_trail_before_the_next_one(
+    store: Store, recorder: RecordingDispatcher, cwd: str
+) -> None:
+    # Given a session with a title entry, archived in bulk (its entry waits in the hash)
+    sid = sessions.create_session(store, cwd).session_id
+    titles.set_title(store, sid, "first")
+    bulk.bulk_archive(store, recorder, session_ids=[sid])
+    assert store.redis.llen(store.keys.audit_log(sid)) == 1
+    # When it is unarchived (an entry written the ordinary way)
+    archive.unarchive(store, sid)
+    # Then the bulk entry moved to the list first, in order, and left the hash
+    listed = [
+        json.loads(raw)["action"] for raw in store.redis.lrange(store.keys.audit_log(sid), 0, -1)
+    ]
+    assert listed == ["set_title", "bulk_archive", "unarchive"]
+    assert not any(
+        store.redis.hmget(store.keys.session(sid), [f for slot in audit.TRAIL_SLOTS for f in slot])
+    )
+    assert [e["action"] for e in audit.read(store, sid)] == [
+        "unarchive",
+        "bulk_archive",
+        "set_title",
+    ]
+    # And a second bulk entry after a first moves the first (a bulk archive found it archived)
+    bulk.bulk_archive(store, recorder, session_ids=[sid])
+    bulk.bulk_archive(store, recorder, session_ids=[sid])
+    assert [(e["action"], e["outcome"]) for e in audit.read(store, sid)][:2] == [
+        ("bulk_archive", "already_archived"),
+        ("bulk_archive", "archived"),
+    ]
+
+
+def test_a_waiting_entry_counts_toward_the_trails_cap(
+    store_with: Any, recorder: RecordingDispatcher, cwd: str
+) -> None:
+    # Given a cap of three entries per session, and a session with three titles
+    store = store_with(audit_max_per_session=3)
+    sid = sessions.create_session(store, cwd).session_id
+    for n in range(3):
+        titles.set_title(store, sid, f"title {n}")
+    # When it is archived in bulk twice (the second finds it archived): both entries wait
+    bulk.bulk_archive(store, recorder, session_ids=[sid])
+    bulk.bulk_archive(store, recorder, session_ids=[sid])
+    # Then the trail reads the newest three, the list and the waiting entries together
+    assert store.redis.llen(store.keys.audit_log(sid)) == 3
+    read = [(e["action"], e["outcome"], e["detail"].get("title")) for e in audit.read(store, sid)]
+    assert read == [
+        ("bulk_archive", "already_archived", None),
+        ("bulk_archive", "archived", None),
+        ("set_title", "set", "title 2"),
+    ]
+    # And a third entry moves the two to the list, trimmed to the cap
+    bulk.bulk_archive(store, recorder, session_ids=[sid])
+    assert store.redis.llen(store.keys.audit_log(sid)) == 3
+    outcomes = [e["outcome"] for e in audit.read(store, sid)]
+    assert outcomes == ["already_archived", "already_archived", "archived"]
