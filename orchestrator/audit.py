@@ -231,9 +231,9 @@ def read(
         raise InvalidParams(
             "before must be the id of an audit entry (as returned).", {"param": "before"}
         )
-    if before == "0-0":
-        return []  # nothing comes before the first possible id
-    top = "+" if before is None else f"({before}"
+    if before is not None and _id_key(before) == (0, 0):
+        return []  # nothing comes before the first possible id (in any spelling: "0-00")
+    top = "+" if before is None else "({}-{}".format(*_id_key(before))
     if session_id is None:
         rows = store.redis.xrevrange(store.keys.audit_all, max=top, min="-", count=count)
         return [_decode(entry_id, fields) for entry_id, fields in rows]

@@ -31,8 +31,17 @@ def test_an_audit_cursor_past_the_id_range_is_invalid_params_not_an_outage(
     assert r.json()["error"]["code"] == "invalid_params"
 
 
-def test_nothing_comes_before_the_first_audit_id(store: Store) -> None:
-    assert audit.read(store, before="0-0") == []
+@pytest.mark.parametrize("first", ["0-0", "0-00", "00-0", "000-000"])
+def test_nothing_comes_before_the_first_audit_id_however_it_is_spelled(
+    store: Store, client: TestClient, first: str
+) -> None:
+    assert audit.read(store, before=first) == []
+    # Over HTTP too, fleet-wide and for a session: an empty page, not a store outage
+    sid = client.post("/sessions", json={"cwd": "/srv/edges"}).json()["sessionId"]
+    for path in ("/audit", f"/sessions/{sid}/audit"):
+        r = client.get(path, params={"before": first})
+        assert r.status_code == 200, r.text
+        assert r.json()["entries"] == []
 
 
 @pytest.mark.parametrize("bad", ["99999999999999999999-0", "1-99999999999999999999", "x"])
