@@ -50,11 +50,10 @@ MAX_READ = 1000
 #: The session hash fields (``Keys.session``) holding the newest entries of its trail while
 #: they wait there (``defer_trail`` in ``_lib.lua``): two slots, the older first, each the
 #: entry's id, at, action, outcome, actor and detail (stored form).
-TRAIL_SLOTS = tuple(
-    tuple(f"{slot}{name}" for name in ("Id", "At", "Action", "Outcome", "Actor", "Detail"))
-    for slot in ("trail", "trail2")
-)
 _TRAIL_ENTRY = ("id", "at", "action", "outcome", "actor", "detail")
+TRAIL_SLOTS = tuple(
+    tuple(slot + name.capitalize() for name in _TRAIL_ENTRY) for slot in ("trail", "trail2")
+)
 #: A stream entry id (``<ms>-<seq>``), as ``before`` takes it.
 _ENTRY_ID = re.compile(r"^[0-9]{1,20}-[0-9]{1,20}$")
 
@@ -231,9 +230,10 @@ def read(
         raise InvalidParams(
             "before must be the id of an audit entry (as returned).", {"param": "before"}
         )
-    if before is not None and _id_key(before) == (0, 0):
+    limit = None if before is None else _id_key(before)
+    if limit == (0, 0):
         return []  # nothing comes before the first possible id (in any spelling: "0-00")
-    top = "+" if before is None else "({}-{}".format(*_id_key(before))
+    top = "+" if limit is None else "({}-{}".format(*limit)
     if session_id is None:
         rows = store.redis.xrevrange(store.keys.audit_all, max=top, min="-", count=count)
         return [_decode(entry_id, fields) for entry_id, fields in rows]
@@ -254,7 +254,6 @@ def read(
     trail = trail[-store.settings.audit_max_per_session :]
     for fields in trail:
         entries.append(_decode(fields.pop("id"), {**fields, "sessionId": session_id}))
-    limit = _id_key(before) if before is not None else None
     entries = [e for e in entries if limit is None or _id_key(e["id"]) < limit]
     entries.sort(key=lambda e: _id_key(e["id"]), reverse=True)
     return entries[:count]

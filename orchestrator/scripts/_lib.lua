@@ -421,14 +421,20 @@ local function flush_trail(rec, sid, waiting)
   return n
 end
 
+-- Trims the trail list of sid, n entries long, exactly to rec.maxSession entries.
+local function trim_trail(rec, sid, n)
+  if n > rec.maxSession then
+    redis.call('LTRIM', rec.auditSession .. sid, n - rec.maxSession, -1)
+  end
+end
+
 -- Appends an audit entry (its fields; id is the fleet-wide stream's) to the trail of sid
 -- (Keys.audit_log, a LIST, under the key prefix rec.auditSession), after any entry waiting
 -- in its hash, trimmed exactly to rec.maxSession entries.
 local function push_trail(rec, sid, id, at, action, outcome, detail)
   flush_trail(rec, sid)
-  local key = rec.auditSession .. sid
-  local n = redis.call('RPUSH', key, trail_entry(id, at, action, outcome, rec.actor, detail))
-  if n > rec.maxSession then redis.call('LTRIM', key, n - rec.maxSession, -1) end
+  trim_trail(rec, sid, redis.call('RPUSH', rec.auditSession .. sid,
+    trail_entry(id, at, action, outcome, rec.actor, detail)))
 end
 
 -- push_trail for a bulk archive: the entry waits in the session's hash (a free slot of
@@ -443,10 +449,7 @@ local function defer_trail(rec, sid, id, at, action, outcome, detail)
   if waiting[1] and not waiting[2] then
     slot = 2
   elseif waiting[1] then
-    local n = flush_trail(rec, sid, waiting)
-    if n > rec.maxSession then
-      redis.call('LTRIM', rec.auditSession .. sid, n - rec.maxSession, -1)
-    end
+    trim_trail(rec, sid, flush_trail(rec, sid, waiting))
   end
   local f = TRAIL_SLOTS[slot]
   redis.call('HSET', skey(sid), f[1], id, f[2], at, f[3], action, f[4], outcome, f[5], rec.actor,
@@ -461,9 +464,9 @@ end
 -- With untrimmed, the fleet-wide stream is not trimmed here: the caller, recording many
 -- entries, trims it once with trim_audit_all before its script ends (the same stream, as
 -- nothing outside the script can read it in between, without a trim per entry). With
--- deferred, the session's entry waits in its hash (defer_trail), as a bulk archive leaves it.
--- Returns the entry id.
-local function record_in_script(rec, sid, outcome, at, detail, untrimmed, action, deferred)
+-- rec.deferTrail (a bulk archive's recorder), the session's entry waits in its hash
+-- (defer_trail). Returns the entry id.
+local function record_in_script(rec, sid, outcome, at, detail, untrimmed, action)
   action = action or rec.action
   detail = detail or rec.detail
   local fields = {'at', at, 'action', action, 'outcome', outcome, 'actor', rec.actor,
@@ -474,7 +477,7 @@ local function record_in_script(rec, sid, outcome, at, detail, untrimmed, action
   else
     id = redis.call('XADD', rec.auditAll, 'MAXLEN', rec.maxGlobal, '*', unpack(fields))
   end
-  if deferred then
+  if rec.deferTrail then
     defer_trail(rec, sid, id, at, action, outcome, detail)
   else
     push_trail(rec, sid, id, at, action, outcome, detail)
@@ -486,11 +489,11 @@ end
 -- the transition of ancestor whose entry is id (record_in_script's reply) archived or restored
 -- it: that entry's action (rec.action unless given), outcome, actor and time, detail
 -- {"ancestorId": ancestor} (audit.detail_json's form). The fleet-wide stream keeps its one
--- entry per request; the id leads to it. With deferred, each entry waits in the descendant's
--- hash (defer_trail).
-local function record_descendants(rec, id, ancestor, descendants, outcome, at, action, deferred)
+-- entry per request; the id leads to it. With rec.deferTrail, each entry waits in the
+-- descendant's hash (defer_trail).
+local function record_descendants(rec, id, ancestor, descendants, outcome, at, action)
   local detail = string.format('{"ancestorId":"%s"}', ancestor)
-  local write = deferred and defer_trail or push_trail
+  local write = rec.deferTrail and defer_trail or push_trail
   for _, d in ipairs(descendants) do
     write(rec, d, id, at, action or rec.action, outcome, detail)
   end

@@ -223,11 +223,11 @@ end
 -- The batch's audit entries and archive counts commit with it: a crash after this script
 -- leaves no archive unaudited or uncounted, and a retry finds them 'already'. ARGV[8] is
 -- audit.script_recorder's JSON plus outcomes = {scriptOutcome = recordedOutcome}, metric =
--- the fleet_archives key and eventsMax = the event stream's cap; refusals are recorded by the
--- caller, which learns the live items from the census. Each descendant a session's
--- transition archived gets that session's entry in its own trail (record_descendants). Each
--- entry waits in its session's hash until the session's next one (defer_trail), so a batch
--- adds no key per session it archives.
+-- the fleet_archives key, eventsMax = the event stream's cap and deferTrail = true (each
+-- entry waits in its session's hash until the session's next one, defer_trail, so a batch
+-- adds no key per session it archives); refusals are recorded by the caller, which learns the
+-- live items from the census. Each descendant a session's transition archived gets that
+-- session's entry in its own trail (record_descendants).
 if dry ~= '1' then
   local rec = cjson.decode(ARGV[8])
   local names = {a = 'archived', l = 'already', n = 'not_found', s = 'skipped', x = 'active'}
@@ -237,8 +237,8 @@ if dry ~= '1' then
     if recorded then
       counts[recorded] = (counts[recorded] or 0) + 1
       local sid = ARGV[FIRST + j - 1]
-      local id = record_in_script(rec, sid, recorded, now, nil, true, nil, true)
-      if below[j] then record_descendants(rec, id, sid, below[j], recorded, now, nil, true) end
+      local id = record_in_script(rec, sid, recorded, now, nil, true)
+      if below[j] then record_descendants(rec, id, sid, below[j], recorded, now) end
     end
   end
   trim_audit_all(rec)
