@@ -42,10 +42,11 @@ def test_fleet_up_starts_an_embedded_redis_and_every_family_then_stops_them_all(
         )
     try:
         # When it is up
+        # (it says where it published itself last, once the API has started too)
         line = wait_for(
-            lambda: re.search(r"fleet up on (redis://\S+)", out.read_text()),
+            lambda: re.search(r"fleet up on (redis://\S+)[\s\S]*published in ", out.read_text()),
             90,
-            message="`fleet up` to report its Redis",
+            message="`fleet up` to report its Redis and publish itself",
         )
         url = line.group(1)
         client = redis.Redis.from_url(url, decode_responses=True)
