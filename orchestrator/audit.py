@@ -7,9 +7,10 @@ entry ``{at, action, outcome, actor, sessionId, detail}`` appended to the fleet-
 (``Keys.audit_log``, a list capped at ``FLEET_AUDIT_MAX_PER_SESSION``), the same entry id in
 both (the stream's); the oldest entries are trimmed. Refusals are recorded too (outcome
 ``refused``). A session's entries written before its trail was a list are in a stream of its
-own (``Keys.audit``), read with the list. A bulk archive leaves each session's entry in the
-session's hash (``TRAIL_SLOTS``) until its next entry moves it to the list, so a bulk over
-many sessions adds no key per session to Redis's key table; ``read`` merges it.
+own (``Keys.audit``), read with the list. A bulk archive leaves each session's entry in its
+batch's hash (``Keys.audit_batch``, named by the session hash) until the session's next entry
+moves it to the list, so a bulk over many sessions adds no key per session to Redis's key
+table; ``read`` merges it.
 
 An archive or unarchive reaches the descendants its transition archived or restored, a delete
 the descendants it deleted: each gets the session's entry in its own trail (same id, action,
@@ -47,13 +48,6 @@ log = logging.getLogger(__name__)
 
 #: Longest page ``read`` returns.
 MAX_READ = 1000
-#: The session hash fields (``Keys.session``) holding the newest entries of its trail while
-#: they wait there (``defer_trail`` in ``_lib.lua``): two slots, the older first, each the
-#: entry's id, at, action, outcome, actor and detail (stored form).
-_TRAIL_ENTRY = ("id", "at", "action", "outcome", "actor", "detail")
-TRAIL_SLOTS = tuple(
-    tuple(slot + name.capitalize() for name in _TRAIL_ENTRY) for slot in ("trail", "trail2")
-)
 #: A stream entry id (``<ms>-<seq>``), as ``before`` takes it.
 _ENTRY_ID = re.compile(r"^[0-9]{1,20}-[0-9]{1,20}$")
 
@@ -237,21 +231,14 @@ def read(
     if session_id is None:
         rows = store.redis.xrevrange(store.keys.audit_all, max=top, min="-", count=count)
         return [_decode(entry_id, fields) for entry_id, fields in rows]
-    # The session's trail (a list, capped, so read whole), the entry waiting in its hash (the
-    # newest: the next entry moves it to the list first) and what its older stream holds.
-    # One transaction: an entry moving from the hash to the list is read in one of them.
-    pipe = store.redis.pipeline(transaction=True)
-    pipe.lrange(store.keys.audit_log(session_id), 0, -1)
-    pipe.hmget(store.keys.session(session_id), [f for slot in TRAIL_SLOTS for f in slot])
-    pipe.xrevrange(store.keys.audit(session_id), max=top, min="-", count=count)
-    listed, waiting, streamed = pipe.execute()
+    # The session's trail (a list, capped, so read whole) with the entries waiting in bulk
+    # batches (the newest: the next entry moves them to the list first), in one script, and
+    # what its older stream holds (never written any more).
+    listed = store.run("audit_trail", [session_id])
+    streamed = store.redis.xrevrange(store.keys.audit(session_id), max=top, min="-", count=count)
     entries = [_decode(entry_id, fields) for entry_id, fields in streamed]
-    trail = [json.loads(raw) for raw in listed]
-    for at in range(0, len(waiting), len(_TRAIL_ENTRY)):
-        if waiting[at] is not None:
-            trail.append(dict(zip(_TRAIL_ENTRY, waiting[at : at + len(_TRAIL_ENTRY)], strict=True)))
     # The list and the waiting entries together keep the cap the list alone keeps.
-    trail = trail[-store.settings.audit_max_per_session :]
+    trail = [json.loads(raw) for raw in listed][-store.settings.audit_max_per_session :]
     for fields in trail:
         entries.append(_decode(fields.pop("id"), {**fields, "sessionId": session_id}))
     entries = [e for e in entries if limit is None or _id_key(e["id"]) < limit]

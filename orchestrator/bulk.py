@@ -157,9 +157,6 @@ class _Run:
             },
             metric=self.store.keys.metric(metrics.ARCHIVES.name),
             eventsMax=events.STREAM_MAXLEN,
-            # Each entry waits in its session's hash, so the batch adds no key per session
-            # (defer_trail in _lib.lua).
-            deferTrail=True,
         )
 
     def batch(self, ids: list[str]) -> tuple[list[BulkItem], Callable[[], None]]:

@@ -40,11 +40,10 @@ class Keys:
         transition the attempts count for), reconcileAttempts, reconcileNextMs (epoch ms before
         which it is not retried) and archiveHazard (JSON {since, attempts, families}); model
         (the model name it asked for, '' for the backend's default); inputTokens and
-        outputTokens (model usage of all its turns, ``orchestrator/usage.py``); trailId,
-        trailAt, trailAction, trailOutcome, trailActor, trailDetail and the same with
-        ``trail2`` (the newest one or two entries of its audit trail while they wait here: a
-        bulk archive leaves them, the session's next entry moves them to ``audit_log``;
-        ``audit.TRAIL_SLOTS``). The id is the
+        outputTokens (model usage of all its turns, ``orchestrator/usage.py``); trailBatch
+        and trail2Batch (while the newest one or two entries of its audit trail wait in a
+        bulk archive's batch hash, ``audit_batch``, the ids of those batches, the older
+        first; the session's next entry moves them to ``audit_log``). The id is the
         key's suffix, not a field (hashes written by earlier versions still hold a
         ``sessionId`` field equal to it, which readers ignore)."""
         return f"{self.prefix}session:{sid}"
@@ -244,12 +243,22 @@ class Keys:
         capped at ``FLEET_AUDIT_MAX_PER_SESSION`` entries; each a JSON object ``{id, at,
         action, outcome, actor, detail}`` whose ``id`` is the same entry's id in ``audit_all``
         (an ancestor's entry, for an archive, unarchive or delete that reached the session
-        through it: ``detail`` ``{ancestorId}``). A bulk archive's entry waits in the
-        session's hash (its trail* fields) until the session's next entry, so the bulk adds
-        no key per session.
+        through it: ``detail`` ``{ancestorId}``). A bulk archive's entry waits in its batch's
+        hash (``audit_batch``) until the session's next entry, so the bulk adds no key per
+        session.
         A list, not a stream: a stream's first node takes 4 KB on Redis >= 7.0 (it is
         preallocated), a list with one entry a few hundred bytes."""
         return f"{self.prefix}auditlog:{sid}"
+
+    def audit_batch(self, batch: str) -> str:
+        """HASH: the audit trail entries one bulk archive batch (``scripts/bulk_archive.lua``,
+        ``batch`` its transition base id) left waiting: field ``<session id>:<slot>`` (slot
+        1 or 2, the session hash's trailBatch or trail2Batch naming this batch), value the
+        entry as ``audit_log`` holds it. The session's next entry moves its own out
+        (``flush_trail`` in ``_lib.lua``); Redis drops the hash once the last one is gone.
+        One key per batch of up to 1,000 sessions, where a list per session would add a key
+        to Redis's key table for each."""
+        return f"{self.prefix}auditbatch:{batch}"
 
     def audit(self, sid: str) -> str:
         """STREAM: the session's lifecycle changes as recorded before ``audit_log`` held them

@@ -384,38 +384,46 @@ local function stop_turns_for_archive(sid, out, by)
   end
 end
 
--- The session hash fields that hold the newest entries of its trail while they wait there
--- (defer_trail; orchestrator/audit.py TRAIL_SLOTS reads them): two slots, the older first,
--- each the entry's id, at, action, outcome, actor and detail. Two, as one bulk request can
--- give a session two entries: its ancestor's archive and its own (found archived).
-local TRAIL_SLOTS = {
-  {'trailId', 'trailAt', 'trailAction', 'trailOutcome', 'trailActor', 'trailDetail'},
-  {'trail2Id', 'trail2At', 'trail2Action', 'trail2Outcome', 'trail2Actor', 'trail2Detail'},
-}
+-- The session hash fields naming, while the newest entries of its trail wait outside its list
+-- (defer_trail), the bulk batch whose hash (Keys.audit_batch) holds each: two slots, the
+-- older first. Two, as one bulk request can give a session two entries: its ancestor's
+-- archive and its own (found archived).
+local TRAIL_SLOTS = {'trailBatch', 'trail2Batch'}
+
+-- The field of Keys.audit_batch that holds the entry of sid's slot i.
+local function trail_field(sid, i) return sid .. ':' .. i end
 
 local function trail_entry(id, at, action, outcome, actor, detail)
   return cjson.encode({id = id, at = at, action = action, outcome = outcome, actor = actor,
     detail = detail})
 end
 
--- Which slots of the session's hash hold a waiting entry: {slot 1 taken, slot 2 taken}.
+-- Which batches hold sid's waiting entries: {slot 1's batch or false, slot 2's or false}.
 local function trail_waiting(sid)
-  local ids = redis.call('HMGET', skey(sid), TRAIL_SLOTS[1][1], TRAIL_SLOTS[2][1])
-  return {ids[1] ~= false, ids[2] ~= false}
+  local b = redis.call('HMGET', skey(sid), TRAIL_SLOTS[1], TRAIL_SLOTS[2])
+  return {b[1], b[2]}
 end
 
--- Moves the entries defer_trail left in the session's hash to the end of its trail list,
--- oldest first, so the next entry lands after them. waiting is trail_waiting's answer (read
--- here when nil). Returns the list's length after the move (0: nothing moved).
+-- Moves the entries waiting in batches (defer_trail) to the end of sid's trail list, oldest
+-- first, so the next entry lands after them. waiting is trail_waiting's answer (read here
+-- when nil). An entry of the caller's own batch that it has not written yet (rec.held) is
+-- taken from there. Returns the list's length after the move (0: nothing moved).
 local function flush_trail(rec, sid, waiting)
   waiting = waiting or trail_waiting(sid)
   local n = 0
-  for i, fields in ipairs(TRAIL_SLOTS) do
-    if waiting[i] then
-      local e = redis.call('HMGET', skey(sid), unpack(fields))
-      redis.call('HDEL', skey(sid), unpack(fields))
-      n = redis.call('RPUSH', rec.auditSession .. sid,
-        trail_entry(e[1], e[2], e[3], e[4], e[5], e[6]))
+  for i = 1, #TRAIL_SLOTS do
+    local batch = waiting[i]
+    if batch then
+      local field = trail_field(sid, i)
+      local entry = rec.held and batch == rec.batch and rec.held[field]
+      if entry then
+        rec.held[field] = nil
+      else
+        entry = redis.call('HGET', K.audit_batch(batch), field)
+        redis.call('HDEL', K.audit_batch(batch), field)
+      end
+      redis.call('HDEL', skey(sid), TRAIL_SLOTS[i])
+      if entry then n = redis.call('RPUSH', rec.auditSession .. sid, entry) end
     end
   end
   return n
@@ -430,30 +438,61 @@ end
 
 -- Appends an audit entry (its fields; id is the fleet-wide stream's) to the trail of sid
 -- (Keys.audit_log, a LIST, under the key prefix rec.auditSession), after any entry waiting
--- in its hash, trimmed exactly to rec.maxSession entries.
+-- in a batch, trimmed exactly to rec.maxSession entries.
 local function push_trail(rec, sid, id, at, action, outcome, detail)
   flush_trail(rec, sid)
   trim_trail(rec, sid, redis.call('RPUSH', rec.auditSession .. sid,
     trail_entry(id, at, action, outcome, rec.actor, detail)))
 end
 
--- push_trail for a bulk archive: the entry waits in the session's hash (a free slot of
--- TRAIL_SLOTS; short values, so the hash keeps its compact encoding) until the session's next
--- entry moves it to the list (flush_trail). A session with no trail yet gets no key of its
--- own: a bulk over many such sessions adds no keys to Redis's key table (docs/benchmarks.md,
--- "Why the million missed"). Readers merge the slots (audit.read). With both slots taken,
--- their entries move to the list first.
+-- push_trail for a bulk archive batch (rec.batch its id, rec.held = {} its entries until
+-- write_held_trail): the entry waits in the batch's hash (Keys.audit_batch) until the session's
+-- next entry moves it to the list (flush_trail), so a bulk over sessions with no trail yet
+-- adds no key per session to Redis's key table (docs/benchmarks.md, "Why the million missed")
+-- and only one short field to each session's hash. Readers merge them (audit_trail.lua). With
+-- both slots taken, their entries move to the list first. rec.waiting, when the caller keeps
+-- it (sid -> trail_waiting's answer, read with the rest of the session's hash), saves the read
+-- here and is kept current. Returns the session hash field and value that name the batch:
+-- the caller writes them, with its own write of that hash.
 local function defer_trail(rec, sid, id, at, action, outcome, detail)
-  local waiting = trail_waiting(sid)
+  local waiting = rec.waiting and rec.waiting[sid] or trail_waiting(sid)
   local slot = 1
   if waiting[1] and not waiting[2] then
     slot = 2
   elseif waiting[1] then
     trim_trail(rec, sid, flush_trail(rec, sid, waiting))
   end
-  local f = TRAIL_SLOTS[slot]
-  redis.call('HSET', skey(sid), f[1], id, f[2], at, f[3], action, f[4], outcome, f[5], rec.actor,
-    f[6], detail)
+  if rec.waiting then
+    rec.waiting[sid] = slot == 2 and {waiting[1], rec.batch} or {rec.batch, false}
+  end
+  rec.held[trail_field(sid, slot)] = trail_entry(id, at, action, outcome, rec.actor, detail)
+  return TRAIL_SLOTS[slot], rec.batch
+end
+
+-- Writes the entries defer_trail held to the batch's hash, in one variadic HSET per 1,000.
+local function write_held_trail(rec)
+  local flat = {}
+  for field, entry in pairs(rec.held) do
+    flat[#flat + 1] = field
+    flat[#flat + 1] = entry
+    if #flat == 2000 then
+      redis.call('HSET', K.audit_batch(rec.batch), unpack(flat))
+      flat = {}
+    end
+  end
+  if #flat > 0 then redis.call('HSET', K.audit_batch(rec.batch), unpack(flat)) end
+end
+
+-- The fleet-wide stream's entry of an audit record (the fields of orchestrator/audit.py);
+-- action, when given, is this entry's own, else rec.action; detail defaults to rec.detail.
+-- With untrimmed, the stream is not trimmed here: the caller, recording many entries, trims
+-- it once with trim_audit_all before its script ends (nothing outside the script can read it
+-- in between). Returns the entry id.
+local function audit_stream_add(rec, sid, outcome, at, detail, untrimmed, action)
+  local fields = {'at', at, 'action', action or rec.action, 'outcome', outcome, 'actor',
+    rec.actor, 'sessionId', sid, 'detail', detail or rec.detail}
+  if untrimmed then return redis.call('XADD', rec.auditAll, '*', unpack(fields)) end
+  return redis.call('XADD', rec.auditAll, 'MAXLEN', rec.maxGlobal, '*', unpack(fields))
 end
 
 -- Appends an audit entry in the script that makes the change, so the record commits with it
@@ -461,41 +500,30 @@ end
 -- built with audit.script_recorder: keys, caps, action, actor, default detail; action, when
 -- given, is this entry's own. The fleet-wide stream's entry id is the entry's id; the
 -- session's trail (Keys.audit_log, a LIST) gets the same entry as JSON with that id.
--- With untrimmed, the fleet-wide stream is not trimmed here: the caller, recording many
--- entries, trims it once with trim_audit_all before its script ends (the same stream, as
--- nothing outside the script can read it in between, without a trim per entry). With
--- rec.deferTrail (a bulk archive's recorder), the session's entry waits in its hash
--- (defer_trail). Returns the entry id.
+-- untrimmed as audit_stream_add. Returns the entry id.
 local function record_in_script(rec, sid, outcome, at, detail, untrimmed, action)
   action = action or rec.action
   detail = detail or rec.detail
-  local fields = {'at', at, 'action', action, 'outcome', outcome, 'actor', rec.actor,
-    'sessionId', sid, 'detail', detail}
-  local id
-  if untrimmed then
-    id = redis.call('XADD', rec.auditAll, '*', unpack(fields))
-  else
-    id = redis.call('XADD', rec.auditAll, 'MAXLEN', rec.maxGlobal, '*', unpack(fields))
-  end
-  if rec.deferTrail then
-    defer_trail(rec, sid, id, at, action, outcome, detail)
-  else
-    push_trail(rec, sid, id, at, action, outcome, detail)
-  end
+  local id = audit_stream_add(rec, sid, outcome, at, detail, untrimmed, action)
+  push_trail(rec, sid, id, at, action, outcome, detail)
   return id
+end
+
+-- The detail of the entry an ancestor's transition leaves in a descendant's trail
+-- (audit.detail_json's form).
+local function ancestor_detail(ancestor)
+  return string.format('{"ancestorId":"%s"}', ancestor)
 end
 
 -- Records in the trail of each session of descendants (a list of ids), and there only, that
 -- the transition of ancestor whose entry is id (record_in_script's reply) archived or restored
 -- it: that entry's action (rec.action unless given), outcome, actor and time, detail
--- {"ancestorId": ancestor} (audit.detail_json's form). The fleet-wide stream keeps its one
--- entry per request; the id leads to it. With rec.deferTrail, each entry waits in the
--- descendant's hash (defer_trail).
+-- {"ancestorId": ancestor}. The fleet-wide stream keeps its one entry per request; the id
+-- leads to it.
 local function record_descendants(rec, id, ancestor, descendants, outcome, at, action)
-  local detail = string.format('{"ancestorId":"%s"}', ancestor)
-  local write = rec.deferTrail and defer_trail or push_trail
+  local detail = ancestor_detail(ancestor)
   for _, d in ipairs(descendants) do
-    write(rec, d, id, at, action or rec.action, outcome, detail)
+    push_trail(rec, d, id, at, action or rec.action, outcome, detail)
   end
 end
 

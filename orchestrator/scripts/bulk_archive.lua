@@ -1,6 +1,6 @@
 -- ARGV: prefix, stopActivity '0'|'1', dryRun '0'|'1', nowIso ('' for the server's clock),
 --       txnBase, idleBeforeMs|'',
---       withUnarchive '0'|'1', record (JSON, see the end of the script), sid...
+--       withUnarchive '0'|'1', record (JSON, see below), sid...
 -- One batch of a bulk archive: for each session, in order, exactly what archive.lua does (the
 -- live-work check, unless stopActivity, and the archive write of the session and its whole
 -- subtree, atomically), so a batch behaves like that many single archives run back to back.
@@ -42,15 +42,16 @@ local stop, dry, now, base = ARGV[2], ARGV[3], ARGV[4], ARGV[5]
 if now == '' then now = iso_ms(server_ms()) end
 local idle_before, with_unarchive = tonumber(ARGV[6]), ARGV[7] == '1'
 local FIRST = 9
--- sid -> {deleted, archived, updatedMs, unarchivedMs, cwdHash}, as read (archived kept
--- current by this script).
+-- sid -> {deleted, archived, updatedMs, unarchivedMs, cwdHash, trailBatch, trail2Batch}, as
+-- read (archived kept current by this script; the last two name the batches holding its
+-- waiting audit trail entries, for defer_trail).
 local meta = {}
 
 local function read(s)
   local h = meta[s]
   if not h then
     h = redis.call('HMGET', skey(s), 'deleted', 'archived', 'updatedMs', 'unarchivedMs',
-      'cwdHash')
+      'cwdHash', TRAIL_SLOTS[1], TRAIL_SLOTS[2])
     meta[s] = h
   end
   return h
@@ -109,11 +110,51 @@ local function any_live(nodes)
   return 0
 end
 
+-- The batch's audit entries and archive counts commit with it: a crash after this script
+-- leaves no archive unaudited or uncounted, and a retry finds them 'already'. ARGV[8] is
+-- audit.script_recorder's JSON plus outcomes = {scriptOutcome = recordedOutcome}, metric =
+-- the fleet_archives key and eventsMax = the event stream's cap; refusals are recorded by the
+-- caller, which learns the live items from the census. Each session's trail entry waits in
+-- this batch's hash (defer_trail, the batch's id being its transition base), its hash naming
+-- the batch in the same write as its archive, so a batch adds no key per session. Each
+-- descendant a session's transition archived gets that session's entry in its own trail.
+local rec
+local counts = {} -- recorded outcome -> sessions
+if dry ~= '1' then
+  rec = cjson.decode(ARGV[8])
+  rec.batch, rec.held, rec.waiting = base, {}, {}
+end
+local names = {a = 'archived', l = 'already', n = 'not_found', s = 'skipped', x = 'active'}
+
+-- The fleet-wide audit entry of sid's outcome code, when the caller records that outcome:
+-- its id and the recorded outcome, or nil.
+local function stream_entry(sid, code)
+  local recorded = rec and rec.outcomes[names[string.lower(code)]]
+  if not recorded then return nil end
+  counts[recorded] = (counts[recorded] or 0) + 1
+  return audit_stream_add(rec, sid, recorded, now, nil, true), recorded
+end
+
+-- The session hash field and value naming the batch where s's entry (id, outcome, detail)
+-- waits (defer_trail, its waiting slots known from read).
+local function waiting_entry(s, id, outcome, detail)
+  if not rec.waiting[s] then
+    local m = read(s)
+    rec.waiting[s] = {m[6], m[7]}
+  end
+  return defer_trail(rec, s, id, now, rec.action, outcome, detail)
+end
+
+-- Records the outcome code of sid, whose hash this script does not write otherwise.
+local function record_alone(sid, code)
+  local id, recorded = stream_entry(sid, code)
+  if id then redis.call('HSET', skey(sid), waiting_entry(sid, id, recorded, rec.detail)) end
+end
+
 local codes, extras = {}, {}
 local moved = {} -- sessions archived, in order (the set and index updates at the end)
 local events = {} -- sid, historyLength of every session archived, in order
 local stopped = {} -- the turns stopped, flat as stop_turns_for_archive lists them
-local below = {} -- position -> the descendants its transition archived (their audit entries)
 for i = FIRST, #ARGV do
   local sid = ARGV[i]
   local h = read(sid)
@@ -131,8 +172,10 @@ for i = FIRST, #ARGV do
         extras[#extras + 1] = subtree_census(sid)
       end
     end
+    record_alone(sid, code)
   elseif not idle_enough(h) then
     code = 's'
+    record_alone(sid, code)
   else
     local nodes = tree(sid)
     local busy = any_live(nodes)
@@ -140,7 +183,9 @@ for i = FIRST, #ARGV do
       code = 'X'
     else
       local txn = base .. '.' .. (i - FIRST + 1)
-      local would, turns, descendants = {}, {}, {}
+      code = busy == 1 and 'A' or 'a'
+      local id, recorded = stream_entry(sid, code)
+      local would, turns = {}, {}
       for _, s in ipairs(nodes) do
         local m = read(s)
         if m[2] ~= '1' then
@@ -148,16 +193,23 @@ for i = FIRST, #ARGV do
           if dry == '1' then
             would[#would + 1] = s
           else
+            -- Its trail entry (a descendant's: the session's, with its ancestor named) waits
+            -- in the batch's hash, and the archive write names the batch.
+            local trail = {}
+            if id then
+              local detail = s == sid and rec.detail or ancestor_detail(sid)
+              trail = {waiting_entry(s, id, recorded, detail)}
+            end
             -- An idle subtree is quiet from its archive on (what archive.py records with
             -- mark_quiet); a busy one is marked by the census after its stops.
             if busy == 0 then
               redis.call('HSET', skey(s), 'archived', '1', 'archivedAt', now, 'archiveTxn', txn,
-                'quietAt', now, 'quietTxn', txn)
+                'quietAt', now, 'quietTxn', txn, unpack(trail))
             else
-              redis.call('HSET', skey(s), 'archived', '1', 'archivedAt', now, 'archiveTxn', txn)
+              redis.call('HSET', skey(s), 'archived', '1', 'archivedAt', now, 'archiveTxn', txn,
+                unpack(trail))
             end
             moved[#moved + 1] = s
-            if s ~= sid then descendants[#descendants + 1] = s end
             -- Only queued and running turns are stopped, and they are live: an idle subtree
             -- has none to stop.
             if stop == '1' and busy == 1 then stop_turns_for_archive(s, turns) end
@@ -166,8 +218,6 @@ for i = FIRST, #ARGV do
           end
         end
       end
-      if #descendants > 0 then below[i - FIRST + 1] = descendants end
-      code = busy == 1 and 'A' or 'a'
       -- The census after this session's write and the stops of its turns.
       local census = {}
       if stop == '1' and busy == 1 and dry ~= '1' then census = subtree_census(sid) end
@@ -220,30 +270,12 @@ if #moved > 0 then
   each_chunk(all, function(part) redis.call('ZADD', idx('archived'), unpack(part)) end)
 end
 
--- The batch's audit entries and archive counts commit with it: a crash after this script
--- leaves no archive unaudited or uncounted, and a retry finds them 'already'. ARGV[8] is
--- audit.script_recorder's JSON plus outcomes = {scriptOutcome = recordedOutcome}, metric =
--- the fleet_archives key, eventsMax = the event stream's cap and deferTrail = true (each
--- entry waits in its session's hash until the session's next one, defer_trail, so a batch
--- adds no key per session it archives); refusals are recorded by the caller, which learns the
--- live items from the census. Each descendant a session's transition archived gets that
--- session's entry in its own trail (record_descendants).
-if dry ~= '1' then
-  local rec = cjson.decode(ARGV[8])
-  local names = {a = 'archived', l = 'already', n = 'not_found', s = 'skipped', x = 'active'}
-  local counts = {}
-  for j, code in ipairs(codes) do
-    local recorded = rec.outcomes[names[string.lower(code)]]
-    if recorded then
-      counts[recorded] = (counts[recorded] or 0) + 1
-      local sid = ARGV[FIRST + j - 1]
-      local id = record_in_script(rec, sid, recorded, now, nil, true)
-      if below[j] then record_descendants(rec, id, sid, below[j], recorded, now) end
-    end
-  end
+-- The audit entries held for the batch's hash, the fleet-wide stream's cap, the counts and
+-- the events, as archive.lua emits them.
+if rec then
+  write_held_trail(rec)
   trim_audit_all(rec)
   for outcome, n in pairs(counts) do redis.call('HINCRBY', rec.metric, outcome, n) end
-  -- The events, as archive.lua emits them.
   emit_archive_events(events, stopped, rec.eventsMax or 10000)
 end
 return {table.concat(codes), extras}

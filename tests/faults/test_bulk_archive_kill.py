@@ -85,7 +85,7 @@ def _archived_and_audited(store: Store) -> tuple[int, int]:
 
 def _archive_entries(store: Store, ids: list[str]) -> dict[str, list[str]]:
     """Per session, the outcomes of its bulk-archive audit entries (its whole trail: the list
-    and the entries waiting in its hash, as ``audit.read`` merges them)."""
+    and the entries waiting in bulk batches, as ``audit.read`` merges them)."""
     return {
         sid: [
             e["outcome"]

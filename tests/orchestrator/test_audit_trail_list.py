@@ -139,12 +139,17 @@ def test_a_bulk_archive_adds_no_key_per_session_and_its_entries_read_as_any_othe
         result = bulk.bulk_archive(own_store, recorder, flt=BulkFilter(cwd=cwd))
     assert result.totals["archived"] == 20
     # Then the bulk made no trail key (nor any other key) per session: each entry waits in
-    # its session's hash, which keeps its compact encoding
+    # its batch's hash, named by one short field of the session's hash, which keeps its
+    # compact encoding
     made = _own_keys(own_store) - keys_before
     assert made < 10, f"{made} keys added for 21 sessions"
+    batches = set()
     for sid in (*ids, child):
         assert not own_store.redis.exists(own_store.keys.audit_log(sid))
         assert own_store.redis.object("encoding", own_store.keys.session(sid)) == "listpack"
+        batches.add(own_store.redis.hget(own_store.keys.session(sid), "trailBatch"))
+    (batch,) = batches
+    assert own_store.redis.hlen(own_store.keys.audit_batch(batch)) == 22  # the child's two
     # And each trail reads as one entry carrying the fleet-wide stream's id
     (entry,) = audit.read(own_store, ids[1])
     assert (entry["action"], entry["outcome"], entry["actor"], entry["sessionId"]) == (
@@ -161,24 +166,25 @@ def test_a_bulk_archive_adds_no_key_per_session_and_its_entries_read_as_any_othe
     assert inherited["id"] == audit.read(own_store, ids[0])[0]["id"]
 
 
-def test_an_entry_waiting_in_the_hash_moves_to_the_trail_before_the_next_one(
+def test_an_entry_waiting_in_a_batch_moves_to_the_trail_before_the_next_one(
     store: Store, recorder: RecordingDispatcher, cwd: str
 ) -> None:
-    # Given a session with a title entry, archived in bulk (its entry waits in the hash)
+    # Given a session with a title entry, archived in bulk (its entry waits in its batch)
     sid = sessions.create_session(store, cwd).session_id
     titles.set_title(store, sid, "first")
     bulk.bulk_archive(store, recorder, session_ids=[sid])
     assert store.redis.llen(store.keys.audit_log(sid)) == 1
+    batch = store.redis.hget(store.keys.session(sid), "trailBatch")
     # When it is unarchived (an entry written the ordinary way)
     archive.unarchive(store, sid)
-    # Then the bulk entry moved to the list first, in order, and left the hash
+    # Then the bulk entry moved to the list first, in order, and left its batch
     listed = [
         json.loads(raw)["action"] for raw in store.redis.lrange(store.keys.audit_log(sid), 0, -1)
     ]
     assert listed == ["set_title", "bulk_archive", "unarchive"]
-    assert not any(
-        store.redis.hmget(store.keys.session(sid), [f for slot in audit.TRAIL_SLOTS for f in slot])
-    )
+    assert store.redis.hmget(store.keys.session(sid), "trailBatch", "trail2Batch") == [None, None]
+    # (and its batch's hash, holding nothing else, is gone)
+    assert not store.redis.exists(store.keys.audit_batch(batch))
     assert [e["action"] for e in audit.read(store, sid)] == [
         "unarchive",
         "bulk_archive",
@@ -217,3 +223,37 @@ def test_a_waiting_entry_counts_toward_the_trails_cap(
     assert store.redis.llen(store.keys.audit_log(sid)) == 3
     outcomes = [e["outcome"] for e in audit.read(store, sid)]
     assert outcomes == ["already_archived", "already_archived", "archived"]
+
+
+def test_a_third_entry_in_one_batch_moves_the_waiting_ones_in_order_even_unwritten_yet(
+    own_store: Store, recorder: RecordingDispatcher, cwd: str
+) -> None:
+    # Given a child whose trail already has an entry waiting in an earlier batch (as a bulk
+    # leaves it), and its parent
+    parent = sessions.create_session(own_store, cwd).session_id
+    child = sessions.create_session(own_store, cwd, parent_id=parent).session_id
+    earlier = {"id": "1-1", "at": "2026-01-01T00:00:00.000Z", "action": "bulk_archive"}
+    earlier |= {"outcome": "skipped", "actor": "earlier", "detail": "{}"}
+    own_store.redis.hset(own_store.keys.session(child), "trailBatch", "arc-earlier")
+    own_store.redis.hset(
+        own_store.keys.audit_batch("arc-earlier"), f"{child}:1", json.dumps(earlier)
+    )
+    # When one bulk request gives it two more in one batch: its parent's archive, then its own
+    # (found archived)
+    bulk.bulk_archive(own_store, recorder, session_ids=[child, parent])
+    # Then the earlier entry and its parent's moved to the list in that order (the parent's
+    # from the batch's entries not written yet), its own waits, and nothing is lost
+    listed = [
+        json.loads(raw) for raw in own_store.redis.lrange(own_store.keys.audit_log(child), 0, -1)
+    ]
+    assert [(e["actor"], e["outcome"]) for e in listed] == [
+        ("earlier", "skipped"),
+        ("unknown", "archived"),
+    ]
+    assert json.loads(listed[1]["detail"]) == {"ancestorId": parent}
+    assert [(e["outcome"], e["detail"]) for e in audit.read(own_store, child)][:2] == [
+        ("already_archived", {"stopActivity": False}),
+        ("archived", {"ancestorId": parent}),
+    ]
+    assert not own_store.redis.exists(own_store.keys.audit_batch("arc-earlier"))
+    assert own_store.redis.hget(own_store.keys.session(child), "trail2Batch") is None
