@@ -59,34 +59,43 @@ def parse_instant(value: object, param: str) -> int:
 
 #: Where a scan stands: the (score, member) of the last index entry it read, or ``None``.
 _Cursor = tuple[str, str] | None
+#: A session a scan found: its id, the hash fields asked for, its lineage depth (0: a root).
+_Found = tuple[str, list[str | None], int]
 
 
 @retried
 def _chunk(
     store: Store, where: str, below: float, cursor: _Cursor, fields: tuple[str, ...]
-) -> tuple[list[tuple[str, list[str | None]]], _Cursor, bool]:
+) -> tuple[list[_Found], _Cursor, bool]:
     """The index entries after ``cursor`` (``scripts/index_page.lua``: found by position,
-    so sessions archived or active meanwhile shift nothing past the scan) with score below
-    ``below``, the new cursor, and whether the index may hold more."""
+    so sessions archived or active meanwhile shift nothing past the scan, with their lineage
+    depths) with score below ``below``, the new cursor, and whether the index may hold
+    more."""
     last_score, last = cursor or ("", "")
-    flat = store.run("index_page", [where, last_score, last, _SCAN_CHUNK])
-    pairs = [(str(flat[i]), str(flat[i + 1])) for i in range(0, len(flat), 2)]
-    ids = [sid for sid, score in pairs if float(score) < below]
-    more = len(pairs) == _SCAN_CHUNK and len(ids) == len(pairs)
-    after = (pairs[-1][1], pairs[-1][0]) if pairs else cursor
-    if not ids or not fields:
-        return [(sid, []) for sid in ids], after, more
-    pipe = store.redis.pipeline(transaction=False)
-    for sid in ids:
-        pipe.hmget(store.keys.session(sid), *fields)
-    return list(zip(ids, pipe.execute(), strict=True)), after, more
+    flat, deep = store.run("index_page", [where, last_score, last, _SCAN_CHUNK])
+    members, scores = flat[0::2], flat[1::2]
+    taken = sum(1 for score in scores if float(score) < below)  # ascending: a prefix
+    ids = [str(sid) for sid in members[:taken]]
+    depth = {int(pos) - 1: int(n) for pos, n in zip(deep[0::2], deep[1::2], strict=True)}
+    more = len(members) == _SCAN_CHUNK and taken == len(members)
+    after = (str(scores[-1]), str(members[-1])) if members else cursor
+    values: list[list[str | None]] = [[] for _ in ids]
+    if ids and fields:
+        pipe = store.redis.pipeline(transaction=False)
+        for sid in ids:
+            pipe.hmget(store.keys.session(sid), *fields)
+        values = pipe.execute()
+    return (
+        [(sid, v, depth.get(i, 0)) for i, (sid, v) in enumerate(zip(ids, values, strict=True))],
+        after,
+        more,
+    )
 
 
-def _scan(
-    store: Store, cwd: str | None, below: float, fields: tuple[str, ...]
-) -> Iterator[tuple[str, list[str | None]]]:
+def _scan(store: Store, cwd: str | None, below: float, fields: tuple[str, ...]) -> Iterator[_Found]:
     """Sessions not archived (in ``cwd`` when given) with score (last activity, epoch ms)
-    below ``below`` (``inf`` for all), oldest first, each once, with the hash ``fields``."""
+    below ``below`` (``inf`` for all), oldest first, each once, with the hash ``fields`` and
+    its lineage depth."""
     where = "" if cwd is None else cwd_hash(cwd)
     cursor: _Cursor = None
     seen: set[str] = set()
@@ -114,9 +123,12 @@ def roots_first(store: Store, ids: list[str]) -> list[str]:
     depth: dict[str, int] = {}
     for start in range(0, len(ids), _SCAN_CHUNK):
         depth.update(_depths(store, ids[start : start + _SCAN_CHUNK]))
-    if not depth:
-        return list(ids)
-    return sorted(ids, key=lambda sid: depth.get(sid, 0))
+    return _by_depth([(sid, depth.get(sid, 0)) for sid in ids])
+
+
+def _by_depth(found: list[tuple[str, int]]) -> list[str]:
+    """The ids of ``found`` (id, lineage depth) in ``roots_first``'s order."""
+    return [sid for sid, _ in sorted(found, key=lambda row: row[1])]
 
 
 def _too_many(limit: int) -> TooManySessions:
@@ -146,15 +158,15 @@ def select(store: Store, flt: BulkFilter, *, limit: int | None = None) -> list[s
     if flt.q is not None and needle is None:
         raise InvalidParams("filter.q must not be blank.", {"param": "filter.q"})
     below = math.inf if flt.idle_since is None else parse_instant(flt.idle_since, "idleSince")
-    found: list[str] = []
+    found: list[tuple[str, int]] = []
     fields = ("title",) if needle is not None else ()
-    for sid, values in _scan(store, cwd, below, fields):
+    for sid, values, depth in _scan(store, cwd, below, fields):
         if needle is not None and not title_matches(values[0], needle):
             continue
-        found.append(sid)
+        found.append((sid, depth))
         if len(found) > cap:
             raise _too_many(cap)
-    return roots_first(store, found)
+    return _by_depth(found)
 
 
 def auto_candidates(
@@ -172,11 +184,11 @@ def auto_candidates(
     cutoff = (store.now_ms() if now is None else now) - int(idle_seconds * 1000)
     cap = store.settings.bulk_filter_max if limit is None else limit
     where = None if cwd is None else check_cwd(cwd)
-    found: list[str] = []
-    for sid, (unarchived,) in _scan(store, where, cutoff, ("unarchivedMs",)):
+    found: list[tuple[str, int]] = []
+    for sid, (unarchived,), depth in _scan(store, where, cutoff, ("unarchivedMs",)):
         if int(unarchived or 0) >= cutoff:
             continue  # unarchived by hand since: idle only from then on
-        found.append(sid)
+        found.append((sid, depth))
         if len(found) >= cap:
             break
-    return roots_first(store, found), cutoff
+    return _by_depth(found), cutoff

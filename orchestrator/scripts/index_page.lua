@@ -2,10 +2,11 @@
 -- lastMember, count
 -- The next `count` entries of the index of sessions that are not archived (narrowed to one cwd
 -- when cwdHash is given), after (lastScore, lastMember) in the index's order (score, then
--- member): {member, score, member, score, ...}. The page starts where that entry is or would
--- be now, so entries removed or moved since the last page (a session archived or active
--- meanwhile) shift no other entry past the reader; an entry moved to a later place can be read
--- twice, and the reader skips it.
+-- member): {{member, score, member, score, ...}, {position, depth, ...}}, the second list the
+-- lineage depth of each entry that is not a root (position 1-based; as bulk_depths.lua, in the
+-- same call). The page starts where that entry is or would be now, so entries removed or moved
+-- since the last page (a session archived or active meanwhile) shift no other entry past the
+-- reader; an entry moved to a later place can be read twice, and the reader skips it.
 local key = K.index('active', ARGV[2] ~= '' and ARGV[2] or nil)
 local last_score, last, count = ARGV[3], ARGV[4], tonumber(ARGV[5])
 local start = 0
@@ -22,4 +23,13 @@ if last_score ~= '' then
     end
   end
 end
-return redis.call('ZRANGE', key, start, start + count - 1, 'WITHSCORES')
+local page = redis.call('ZRANGE', key, start, start + count - 1, 'WITHSCORES')
+local depths = {}
+for i = 1, #page, 2 do
+  local n = redis.call('LLEN', K.lineage(page[i]))
+  if n > 0 then
+    depths[#depths + 1] = (i + 1) / 2
+    depths[#depths + 1] = n
+  end
+end
+return {page, depths}

@@ -596,10 +596,19 @@ def test_a_busy_descendant_refuses_its_ancestor_with_a_subagent_item(
     assert not read(store, root).archived
 
 
+@pytest.mark.parametrize("chunk", [1000, 2])
 def test_a_filter_archives_ancestors_first_so_subtrees_share_their_roots_transition(
-    store: Store, recorder: RecordingDispatcher, cwd: str
+    store: Store,
+    recorder: RecordingDispatcher,
+    cwd: str,
+    chunk: int,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    # Given a chain whose deepest session is the oldest (it would be selected first)
+    # Given a chain whose deepest session is the oldest (it would be selected first), the
+    # index scanned in pages of `chunk` entries (each page reads its entries' depths)
+    from orchestrator import bulk_select
+
+    monkeypatch.setattr(bulk_select, "_SCAN_CHUNK", chunk)
     root, child, grandchild = (s.session_id for s in chain(store, 2, cwd))
     backdate(store, grandchild, now_ms() - 60_000)
     # When the cwd is archived by filter
@@ -783,7 +792,7 @@ def _archive_during_the_scan(monkeypatch: pytest.MonkeyPatch, change: Any, chunk
 
     def chunk_then_change(*args: Any) -> Any:
         result = real(*args)
-        change([sid for sid, _ in result[0]])
+        change([row[0] for row in result[0]])
         return result
 
     monkeypatch.setattr(bulk_select, "_chunk", chunk_then_change)
