@@ -384,6 +384,28 @@ local function stop_turns_for_archive(sid, out, by)
   end
 end
 
+-- Calls fn with list in parts of at most 2,000 elements (an even count, so flat pairs stay
+-- whole), for variadic calls: a Lua stack holds a few thousand arguments.
+local function each_chunk(list, fn)
+  for j = 1, #list, 2000 do
+    fn({unpack(list, j, math.min(j + 1999, #list))})
+  end
+end
+
+-- The lineage depth of each session of ids that is not a root: a flat list position
+-- (1-based), depth. Most sessions are roots, and cost one LLEN.
+local function lineage_depths(ids)
+  local out = {}
+  for i, sid in ipairs(ids) do
+    local n = redis.call('LLEN', K.lineage(sid))
+    if n > 0 then
+      out[#out + 1] = i
+      out[#out + 1] = n
+    end
+  end
+  return out
+end
+
 -- The session hash fields naming, while the newest entries of its trail wait outside its list
 -- (defer_trail), the bulk batch whose hash (Keys.audit_batch) holds each: two slots, the
 -- older first. Two, as one bulk request can give a session two entries: its ancestor's
@@ -404,6 +426,11 @@ local function trail_waiting(sid)
   return {b[1], b[2]}
 end
 
+-- The entry of sid's slot i waiting in batch (its JSON), or false.
+local function batch_entry(sid, i, batch)
+  return redis.call('HGET', K.audit_batch(batch), trail_field(sid, i))
+end
+
 -- Moves the entries waiting in batches (defer_trail) to the end of sid's trail list, oldest
 -- first, so the next entry lands after them. waiting is trail_waiting's answer (read here
 -- when nil). An entry of the caller's own batch that it has not written yet (rec.held) is
@@ -419,7 +446,7 @@ local function flush_trail(rec, sid, waiting)
       if entry then
         rec.held[field] = nil
       else
-        entry = redis.call('HGET', K.audit_batch(batch), field)
+        entry = batch_entry(sid, i, batch)
         redis.call('HDEL', K.audit_batch(batch), field)
       end
       redis.call('HDEL', skey(sid), TRAIL_SLOTS[i])
@@ -446,25 +473,23 @@ local function push_trail(rec, sid, id, at, action, outcome, detail)
 end
 
 -- push_trail for a bulk archive batch (rec.batch its id, rec.held = {} its entries until
--- write_held_trail): the entry waits in the batch's hash (Keys.audit_batch) until the session's
--- next entry moves it to the list (flush_trail), so a bulk over sessions with no trail yet
--- adds no key per session to Redis's key table (docs/benchmarks.md, "Why the million missed")
--- and only one short field to each session's hash. Readers merge them (audit_trail.lua). With
--- both slots taken, their entries move to the list first. rec.waiting, when the caller keeps
--- it (sid -> trail_waiting's answer, read with the rest of the session's hash), saves the read
--- here and is kept current. Returns the session hash field and value that name the batch:
--- the caller writes them, with its own write of that hash.
+-- write_held_trail, rec.waiting = {}): the entry waits in the batch's hash (Keys.audit_batch)
+-- until the session's next entry moves it to the list (flush_trail), so a bulk over sessions
+-- with no trail yet adds no key per session to Redis's key table (docs/benchmarks.md, "Why
+-- the million missed") and only one short field to each session's hash. Readers merge them
+-- (audit_trail.lua). With both slots taken, their entries move to the list first. rec.waiting (sid ->
+-- trail_waiting's answer) is kept current; a caller that read the slots with the rest of the
+-- session's hash puts them there first, saving the read here. Returns the session hash field
+-- and value that name the batch: the caller writes them, with its own write of that hash.
 local function defer_trail(rec, sid, id, at, action, outcome, detail)
-  local waiting = rec.waiting and rec.waiting[sid] or trail_waiting(sid)
+  local waiting = rec.waiting[sid] or trail_waiting(sid)
   local slot = 1
   if waiting[1] and not waiting[2] then
     slot = 2
   elseif waiting[1] then
     trim_trail(rec, sid, flush_trail(rec, sid, waiting))
   end
-  if rec.waiting then
-    rec.waiting[sid] = slot == 2 and {waiting[1], rec.batch} or {rec.batch, false}
-  end
+  rec.waiting[sid] = slot == 2 and {waiting[1], rec.batch} or {rec.batch, false}
   rec.held[trail_field(sid, slot)] = trail_entry(id, at, action, outcome, rec.actor, detail)
   return TRAIL_SLOTS[slot], rec.batch
 end
@@ -475,12 +500,8 @@ local function write_held_trail(rec)
   for field, entry in pairs(rec.held) do
     flat[#flat + 1] = field
     flat[#flat + 1] = entry
-    if #flat == 2000 then
-      redis.call('HSET', K.audit_batch(rec.batch), unpack(flat))
-      flat = {}
-    end
   end
-  if #flat > 0 then redis.call('HSET', K.audit_batch(rec.batch), unpack(flat)) end
+  each_chunk(flat, function(part) redis.call('HSET', K.audit_batch(rec.batch), unpack(part)) end)
 end
 
 -- The fleet-wide stream's entry of an audit record (the fields of orchestrator/audit.py);

@@ -8,7 +8,7 @@ local out = redis.call('LRANGE', K.audit_log(sid), 0, -1)
 local waiting = trail_waiting(sid)
 for i = 1, #TRAIL_SLOTS do
   if waiting[i] then
-    local entry = redis.call('HGET', K.audit_batch(waiting[i]), trail_field(sid, i))
+    local entry = batch_entry(sid, i, waiting[i])
     if entry then out[#out + 1] = entry end
   end
 end

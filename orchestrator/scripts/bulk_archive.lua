@@ -233,14 +233,6 @@ for i = FIRST, #ARGV do
   codes[#codes + 1] = code
 end
 
--- Variadic calls in chunks (a Lua stack holds a few thousand arguments).
-local CHUNK = 2000
-local function each_chunk(list, fn)
-  for j = 1, #list, CHUNK do
-    fn({unpack(list, j, math.min(j + CHUNK - 1, #list))})
-  end
-end
-
 if #moved > 0 then
   -- The archived set and the listing indexes (move_index in _lib.lua, per batch): each
   -- session keeps its score, its last activity.

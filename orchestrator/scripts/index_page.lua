@@ -24,12 +24,6 @@ if last_score ~= '' then
   end
 end
 local page = redis.call('ZRANGE', key, start, start + count - 1, 'WITHSCORES')
-local depths = {}
-for i = 1, #page, 2 do
-  local n = redis.call('LLEN', K.lineage(page[i]))
-  if n > 0 then
-    depths[#depths + 1] = (i + 1) / 2
-    depths[#depths + 1] = n
-  end
-end
-return {page, depths}
+local members = {}
+for i = 1, #page, 2 do members[#members + 1] = page[i] end
+return {page, lineage_depths(members)}
