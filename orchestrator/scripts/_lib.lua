@@ -477,10 +477,11 @@ end
 -- until the session's next entry moves it to the list (flush_trail), so a bulk over sessions
 -- with no trail yet adds no key per session to Redis's key table (docs/benchmarks.md, "Why
 -- the million missed") and only one short field to each session's hash. Readers merge them
--- (audit_trail.lua). With both slots taken, their entries move to the list first. rec.waiting (sid ->
--- trail_waiting's answer) is kept current; a caller that read the slots with the rest of the
--- session's hash puts them there first, saving the read here. Returns the session hash field
--- and value that name the batch: the caller writes them, with its own write of that hash.
+-- (audit_trail.lua). With both slots taken, their entries move to the list first.
+-- rec.waiting (sid -> trail_waiting's answer) is kept current; a caller that read the slots
+-- with the rest of the session's hash puts them there first, saving the read here. Returns the
+-- session hash field and value that name the batch: the caller writes them, with its own
+-- write of that hash.
 local function defer_trail(rec, sid, id, at, action, outcome, detail)
   local waiting = rec.waiting[sid] or trail_waiting(sid)
   local slot = 1
