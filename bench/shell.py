@@ -111,7 +111,7 @@ def bench_shell(url: str, prefix: str, n: int) -> list[Row]:
             said("tool"),
             f"floor (the bare command under timeout): {said('floor')};"
             f" {statistics.median(wall['tool']) / statistics.median(wall['floor']):.2f}x the"
-            f" floor's wall, +{(tool_cpu - floor_cpu) * 1000:.1f} ms CPU",
+            f" floor's wall, {round((tool_cpu - floor_cpu) * 1000, 1) + 0.0:+.1f} ms CPU",
         ),
         (
             "11 the same command with a watchdog process started for the call and killed"
