@@ -77,6 +77,9 @@ def bench_model_step(url: str, prefix: str, n: int) -> list[Row]:
                 fleet.append(fleet_step(prompt))
             held = OpenAIModel(base_url=served.base_url, api_key="bench", model="hold")
             closes = [_stop_to_close(store, held, served, tmp) for _ in range(max(5, n // 10))]
+            # The held steps' watch and the gate's closure feed end on their own within a
+            # second; stopping Redis before that would log a lost subscription.
+            _until(lambda: not any(t.name in _SHARED_THREADS for t in threading.enumerate()))
     d, f = statistics.median(direct), statistics.median(fleet)
     return [
         (
@@ -98,6 +101,10 @@ def bench_model_step(url: str, prefix: str, n: int) -> list[Row]:
             "<= 50 ms (the step's stop poll)",
         ),
     ]
+
+
+#: The threads one store's step watches and closure listeners share (orchestrator/sharing.py).
+_SHARED_THREADS = ("step-watch", "gate-feed")
 
 
 def _stop_to_close(store: Any, model: Any, served: Any, cwd: str) -> float:
