@@ -53,7 +53,7 @@ from orchestrator.errors import (
 from orchestrator.families import Dispatcher
 from orchestrator.sessions import check_session_id
 from orchestrator.stops import StopReport, dispatch_stops
-from orchestrator.store import Store, iso, new_id
+from orchestrator.store import Store, new_id
 from orchestrator.turns import CANCELLED_BY_ARCHIVE, stopped_by_archive
 
 log = logging.getLogger(__name__)
@@ -301,24 +301,23 @@ def _unconfirmed(items: list[ActivityItem], binding: str) -> bool:
 def unarchive(store: Store, session_id: str) -> int:
     """Unarchive a session and the descendants its archive transition archived. Idempotent;
     returns how many sessions were restored (0 when it was not archived). Every outcome, a
-    refusal included, is recorded in the audit trail; an unarchive's entry (``{restoredCount}``)
-    is written by its script, so it commits with it, and each restored descendant gets it in
-    its own trail too (``{ancestorId}``).
+    refusal and a no-op included, is recorded in the audit trail by the unarchive's script, so
+    each entry commits with what the script found (``unarchived`` ``{restoredCount}``,
+    ``not_archived`` ``{}``, ``refused`` ``{archivedAncestor}``), and each restored descendant
+    gets the entry in its own trail too (``{ancestorId}``).
 
     Raises ``SessionNotFound``, ``AncestorArchived``, ``StoreUnavailable``.
     """
     sid = check_session_id(session_id)
-    ms = store.now_ms()
     recorder = audit.script_recorder(store, "unarchive", {})
-    result = store.run("unarchive", [sid, ms, iso(ms), recorder], durable=True)
+    # The script reads the server's clock itself ('' for both): no TIME round trip.
+    result = store.run("unarchive", [sid, "", "", recorder], durable=True)
     outcome = result[0]
     if outcome == "not_found":
         raise SessionNotFound(sid)
     if outcome == "ancestor":
-        audit.record(store, sid, "unarchive", "refused", archivedAncestor=result[1])
         raise AncestorArchived(sid, result[1])
     if outcome == "not_archived":
-        audit.record(store, sid, "unarchive", "not_archived")
         return 0
     log.info("unarchived (%s in subtree)", result[1], extra={"session_id": sid})
     events.publish_many(store, [("unarchived", str(s), {"archived": False}) for s in result[2]])

@@ -169,9 +169,9 @@ def write_delete(
     script. Raises ``StoreUnavailable``."""
     if not isinstance(session_id, str) or not SESSION_ID_RE.fullmatch(session_id):
         return "missing", []
-    when = iso(store.now_ms())
     recorder = audit.script_recorder(store, "delete", {}, eventsMax=events.STREAM_MAXLEN)
-    args = [session_id, when, "1" if check_live else "0", recorder, archive_txn]
+    # '' for the time: the script reads the server's clock, so its entry's time is its commit's.
+    args = [session_id, "", "1" if check_live else "0", recorder, archive_txn]
     result = store.run("delete_session", args, durable=True)
     below = [str(sid) for sid in result[1]] if result[0] == "deleted" else []
     return str(result[0]), below

@@ -1,6 +1,6 @@
--- ARGV: prefix, sid, nowIso, checkLive '0'|'1', recorder (audit.script_recorder's JSON with
---   eventsMax = the event stream's cap), archiveTxn ('' or the archive transition the delete
---   is bound to)
+-- ARGV: prefix, sid, nowIso ('' for the server's clock), checkLive '0'|'1', recorder
+--   (audit.script_recorder's JSON with eventsMax = the event stream's cap), archiveTxn ('' or
+--   the archive transition the delete is bound to)
 -- Deletes the session and its whole subtree (every descendant not yet deleted, any depth):
 -- each is marked deleted and dropped from every index and set the create path put it in (the
 -- archived set, the listing indexes, its lineage, its own children set), and the session
@@ -18,6 +18,7 @@
 -- Returns {'deleted', descendants (ids, breadth first)} | {'missing'} | {'active'} |
 -- {'unarchived'}
 local sid, now = ARGV[2], ARGV[3]
+if now == '' then now = iso_ms(server_ms()) end
 local k = skey(sid)
 if redis.call('EXISTS', k) == 0 or redis.call('HGET', k, 'deleted') ~= '0' then
   return {'missing'}

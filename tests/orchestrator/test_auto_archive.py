@@ -64,17 +64,19 @@ def test_unarchive_records_when_each_restored_session_was_unarchived(
         assert int(h["unarchivedMs"]) == ms
 
 
-def test_the_unarchive_script_takes_its_time_from_the_caller_only(
+def test_the_unarchive_script_takes_both_times_or_reads_the_servers_clock(
     store: Store, recorder: RecordingDispatcher, cwd: str
 ) -> None:
     # Given an archived session
     root, _ = (s.session_id for s in chain(store, 1, cwd))
     archive.archive(store, recorder, root)
-    # When the script is run without the time, it refuses (no clock or calendar of its own)
-    with pytest.raises(StoreUnavailable, match="nowMs and nowIso are required"):
-        store.run("unarchive", [root])
+    recorder_json = audit.script_recorder(store, "unarchive", {})
+    # When the script is given one time of the two, or none at all, it refuses
+    for args in ([root], [root, "", iso(now_ms()), recorder_json], [root, now_ms(), ""]):
+        with pytest.raises(StoreUnavailable, match="both given or both empty"):
+            store.run("unarchive", args)
     assert store.redis.hget(store.keys.session(root), "archived") == "1"
-    # And archive.unarchive passes Redis's own clock
+    # And archive.unarchive leaves both empty: the script reads Redis's own clock
     before = store.now_ms()
     assert archive.unarchive(store, root) == 2
     h = store.redis.hgetall(store.keys.session(root))
