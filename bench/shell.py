@@ -61,8 +61,11 @@ def bench_shell(url: str, prefix: str, n: int) -> list[Row]:
     def per_call() -> None:
         # As each call did before: a watchdog interpreter started beside the command and
         # killed once the command ended (a short command ends it mid-start-up).
-        proc = subprocess.Popen(
-            [sys.executable, "-P", "-m", "orchestrator.execwatch"], stdin=subprocess.PIPE, env=env
+        proc = subprocess.Popen(  # its beats (a byte on stdout each) are not for the table
+            [sys.executable, "-P", "-m", "orchestrator.execwatch"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.DEVNULL,
+            env=env,
         )
         floor()
         proc.kill()
@@ -75,6 +78,7 @@ def bench_shell(url: str, prefix: str, n: int) -> list[Row]:
         subprocess.run(
             [sys.executable, "-P", "-m", "orchestrator.execwatch"],
             stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
             env=env,
             check=True,
         )
