@@ -77,6 +77,7 @@ __all__ = [
     "parse_instant",
     "roots_first",
     "select",
+    "write_order",
 ]
 
 #: Most session ids one bulk request may name.
@@ -347,6 +348,16 @@ def check_id_count(count: int) -> None:
         )
 
 
+def write_order(store: Store, session_ids: list[str]) -> list[str]:
+    """``session_ids`` (duplicates once, the first kept) in the order a bulk archive writes
+    them: ancestors first, as a filter's selection is, so a named subtree is archived in its
+    root's transition (and restored with it) whatever order the ids came in; malformed ids
+    (answered ``not_found`` without a read) last. Raises ``StoreUnavailable``."""
+    named = list(dict.fromkeys(session_ids))
+    ids = roots_first(store, [sid for sid in named if SESSION_ID_RE.fullmatch(sid)])
+    return ids + [sid for sid in named if not SESSION_ID_RE.fullmatch(sid)]
+
+
 def bulk_archive(
     store: Store,
     dispatcher: Dispatcher,
@@ -380,11 +391,7 @@ def bulk_archive(
             raise InvalidParams("sessionIds must be a list of strings.", {"param": "sessionIds"})
         check_id_count(len(session_ids))
         named = list(dict.fromkeys(session_ids))
-        # Written ancestors first, as a filter's selection is, so a named subtree is archived
-        # in its root's transition (and restored with it) whatever order the ids came in;
-        # answered in the order they were named.
-        ids = roots_first(store, [sid for sid in named if SESSION_ID_RE.fullmatch(sid)])
-        ids += [sid for sid in named if not SESSION_ID_RE.fullmatch(sid)]
+        ids = write_order(store, named)  # answered in the order they were named
         idle_before = None
     else:
         assert flt is not None
