@@ -1,11 +1,15 @@
 """``fleet bulk-archive`` and ``fleet auto-archive`` (also spelled ``fleet archive --bulk`` and
 ``fleet archive --auto``): many sessions at once, talking to the orchestrator directly like the
 other commands. A progress bar (sessions done, of all) goes to
-stderr when it is a terminal, so ``--json`` output on stdout stays clean for scripts.
+stderr when it is a terminal, so ``--json`` output on stdout stays clean for scripts. Ids of
+any number go out in requests of at most the server's cap and come back as one answer
+(``api/cli/bulk_ids.py``).
 
 Exit status: 0 when every selected session ended archived (or already was), and for every dry
 run (it only reports); 1 when some were refused, not found or skipped; 2 when the request
-itself was refused (bad arguments, too many sessions, Redis unavailable).
+itself was refused (bad arguments, a filter selecting too many, Redis unavailable), or when
+one of several requests failed (what the earlier ones did is printed, and the ids not
+confirmed are counted; ``--json`` lists them in the error's ``data``).
 """
 
 from __future__ import annotations
@@ -14,25 +18,26 @@ import json
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.text import Text
 
-from api.cli.common import app, console, err, usage, when
+from api.cli.bulk_ids import Split
+from api.cli.common import app, cli_words, console, err, usage, when
 from api.cli.params import seconds_option
 from api.cli.tables import fitted, show
-from orchestrator.bulk import MAX_IDS, BulkResult
+from orchestrator.bulk import BulkResult
 from orchestrator.errors import FleetError
 
 #: Sessions listed by name in human output; ``--json`` lists them all.
 _LISTED = 200
 
 
-#: The largest ``--ids-file`` read, in bytes: far above what the most ids one request takes
-#: (``orchestrator.bulk.MAX_IDS``) fill, with comments, and below what would exhaust memory
-#: (``/dev/zero`` or a stream that never ends is refused once this much was read).
+#: The largest ``--ids-file`` read, in bytes: some 500,000 ids of 30 characters (50 requests
+#: of ``orchestrator.bulk.MAX_IDS``), and far below what would exhaust memory (``/dev/zero``
+#: or a stream that never ends is refused once this much was read).
 MAX_IDS_FILE_BYTES = 16 * 1024 * 1024
 
 
@@ -50,8 +55,8 @@ def read_ids(path: str) -> list[str]:
             raw = sys.stdin.read(MAX_IDS_FILE_BYTES + 1).encode("utf-8", "surrogateescape")
         if len(raw) > MAX_IDS_FILE_BYTES:
             usage(
-                f"--ids-file {path} holds more than {MAX_IDS_FILE_BYTES // (1024 * 1024)} MiB; "
-                f"a request takes at most {MAX_IDS} session ids: split the list."
+                f"--ids-file {path} holds more than {MAX_IDS_FILE_BYTES // (1024 * 1024)} MiB, "
+                "the most one bulk-archive reads: split the file."
             )
         text = raw.decode("utf-8")
     except OSError as exc:
@@ -105,7 +110,7 @@ class _Bar:
         self.progress.update(self.task, completed=done, total=max(total, 1))
 
 
-def _summary(result: BulkResult) -> str:
+def _summary(result: BulkResult, requests: int = 1) -> str:
     t = result.totals
     verb = "would archive" if result.dry_run else "archived"
     parts = [f"{verb} {t['archived']}", f"already archived {t['already_archived']}"]
@@ -114,11 +119,14 @@ def _summary(result: BulkResult) -> str:
         parts.append(f"skipped {t['skipped']} (active again)")
     head = "dry run: " if result.dry_run else ""
     plural = "es" if result.batches != 1 else ""
-    return f"{head}{', '.join(parts)} (selected {t['selected']}, {result.batches} batch{plural})"
+    sent = f" in {requests} requests" if requests > 1 else ""
+    return (
+        f"{head}{', '.join(parts)} (selected {t['selected']}, {result.batches} batch{plural}{sent})"
+    )
 
 
-def _print_human(result: BulkResult) -> None:
-    console.print(_summary(result))
+def _print_human(result: BulkResult, requests: int = 1) -> None:
+    console.print(_summary(result, requests))
     refused = [i for i in result.results if i.outcome == "refused"]
     if refused:
         console.print("refused (live work; --stop stops it):")
@@ -144,11 +152,11 @@ def _print_human(result: BulkResult) -> None:
         )
 
 
-def _finish(result: BulkResult, as_json: bool, *, strict: bool) -> None:
+def _finish(result: BulkResult, as_json: bool, *, strict: bool, requests: int = 1) -> None:
     if as_json:
         print(json.dumps(result.to_wire(), indent=2))
     else:
-        _print_human(result)
+        _print_human(result, requests)
     t = result.totals
     if strict and not result.dry_run and (t["refused"] or t["not_found"] or t["skipped"]):
         raise typer.Exit(1)
@@ -171,6 +179,7 @@ class Selection:
 
 def run_bulk(given: Selection) -> None:
     """``fleet bulk-archive`` (and ``fleet archive --bulk``)."""
+    from api.cli.bulk_ids import archive_ids
     from api.context import dispatcher, store
     from orchestrator.bulk import BulkFilter, bulk_archive
 
@@ -181,16 +190,70 @@ def run_bulk(given: Selection) -> None:
     if not named and not filtered and given.ids_file is None:
         usage("bulk-archive needs session ids, --ids-file, or a filter (--cwd, --idle-since, --q).")
     with _Bar("dry run" if given.dry_run else "archiving") as bar:
-        result = bulk_archive(
-            store(),
-            dispatcher(),
-            session_ids=None if filtered else named,
-            flt=BulkFilter(given.cwd, given.idle_since, given.q) if filtered else None,
-            stop_activity=given.stop,
-            dry_run=given.dry_run,
-            progress=bar,
-        )
-    _finish(result, given.as_json, strict=True)
+        if filtered:
+            result = bulk_archive(
+                store(),
+                dispatcher(),
+                flt=BulkFilter(given.cwd, given.idle_since, given.q),
+                stop_activity=given.stop,
+                dry_run=given.dry_run,
+                progress=bar,
+            )
+        else:
+            split = archive_ids(
+                store(),
+                dispatcher(),
+                named,
+                stop_activity=given.stop,
+                dry_run=given.dry_run,
+                progress=bar,
+            )
+    if filtered:
+        _finish(result, given.as_json, strict=True)
+    elif split.unfinished is not None:
+        _unfinished(split, given.as_json)
+    else:
+        _finish(split.result, given.as_json, strict=True, requests=split.requests)
+
+
+def _unfinished(split: Split, as_json: bool) -> NoReturn:
+    """A run over several requests that one of them ended: the error, what the requests
+    before it did and the ids not confirmed (with ``--json``, one error document whose
+    ``data`` holds them all), exit 2."""
+    from api.errors import error_body
+
+    stopped = split.unfinished
+    assert stopped is not None
+    exc, result = stopped.error, split.result
+    message = cli_words(exc.message)
+    if as_json:
+        data = {
+            **exc.data,
+            "failedRequest": stopped.failed,
+            "requests": stopped.requests,
+            "done": result.to_wire(),
+            "unconfirmed": stopped.unconfirmed,
+            "notSent": stopped.not_sent,
+        }
+        print(json.dumps(error_body(exc.code, message, data), indent=2))
+        raise typer.Exit(2)
+    above = " (above)" if result.results else ""
+    if result.results:
+        _print_human(result, stopped.failed - 1)
+    left = stopped.unconfirmed + stopped.not_sent
+    err.print(Text.assemble(("error", "red"), f" ({exc.code}): {message}"))
+    err.print(
+        f"request {stopped.failed} of {stopped.requests} failed: "
+        f"{len(result.results)} of {split.given} sessions done{above}, {len(left)} not "
+        f"confirmed: {len(stopped.unconfirmed)} in the failed request (it may have archived "
+        f"some), {len(stopped.not_sent)} not sent. Run the same command again to finish: "
+        "sessions already archived answer already archived.",
+        highlight=False,
+    )
+    listed = ", ".join(left[:_LISTED])
+    more = f" ... and {len(left) - _LISTED} more (--json lists all)" if len(left) > _LISTED else ""
+    err.print(f"not confirmed: {listed}{more}", highlight=False)
+    raise typer.Exit(2)
 
 
 def run_auto(given: Selection, *, bulk: bool = False, idle_seconds: float = 0) -> None:
@@ -266,8 +329,10 @@ def bulk_archive_command(
 ) -> None:
     """Archive many sessions in batches: those named (ids, --ids-file) or those a filter selects
     (--cwd, --idle-since, --q), with a progress bar on a terminal. A session with live work is
-    refused unless --stop. Exit status: 0 all archived (or already) and every dry run, 1 some
-    refused, not found or skipped, 2 the request was refused."""
+    refused unless --stop. Ids of any number: more than one request takes go out in several,
+    ancestors first, and are answered as one. Exit status: 0 all archived (or already) and
+    every dry run, 1 some refused, not found or skipped, 2 the request was refused or one of
+    several failed (the ids not confirmed are listed)."""
     run_bulk(Selection(ids or [], ids_file, cwd, idle_since, q, stop, dry_run, as_json))
 
 

@@ -14,7 +14,8 @@ from typer.testing import CliRunner
 
 import api.cli.bulk
 from api.cli import app
-from orchestrator import reminders, sessions
+from orchestrator import archive, bulk, reminders, sessions
+from orchestrator.errors import StoreUnavailable
 from orchestrator.store import Store, iso, now_ms
 from tests.orchestrator.test_bulk import backdate
 
@@ -44,8 +45,8 @@ def _cwd() -> str:
     return f"/tmp/fleet-cli-bulk/{uuid.uuid4().hex}"
 
 
-def _new(store: Store, cwd: str, title: str | None = None) -> str:
-    sid = sessions.create_session(store, cwd).session_id
+def _new(store: Store, cwd: str, title: str | None = None, parent: str | None = None) -> str:
+    sid = sessions.create_session(store, cwd, parent_id=parent).session_id
     if title:
         store.run("set_title", [sid, title, "client"])
     return sid
@@ -141,12 +142,219 @@ def test_usage_errors_exit_2_with_the_reason(args: list[str], needle: str) -> No
     assert needle in " ".join(result.output.split())
 
 
-def test_too_many_ids_exit_2_with_the_cap(tmp_path: Path) -> None:
+def test_more_ids_than_one_request_takes_are_all_archived_not_refused(
+    store: Store, tmp_path: Path
+) -> None:
+    # Given a file of one id more than a request takes, a session of ours among them at the end
+    sid = _new(store, _cwd())
+    unknown = [f"sess_{i:024d}" for i in range(bulk.MAX_IDS)]
     ids_file = tmp_path / "ids.txt"
-    ids_file.write_text("\n".join(f"sess_{i:024d}" for i in range(10_001)))
-    result = _run("archive", "--bulk", "--ids-file", str(ids_file))
+    ids_file.write_text("\n".join([*unknown, sid]))
+    # When it is archived
+    result = _run("bulk-archive", "--ids-file", str(ids_file))
+    # Then every id is answered, in two requests, the unknown ones not found: exit 1
+    assert result.exit_code == 1, result.output[-500:]
+    assert "too_many_sessions" not in result.output
+    said = result.stdout.splitlines()[0]
+    assert "archived 1," in said and f"not found {bulk.MAX_IDS}" in said, said
+    assert f"selected {bulk.MAX_IDS + 1}" in said and "in 2 requests" in said, said
+    assert _archived(store, sid)
+
+
+@pytest.fixture
+def cap(monkeypatch: pytest.MonkeyPatch) -> int:
+    """The most ids one request takes (``orchestrator.bulk.MAX_IDS``, which the server checks
+    too) lowered to 3 for one test, so a few sessions need several requests."""
+    monkeypatch.setattr(bulk, "MAX_IDS", 3)
+    return 3
+
+
+@pytest.fixture
+def requests(monkeypatch: pytest.MonkeyPatch) -> list[list[str]]:
+    """The ids of each request the CLI sends (``orchestrator.bulk.bulk_archive`` spied on)."""
+    sent: list[list[str]] = []
+    real = bulk.bulk_archive
+
+    def spy(*args: Any, **kwargs: Any) -> bulk.BulkResult:
+        sent.append(list(kwargs["session_ids"]))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(bulk, "bulk_archive", spy)
+    return sent
+
+
+def test_ids_over_the_cap_go_in_several_requests_answered_as_one(
+    store: Store, tmp_path: Path, cap: int, requests: list[list[str]]
+) -> None:
+    # Given 7 sessions and an unknown id in a file, 3 ids a request
+    cwd = _cwd()
+    ids = [_new(store, cwd) for _ in range(7)]
+    missing = "sess_" + "0" * 24
+    given = [*ids[:4], missing, *ids[4:]]
+    ids_file = tmp_path / "ids.txt"
+    ids_file.write_text("\n".join(given))
+    # When they are archived
+    body = _json("bulk-archive", "--ids-file", str(ids_file))
+    # Then three requests of at most 3 took every id once
+    assert [len(part) for part in requests] == [3, 3, 2]
+    assert sorted(sid for part in requests for sid in part) == sorted(given)
+    # And one answer came back: results in the order given, totals and batches over all
+    assert [r["sessionId"] for r in body["results"]] == given
+    assert body["totals"] == {
+        "archived": 7,
+        "already_archived": 0,
+        "refused": 0,
+        "not_found": 1,
+        "skipped": 0,
+        "selected": 8,
+    }
+    assert body["batches"] == 3 and body["dryRun"] is False
+    assert all(_archived(store, sid) for sid in ids)
+
+
+def test_the_exit_status_over_several_requests_is_that_of_one(
+    store: Store, cap: int, requests: list[list[str]]
+) -> None:
+    # Given 5 sessions, the last one busy: it goes in the second request
+    cwd = _cwd()
+    quiet = [_new(store, cwd) for _ in range(4)]
+    busy = _new(store, cwd)
+    rid = reminders.create_reminder(store, busy, 60, "check the build")
+    # When a dry run reports them: exit 0, nothing written
+    dry = _run("bulk-archive", *quiet, busy, "--dry-run")
+    assert dry.exit_code == 0, dry.output
+    assert "dry run: would archive 4" in dry.stdout and "refused 1" in dry.stdout
+    assert len(requests) == 2 and not any(_archived(store, sid) for sid in quiet)
+    # When they are archived: the refusal of the second request makes it exit 1, listed
+    result = _run("bulk-archive", *quiet, busy)
+    assert result.exit_code == 1, result.output
+    out = " ".join(result.stdout.split())
+    assert "archived 4" in out and "refused 1" in out and "in 2 requests" in out, out
+    assert busy in out and rid in out
+    # When it is archived again with --stop: exit 0, and the stops sent are reported
+    again = _run("bulk-archive", *quiet, busy, "--stop")
+    assert again.exit_code == 0, again.output
+    assert "already archived 4" in again.stdout and "stops sent: reminder 1" in again.stdout
+
+
+def test_duplicates_across_the_request_boundary_count_once(
+    store: Store, cap: int, requests: list[list[str]]
+) -> None:
+    # Given 4 sessions named 7 times: a, b, c | a, d, b, d
+    cwd = _cwd()
+    a, b, c, d = (_new(store, cwd) for _ in range(4))
+    body = _json("bulk-archive", a, b, c, a, d, b, d)
+    # Then each went out once, the first copy kept, and is counted once, as one request does
+    assert requests == [[a, b, c], [d]]
+    assert [r["sessionId"] for r in body["results"]] == [a, b, c, d]
+    assert body["totals"]["archived"] == 4 and body["totals"]["selected"] == 4
+
+
+def test_a_subtree_over_several_requests_is_archived_in_its_roots_transition(
+    store: Store, cap: int, requests: list[list[str]]
+) -> None:
+    # Given a parent and its child named last and first, with 5 roots between them
+    cwd = _cwd()
+    parent = _new(store, cwd)
+    child = _new(store, cwd, parent=parent)
+    others = [_new(store, cwd) for _ in range(5)]
+    body = _json("bulk-archive", child, *others, parent)
+    # Then the roots went out first (in the order named), the child in the last request
+    assert requests == [others[:3], [*others[3:], parent], [child]]
+    # And the parent archived it in its own transition, as one request would
+    assert [r["sessionId"] for r in body["results"]] == [child, *others, parent]
+    assert {r["sessionId"]: r["outcome"] for r in body["results"]}[child] == "already_archived"
+    # And unarchiving the parent restores the child with it
+    assert archive.unarchive(store, parent) == 2
+    assert not _archived(store, child)
+
+
+def test_one_progress_bar_counts_the_sessions_of_every_request(
+    store: Store, cap: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    seen: list[tuple[int, int]] = []
+    original = api.cli.bulk._Bar.__call__
+
+    def spy(self: Any, done: int, total: int) -> None:
+        seen.append((done, total))
+        original(self, done, total)
+
+    monkeypatch.setattr(api.cli.bulk._Bar, "__call__", spy)
+    ids = [_new(store, _cwd()) for _ in range(7)]
+    assert _run("bulk-archive", *ids, ids[0]).exit_code == 0
+    assert seen == [(0, 7), (3, 7), (6, 7), (7, 7)], "sessions done, of all"
+
+
+def _failing_second_request(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The second request writes its first session, then Redis fails."""
+    real = bulk.bulk_archive
+    calls: list[int] = []
+
+    def flaky(*args: Any, **kwargs: Any) -> bulk.BulkResult:
+        calls.append(1)
+        if len(calls) == 2:
+            real(*args, **{**kwargs, "session_ids": kwargs["session_ids"][:1]})
+            raise StoreUnavailable("Redis is unavailable (ConnectionError: lost).")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(bulk, "bulk_archive", flaky)
+
+
+def test_a_request_failing_midway_reports_what_was_done_and_what_was_not_sent(
+    store: Store, cap: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given 8 sessions (3 requests) and a second request that fails after one write
+    cwd = _cwd()
+    ids = [_new(store, cwd) for _ in range(8)]
+    _failing_second_request(monkeypatch)
+    # When they are archived
+    result = _run("bulk-archive", *ids)
+    # Then it exits 2 with the error, after printing what the first request did
+    assert result.exit_code == 2, result.output
+    assert "archived 3," in result.stdout and "selected 3" in result.stdout, result.stdout
+    said = " ".join(result.stderr.split())
+    assert "error (store_unavailable):" in said and "ConnectionError: lost" in said, said
+    assert "request 2 of 3 failed: 3 of 8 sessions done" in said, said
+    assert "5 not confirmed: 3 in the failed request" in said and "2 not sent" in said, said
+    # And every id not confirmed is named, none lost
+    assert "not confirmed: " + ", ".join(ids[3:]) in said, said
+    assert all(_archived(store, sid) for sid in ids[:4])
+    assert not any(_archived(store, sid) for sid in ids[4:])
+    # And running it again finishes the rest
+    monkeypatch.undo()
+    body = _json("bulk-archive", *ids)
+    assert body["totals"]["already_archived"] == 4 and body["totals"]["archived"] == 4
+
+
+def test_a_request_failing_midway_is_one_json_error_listing_the_ids_left(
+    store: Store, cap: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cwd = _cwd()
+    ids = [_new(store, cwd) for _ in range(8)]
+    _failing_second_request(monkeypatch)
+    result = _run("bulk-archive", *reversed(ids), "--json")
+    assert result.exit_code == 2, result.output
+    error = json.loads(result.stdout)["error"]
+    assert error["code"] == "store_unavailable"
+    data = error["data"]
+    assert data["failedRequest"] == 2 and data["requests"] == 3
+    # Every id, in the order given: done by the first request, unconfirmed, or not sent
+    given = ids[::-1]
+    assert [r["sessionId"] for r in data["done"]["results"]] == given[:3]
+    assert data["done"]["totals"]["archived"] == 3
+    assert data["unconfirmed"] == given[3:6] and data["notSent"] == given[6:]
+
+
+def test_a_failure_of_the_only_request_is_the_plain_error(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def down(*args: Any, **kwargs: Any) -> bulk.BulkResult:
+        raise StoreUnavailable("Redis is unavailable (ConnectionError: lost).")
+
+    monkeypatch.setattr(bulk, "bulk_archive", down)
+    result = _run("bulk-archive", _new(store, _cwd()), "--json")
     assert result.exit_code == 2
-    assert "too_many_sessions" in result.output and "10000" in result.output
+    assert json.loads(result.stdout)["error"]["data"] == {}
 
 
 def test_the_single_archive_still_works(store: Store) -> None:
@@ -177,7 +385,7 @@ def test_an_ids_file_that_never_ends_is_refused_after_its_cap_not_read_to_the_en
     result = _run("bulk-archive", "--ids-file", "/dev/zero", "--dry-run", "--json")
     assert result.exit_code == 2, result.output[-300:]
     message = json.loads(result.stdout)["error"]["message"]
-    assert "holds more than 16 MiB" in message and "10000" in message, message
+    assert "holds more than 16 MiB" in message and "split the file" in message, message
 
 
 def test_ids_on_stdin_over_the_cap_are_refused(monkeypatch: pytest.MonkeyPatch) -> None:
