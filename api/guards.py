@@ -56,8 +56,9 @@ class BodyGuard:
     ``body_too_large``: a declared ``Content-Length`` over the cap is refused before anything
     is read; a body without one (chunked) is read up to the cap and refused as soon as it goes
     past it. A body FastAPI will read as JSON (``is_json_type``) is then parsed by
-    ``orchestrator.untrusted``: JSON over a limit (nesting depth, number length) answers 400
-    ``input_rejected`` naming the limit and where; an object giving a key twice 422
+    ``orchestrator.untrusted``: JSON over a limit (nesting depth, number length, a number not
+    finite: ``NaN`` and ``Infinity`` too) answers 400 ``input_rejected`` naming the limit and
+    where; an object giving a key twice 422
     ``invalid_params`` naming it (``data.param``) and where (``data.path``); a lone surrogate
     anywhere in it 422 ``invalid_params`` (answers echo what was sent, and such text cannot be
     encoded); bytes that are not UTF-8 (JSON's one encoding, RFC 8259) 422 ``invalid_params``

@@ -4,12 +4,15 @@ JSON inside listing cursors).
 
 Python's ``json.loads`` alone lets a client crash the caller: nesting a few thousand levels
 deep raises ``RecursionError``, an integer of more than 4,300 digits raises a bare
-``ValueError`` (CPython's int-from-string digit limit) and ``1e400`` becomes ``inf``.
-``loads`` turns each of these into one ``InputRejected`` error (``orchestrator.errors``; HTTP
-400, JSON-RPC -32602) that names the limit, its value and where it was exceeded:
+``ValueError`` (CPython's int-from-string digit limit), ``1e400`` becomes ``inf``, and the
+literals ``NaN``, ``Infinity`` and ``-Infinity`` (not JSON: RFC 8259 has no such numbers)
+become floats. ``loads`` turns each of these into one ``InputRejected`` error
+(``orchestrator.errors``; HTTP 400, JSON-RPC -32602) that names the limit, its value and
+where it was exceeded:
 
 - ``MAX_DEPTH`` (64) levels of arrays and objects;
-- ``MAX_NUMBER_CHARS`` (100) characters in one number literal, and finite numbers only.
+- ``MAX_NUMBER_CHARS`` (100) characters in one number literal, and finite numbers only
+  (``NaN`` and ``Infinity`` are refused as ``1e400`` is).
 
 An object giving one key more than once (``{"dryRun": false, "dryRun": true}``) raises
 ``DuplicateKey`` (HTTP 422 ``invalid_params``, JSON-RPC -32602 or -32600) naming the key and
@@ -39,16 +42,26 @@ MAX_DEPTH = 64
 MAX_NUMBER_CHARS = 100
 
 
-class _Oversized:
-    """Stands for a number literal over the limit, so parsing goes on to find the rest."""
+class _BadNumber:
+    """Stands for a number literal over the limit or not finite, so parsing goes on to find
+    the rest (and the walk after it, where it is)."""
 
     def __init__(self, literal: str) -> None:
         self.literal = literal
 
-
-def _constant(name: str) -> Any:
-    # NaN, Infinity and -Infinity are not JSON; json.loads accepts them by default.
-    raise json.JSONDecodeError(f"{name} is not a JSON value", name, 0)
+    def problem(self) -> str:
+        """What is wrong with the literal, and what to send instead."""
+        literal = self.literal
+        if len(literal) > MAX_NUMBER_CHARS:
+            return (
+                f"number {literal[:20]}... ({len(literal)} characters) is longer than "
+                f"{MAX_NUMBER_CHARS} characters"
+            )
+        if literal.lstrip("-") in ("NaN", "Infinity"):
+            why = "JSON has no NaN or Infinity"
+        else:
+            why = "out of range: the largest double is about 1.8e308"
+        return f"{literal} is not finite ({why}); send a finite number"
 
 
 def _path(parts: list[Any]) -> str:
@@ -69,14 +82,8 @@ def _violation(value: Any) -> tuple[str, list[Any], str] | None:
                 return "depth", path, f"nested deeper than {MAX_DEPTH} levels"
             items = node.items() if isinstance(node, dict) else enumerate(node)
             stack.extend((child, [*path, key], depth + 1) for key, child in items)
-        elif isinstance(node, _Oversized):
-            shown = node.literal if len(node.literal) <= 24 else f"{node.literal[:20]}..."
-            return (
-                "number",
-                path,
-                f"number {shown} ({len(node.literal)} characters) is longer than "
-                f"{MAX_NUMBER_CHARS} characters or not finite",
-            )
+        elif isinstance(node, _BadNumber):
+            return "number", path, node.problem()
     return None
 
 
@@ -145,15 +152,15 @@ def not_utf8(data: bytes, exc: UnicodeDecodeError) -> str:
 def loads(text: str | bytes, *, param: str = "body") -> Any:
     """Parse ``text`` (JSON sent by a client, named ``param`` in errors) within the module's
     limits. Returns the value (no ``inf``, ``NaN`` or over-long numbers in it, no key given
-    twice in an object). Raises ``InputRejected`` for a limit, ``DuplicateKey`` for a key
-    given twice, ``json.JSONDecodeError`` for invalid JSON (bytes that are
-    not UTF-8 included)."""
+    twice in an object). Raises ``InputRejected`` for a limit (a ``NaN``, ``Infinity`` or
+    ``-Infinity`` literal included), ``DuplicateKey`` for a key given twice,
+    ``json.JSONDecodeError`` for invalid JSON (bytes that are not UTF-8 included)."""
     if isinstance(text, bytes):
         try:
             text = text.decode("utf-8")
         except UnicodeDecodeError as exc:
             raise json.JSONDecodeError(f"not UTF-8 ({exc.reason})", "", exc.start) from None
-    oversized: list[str] = []
+    bad_numbers: list[str] = []
     repeated: list[_Repeated] = []
 
     def unique(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
@@ -165,23 +172,29 @@ def loads(text: str | bytes, *, param: str = "body") -> Any:
 
     def integer(literal: str) -> Any:
         if len(literal) > MAX_NUMBER_CHARS:
-            oversized.append(literal)
-            return _Oversized(literal)
+            bad_numbers.append(literal)
+            return _BadNumber(literal)
         return int(literal)
 
     def real(literal: str) -> Any:
         value = float(literal)
         if len(literal) > MAX_NUMBER_CHARS or not math.isfinite(value):
-            oversized.append(literal)
-            return _Oversized(literal)
+            bad_numbers.append(literal)
+            return _BadNumber(literal)
         return value
+
+    def constant(literal: str) -> Any:
+        # NaN, Infinity, -Infinity: not JSON, but a number to the client that sent one (a
+        # serializer's default for a float it holds), so refused as 1e400 is, with its path.
+        bad_numbers.append(literal)
+        return _BadNumber(literal)
 
     try:
         value = json.loads(
             text,
             parse_int=integer,
             parse_float=real,
-            parse_constant=_constant,
+            parse_constant=constant,
             object_pairs_hook=unique,
         )
     except RecursionError:
@@ -189,9 +202,9 @@ def loads(text: str | bytes, *, param: str = "body") -> Any:
             f"{param}: JSON nested deeper than {MAX_DEPTH} levels, the most accepted.",
             {"limit": "depth", "max": MAX_DEPTH, "path": "$", "param": param},
         ) from None
-    # The walk costs a Python step per value: skip it when nothing can be wrong (no long
+    # The walk costs a Python step per value: skip it when nothing can be wrong (no bad
     # number, and too few brackets, strings' included, to nest past the limit).
-    if not oversized and text.count("[") + text.count("{") <= MAX_DEPTH:
+    if not bad_numbers and text.count("[") + text.count("{") <= MAX_DEPTH:
         found = None
     else:
         found = _violation(value)

@@ -358,6 +358,34 @@ def text_prompt(sid: str, text: str) -> dict[str, Any]:
     return {"sessionId": sid, "prompt": [{"type": "text", "text": text}]}
 
 
+def check_non_finite_refused(peer: RpcPeer, cwd: str, literal: str) -> None:
+    """``literal`` (``NaN``, ``Infinity``, ``-Infinity``: not JSON, though Python's parser
+    takes them) is refused as a non-finite number is, naming the limit and where: in params
+    -32602 to the request's id, in a cursor -32602 too, in the id -32600 to null."""
+    sid = new_session(peer, cwd)
+    peer.send_raw(
+        f'{{"jsonrpc":"2.0","id":"{sid}","method":"session/set_title",'
+        f'"params":{{"sessionId":"{sid}","title":{literal}}}}}'
+    )
+    error = peer.response(sid)[1]["error"]
+    assert error["code"] == INVALID_PARAMS, error
+    assert error["data"]["limit"] == "number", error
+    assert error["data"]["path"] == "$.params.title", error
+    assert f"{literal} is not finite" in error["message"], error
+    assert "send a finite number" in error["message"], error
+    assert "title" not in listed(peer, cwd)[sid]
+    score = '{"a":"exclude","c":null,"s":' + literal + ',"i":"sess_x"}'
+    cursor = base64.urlsafe_b64encode(score.encode()).decode().rstrip("=")
+    error = peer.error("session/list", {"cursor": cursor}, INVALID_PARAMS)
+    assert error["data"]["param"] == "cursor" and error["data"]["path"] == "$.s", error
+    assert f"{literal} is not finite" in error["message"], error
+    mark = peer.mark()
+    peer.send_raw('{"jsonrpc":"2.0","id":' + literal + ',"method":"session/list"}')
+    _, msg = peer.wait(lambda m: "error" in m, since=mark)
+    assert msg["id"] is None and msg["error"]["code"] == INVALID_REQUEST, msg
+    assert msg["error"]["data"]["path"] == "$.id", msg
+
+
 def agent_texts(peer: RpcPeer, sid: str) -> list[str]:
     return [
         u["content"]["text"]
@@ -515,6 +543,14 @@ def test_lone_surrogates_are_invalid_params_never_internal_errors(agent: StdioAg
     agent.error("session/prompt", text_prompt(sid, "say \ud800"), INVALID_PARAMS)
     titled = agent.call("session/set_title", {"sessionId": sid, "title": "a\ud800b"})
     assert titled == {"title": "ab"}  # the title normalizer drops it
+
+
+@pytest.mark.parametrize("literal", ["NaN", "Infinity", "-Infinity"])
+def test_nan_and_infinity_are_refused_as_numbers_that_are_not_finite(
+    agent: StdioAgent, cwd: str, literal: str
+) -> None:
+    check_non_finite_refused(agent, cwd, literal)
+    assert agent.call("session/list", {"cwd": "/nonexistent/acp"}) == {"sessions": []}
 
 
 def test_session_new_requires_an_absolute_cwd(agent: StdioAgent) -> None:

@@ -27,6 +27,7 @@ from tests.api.test_acp_stdio import (
     SESSION_CAPABILITIES,
     RpcPeer,
     StdioAgent,
+    check_non_finite_refused,
     listed,
     new_session,
     stdio_agent,
@@ -154,6 +155,14 @@ def test_ws_a_key_given_twice_is_refused_never_the_last_one_taken(ws: RpcPeer, c
     _, msg = ws.wait(lambda m: (m.get("error") or {}).get("code") == INVALID_REQUEST, since=mark)
     assert msg["id"] is None and "'id' was given twice" in msg["error"]["message"], msg
     assert not any(m.get("id") in ("a", "b") for m in ws.messages)
+
+
+@pytest.mark.parametrize("literal", ["NaN", "Infinity", "-Infinity"])
+def test_ws_nan_and_infinity_are_refused_as_numbers_that_are_not_finite(
+    ws: RpcPeer, cwd: str, literal: str
+) -> None:
+    check_non_finite_refused(ws, cwd, literal)
+    assert ws.call("session/list", {"cwd": "/nonexistent/acp-ws"}) == {"sessions": []}
 
 
 @pytest.mark.parametrize("value", [True, False, "yes", 1])

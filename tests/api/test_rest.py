@@ -355,16 +355,18 @@ def test_garbled_cursor_is_422(client: TestClient, cursor: str) -> None:
     assert error["data"] == {"param": "cursor"}
 
 
-@pytest.mark.parametrize(
-    "score",
-    ["NaN", "Infinity", "-Infinity"],
-    ids=["nan", "inf", "-inf"],
-)
-def test_cursor_with_a_non_finite_score_is_422(client: TestClient, score: str) -> None:
-    # Regression: NaN answered 503 (Redis rejected the range).
+@pytest.mark.parametrize("score", ["NaN", "Infinity", "-Infinity", "1e999"])
+def test_cursor_with_a_non_finite_score_is_400_input_rejected(
+    client: TestClient, score: str
+) -> None:
+    # Regression: NaN answered 503 (Redis rejected the range), then 422 as a garbled cursor
+    # while 1e999 answered 400: NaN and Infinity are not JSON, refused as any non-finite number.
     cursor = _cursor('{"a":"exclude","c":null,"s":' + score + ',"i":"sess_x"}')
-    error = _error(client.get("/sessions", params={"cursor": cursor}), 422, "invalid_params")
-    assert error["data"] == {"param": "cursor"}
+    error = _error(client.get("/sessions", params={"cursor": cursor}), 400, "input_rejected")
+    assert error["data"]["param"] == "cursor" and error["data"]["limit"] == "number", error
+    assert error["data"]["path"] == "$.s", error
+    assert f"{score} is not finite" in error["message"], error
+    assert "start again without a cursor" in error["message"], error
 
 
 def test_cursor_with_a_float_overflowing_score_is_400(client: TestClient) -> None:

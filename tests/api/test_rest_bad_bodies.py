@@ -16,6 +16,7 @@ from fastapi.testclient import TestClient
 
 from api.errors import MAX_LISTED_ERRORS
 from orchestrator import archive, bulk
+from orchestrator.untrusted import MAX_NUMBER_CHARS
 from tests.helpers import error_shape, rest_client
 
 
@@ -160,6 +161,31 @@ def test_a_key_given_twice_is_refused_naming_it_never_the_last_one_taken(
     assert error["data"] == {"param": key, "path": where, "in": "body"}, error
     session = client.get(f"/sessions/{sid['sessionId']}").json()
     assert session["archived"] is False and session.get("title") is None, session
+
+
+@pytest.mark.parametrize("literal", ["NaN", "Infinity", "-Infinity", "1e999"])
+def test_a_number_that_is_not_finite_is_refused_as_input_rejected_naming_it_and_where(
+    client: TestClient, literal: str
+) -> None:
+    # NaN and Infinity are not JSON (RFC 8259), though Python's parser takes them: refused as
+    # 1e999 is, never read as a float and then blamed on the field's type.
+    body = '{"sessionIds":[],"dryRun":' + literal + "}"
+    error = error_shape(_post(client, "/sessions/archive", body), 400, "input_rejected")
+    assert error["data"] == {
+        "limit": "number",
+        "max": MAX_NUMBER_CHARS,
+        "path": "$.dryRun",
+        "param": "body",
+    }, error
+    assert error["message"].startswith(f"body at $.dryRun: {literal} is not finite"), error
+    assert "send a finite number" in error["message"], error
+    # Deeper in a body too, on a route that stores what it is sent
+    sid = client.post("/sessions", json={"cwd": f"/tmp/nan-{uuid.uuid4().hex}"}).json()
+    confirmed = '{"stopActivity":true,"confirmedActivity":[{"id":"x","n":' + literal + "}]}"
+    answer = _post(client, f"/sessions/{sid['sessionId']}/archive", confirmed)
+    error = error_shape(answer, 400, "input_rejected")
+    assert error["data"]["path"] == "$.confirmedActivity[0].n", error
+    assert client.get(f"/sessions/{sid['sessionId']}").json()["archived"] is False
 
 
 #: Every route taking a JSON body: (method, path with {sid}, a body it would take as JSON).

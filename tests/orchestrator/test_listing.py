@@ -10,7 +10,7 @@ import time
 import pytest
 
 from orchestrator import archive, sessions, turns
-from orchestrator.errors import InvalidParams
+from orchestrator.errors import InputRejected, InvalidParams
 from orchestrator.sessions import Session
 from orchestrator.store import Store
 from tests.helpers import RecordingDispatcher
@@ -264,10 +264,14 @@ def test_a_garbled_cursor_is_invalid_params(store: Store, cursor: object) -> Non
     assert raised.value.data["param"] == "cursor"
 
 
-def test_a_cursor_with_a_nan_score_is_invalid_params(store: Store) -> None:
+def test_a_cursor_with_a_nan_score_is_refused_as_a_number_that_is_not_finite(
+    store: Store,
+) -> None:
+    # json.dumps writes NaN, which is not JSON: refused as 1e999 would be, naming where.
     cursor = raw_cursor({"a": "exclude", "c": None, "s": float("nan"), "i": "sess_x"})
-    with pytest.raises(InvalidParams):
+    with pytest.raises(InputRejected) as raised:
         sessions.list_sessions(store, cursor=cursor)
+    assert raised.value.data == {"limit": "number", "param": "cursor", "max": 100, "path": "$.s"}
 
 
 def test_a_cursor_with_a_huge_integer_score_is_invalid_params(store: Store) -> None:
