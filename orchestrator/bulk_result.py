@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from orchestrator.activity import ActivityItem
+from orchestrator.session_record import quoted_id
 from orchestrator.stops import StopReport
 
 #: Outcomes, in the order totals are listed.
@@ -22,8 +23,9 @@ class BulkItem:
     activity: list[ActivityItem] | None = None
 
     def to_wire(self) -> dict[str, Any]:
-        """``{"sessionId", "outcome", "activity"?}``."""
-        out: dict[str, Any] = {"sessionId": self.session_id, "outcome": self.outcome}
+        """``{"sessionId", "outcome", "activity"?}``; a malformed ``sessionId`` (``not_found``)
+        quoted by its first 80 characters, as a single archive's 404 quotes it."""
+        out: dict[str, Any] = {"sessionId": quoted_id(self.session_id), "outcome": self.outcome}
         if self.activity is not None:
             out["activity"] = [item.to_wire() for item in self.activity]
         return out

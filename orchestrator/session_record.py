@@ -21,6 +21,9 @@ from orchestrator.usage import usage_of
 #: Session ids (ours are ``sess_<hex>``; clients may only pass ids in this alphabet, so an id
 #: can never reach a Redis key name with a separator or a glob in it).
 SESSION_ID_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+#: How much of a session id an answer quotes back (errors, bulk results): a malformed id
+#: names no session and may be as long as a request body.
+QUOTED_ID_CHARS = 80
 MAX_CWD_LENGTH = 4096
 
 
@@ -121,13 +124,20 @@ class Session:
         return info
 
 
+def quoted_id(session_id: str) -> str:
+    """``session_id`` as an answer echoes it: its first ``QUOTED_ID_CHARS`` characters, so a
+    well-formed id (at most 64) whole, which is how clients match answers to requests."""
+    return session_id[:QUOTED_ID_CHARS]
+
+
 def check_session_id(session_id: object) -> str:
     """Return ``session_id`` if it is a well-formed id; otherwise raise ``SessionNotFound``
-    (a malformed id names no session) or ``InvalidParams`` when it is not a string."""
+    (a malformed id names no session; quoted by ``quoted_id``) or ``InvalidParams`` when it
+    is not a string."""
     if not isinstance(session_id, str):
         raise InvalidParams("sessionId must be a string.", {"param": "sessionId"})
     if not SESSION_ID_RE.fullmatch(session_id):
-        raise SessionNotFound(session_id[:80])
+        raise SessionNotFound(quoted_id(session_id))
     return session_id
 
 

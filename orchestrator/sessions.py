@@ -35,6 +35,7 @@ from orchestrator.session_record import (
     check_session_id,
     check_utf8,
     cwd_hash,
+    quoted_id,
 )
 from orchestrator.store import Store, iso, new_id, retried
 
@@ -61,6 +62,7 @@ __all__ = [
     "get_session",
     "list_sessions",
     "normalize_query",
+    "quoted_id",
     "title_matches",
     "write_delete",
 ]

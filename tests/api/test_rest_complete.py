@@ -303,6 +303,37 @@ def test_bulk_archive_by_ids(client: TestClient, store: Store) -> None:
     assert error["data"]["activity"] == refused["activity"]
 
 
+@pytest.mark.parametrize("dry_run", [False, True])
+def test_bulk_results_quote_a_malformed_id_by_its_first_80_characters_as_a_single_archive_does(
+    client: TestClient, dry_run: bool
+) -> None:
+    # Given an id of 100,000 characters, short and long malformed ones, and well-formed ones
+    # (the longest form included) in a bulk archive
+    huge, longest, sid = "a" * 100_000, "L" * 64, _new(client)
+    ids = [sid, huge, "../x", "b" * 81, longest]
+    # When it is answered, and the huge id is archived alone over REST and over ACP
+    resp = client.post("/sessions/archive", json={"sessionIds": ids, "dryRun": dry_run})
+    # (a URL of 100,000 characters is past what the HTTP client sends)
+    single = _error(client.post(f"/sessions/{huge[:5_000]}/archive"), 404, "session_not_found")
+    with client.websocket_connect("/acp") as ws:
+        request = {"sessionId": huge}
+        ws.send_json({"jsonrpc": "2.0", "id": 1, "method": "session/archive", "params": request})
+        acp = ws.receive_json()["error"]
+    # Then the malformed ids are quoted by their first 80 characters, as the single archives
+    # quote them, and the well-formed ones whole: the answer stays short
+    assert single["data"] == {"sessionId": "a" * 80}, single
+    assert acp["code"] == -32002 and acp["data"] == {"sessionId": "a" * 80}, acp
+    assert resp.status_code == 200, resp.text[:300]
+    assert [(r["sessionId"], r["outcome"]) for r in resp.json()["results"]] == [
+        (sid, "archived"),
+        ("a" * 80, "not_found"),
+        ("../x", "not_found"),
+        ("b" * 80, "not_found"),
+        (longest, "not_found"),
+    ]
+    assert len(resp.content) < 2_000, len(resp.content)
+
+
 def test_bulk_archive_by_filter_with_a_dry_run_first(client: TestClient) -> None:
     cwd = _cwd()
     ids = [_new(client, cwd) for _ in range(3)]
