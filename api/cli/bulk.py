@@ -30,6 +30,7 @@ from api.cli.params import seconds_option
 from api.cli.tables import fitted, show
 from orchestrator.bulk import BulkResult
 from orchestrator.errors import FleetError
+from orchestrator.sessions import quoted_id
 
 #: Sessions listed by name in human output; ``--json`` lists them all.
 _LISTED = 200
@@ -134,7 +135,7 @@ def _print_human(result: BulkResult, requests: int = 1) -> None:
             console.print(f"  {item.session_id}")
             for a in item.activity or []:
                 console.print(f"    - {a.family:9} {a.id}  {a.label}")
-    missing = [i.session_id for i in result.results if i.outcome == "not_found"]
+    missing = [quoted_id(i.session_id) for i in result.results if i.outcome == "not_found"]
     if missing:
         console.print("not found: " + ", ".join(missing[:_LISTED]))
     if result.dry_run:

@@ -65,6 +65,22 @@ def test_bulk_archive_of_ids_prints_json_for_scripts(store: Store) -> None:
     assert _archived(store, a) and _archived(store, b)
 
 
+def test_a_malformed_id_is_printed_by_its_first_80_characters(store: Store) -> None:
+    # Given a real session and an id of 100,000 characters
+    sid, huge = _new(store, _cwd()), "a" * 100_000
+    # When they are archived in bulk, as JSON and for a person
+    body = _json("bulk-archive", "--dry-run", sid, huge)
+    human = _run("bulk-archive", "--dry-run", sid, huge)
+    # Then the malformed id is quoted by its first 80 characters, as the API answers it
+    assert body["results"] == [
+        {"sessionId": sid, "outcome": "archived"},
+        {"sessionId": "a" * 80, "outcome": "not_found"},
+    ]
+    assert f"not found: {'a' * 80}\n" in human.stdout, human.stdout[:300]
+    assert "a" * 81 not in human.stdout
+    assert f"would archive {sid}" in human.stdout
+
+
 def test_ids_can_come_from_a_file_or_stdin(store: Store, tmp_path: Path) -> None:
     cwd = _cwd()
     a, b, c = (_new(store, cwd) for _ in range(3))
