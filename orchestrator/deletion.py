@@ -47,7 +47,7 @@ from orchestrator.errors import (
     SessionUnarchived,
 )
 from orchestrator.families import Dispatcher
-from orchestrator.sessions import SESSION_ID_RE, write_delete
+from orchestrator.sessions import SESSION_ID_RE, quoted_id, write_delete
 from orchestrator.stops import StopReport
 from orchestrator.store import Store, retried
 from orchestrator.turns import CANCELLED_BY_DELETE
@@ -77,9 +77,10 @@ class DeleteResult:
     def to_wire(self) -> dict[str, Any]:
         """``{"sessionId", "deleted", "deletedDescendants": [ids]}`` (the REST answer), plus
         ``stopped`` and ``stopDispatch`` (as an archive answers them) when it was asked to
-        stop activity."""
+        stop activity. A malformed ``sessionId`` is quoted by its first 80 characters
+        (``quoted_id``), as every answer quotes one."""
         out: dict[str, Any] = {
-            "sessionId": self.session_id,
+            "sessionId": quoted_id(self.session_id),
             "deleted": self.deleted,
             "deletedDescendants": list(self.deleted_descendants),
         }

@@ -240,6 +240,15 @@ def test_malformed_ids_are_404_never_500(client: TestClient, raw: str) -> None:
     assert resp.json()["deleted"] is False
 
 
+def test_a_delete_of_a_long_malformed_id_quotes_its_first_80_characters(
+    client: TestClient,
+) -> None:
+    raw = "x" * 5000
+    resp = client.delete(f"/sessions/{raw}")
+    assert resp.status_code == 200, resp.text
+    assert resp.json()["sessionId"] == raw[:80]
+
+
 @pytest.mark.parametrize("raw", ["..%2F..", "a%2Fb", "..%2F..%2Fhealth", "%2F..%2F.."])
 def test_ids_with_an_encoded_slash_are_404_never_500(client: TestClient, raw: str) -> None:
     for method, path in [
