@@ -3,9 +3,9 @@ and a full server instead of ending the worker.
 
 ``workers.app`` selects it with ``broker_transport = "workers.broker:Transport"`` (the URL stays
 ``redis://``), or ``"workers.broker:SentinelTransport"`` for a ``sentinel://`` URL (kombu's
-Sentinel transport with the same changes). Three differences from
+Sentinel transport with the same changes). Four differences from
 ``kombu.transport.redis.Transport``, each for a failure seen with real processes (issue 10,
-fault 5):
+fault 5; the fault soak):
 
 * **More replies count as a lost connection.** Celery's consumer restarts (reconnects with
   back-off) only on the transport's ``connection_errors``; anything else is "Unrecoverable"
@@ -20,6 +20,11 @@ fault 5):
   reconnected consumer consumes again (while that fails, the consumer keeps reconnecting
   instead of popping more). A worker killed while it holds one loses it, as with kombu alone;
   the stuck-turn sweeper, reminder re-claims and the archive reconciler repair that.
+* **An ack or reject Redis refuses still frees the message's prefetch slot.** kombu frees
+  the slot only after the write that drops the unacked record; on a full server that write is
+  refused, Celery logs "Couldn't ack" and goes on, and the slot stays taken. Once every slot
+  was, the worker never asked for a message again (seen in the fault soak: a turn worker idle
+  until shut down). The record stays and the message comes back after the visibility timeout.
 * **A closed transport is a connection error, not an AttributeError.** On a lost connection
   Celery's consumer calls ``Connection.collect()``, which closes the default channel and then
   the transport (``transport.client = None``); when that channel's close failed half-way
@@ -56,6 +61,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from kombu.transport import redis as kombu_redis
+from kombu.transport import virtual as kombu_virtual
 from redis import exceptions as redis_errors
 
 log = logging.getLogger(__name__)
@@ -111,7 +117,8 @@ HELD = _Held()
 
 
 class QoS(kombu_redis.QoS):
-    """kombu's QoS; a message whose unacked record is refused is held for re-queueing."""
+    """kombu's QoS; a message whose unacked record is refused is held for re-queueing, and an
+    ack or reject that Redis refuses still frees the message's prefetch slot."""
 
     def append(self, message: Any, delivery_tag: str) -> None:
         try:
@@ -121,6 +128,35 @@ class QoS(kombu_redis.QoS):
             HELD.add(message._raw, info["exchange"], info["routing_key"])
             log.warning("message %s held: its unacknowledged record was refused", delivery_tag)
             raise
+
+    def ack(self, delivery_tag: str) -> None:
+        try:
+            super().ack(delivery_tag)
+        except Exception:
+            self._release(delivery_tag, "ack")
+            raise
+
+    def reject(self, delivery_tag: str, requeue: bool = False) -> None:
+        try:
+            super().reject(delivery_tag, requeue=requeue)
+        except Exception:
+            self._release(delivery_tag, "reject")
+            raise
+
+    def _release(self, delivery_tag: str, what: str) -> None:
+        """Free the slot of a message whose ack or reject Redis refused (a full server, a lost
+        connection). kombu frees it only after the write, so each refusal kept one slot taken
+        and, once all ``prefetch_count`` were, the consumer never asked for a message again:
+        a worker stayed up and idle for good after a ``maxmemory`` squeeze. The message's
+        unacked record stays, so it comes back after the visibility timeout, as a lost
+        worker's do (a copy of a finished task, which the fleet's tasks drop)."""
+        kombu_virtual.QoS.ack(self, delivery_tag)
+        log.warning(
+            "%s of message %s not written: slot freed; the message comes back after the "
+            "visibility timeout",
+            what,
+            delivery_tag,
+        )
 
 
 class _OneWrite:
