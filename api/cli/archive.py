@@ -9,7 +9,7 @@ from typing import Any
 
 import typer
 
-from api.cli.common import app, console, fail, usage
+from api.cli.common import app, console, fail, shown_id, usage
 from api.cli.params import seconds_option
 from orchestrator.errors import FleetError
 
@@ -210,7 +210,7 @@ def delete(
         return
     below = len(result.deleted_descendants)
     console.print(
-        f"{session_id}: "
+        f"{shown_id(session_id)}: "
         + ("deleted" if result.deleted else "nothing to delete")
         + (f" with {below} subagent session(s)" if below else "")
         + (f", stop sent for {len(result.stopped)} item(s)" if result.stopped else "")

@@ -25,12 +25,11 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.text import Text
 
 from api.cli.bulk_ids import Split
-from api.cli.common import app, cli_words, console, err, usage, when
+from api.cli.common import app, cli_words, console, err, shown_id, usage, when
 from api.cli.params import seconds_option
 from api.cli.tables import fitted, show
 from orchestrator.bulk import BulkResult
 from orchestrator.errors import FleetError
-from orchestrator.sessions import quoted_id
 
 #: Sessions listed by name in human output; ``--json`` lists them all.
 _LISTED = 200
@@ -43,9 +42,9 @@ MAX_IDS_FILE_BYTES = 16 * 1024 * 1024
 
 
 def read_ids(path: str) -> list[str]:
-    """Session ids from a file (``-``: stdin), one a line; blank lines and ``#`` comments are
-    skipped. A file that cannot be read, is not UTF-8 or holds more than
-    ``MAX_IDS_FILE_BYTES`` is a usage error (exit 2) saying why."""
+    """Session ids from a file (``-``: stdin), one a line; blank lines, ``#`` comments and a
+    leading byte-order mark are skipped. A file that cannot be read, is not UTF-8 or holds
+    more than ``MAX_IDS_FILE_BYTES`` is a usage error (exit 2) saying why."""
     try:
         if path != "-":
             with Path(path).open("rb") as stream:
@@ -65,7 +64,8 @@ def read_ids(path: str) -> list[str]:
     except UnicodeDecodeError as exc:
         usage(f"cannot read --ids-file {path}: {_not_utf8(exc)}")
     out: list[str] = []
-    for line in text.splitlines():
+    # A byte-order mark (editors on Windows write one) is not part of the first id.
+    for line in text.removeprefix("\ufeff").splitlines():
         line = line.split("#", 1)[0].strip()
         if line:
             out.append(line)
@@ -135,9 +135,12 @@ def _print_human(result: BulkResult, requests: int = 1) -> None:
             console.print(f"  {item.session_id}")
             for a in item.activity or []:
                 console.print(f"    - {a.family:9} {a.id}  {a.label}")
-    missing = [quoted_id(i.session_id) for i in result.results if i.outcome == "not_found"]
+    missing = [shown_id(i.session_id) for i in result.results if i.outcome == "not_found"]
     if missing:
-        console.print("not found: " + ", ".join(missing[:_LISTED]))
+        more = f" ... and {len(missing) - _LISTED} more (--json lists all)"
+        console.print(
+            "not found: " + ", ".join(missing[:_LISTED]) + (more if len(missing) > _LISTED else "")
+        )
     if result.dry_run:
         would = [i.session_id for i in result.results if i.outcome == "archived"]
         for sid in would[:_LISTED]:
@@ -251,7 +254,7 @@ def _unfinished(split: Split, as_json: bool) -> NoReturn:
         "sessions already archived answer already archived.",
         highlight=False,
     )
-    listed = ", ".join(left[:_LISTED])
+    listed = ", ".join(shown_id(sid) for sid in left[:_LISTED])
     more = f" ... and {len(left) - _LISTED} more (--json lists all)" if len(left) > _LISTED else ""
     err.print(f"not confirmed: {listed}{more}", highlight=False)
     raise typer.Exit(2)

@@ -248,6 +248,16 @@ def cli_words(message: str) -> str:
     return re.sub(r"^q (must|is)\b", r"--q \1", message)
 
 
+def shown_id(session_id: str) -> str:
+    """A session id as human output prints it: its first 80 characters (``quoted_id``, as
+    the API quotes a malformed one), each character that is not printable (a control
+    character, a NUL, a byte-order mark) as its Python escape (``\\x1b``, ``\\ufeff``),
+    so an id read from a file cannot drive the terminal and an invisible one shows."""
+    from orchestrator.sessions import quoted_id
+
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in quoted_id(session_id))
+
+
 def json_wanted() -> bool:
     """Whether the running command was given ``--json``."""
     ctx = get_current_context(silent=True)

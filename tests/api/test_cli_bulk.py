@@ -81,6 +81,42 @@ def test_a_malformed_id_is_printed_by_its_first_80_characters(store: Store) -> N
     assert f"would archive {sid}" in human.stdout
 
 
+def test_an_ids_file_with_a_byte_order_mark_archives_its_first_id(
+    store: Store, tmp_path: Path
+) -> None:
+    # Given an ids file an editor saved with a UTF-8 byte-order mark
+    cwd = _cwd()
+    first, second = _new(store, cwd), _new(store, cwd)
+    path = tmp_path / "ids.txt"
+    path.write_bytes(b"\xef\xbb\xbf" + f"{first}\r\n{second}\r\n".encode())
+    # When it is archived in bulk
+    body = _json("bulk-archive", "--ids-file", str(path))
+    # Then both ids are archived: the mark is not part of the first
+    assert body["totals"]["archived"] == 2, body
+    assert _archived(store, first) and _archived(store, second)
+
+
+def test_ids_that_name_nothing_are_printed_escaped_and_all_counted(store: Store) -> None:
+    # Given ids with a control sequence, a NUL and a byte-order mark, and 205 more unknown ids
+    odd = ["x\x1b[31mred", "nul\x00", "\ufeffsess_" + "0" * 24]
+    unknown = [f"sess_{n:024x}" for n in range(205)]
+    # When they are archived in bulk for a person
+    human = _run("bulk-archive", *odd, *unknown)
+    # Then nothing reaches the terminal raw: each shows as its escape
+    assert "\x1b" not in human.stdout and "\x00" not in human.stdout, repr(human.stdout[:300])
+    assert r"x\x1b[31mred, nul\x00, \ufeffsess_" in human.stdout, human.stdout[:300]
+    # And the list, cut at 200 names, says how many it left out
+    assert "... and 8 more (--json lists all)" in human.stdout
+    assert human.exit_code == 1
+
+
+def test_a_delete_prints_a_malformed_id_escaped_and_quoted_by_80_characters() -> None:
+    for raw, shown in [("x" * 5000, "x" * 80), ("x\x1b[31my", r"x\x1b[31my")]:
+        result = _run("delete", raw)
+        assert result.exit_code == 0, result.output
+        assert result.stdout == f"{shown}: nothing to delete\n", repr(result.stdout[:200])
+
+
 def test_ids_can_come_from_a_file_or_stdin(store: Store, tmp_path: Path) -> None:
     cwd = _cwd()
     a, b, c = (_new(store, cwd) for _ in range(3))
