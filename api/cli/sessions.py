@@ -173,24 +173,37 @@ def activity(
 def audit(
     session_id: str | None = typer.Argument(None, help="A session; omit for the whole fleet."),
     limit: int = count_option(50, low=1, high=1000, help="How many entries, newest first."),
+    before: str | None = typer.Option(
+        None,
+        "--before",
+        metavar="ENTRY_ID",
+        help="Only entries older than this entry id: the last one of the page before.",
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print JSON (ISO 8601 UTC times)."),
 ) -> None:
     """Show the audit trail of a session (or of the fleet): every archive, unarchive, title
-    change, delete and close, with when, who and the outcome."""
+    change, delete and close, with when, who and the outcome. A full page ends with the
+    command that shows the entries before it (on stderr)."""
     from api.context import store
     from orchestrator.audit import read
     from orchestrator.sessions import get_session
 
     if session_id is not None:
         session_id = get_session(store(), session_id, include_deleted=True).session_id
-    entries = read(store(), session_id, limit)
+    entries = read(store(), session_id, limit, before)
     if as_json:
         print(json.dumps(entries, indent=2))
         return
     if not entries:
-        console.print("no audit entries")
+        console.print("no audit entries" + (" before that one" if before else ""))
         return
     show(console, _audit_table(entries, whole_fleet=session_id is None, width=console.width))
+    if len(entries) == limit:
+        which = f" {session_id}" if session_id else ""
+        err.print(
+            f"older entries: fleet audit{which} --limit {limit} --before {entries[-1]['id']}",
+            highlight=False,
+        )
 
 
 def _audit_table(entries: list[dict[str, Any]], *, whole_fleet: bool, width: int) -> Table:

@@ -137,6 +137,35 @@ def test_archive_and_unarchive_quiet_session() -> None:
     assert _flat(_ok("unarchive", sid)) == f"{sid}: was not archived"
 
 
+def test_audit_pages_on_with_before_and_a_full_page_names_the_next_command() -> None:
+    # Given a session with five audit entries
+    sid = _new()
+    for _ in range(2):
+        _ok("archive", sid)
+        _ok("unarchive", sid)
+    _ok("archive", sid)
+    whole = json.loads(_ok("audit", sid, "--json"))
+    assert len(whole) == 5
+    # When its trail is read two entries at a time
+    first = _run("audit", sid, "--limit", "2")
+    hint = f"older entries: fleet audit {sid} --limit 2 --before {whole[1]['id']}"
+    # Then a full page ends with the command for the entries before it, on stderr
+    assert first.stderr.strip() == hint, first.stderr
+    pages, before = [], None
+    while True:
+        args = ["audit", sid, "--limit", "2", "--json"] + (["--before", before] if before else [])
+        page = json.loads(_ok(*args))
+        pages += page
+        if len(page) < 2:
+            break
+        before = page[-1]["id"]
+    # And paging on with --before reads each entry once, newest first
+    assert [e["id"] for e in pages] == [e["id"] for e in whole]
+    # And an id that is not an entry's is refused with the reason
+    bad = _run("audit", sid, "--before", "yesterday")
+    assert bad.exit_code == 2 and "before must be the id of an audit entry" in bad.stderr
+
+
 def test_archive_json_of_a_quiet_session() -> None:
     sid = _new()
     body = json.loads(_ok("archive", sid, "--json"))
