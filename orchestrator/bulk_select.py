@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -140,6 +141,21 @@ def _too_many(limit: int) -> TooManySessions:
     )
 
 
+@contextmanager
+def _in_filter() -> Iterator[None]:
+    """A criterion's ``InvalidParams`` named by its place in the request, ``filter.cwd``,
+    ``filter.q``, ``filter.idleSince`` (``data.param``), as a request's own validation names
+    it (``body.filter.cwd``); its message keeps the criterion's name, which the CLI turns
+    into its option (``--cwd``)."""
+    try:
+        yield
+    except InvalidParams as exc:
+        param = exc.data.get("param")
+        if isinstance(param, str) and not param.startswith("filter"):
+            exc.data["param"] = f"filter.{param}"
+        raise
+
+
 def select(store: Store, flt: BulkFilter, *, limit: int | None = None) -> list[str]:
     """Ids of the sessions (not archived, not deleted) ``flt`` selects, ancestors first.
 
@@ -153,11 +169,12 @@ def select(store: Store, flt: BulkFilter, *, limit: int | None = None) -> list[s
             {"param": "filter"},
         )
     cap = store.settings.bulk_filter_max if limit is None else limit
-    cwd = None if flt.cwd is None else check_cwd(flt.cwd)
-    needle = normalize_query(flt.q)
-    if flt.q is not None and needle is None:
-        raise InvalidParams("filter.q must not be blank.", {"param": "filter.q"})
-    below = math.inf if flt.idle_since is None else parse_instant(flt.idle_since, "idleSince")
+    with _in_filter():
+        cwd = None if flt.cwd is None else check_cwd(flt.cwd)
+        needle = normalize_query(flt.q)
+        if flt.q is not None and needle is None:
+            raise InvalidParams("q must not be blank.", {"param": "q"})
+        below = math.inf if flt.idle_since is None else parse_instant(flt.idle_since, "idleSince")
     found: list[tuple[str, int]] = []
     fields = ("title",) if needle is not None else ()
     for sid, values, depth in _scan(store, cwd, below, fields):

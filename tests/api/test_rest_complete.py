@@ -386,6 +386,25 @@ def test_bad_bulk_requests_are_422_with_the_reason(
     assert where in error["message"] or error["data"].get("param") == where, error
 
 
+@pytest.mark.parametrize(
+    ("criteria", "param"),
+    [
+        ({"cwd": "relative"}, "filter.cwd"),
+        ({"q": "   "}, "filter.q"),
+        ({"q": "x" * 201}, "filter.q"),
+        ({"idleSince": "yesterday"}, "filter.idleSince"),
+    ],
+)
+def test_a_bad_filter_criterion_is_named_by_its_place_in_the_body(
+    client: TestClient, criteria: dict[str, Any], param: str
+) -> None:
+    # As the body's own validation names it (body.filter.cwd for a cwd that is not a string)
+    error = _error(
+        client.post("/sessions/archive", json={"filter": criteria}), 422, "invalid_params"
+    )
+    assert error["data"]["param"] == param, error
+
+
 def test_more_than_ten_thousand_ids_are_422_too_many_sessions(client: TestClient) -> None:
     sid = _new(client)
     ids = [sid] + [f"sess_{i:024d}" for i in range(10_000)]

@@ -685,7 +685,7 @@ def test_idle_since_must_be_an_iso_date_time_with_an_offset(
 ) -> None:
     with pytest.raises(InvalidParams) as caught:
         bulk.bulk_archive(store, recorder, flt=bulk.BulkFilter(cwd=cwd, idle_since=since))
-    assert caught.value.data["param"] == "idleSince"
+    assert caught.value.data["param"] == "filter.idleSince"
 
 
 def test_offsets_are_honoured_in_idle_since() -> None:
@@ -733,9 +733,10 @@ def test_a_filter_selecting_more_than_the_maximum_is_refused_and_writes_nothing(
         ({}, "sessionIds|filter"),
         ({"session_ids": [], "flt": bulk.BulkFilter(cwd="/x")}, "sessionIds|filter"),
         ({"flt": bulk.BulkFilter()}, "filter"),
-        ({"flt": bulk.BulkFilter(cwd="relative")}, "cwd"),
+        ({"flt": bulk.BulkFilter(cwd="relative")}, "filter.cwd"),
         ({"flt": bulk.BulkFilter(q="   ")}, "filter.q"),
-        ({"flt": bulk.BulkFilter(q="x" * 201)}, "q"),
+        ({"flt": bulk.BulkFilter(q="x" * 201)}, "filter.q"),
+        ({"flt": bulk.BulkFilter(idle_since="yesterday")}, "filter.idleSince"),
         ({"session_ids": [1, 2]}, "sessionIds"),
     ],
 )
