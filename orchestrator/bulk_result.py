@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from orchestrator.activity import ActivityItem
-from orchestrator.session_record import quoted_id
+from orchestrator.errors import quoted_id
 from orchestrator.stops import StopReport
 
 #: Outcomes, in the order totals are listed.

@@ -32,6 +32,17 @@ from typing import Any
 
 from orchestrator.items import ActivityItem
 
+#: How much of an id an answer quotes back (errors, bulk results): a malformed id names
+#: nothing and may be as long as a request body.
+QUOTED_ID_CHARS = 80
+
+
+def quoted_id(some_id: str) -> str:
+    """``some_id`` (a session or turn id) as an answer echoes it: its first
+    ``QUOTED_ID_CHARS`` characters, so a well-formed id (at most 64) whole, which is how
+    clients match answers to requests."""
+    return some_id[:QUOTED_ID_CHARS]
+
 
 class FleetError(Exception):
     """Base of every error agent-fleet raises on purpose; ``code`` is a stable string."""
@@ -59,7 +70,8 @@ class TurnNotFound(FleetError):
     code = "turn_not_found"
 
     def __init__(self, turn_id: str) -> None:
-        super().__init__(f"Turn {turn_id[:80]!r} was not found.", {"turnId": turn_id[:80]})
+        shown = quoted_id(turn_id)
+        super().__init__(f"Turn {shown!r} was not found.", {"turnId": shown})
 
 
 class SessionActive(FleetError):

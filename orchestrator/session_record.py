@@ -15,15 +15,12 @@ import unicodedata
 from dataclasses import dataclass, field
 from typing import Any
 
-from orchestrator.errors import InvalidParams, SessionNotFound
+from orchestrator.errors import InvalidParams, SessionNotFound, quoted_id
 from orchestrator.usage import usage_of
 
 #: Session ids (ours are ``sess_<hex>``; clients may only pass ids in this alphabet, so an id
 #: can never reach a Redis key name with a separator or a glob in it).
 SESSION_ID_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
-#: How much of a session id an answer quotes back (errors, bulk results): a malformed id
-#: names no session and may be as long as a request body.
-QUOTED_ID_CHARS = 80
 MAX_CWD_LENGTH = 4096
 
 
@@ -122,12 +119,6 @@ class Session:
         meta["usage"] = dict(self.usage)
         info["_meta"] = {"agentFleet": meta}
         return info
-
-
-def quoted_id(session_id: str) -> str:
-    """``session_id`` as an answer echoes it: its first ``QUOTED_ID_CHARS`` characters, so a
-    well-formed id (at most 64) whole, which is how clients match answers to requests."""
-    return session_id[:QUOTED_ID_CHARS]
 
 
 def check_session_id(session_id: object) -> str:

@@ -12,7 +12,13 @@ import json
 from typing import Any
 
 from orchestrator import audit, events, limits
-from orchestrator.errors import InvalidParams, SessionArchived, SessionNotFound, TurnStopped
+from orchestrator.errors import (
+    InvalidParams,
+    SessionArchived,
+    SessionNotFound,
+    TurnStopped,
+    quoted_id,
+)
 from orchestrator.fencing import StepGuard
 from orchestrator.listing import (
     DEFAULT_PAGE,
@@ -35,7 +41,6 @@ from orchestrator.session_record import (
     check_session_id,
     check_utf8,
     cwd_hash,
-    quoted_id,
 )
 from orchestrator.store import Store, iso, new_id, retried
 

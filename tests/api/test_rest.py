@@ -569,6 +569,12 @@ def test_malformed_turn_id_answers_turn_not_found(client: TestClient) -> None:
     _error(client.get("/turns/a*b"), 404, "turn_not_found")
 
 
+def test_a_long_turn_id_is_quoted_by_its_first_80_characters(client: TestClient) -> None:
+    error = _error(client.get(f"/turns/{'t' * 5000}"), 404, "turn_not_found")
+    assert error["data"] == {"turnId": "t" * 80}
+    assert "t" * 81 not in error["message"]
+
+
 def test_prompted_turn_runs_to_completion(client: TestClient, fleet: Any) -> None:
     sid = _new(client)["sessionId"]
     resp = client.post(f"/sessions/{sid}/prompt", json={"prompt": "say hello"})
