@@ -9,7 +9,8 @@ Exit status: 0 when every selected session ended archived (or already was), and 
 run (it only reports); 1 when some were refused, not found or skipped; 2 when the request
 itself was refused (bad arguments, a filter selecting too many, Redis unavailable), or when
 one of several requests failed (what the earlier ones did is printed, and the ids not
-confirmed are counted; ``--json`` lists them in the error's ``data``).
+confirmed are counted; ``--json`` lists them in the error's ``data``); 130, with the same
+report, when one of several was interrupted (Ctrl-C).
 """
 
 from __future__ import annotations
@@ -223,13 +224,16 @@ def run_bulk(given: Selection) -> None:
 def _unfinished(split: Split, as_json: bool) -> NoReturn:
     """A run over several requests that one of them ended: the error, what the requests
     before it did and the ids not confirmed (with ``--json``, one error document whose
-    ``data`` holds them all), exit 2."""
+    ``data`` holds them all), exit 2 (130 when it was interrupted, as a shell counts SIGINT)."""
+    from api.cli.bulk_ids import Interrupted
     from api.errors import error_body
 
     stopped = split.unfinished
     assert stopped is not None
     exc, result = stopped.error, split.result
     message = cli_words(exc.message)
+    interrupted = isinstance(exc, Interrupted)
+    status = 130 if interrupted else 2
     if as_json:
         data = {
             **exc.data,
@@ -240,16 +244,17 @@ def _unfinished(split: Split, as_json: bool) -> NoReturn:
             "notSent": stopped.not_sent,
         }
         print(json.dumps(error_body(exc.code, message, data), indent=2))
-        raise typer.Exit(2)
+        raise typer.Exit(status)
     above = " (above)" if result.results else ""
     if result.results:
         _print_human(result, stopped.failed - 1)
     left = stopped.unconfirmed + stopped.not_sent
     err.print(Text.assemble(("error", "red"), f" ({exc.code}): {message}"))
     err.print(
-        f"request {stopped.failed} of {stopped.requests} failed: "
+        f"request {stopped.failed} of {stopped.requests} "
+        f"{'was interrupted' if interrupted else 'failed'}: "
         f"{len(result.results)} of {split.given} sessions done{above}, {len(left)} not "
-        f"confirmed: {len(stopped.unconfirmed)} in the failed request (it may have archived "
+        f"confirmed: {len(stopped.unconfirmed)} in that request (it may have archived "
         f"some), {len(stopped.not_sent)} not sent. Run the same command again to finish: "
         "sessions already archived answer already archived.",
         highlight=False,
@@ -257,7 +262,7 @@ def _unfinished(split: Split, as_json: bool) -> NoReturn:
     listed = ", ".join(shown_id(sid) for sid in left[:_LISTED])
     more = f" ... and {len(left) - _LISTED} more (--json lists all)" if len(left) > _LISTED else ""
     err.print(f"not confirmed: {listed}{more}", highlight=False)
-    raise typer.Exit(2)
+    raise typer.Exit(status)
 
 
 def run_auto(given: Selection, *, bulk: bool = False, idle_seconds: float = 0) -> None:
@@ -336,7 +341,7 @@ def bulk_archive_command(
     refused unless --stop. Ids of any number: more than one request takes go out in several,
     ancestors first, and are answered as one. Exit status: 0 all archived (or already) and
     every dry run, 1 some refused, not found or skipped, 2 the request was refused or one of
-    several failed (the ids not confirmed are listed)."""
+    several failed, 130 one of several was interrupted (both list the ids not confirmed)."""
     run_bulk(Selection(ids or [], ids_file, cwd, idle_since, q, stop, dry_run, as_json))
 
 

@@ -12,7 +12,8 @@ given, totals over all of them, the batches and stops of every request.
   know what an earlier one would have archived: a descendant whose named ancestor went in an
   earlier request is reported ``archived`` (would archive), not ``already_archived``; the
   sessions selected, and a real run, are the same.
-- A request that fails (a ``FleetError`` such as ``store_unavailable``) ends the run: the
+- A request that fails (a ``FleetError`` such as ``store_unavailable``) or is interrupted
+  (Ctrl-C: ``Interrupted``) ends the run: the
   answers of the requests before it are kept, and its ids (it may have archived some of
   them: its batches before the failing one stay written) and those of the requests not sent
   are returned, in the order given, for the caller to report.
@@ -32,6 +33,13 @@ from orchestrator.families import Dispatcher
 from orchestrator.redisconn import store_unavailable
 from orchestrator.stops import StopReport
 from orchestrator.store import Store
+
+
+class Interrupted(FleetError):
+    """What ends a run over several requests that the user interrupted (SIGINT, Ctrl-C):
+    reported as a failed request is, so the ids not confirmed are still named."""
+
+    code = "interrupted"
 
 
 @dataclass(frozen=True)
@@ -96,10 +104,15 @@ def archive_ids(
                     progress=bar.after(before),
                 )
             )
-        except (FleetError, redis.RedisError) as exc:
+        except (FleetError, redis.RedisError, KeyboardInterrupt) as exc:
             if len(parts) == 1:
                 raise  # one request fails as it always did
-            error = exc if isinstance(exc, FleetError) else store_unavailable(exc)
+            if isinstance(exc, KeyboardInterrupt):
+                error: FleetError = Interrupted(
+                    "Stopped by an interrupt (Ctrl-C) during a request."
+                )
+            else:
+                error = exc if isinstance(exc, FleetError) else store_unavailable(exc)
             later = {sid for rest in parts[number:] for sid in rest}
             unfinished = Unfinished(
                 error,

@@ -4,6 +4,9 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
+import threading
 import uuid
 from pathlib import Path
 from typing import Any
@@ -27,10 +30,12 @@ def _wide_console(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("COLUMNS", "300")
 
 
-def _run(*args: str, input: str | bytes | None = None) -> Result:
+def _run(
+    *args: str, input: str | bytes | None = None, codes: tuple[int, ...] = (0, 1, 2)
+) -> Result:
     result = runner.invoke(app, list(args), input=input)
     assert "Traceback" not in result.output, result.output
-    assert result.exit_code in (0, 1, 2), (result.exit_code, result.output, result.exception)
+    assert result.exit_code in codes, (result.exit_code, result.output, result.exception)
     return result
 
 
@@ -367,7 +372,7 @@ def test_a_request_failing_midway_reports_what_was_done_and_what_was_not_sent(
     said = " ".join(result.stderr.split())
     assert "error (store_unavailable):" in said and "ConnectionError: lost" in said, said
     assert "request 2 of 3 failed: 3 of 8 sessions done" in said, said
-    assert "5 not confirmed: 3 in the failed request" in said and "2 not sent" in said, said
+    assert "5 not confirmed: 3 in that request" in said and "2 not sent" in said, said
     # And every id not confirmed is named, none lost
     assert "not confirmed: " + ", ".join(ids[3:]) in said, said
     assert all(_archived(store, sid) for sid in ids[:4])
@@ -376,6 +381,35 @@ def test_a_request_failing_midway_reports_what_was_done_and_what_was_not_sent(
     monkeypatch.undo()
     body = _json("bulk-archive", *ids)
     assert body["totals"]["already_archived"] == 4 and body["totals"]["archived"] == 4
+
+
+def test_ctrl_c_during_a_later_request_reports_the_ids_left_and_exits_130(
+    store: Store, cap: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given 8 sessions (3 requests); the second writes one session, then the process gets
+    # a real SIGINT (what Ctrl-C sends)
+    cwd = _cwd()
+    ids = [_new(store, cwd) for _ in range(8)]
+    real, calls = bulk.bulk_archive, []
+
+    def interrupted(*args: Any, **kwargs: Any) -> bulk.BulkResult:
+        calls.append(1)
+        if len(calls) == 2:
+            real(*args, **{**kwargs, "session_ids": kwargs["session_ids"][:1]})
+            os.kill(os.getpid(), signal.SIGINT)
+            threading.Event().wait(10)  # the signal's KeyboardInterrupt ends this wait
+            raise AssertionError("SIGINT was not delivered")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(bulk, "bulk_archive", interrupted)
+    # When they are archived
+    result = _run("bulk-archive", *ids, codes=(130,))
+    # Then the run stops there, says so, and names every id it did not confirm
+    said = " ".join(result.stderr.split())
+    assert "error (interrupted):" in said, said
+    assert "request 2 of 3 was interrupted: 3 of 8 sessions done" in said, said
+    assert "not confirmed: " + ", ".join(ids[3:]) in said, said
+    assert not any(_archived(store, sid) for sid in ids[4:])
 
 
 def test_a_request_failing_midway_is_one_json_error_listing_the_ids_left(
