@@ -9,7 +9,7 @@ from typing import Any
 
 import typer
 
-from api.cli.common import app, console, fail, shown_id, usage
+from api.cli.common import app, console, fail, item_line, shown_id, usage
 from api.cli.params import seconds_option
 from orchestrator.errors import FleetError
 
@@ -151,7 +151,7 @@ def _confirmation(
     if items:
         console.print(f"{session_id} has live work:")
         for item in items:
-            console.print(f"  - {item.family:9} {item.id}  {item.label}")
+            console.print(f"  - {item_line(item)}", highlight=False)
         if not typer.confirm(f"Stop these {len(items)} item(s) and {verb}?", default=False):
             raise typer.Exit(1)
     return [(item.family, item.id) for item in items]

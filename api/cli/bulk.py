@@ -26,7 +26,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.text import Text
 
 from api.cli.bulk_ids import Split
-from api.cli.common import app, cli_words, console, err, shown_id, usage, when
+from api.cli.common import app, cli_words, console, err, item_line, printable, shown_id, usage, when
 from api.cli.params import seconds_option
 from api.cli.tables import fitted, show
 from orchestrator.bulk import BulkResult
@@ -55,15 +55,16 @@ def read_ids(path: str) -> list[str]:
         else:  # a text stream standing in for stdin
             raw = sys.stdin.read(MAX_IDS_FILE_BYTES + 1).encode("utf-8", "surrogateescape")
         if len(raw) > MAX_IDS_FILE_BYTES:
+            most = MAX_IDS_FILE_BYTES // (1024 * 1024)
             usage(
-                f"--ids-file {path} holds more than {MAX_IDS_FILE_BYTES // (1024 * 1024)} MiB, "
-                "the most one bulk-archive reads: split the file."
+                f"--ids-file {printable(path)} holds more than {most} MiB, the most one "
+                "bulk-archive reads: split the file."
             )
         text = raw.decode("utf-8")
     except OSError as exc:
-        usage(f"cannot read --ids-file {path}: {exc.strerror or exc}")
+        usage(f"cannot read --ids-file {printable(path)}: {exc.strerror or exc}")
     except UnicodeDecodeError as exc:
-        usage(f"cannot read --ids-file {path}: {_not_utf8(exc)}")
+        usage(f"cannot read --ids-file {printable(path)}: {_not_utf8(exc)}")
     out: list[str] = []
     # A byte-order mark (editors on Windows write one) is not part of the first id.
     for line in text.removeprefix("\ufeff").splitlines():
@@ -135,7 +136,7 @@ def _print_human(result: BulkResult, requests: int = 1) -> None:
         for item in refused[:_LISTED]:
             console.print(f"  {item.session_id}")
             for a in item.activity or []:
-                console.print(f"    - {a.family:9} {a.id}  {a.label}")
+                console.print(f"    - {item_line(a)}", highlight=False)
     missing = [shown_id(i.session_id) for i in result.results if i.outcome == "not_found"]
     if missing:
         more = f" ... and {len(missing) - _LISTED} more (--json lists all)"

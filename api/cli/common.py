@@ -29,6 +29,7 @@ from typer._click.globals import get_current_context
 
 from orchestrator.errors import FleetError, InvalidParams, SessionActive
 from orchestrator.families import names as family_names
+from orchestrator.items import ActivityItem
 from orchestrator.settings import FleetSettings, MissingRedisUrl
 
 EXIT_CODES = (
@@ -248,14 +249,27 @@ def cli_words(message: str) -> str:
     return re.sub(r"^q (must|is)\b", r"--q \1", message)
 
 
+def printable(text: str) -> str:
+    """``text`` with each character that is not printable (a control character such as ESC,
+    a NUL, a byte-order mark, a right-to-left override) as its Python escape (``\\x1b``,
+    ``\\ufeff``, ``\\u202e``): what human output prints of text a client, a model or a file
+    chose, so it cannot move the cursor, retitle or hide lines of the terminal, and an
+    invisible character shows."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
 def shown_id(session_id: str) -> str:
     """A session id as human output prints it: its first 80 characters (``quoted_id``, as
-    the API quotes a malformed one), each character that is not printable (a control
-    character, a NUL, a byte-order mark) as its Python escape (``\\x1b``, ``\\ufeff``),
-    so an id read from a file cannot drive the terminal and an invisible one shows."""
-    from orchestrator.sessions import quoted_id
+    the API quotes a malformed one), ``printable``."""
+    from orchestrator.errors import quoted_id
 
-    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in quoted_id(session_id))
+    return printable(quoted_id(session_id))
+
+
+def item_line(item: ActivityItem) -> str:
+    """One live item as human output lists it: ``family id  label``, the label (a prompt's
+    or a reminder's text, a job's command) ``printable``."""
+    return f"{item.family:9} {item.id}  {printable(item.label)}"
 
 
 def json_wanted() -> bool:
@@ -277,7 +291,7 @@ def fail(exc: FleetError) -> NoReturn:
     err.print(Text.assemble(("error", "red"), f" ({exc.code}): {message}"))
     if isinstance(exc, SessionActive):
         for item in exc.items:
-            err.print(f"  - {item.family:9} {item.id}  {item.label}", highlight=False)
+            err.print(f"  - {item_line(item)}", highlight=False)
     raise typer.Exit(2)
 
 

@@ -11,7 +11,17 @@ import typer
 from rich.table import Table
 from rich.text import Text
 
-from api.cli.common import app, console, err, local_time, sessions_app, usage, when
+from api.cli.common import (
+    app,
+    console,
+    err,
+    item_line,
+    local_time,
+    printable,
+    sessions_app,
+    usage,
+    when,
+)
 from api.cli.params import count_option
 from api.cli.tables import fitted, show
 from orchestrator.sessions import Session
@@ -107,10 +117,10 @@ def sessions_show(
     if s.parent_id:
         rows.append(("parent", s.parent_id))
     for name, value in rows:
-        console.print(Text.assemble((f"{name:9}", "bold"), f" {value}"))
+        console.print(Text.assemble((f"{name:9}", "bold"), f" {printable(str(value))}"))
     console.print(Text.assemble((f"{'activity':9}", "bold"), " " + ("none" if not items else "")))
     for item in items:
-        console.print(f"  - {item.family:9} {item.id}  {item.label}", highlight=False)
+        console.print(f"  - {item_line(item)}", highlight=False)
     console.print(Text.assemble(("conversation", "bold"), "" if updates else " (empty)"))
     from api.cli.turns import render_update
 
@@ -166,7 +176,7 @@ def activity(
     if not items:
         console.print("no live activity")
     for item in items:
-        console.print(f"{item.family:9} {item.id}  {item.label}", highlight=False)
+        console.print(item_line(item), highlight=False)
 
 
 @app.command()

@@ -115,6 +115,32 @@ def test_ids_that_name_nothing_are_printed_escaped_and_all_counted(store: Store)
     assert human.exit_code == 1
 
 
+def test_live_item_labels_reach_the_terminal_escaped(store: Store) -> None:
+    # Given a live reminder whose text (a client's or a model's) carries terminal controls:
+    # a window title, a clipboard write, invisible text, a line-up, a right-to-left override
+    sid = _new(store, _cwd())
+    text = "hi \x1b]0;PWNED\x07\x1b]52;c;ZXZpbA==\x07\x1b[8mhidden\x1bM\u202eevil"
+    reminders.create_reminder(store, sid, 3600, text)
+    # When every command that lists live items prints it for a person
+    outputs = [
+        _run("activity", sid).stdout,
+        _run("sessions", "show", sid).stdout,
+        _run("archive", sid).stderr,  # refused: the live items follow the error
+        _run("bulk-archive", sid).stdout,  # refused: listed with its live items
+    ]
+    # Then none of the controls reaches it raw; each shows as its escape
+    for out in outputs:
+        assert "\x1b" not in out and "\x07" not in out and "\u202e" not in out, repr(out)
+        assert r"hi \x1b]0;PWNED\x07\x1b]52;c;ZXZpbA==\x07\x1b[8mhidden\x1bM\u202eevil" in out
+
+
+def test_an_ids_file_path_is_echoed_escaped() -> None:
+    result = _run("bulk-archive", "--ids-file", "no\x1b[31mRED\u202efile")
+    assert result.exit_code == 2
+    assert "\x1b" not in result.stderr and "\u202e" not in result.stderr, repr(result.stderr)
+    assert r"no\x1b[31mRED\u202efile" in result.stderr
+
+
 def test_a_delete_prints_a_malformed_id_escaped_and_quoted_by_80_characters() -> None:
     for raw, shown in [("x" * 5000, "x" * 80), ("x\x1b[31my", r"x\x1b[31my")]:
         result = _run("delete", raw)
