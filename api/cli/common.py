@@ -27,7 +27,7 @@ from typer import _click as click  # typer's own click, which its commands are b
 from typer._click.exceptions import UsageError
 from typer._click.globals import get_current_context
 
-from orchestrator.errors import FleetError, InvalidParams, SessionActive
+from orchestrator.errors import FleetError, InvalidParams, SessionActive, quoted_id
 from orchestrator.families import names as family_names
 from orchestrator.items import ActivityItem
 from orchestrator.settings import FleetSettings, MissingRedisUrl
@@ -261,8 +261,6 @@ def printable(text: str) -> str:
 def shown_id(session_id: str) -> str:
     """A session id as human output prints it: its first 80 characters (``quoted_id``, as
     the API quotes a malformed one), ``printable``."""
-    from orchestrator.errors import quoted_id
-
     return printable(quoted_id(session_id))
 
 

@@ -8,6 +8,7 @@ import os
 import signal
 import threading
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -190,7 +191,9 @@ def test_refused_sessions_are_listed_with_their_live_items_and_exit_1(store: Sto
     assert _archived(store, busy)
 
 
-def test_a_progress_bar_counts_the_sessions(store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.fixture
+def bar_calls(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, int]]:
+    """What the progress bar is told, ``(done, total)`` per call, as it shows it."""
     seen: list[tuple[int, int]] = []
     original = api.cli.bulk._Bar.__call__
 
@@ -199,9 +202,13 @@ def test_a_progress_bar_counts_the_sessions(store: Store, monkeypatch: pytest.Mo
         original(self, done, total)
 
     monkeypatch.setattr(api.cli.bulk._Bar, "__call__", spy)
+    return seen
+
+
+def test_a_progress_bar_counts_the_sessions(store: Store, bar_calls: list[tuple[int, int]]) -> None:
     ids = [_new(store, _cwd()) for _ in range(3)]
     assert _run("archive", "--bulk", *ids).exit_code == 0
-    assert seen == [(0, 3), (3, 3)], "sessions done, of all"
+    assert bar_calls == [(0, 3), (3, 3)], "sessions done, of all"
 
 
 @pytest.mark.parametrize(
@@ -353,23 +360,15 @@ def test_a_subtree_over_several_requests_is_archived_in_its_roots_transition(
 
 
 def test_one_progress_bar_counts_the_sessions_of_every_request(
-    store: Store, cap: int, monkeypatch: pytest.MonkeyPatch
+    store: Store, cap: int, bar_calls: list[tuple[int, int]]
 ) -> None:
-    seen: list[tuple[int, int]] = []
-    original = api.cli.bulk._Bar.__call__
-
-    def spy(self: Any, done: int, total: int) -> None:
-        seen.append((done, total))
-        original(self, done, total)
-
-    monkeypatch.setattr(api.cli.bulk._Bar, "__call__", spy)
     ids = [_new(store, _cwd()) for _ in range(7)]
     assert _run("bulk-archive", *ids, ids[0]).exit_code == 0
-    assert seen == [(0, 7), (3, 7), (6, 7), (7, 7)], "sessions done, of all"
+    assert bar_calls == [(0, 7), (3, 7), (6, 7), (7, 7)], "sessions done, of all"
 
 
-def _failing_second_request(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The second request writes its first session, then Redis fails."""
+def _second_request_ends(monkeypatch: pytest.MonkeyPatch, end: Callable[[], None]) -> None:
+    """The second request writes its first session, then ``end()`` stops it (it must raise)."""
     real = bulk.bulk_archive
     calls: list[int] = []
 
@@ -377,10 +376,20 @@ def _failing_second_request(monkeypatch: pytest.MonkeyPatch) -> None:
         calls.append(1)
         if len(calls) == 2:
             real(*args, **{**kwargs, "session_ids": kwargs["session_ids"][:1]})
-            raise StoreUnavailable("Redis is unavailable (ConnectionError: lost).")
+            end()
+            raise AssertionError("the second request was not ended")
         return real(*args, **kwargs)
 
     monkeypatch.setattr(bulk, "bulk_archive", flaky)
+
+
+def _failing_second_request(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The second request writes its first session, then Redis fails."""
+
+    def lost() -> None:
+        raise StoreUnavailable("Redis is unavailable (ConnectionError: lost).")
+
+    _second_request_ends(monkeypatch, lost)
 
 
 def test_a_request_failing_midway_reports_what_was_done_and_what_was_not_sent(
@@ -416,18 +425,12 @@ def test_ctrl_c_during_a_later_request_reports_the_ids_left_and_exits_130(
     # a real SIGINT (what Ctrl-C sends)
     cwd = _cwd()
     ids = [_new(store, cwd) for _ in range(8)]
-    real, calls = bulk.bulk_archive, []
 
-    def interrupted(*args: Any, **kwargs: Any) -> bulk.BulkResult:
-        calls.append(1)
-        if len(calls) == 2:
-            real(*args, **{**kwargs, "session_ids": kwargs["session_ids"][:1]})
-            os.kill(os.getpid(), signal.SIGINT)
-            threading.Event().wait(10)  # the signal's KeyboardInterrupt ends this wait
-            raise AssertionError("SIGINT was not delivered")
-        return real(*args, **kwargs)
+    def ctrl_c() -> None:
+        os.kill(os.getpid(), signal.SIGINT)
+        threading.Event().wait(10)  # the signal's KeyboardInterrupt ends this wait
 
-    monkeypatch.setattr(bulk, "bulk_archive", interrupted)
+    _second_request_ends(monkeypatch, ctrl_c)
     # When they are archived
     result = _run("bulk-archive", *ids, codes=(130,))
     # Then the run stops there, says so, and names every id it did not confirm
