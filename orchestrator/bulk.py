@@ -56,6 +56,7 @@ from orchestrator.bulk_select import (
     parse_instant,
     roots_first,
     select,
+    write_order,
 )
 from orchestrator.errors import InvalidParams, TooManySessions
 from orchestrator.families import Dispatcher
@@ -346,16 +347,6 @@ def check_id_count(count: int) -> None:
             "select with a filter.",
             {"param": "sessionIds", "max": MAX_IDS, "got": count},
         )
-
-
-def write_order(store: Store, session_ids: list[str]) -> list[str]:
-    """``session_ids`` (duplicates once, the first kept) in the order a bulk archive writes
-    them: ancestors first, as a filter's selection is, so a named subtree is archived in its
-    root's transition (and restored with it) whatever order the ids came in; malformed ids
-    (answered ``not_found`` without a read) last. Raises ``StoreUnavailable``."""
-    named = list(dict.fromkeys(session_ids))
-    ids = roots_first(store, [sid for sid in named if SESSION_ID_RE.fullmatch(sid)])
-    return ids + [sid for sid in named if not SESSION_ID_RE.fullmatch(sid)]
 
 
 def bulk_archive(

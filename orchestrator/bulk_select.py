@@ -15,7 +15,13 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from orchestrator.errors import InvalidParams, TooManySessions
-from orchestrator.sessions import check_cwd, cwd_hash, normalize_query, title_matches
+from orchestrator.sessions import (
+    SESSION_ID_RE,
+    check_cwd,
+    cwd_hash,
+    normalize_query,
+    title_matches,
+)
 from orchestrator.store import Store, retried
 
 #: Index entries read per round trip while a filter selects.
@@ -125,6 +131,16 @@ def roots_first(store: Store, ids: list[str]) -> list[str]:
     for start in range(0, len(ids), _SCAN_CHUNK):
         depth.update(_depths(store, ids[start : start + _SCAN_CHUNK]))
     return _by_depth([(sid, depth.get(sid, 0)) for sid in ids])
+
+
+def write_order(store: Store, session_ids: list[str]) -> list[str]:
+    """``session_ids`` (duplicates once, the first kept) in the order a bulk archive writes
+    them: ancestors first, as a filter's selection is, so a named subtree is archived in its
+    root's transition (and restored with it) whatever order the ids came in; malformed ids
+    (answered ``not_found`` without a read) last. Raises ``StoreUnavailable``."""
+    named = list(dict.fromkeys(session_ids))
+    ids = roots_first(store, [sid for sid in named if SESSION_ID_RE.fullmatch(sid)])
+    return ids + [sid for sid in named if not SESSION_ID_RE.fullmatch(sid)]
 
 
 def _by_depth(found: list[tuple[str, int]]) -> list[str]:
