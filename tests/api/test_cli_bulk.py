@@ -419,12 +419,17 @@ def test_a_request_failing_midway_reports_what_was_done_and_what_was_not_sent(
 
 
 def test_ctrl_c_during_a_later_request_reports_the_ids_left_and_exits_130(
-    store: Store, cap: int, monkeypatch: pytest.MonkeyPatch
+    store: Store, cap: int, monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest
 ) -> None:
     # Given 8 sessions (3 requests); the second writes one session, then the process gets
     # a real SIGINT (what Ctrl-C sends)
     cwd = _cwd()
     ids = [_new(store, cwd) for _ in range(8)]
+
+    # A suite started in the background inherits SIGINT ignored, and then no
+    # KeyboardInterrupt would come: the handler a terminal gives Python, for this test.
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    request.addfinalizer(lambda: signal.signal(signal.SIGINT, previous))
 
     def ctrl_c() -> None:
         os.kill(os.getpid(), signal.SIGINT)
