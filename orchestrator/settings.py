@@ -1,7 +1,9 @@
 """One settings object for every process of agent-fleet, read from ``FLEET_*`` variables.
 
-Every variable is documented in the README's configuration table; the names below are the
-field names upper-cased with the ``FLEET_`` prefix (``redis_url`` -> ``FLEET_REDIS_URL``).
+Every variable is listed in the documentation's configuration reference
+(``docs/reference/configuration.md``), which ``python -m api.docs_gen`` writes from the ``#:``
+comments below; the names are the field names upper-cased with the ``FLEET_`` prefix
+(``redis_url`` -> ``FLEET_REDIS_URL``).
 """
 
 from __future__ import annotations
@@ -61,34 +63,46 @@ class FleetSettings(BaseSettings):
 
     model_config = SettingsConfigDict(env_prefix="FLEET_", extra="ignore", allow_inf_nan=False)
 
-    #: Redis URL used for state and as the Celery broker. ``None`` means "start an embedded
-    #: server" for the local runners (``fleet up``, ``fleet demo``); long-running services
-    #: started on their own require it.
+    #: Redis for state and as the Celery broker: ``redis://``, ``rediss://``, ``unix://``, or
+    #: Sentinels as ``sentinel://[[user]:password@]host:26379[/db];sentinel://host2:26379;...``
+    #: (kombu's form; the credentials and database of the first address are the primary's).
+    #: Unset: ``fleet up``/``fleet demo`` start an embedded server; other commands use the
+    #: ``fleet up`` published in ``FLEET_STATE_DIR/fleet.json``, else stop saying what to do
+    #: (``fleet worker``, ``beat``, ``api`` and ``celery -A workers.main`` require it).
     redis_url: str | None = None
     #: With a ``sentinel://`` URL (orchestrator/redisconn.py): the primary's name as the
-    #: Sentinels monitor it, and the Sentinels' own credentials (empty: none).
+    #: Sentinels monitor it.
     redis_sentinel_master: str = "mymaster"
+    #: With a ``sentinel://`` URL: the Sentinels' own user name, when they require one (empty:
+    #: none).
     redis_sentinel_username: str = ""
+    #: With a ``sentinel://`` URL: the Sentinels' own password, when they require one (empty:
+    #: none).
     redis_sentinel_password: str = ""
     #: Replicas that must acknowledge each lifecycle write (archive, unarchive, delete, bulk
-    #: batches, client titles) within ``redis_replica_ack_timeout_ms`` (Redis ``WAIT``, after
-    #: ``WAITAOF``); fewer answers ``WriteUnconfirmed``. 0: no replica is waited for.
+    #: batches, client titles, session creation) within ``FLEET_REDIS_REPLICA_ACK_TIMEOUT_MS``
+    #: (Redis ``WAIT``, after ``WAITAOF``); fewer answer 503 ``write_unconfirmed``. 0: no
+    #: replica is waited for.
     redis_min_replicas_ack: int = Field(default=0, ge=0)
+    #: Milliseconds a lifecycle write waits for those acknowledgements.
     redis_replica_ack_timeout_ms: int = Field(default=1000, ge=1)
     #: Prefix of every key agent-fleet writes (state and broker), so several fleets or test
     #: runs can share one Redis database without touching each other's data.
     key_prefix: str = "fleet:"
-    #: Where the embedded Redis keeps its append-only file and the local runners their logs.
+    #: Where the embedded Redis keeps its data (append-only file), the local runners their
+    #: worker logs, and a running ``fleet up`` its ``fleet.json`` (where it runs).
     state_dir: Path = Field(default_factory=lambda: Path.cwd() / ".fleet")
     #: Name of this host as job workers report it; stops for a job are routed to it.
     hostname: str = Field(default_factory=socket.gethostname)
     #: The family a worker process serves (``turn``, ``job``, ``subagent``, ``reminder``);
-    #: ``fleet worker --family`` sets it, empty outside workers.
+    #: ``fleet worker --family`` sets it, set it for ``celery -A workers.main``; it picks the
+    #: worker's heartbeat and background loops. Empty outside workers.
     worker_family: str = ""
     #: A worker that consumes only its family's control queue (``<family>.ctl``: the stops),
     #: beside the family's full workers, so a stop is taken while every thread of those is
-    #: busy with the work it stops. ``fleet worker --control`` sets it; it runs no background
-    #: loop and its heartbeat does not count as the family's worker.
+    #: busy with the work it stops. ``fleet worker --control`` sets it (for ``celery -A
+    #: workers.main``, set it beside ``-Q <family>.ctl`` and ``-n <family>.ctl@host``); it runs
+    #: no background loop and its heartbeat, its own, is not counted by ``/ready``.
     worker_control_only: bool = False
     #: Seconds a job process gets between SIGTERM and SIGKILL when it is stopped.
     job_kill_grace_seconds: Seconds = 2.0
@@ -98,21 +112,26 @@ class FleetSettings(BaseSettings):
     #: Seconds between two polls of the reminder poller.
     reminder_poll_seconds: PositiveSeconds = 0.2
     #: Seconds a claimed reminder waits for its turn to be created before the poller claims
-    #: it again and re-sends its fire (at-least-once delivery; the turn is created once).
+    #: it again and re-sends its fire (at-least-once delivery; the turn is created once); the
+    #: wait doubles per re-claim, up to 8x.
     reminder_refire_seconds: PositiveSeconds = 30.0
     #: Threads per family worker.
     worker_concurrency: int = Field(default=8, ge=1)
-    #: Host and port the HTTP API binds to.
+    #: Host the HTTP API binds to.
     api_host: str = "127.0.0.1"
+    #: Port the HTTP API binds to.
     api_port: int = Field(default=8765, ge=1, le=65535)
-    #: Bearer token the API requires (issue: authentication); empty disables it on loopback.
+    #: Bearer token the API requires (compared in constant time); empty: none, and then
+    #: ``fleet api`` binds only to loopback.
     api_token: str = ""
-    #: Largest HTTP request body the API reads, in bytes; a larger one answers 413.
+    #: Largest HTTP request body the API reads, in bytes; a larger one (declared or chunked)
+    #: answers 413 ``body_too_large``.
     api_max_body_bytes: int = Field(default=1_048_576, ge=1)
     #: Browser origins (``scheme://host:port``, comma-separated) besides the API's own that
     #: may change state (POST/PUT/PATCH/DELETE) and open ``/acp``; other origins get 403.
     api_allowed_origins: str = ""
-    #: ``user:password`` Flower asks for (``fleet flower``); required beyond loopback.
+    #: ``user:password`` Flower asks for (``fleet flower``); required unless Flower binds to
+    #: loopback (where, without it, Flower is read only).
     flower_basic_auth: str = ""
     #: Most sessions a bulk-archive filter may select (``POST /sessions/archive``, ``fleet
     #: archive --bulk``); a filter matching more is refused. The auto-archive policy takes at
@@ -142,22 +161,25 @@ class FleetSettings(BaseSettings):
     #: Seconds between two heartbeat comments on an idle ``GET /events`` stream.
     sse_heartbeat_seconds: PositiveSeconds = 15.0
     #: Seconds without progress (no step begun, no advance) after which the sweeper looks at a
-    #: running or cancelling turn: one whose step lease is gone is resumed (or settled).
+    #: running or cancelling turn: one whose step lease is gone is resumed (or settled),
+    #: unless its step's message still waits in the broker.
     turn_stuck_seconds: PositiveSeconds = 30.0
     #: Times the sweeper dispatches the same lost step again before it ends the turn
     #: ``failed`` ("step lost N times").
     turn_max_resumes: int = Field(default=3, ge=1)
     #: Seconds between two sweeper passes in each turn worker.
     turn_sweep_interval_seconds: PositiveSeconds = 5.0
-    #: Seconds a delete with ``stopActivity`` waits for the stopped work to end before it
-    #: deletes; work still live then refuses the delete (the session stays archived).
+    #: Seconds a delete with ``stopActivity`` (``fleet delete --stop``, ACP ``session/delete``)
+    #: waits for the stopped work to end before it deletes; work still live then refuses the
+    #: delete with 409 ``session_active`` (the session stays archived).
     delete_stop_wait_seconds: Seconds = 20.0
     #: Log format: ``json`` (one JSON object per line) or ``text`` (for a terminal); empty
     #: picks ``text`` when stderr is a terminal and ``json`` otherwise.
     log_format: Literal["", "json", "text"] = ""
-    #: Limits (README, "Security and limits"). An instruction over one is a failed tool call
-    #: in its turn naming the limit and the current count; 0 forbids the kind altogether.
-    #: Live jobs (starting or running) one session may have; a ``run`` beyond is refused.
+    # Limits (docs/security.md, "Limits"). An instruction over one is a failed tool call in
+    # its turn naming the limit and the current count; 0 forbids the kind altogether.
+    #: Live jobs (starting or running) one session may have; a ``start_job`` (the scripted
+    #: ``run``) beyond is a failed tool call.
     max_jobs_per_session: int = Field(default=16, ge=0)
     #: Live job processes one job host (``FLEET_HOSTNAME``) runs; a job its worker takes
     #: beyond that ends ``refused`` with the reason.
@@ -173,12 +195,12 @@ class FleetSettings(BaseSettings):
     #: The model backend turn workers use: ``scripted`` (deterministic, no network) or
     #: ``openai`` (any OpenAI-compatible Chat Completions server, ``FLEET_OPENAI_*``).
     model: Literal["scripted", "openai"] = "scripted"
-    #: Base URL of the OpenAI-compatible server (``http://127.0.0.1:11434/v1`` for Ollama);
-    #: empty: the SDK's default (api.openai.com).
+    #: Base URL of the OpenAI-compatible server (``http://127.0.0.1:11434/v1`` for Ollama,
+    #: ``http://127.0.0.1:8000/v1`` for vLLM); empty: the SDK's default (api.openai.com).
     openai_base_url: str = ""
     #: API key sent to the server; empty falls back to ``OPENAI_API_KEY``.
     openai_api_key: str = ""
-    #: Model name asked for when a session names none.
+    #: Model name asked for when a session names none (``POST /sessions`` ``model``).
     openai_model: str = ""
     #: Times a request that met a 429, a 5xx or a connection error is tried again (with
     #: exponential back-off from 0.2 s up to 5 s) before its turn ends ``failed``.
@@ -187,8 +209,9 @@ class FleetSettings(BaseSettings):
     openai_timeout_seconds: PositiveSeconds = 600.0
     #: Model steps one turn may take; the turn then ends with ``max_turn_requests``.
     max_turn_requests: int = Field(default=500, ge=1)
-    #: Tools offered to models (comma list of ``TOOL_NAMES``, ``orchestrator/toolbox.py``'s
-    #: tools); any other name is refused.
+    #: Tools offered to models: a comma list of ``shell``, ``start_job``, ``spawn_subagent``,
+    #: ``set_reminder`` (``orchestrator/toolbox.py``'s tools); empty: none. Any other name is
+    #: refused at startup (exit status 2, naming it and the known ones).
     tools: str = ",".join(TOOL_NAMES)
     #: Most bytes of a ``shell`` command's output a tool result keeps.
     tool_output_max_bytes: int = Field(default=16_384, ge=0)
