@@ -165,7 +165,7 @@ class FleetSettings(BaseSettings):
     #: unless its step's message still waits in the broker.
     turn_stuck_seconds: PositiveSeconds = 30.0
     #: Times the sweeper dispatches the same lost step again before it ends the turn
-    #: ``failed`` ("step lost N times").
+    #: ``failed`` ("step N lost K times").
     turn_max_resumes: int = Field(default=3, ge=1)
     #: Seconds between two sweeper passes in each turn worker.
     turn_sweep_interval_seconds: PositiveSeconds = 5.0
