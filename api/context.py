@@ -27,7 +27,7 @@ _factory: DispatcherFactory = celery_dispatcher
 
 def checked_redis_url(settings: FleetSettings) -> str:
     """``settings.redis_url``; raises ``SystemExit`` with a hint when it is missing or is not
-    a Redis URL (the README's documented error)."""
+    a Redis URL (the error `docs/cli.md` documents)."""
     try:
         return settings.require_redis_url()
     except MissingRedisUrl as exc:

@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parent.parent
 COMPOSE = ROOT / "docker-compose.yml"
 DOCKERFILE = ROOT / "Dockerfile"
 DOCKERIGNORE = ROOT / ".dockerignore"
-README = ROOT / "README.md"
+HOSTS_PAGE = ROOT / "docs" / "several-hosts.md"
 
 # One worker service per registered family (orchestrator/families).
 WORKER_FAMILIES = set(family_names())
@@ -437,8 +437,8 @@ def test_the_build_context_leaves_local_state_out() -> None:
     assert {".venv", ".fleet", ".git", "**/__pycache__"} <= ignored
 
 
-def test_readme_documents_docker_compose() -> None:
-    text = README.read_text()
+def test_the_docs_document_docker_compose() -> None:
+    text = HOSTS_PAGE.read_text()
     assert "docker compose up" in text
     for needle in (
         "FLEET_API_TOKEN",

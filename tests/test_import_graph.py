@@ -1,6 +1,7 @@
 """Imports run one way: the import graph of ``orchestrator``, ``workers``, ``api`` and ``bench``
-has no cycle, and the interface layer reaches the workers only where the README's diagram
-says (``api -> orchestrator <- workers``; the entry points wire a dispatcher in).
+has no cycle, and the interface layer reaches the workers only where the diagram of
+``docs/architecture.md`` says (``api -> orchestrator <- workers``; the entry points wire a
+dispatcher in).
 
 The graph is read from the source with ``ast``, so it holds every import: at module level,
 inside functions and under ``if TYPE_CHECKING:`` alike.

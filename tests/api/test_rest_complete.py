@@ -817,7 +817,7 @@ def _raw_request(server: str, request: bytes) -> bytes:
 def test_raw_non_ascii_bytes_in_a_query_are_refused_before_the_api_and_escaped_ones_reach_it(
     server: str,
 ) -> None:
-    # As the README says: raw bytes that are not HTTP get uvicorn's plain-text 400, the same
+    # As docs/rest.md says: raw bytes that are not HTTP get uvicorn's plain-text 400, the same
     # value percent-encoded gets the API's JSON 422 naming the parameter.
     raw = _raw_request(server, b"GET /sessions?limit=\xc3\xa9 HTTP/1.1\r\nHost: t\r\n\r\n")
     assert raw.startswith(b"HTTP/1.1 400 ") and raw.endswith(b"Invalid HTTP request received.")

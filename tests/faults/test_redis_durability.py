@@ -1,4 +1,4 @@
-"""Durability of lifecycle writes across a Redis crash (README "Durability").
+"""Durability of lifecycle writes across a Redis crash (docs/configuration.md, "Durability").
 
 Redis runs with ``appendonly yes`` and ``appendfsync always`` (``api/embedded.py``), so a write
 the server acknowledged is on disk. Each test here makes writes through the orchestrator, kills

@@ -106,5 +106,5 @@ def test_a_service_command_refuses_to_start_without_a_redis_url_with_exit_2(
     command: list[str],
 ) -> None:
     proc = _run(["-m", "api.cli", *command], _without_fleet_env())
-    assert proc.returncode == 2, proc.stderr  # a refusal, as the README's exit statuses say
+    assert proc.returncode == 2, proc.stderr  # a refusal, as docs/cli.md's exit statuses say
     assert "FLEET_REDIS_URL is not set" in proc.stderr
