@@ -21,6 +21,8 @@ is used and removed afterwards. Figures are wall-clock medians and 99th percenti
 10. a model step through the fleet vs the same request straight through the SDK
     (``bench/model.py``)
 11. a shell tool call as a turn worker runs it vs the bare command (``bench/shell.py``)
+12. creating a subagent under a parent of 10, 1,000 and 12,000 children vs the walk of every
+    child the create did before (``bench/children.py``)
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ import httpx
 import redis
 
 from bench.bulk import bench_bulk
+from bench.children import bench_children
 from bench.common import (
     Row,
     api_pids,
@@ -335,6 +338,7 @@ def main() -> int:
         (9, lambda u, p: bench_million(u, p, *million)),
         (10, lambda u, p: bench_model_step(u, p, 50 if q else 300)),
         (11, lambda u, p: bench_shell(u, p, 20 if q else 60)),
+        (12, lambda u, p: bench_children(u, p, 50 if q else 200)),
     ]
     plan.insert(2, (3, lambda u, p: bench_bulk(u, p, quick=q)))
     rows: list[Row] = []

@@ -43,7 +43,8 @@ class Keys:
         outputTokens (model usage of all its turns, ``orchestrator/usage.py``); trailBatch
         and trail2Batch (while the newest one or two entries of its audit trail wait in a
         bulk archive's batch hash, ``audit_batch``, the ids of those batches, the older
-        first; the session's next entry moves them to ``audit_log``). The id is the
+        first; the session's next entry moves them to ``audit_log``); busyIndex ('1': its
+        ``busy_children`` is kept, as it is from its creation on). The id is the
         key's suffix, not a field (hashes written by earlier versions still hold a
         ``sessionId`` field equal to it, which readers ignore)."""
         return f"{self.prefix}session:{sid}"
@@ -57,6 +58,16 @@ class Keys:
         """SET: ids of the direct subagent sessions of ``sid``. A deleted session leaves its
         parent's set; a delete takes its subtree, this set with it."""
         return f"{self.prefix}children:{sid}"
+
+    def busy_children(self, sid: str) -> str:
+        """SET: ids of the direct subagents of ``sid`` that are not deleted and hold items of
+        some activity family (``live_turns``, ``live_jobs`` or ``live_reminders`` exists), live
+        or stale: a superset of its live subagents, so ``create_session.lua`` counts
+        ``FLEET_MAX_SUBAGENTS_PER_SESSION`` among these, never walking the idle ones. Every
+        script that adds or removes an item of a session updates it in the same script
+        (``sync_busy`` in ``_lib.lua``); a delete removes the session from its parent's and
+        drops its own. Kept from the session's creation on (``busyIndex`` in its hash)."""
+        return f"{self.prefix}busychildren:{sid}"
 
     @property
     def archived(self) -> str:

@@ -190,6 +190,30 @@ local function has_live(sid, bare)
   return false
 end
 
+-- Whether the session holds any item of any family, live or stale (has_live judges them):
+-- a key a family names exists, or a family without one lists an id.
+local function holds_items(sid)
+  local keys = item_keys(sid)
+  if #keys > 0 and redis.call('EXISTS', unpack(keys)) > 0 then return true end
+  for _, f in ipairs(FAMILIES) do
+    if not f.key and #f.ids(sid) > 0 then return true end
+  end
+  return false
+end
+
+-- Puts sid in its parent's busy_children, or takes it out, by whether it is not deleted and
+-- holds items. Every script that adds or removes an item of a session calls it after the
+-- change (create_session.lua counts live subagents among the parent's busy ones only).
+local function sync_busy(sid)
+  local h = redis.call('HMGET', skey(sid), 'parentId', 'deleted')
+  if not h[1] or h[1] == '' then return end
+  if h[2] == '0' and holds_items(sid) then
+    redis.call('SADD', K.busy_children(h[1]), sid)
+  else
+    redis.call('SREM', K.busy_children(h[1]), sid)
+  end
+end
+
 -- The session's own live items as 'family:id' strings (what census.lua reports).
 local function live_items(sid)
   local out = {}
@@ -304,6 +328,7 @@ local function finish_turn(tid, state, reason, err, ms, iso_time, no_promote)
   redis.call('DEL', K.step_lease(tid))
   redis.call('ZREM', K.live_turns(sid), tid)
   redis.call('ZREM', K.turns_inflight, tid)
+  sync_busy(sid)
   local active_key = K.active_turn(sid)
   if redis.call('GET', active_key) ~= tid then return '' end
   redis.call('DEL', active_key)

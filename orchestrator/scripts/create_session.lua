@@ -5,8 +5,11 @@
 -- subagent is refused when it would be deeper than maxDepth (FLEET_MAX_SUBAGENT_DEPTH; a
 -- top-level session is at depth 0) or its parent already has maxChildren live direct
 -- subagents (FLEET_MAX_SUBAGENTS_PER_SESSION: not deleted, with live work); counted here,
--- with the insert. model is the model name the session asks for; a subagent given none
--- takes its parent's.
+-- with the insert, among the parent's busy children only (Keys.busy_children: those holding
+-- items, kept by every script that adds or removes one), never walking the idle ones; the
+-- count stops at the cap (a refusal names the cap as the count), so a create reads about as
+-- many children as the cap, plus those whose items are all stale. model is the model name
+-- the session asks for; a subagent given none takes its parent's.
 -- Returns {'created', archived '0'|'1'} | {'exists'} | {'parent_not_found'} | {'stopped'}
 --   | {'limit', 'depth'|'children', count (the parent's depth | its live subagents)}
 local sid, cwd, cwd_hash, parent = ARGV[2], ARGV[3], ARGV[4], ARGV[5]
@@ -18,16 +21,32 @@ if not step_owns(ARGV[8], ARGV[9]) then return {'stopped'} end
 local archived, txn, archived_at = '0', '', ''
 if parent ~= '' then
   local pk = skey(parent)
-  if redis.call('EXISTS', pk) == 0 or redis.call('HGET', pk, 'deleted') ~= '0' then
-    return {'parent_not_found'}
-  end
+  local ph = redis.call('HMGET', pk, 'deleted', 'busyIndex')
+  if ph[1] ~= '0' then return {'parent_not_found'} end
   local depth = redis.call('LLEN', K.lineage(parent))
   if depth + 1 > tonumber(ARGV[10]) then return {'limit', 'depth', depth} end
-  local live = 0
-  for _, c in ipairs(redis.call('SMEMBERS', K.children(parent))) do
-    if redis.call('HGET', skey(c), 'deleted') == '0' and has_live(c) then live = live + 1 end
+  -- A parent whose hash has no busyIndex was written before busy_children was kept: its
+  -- first create builds that index from its children, once.
+  if ph[2] ~= '1' then
+    for _, c in ipairs(redis.call('SMEMBERS', K.children(parent))) do sync_busy(c) end
+    redis.call('HSET', pk, 'busyIndex', '1')
   end
-  if live >= tonumber(ARGV[11]) then return {'limit', 'children', live} end
+  -- Fewer busy children than the cap: fewer live ones too. Else they are read a page at a
+  -- time until the cap's worth is found live (stale ones do not count).
+  local cap, live = tonumber(ARGV[11]), 0
+  local busy = K.busy_children(parent)
+  if cap > 0 and redis.call('SCARD', busy) >= cap then
+    local cursor, seen = '0', {}
+    repeat
+      local page = redis.call('SSCAN', busy, cursor, 'COUNT', cap)
+      cursor = page[1]
+      for _, c in ipairs(page[2]) do
+        if live < cap and not seen[c] and has_live(c) then live = live + 1 end
+        seen[c] = true
+      end
+    until cursor == '0' or live >= cap
+  end
+  if live >= cap then return {'limit', 'children', live} end
   redis.call('RPUSH', K.lineage(sid), parent)
   local anc = redis.call('LRANGE', K.lineage(parent), 0, -1)
   for _, a in ipairs(anc) do redis.call('RPUSH', K.lineage(sid), a) end
@@ -47,7 +66,7 @@ end
 redis.call('HSET', k, 'cwd', cwd, 'cwdHash', cwd_hash, 'parentId', parent,
   'title', '', 'titleSource', '', 'createdAt', now, 'updatedAt', now, 'updatedMs', ms,
   'archived', archived, 'archivedAt', archived_at, 'archiveTxn', txn, 'deleted', '0',
-  'model', model)
+  'model', model, 'busyIndex', '1')
 local state = 'active'
 if archived == '1' then
   state = 'archived'

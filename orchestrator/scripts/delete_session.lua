@@ -3,8 +3,8 @@
 --   the archive transition the delete is bound to)
 -- Deletes the session and its whole subtree (every descendant not yet deleted, any depth):
 -- each is marked deleted and dropped from every index and set the create path put it in (the
--- archived set, the listing indexes, its lineage, its own children set), and the session
--- leaves its parent's children set, so the parent no longer counts or walks it. With
+-- archived set, the listing indexes, its lineage, its own children sets), and the session
+-- leaves its parent's children sets, so the parent no longer counts or walks it. With
 -- checkLive the delete is refused when any of them has live work (the census's rule, has_live
 -- in _lib.lua), so the check and the write are one step and no work is hidden by a delete.
 -- The delete is audited here, so the record commits with it: the session's entry
@@ -35,7 +35,10 @@ if ARGV[4] == '1' then
   end
 end
 local parent = redis.call('HGET', k, 'parentId')
-if parent and parent ~= '' then redis.call('SREM', K.children(parent), sid) end
+if parent and parent ~= '' then
+  redis.call('SREM', K.children(parent), sid)
+  redis.call('SREM', K.busy_children(parent), sid)
+end
 for _, s in ipairs(nodes) do
   local h = redis.call('HMGET', skey(s), 'cwdHash')
   redis.call('HSET', skey(s), 'deleted', '1', 'deletedAt', now)
@@ -44,7 +47,7 @@ for _, s in ipairs(nodes) do
     redis.call('ZREM', idx(st), s)
     redis.call('ZREM', idx(st, h[1]), s)
   end
-  redis.call('DEL', K.lineage(s), K.children(s))
+  redis.call('DEL', K.lineage(s), K.children(s), K.busy_children(s))
 end
 local rec = cjson.decode(ARGV[5])
 -- The detail in audit.detail_json's form.

@@ -30,6 +30,7 @@ end
 if reason then
   redis.call('HSET', jk, 'state', 'refused', 'endedAt', now, 'reason', reason)
   redis.call('SREM', K.live_jobs(h[2]), jid)
+  sync_busy(h[2])
   redis.call('DEL', K.job_lease(jid))
   return 'refused:' .. answer
 end

@@ -12,5 +12,6 @@ redis.call('HSET', K.job(jid), 'jobId', jid, 'sessionId', sid, 'label', ARGV[4],
   'seconds', ARGV[5], 'state', 'starting', 'host', '', 'instance', '', 'pid', '', 'pidStart', '',
   'createdAt', ARGV[6], 'startedAt', '', 'endedAt', '', 'exitCode', '', 'command', ARGV[11] or '')
 redis.call('SADD', K.live_jobs(sid), jid)
+sync_busy(sid)
 redis.call('SET', K.job_lease(jid), 'starting', 'PX', ARGV[7])
 return 'ok'

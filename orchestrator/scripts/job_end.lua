@@ -9,6 +9,7 @@ if not string.find(',' .. ARGV[6] .. ',', ',' .. h[1] .. ',', 1, true) then retu
 redis.call('HSET', jk, 'state', state, 'exitCode', ARGV[4], 'endedAt', ARGV[5])
 if ARGV[7] and ARGV[7] ~= '' then redis.call('HSET', jk, 'reason', ARGV[7]) end
 redis.call('SREM', K.live_jobs(h[2]), jid)
+sync_busy(h[2])
 redis.call('DEL', K.job_lease(jid))
 if h[3] and h[3] ~= '' then redis.call('SREM', K.host_jobs(h[3]), jid) end
 return 'ok'

@@ -15,4 +15,5 @@ redis.call('HSET', K.reminder(rid), 'reminderId', rid, 'sessionId', sid,
   'prompt', ARGV[4], 'label', ARGV[5], 'dueAt', ARGV[7], 'createdAt', ARGV[8], 'state', 'armed')
 redis.call('ZADD', K.reminders_due, due, rid)
 redis.call('SADD', K.live_reminders(sid), rid)
+sync_busy(sid)
 return due

@@ -16,4 +16,5 @@ for i = 3, #ARGV do
     deleted = deleted + 1
   end
 end
+if deleted > 0 then sync_busy(sid) end
 return deleted

@@ -25,6 +25,7 @@ if rid ~= '' then
   redis.call('ZREM', K.reminders_due, rid)
   redis.call('ZREM', K.reminders_firing, rid)
   redis.call('SREM', K.live_reminders(r[3]), rid)
+  sync_busy(r[3])
   if gone then redis.call('HSET', rk, 'state', 'dropped'); return {'not_found'} end
   if holder then redis.call('HSET', rk, 'state', 'refused'); return {'archived', holder} end
   redis.call('HSET', rk, 'state', 'fired', 'turnId', tid)
@@ -45,6 +46,7 @@ redis.call('HSET', K.turn(tid), 'turnId', tid, 'sessionId', sid, 'state', state,
 -- Ordered by a per-session sequence, not the clock: prompts sent within one millisecond
 -- still run in the order they arrived.
 redis.call('ZADD', K.live_turns(sid), redis.call('INCR', K.turn_seq(sid)), tid)
+sync_busy(sid)
 touch(sid, ms, now)
 if state == 'running' then
   redis.call('SET', active_key, tid)
