@@ -271,6 +271,8 @@ class StoreUnavailable(FleetError):
 
     def __init__(self, detail: str, *, transient: bool = True) -> None:
         detail = detail.rstrip(". ")
+        #: Whether trying again may succeed (``False``: the URL or credentials are wrong).
+        self.transient = transient
         advice = (
             "Try again shortly."
             if transient
@@ -290,6 +292,7 @@ class WriteUnconfirmed(StoreUnavailable):
     code = "write_unconfirmed"
 
     def __init__(self, acked: int, required: int) -> None:
+        self.transient = True
         FleetError.__init__(
             self,
             f"The write was applied on the Redis primary but only {acked} of the {required} "
@@ -315,6 +318,7 @@ class WriteOutcomeUnknown(StoreUnavailable):
             else f"Check before retrying ({check}), or send an idempotency key with the retry "
             "and with later requests."
         )
+        self.transient = True
         FleetError.__init__(
             self,
             f"The connection to the session store was lost after the {what} was sent, so it "

@@ -8,6 +8,9 @@ twice."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -40,17 +43,39 @@ def turns_fleet(
 
 
 @pytest.fixture
-def proxied_api(
-    turns_fleet: PrivateFleet, redis_url: str, tmp_path: Path
-) -> Iterator[tuple[ApiProcess, TcpProxy]]:
-    """A ``fleet api`` process on the private fleet's prefix whose every Redis connection
-    (state and broker) goes through a ``TcpProxy``."""
+def proxy(redis_url: str) -> Iterator[TcpProxy]:
+    """A ``TcpProxy`` to the test Redis."""
     target = urlsplit(redis_url)
-    with TcpProxy(target.port or 6379, target.hostname or "127.0.0.1") as proxy:
-        url = f"redis://127.0.0.1:{proxy.port}{target.path}"
-        env = {"FLEET_REDIS_URL": url, "FLEET_KEY_PREFIX": turns_fleet.store.keys.prefix}
-        with api_process(tmp_path / "api.log", **env) as api:
-            yield api, proxy
+    with TcpProxy(target.port or 6379, target.hostname or "127.0.0.1") as found:
+        yield found
+
+
+def _env(proxy: TcpProxy, redis_url: str, fleet: PrivateFleet) -> dict[str, str]:
+    """The environment of a process on the private fleet's prefix whose every Redis
+    connection (state and broker) goes through ``proxy``."""
+    url = f"redis://127.0.0.1:{proxy.port}{urlsplit(redis_url).path}"
+    return {"FLEET_REDIS_URL": url, "FLEET_KEY_PREFIX": fleet.store.keys.prefix}
+
+
+@pytest.fixture
+def proxied_api(
+    turns_fleet: PrivateFleet, redis_url: str, tmp_path: Path, proxy: TcpProxy
+) -> Iterator[tuple[ApiProcess, TcpProxy]]:
+    """A ``fleet api`` process whose Redis connections go through ``proxy``."""
+    with api_process(tmp_path / "api.log", **_env(proxy, redis_url, turns_fleet)) as api:
+        yield api, proxy
+
+
+def _fleet(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    """Run the ``fleet`` command line with ``env`` on top of the tests' environment."""
+    return subprocess.run(
+        [sys.executable, "-m", "api.cli", *args],
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
 
 
 def _script_sha(store: Store, name: str) -> bytes:
@@ -154,3 +179,36 @@ def test_a_prompt_whose_reply_was_lost_runs_its_turn_once_on_retry(
     )
     error_shape(other, 422, "idempotency_key_reused")
     assert store.redis.zcard(store.keys.live_turns(sid)) == 0
+
+
+def test_fleet_sessions_new_retries_a_lost_reply_with_its_key(
+    proxy: TcpProxy, redis_url: str, turns_fleet: PrivateFleet
+) -> None:
+    store = turns_fleet.store
+    cwd = f"/tmp/lost-reply-cli-{uuid.uuid4().hex[:8]}"
+    # Given: the command's connection is reset once the create script ran
+    cut = proxy.cut_after(_script_sha(store, "create_session"))
+    # When: a session is created with the command line
+    done = _fleet(_env(proxy, redis_url, turns_fleet), "sessions", "new", cwd, "--json")
+    # Then: it retried with its key and printed the one session created
+    assert cut.done.is_set()
+    assert done.returncode == 0, done.stderr
+    [made] = sessions.list_sessions(store, cwd=cwd).sessions
+    assert json.loads(done.stdout)["sessionId"] == made.session_id
+
+
+def test_fleet_prompt_retries_a_lost_reply_with_its_key_and_the_turn_runs_once(
+    proxy: TcpProxy, redis_url: str, turns_fleet: PrivateFleet
+) -> None:
+    store = turns_fleet.store
+    sid = sessions.create_session(store, f"/tmp/lost-reply-cli-{uuid.uuid4().hex[:8]}").session_id
+    # Given: the command's connection is reset once the turn's script ran
+    cut = proxy.cut_after(_script_sha(store, "turn_create"))
+    # When: a prompt is sent with the command line, which follows its turn
+    done = _fleet(_env(proxy, redis_url, turns_fleet), "prompt", sid, "say once")
+    # Then: it retried with its key, and the one turn stored ran once to its end
+    assert cut.done.is_set()
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "once"
+    requests = [json.loads(r) for r in store.redis.lrange(store.keys.model_requests(sid), 0, -1)]
+    assert len({r["turnId"] for r in requests}) == 1, requests
