@@ -57,6 +57,18 @@ IDEMPOTENCY_KEY = Header(
 )
 
 
+#: The answers of a route taking ``IDEMPOTENCY_KEY`` that concern the key (OpenAPI).
+IDEMPOTENT_RESPONSES: dict[int | str, dict[str, str]] = {
+    400: {"description": "invalid_idempotency_key: empty, over 255 characters or not printable."},
+    422: {"description": "idempotency_key_reused: the key came with another request first."},
+    503: {
+        "description": "store_unavailable (nothing was sent to Redis: try again), or "
+        "write_outcome_unknown (the connection dropped after the write was sent: it may have "
+        "been applied; retry with the same Idempotency-Key)."
+    },
+}
+
+
 def _length_checked(check: Callable[[int], None]) -> BeforeValidator:
     """Checks a JSON array's length before its items are validated (``check`` raises the
     domain's own error, answered as such), so an oversized list costs one error and no item

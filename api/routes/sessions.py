@@ -8,14 +8,21 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Query
 
 from api.deps import AUTH, DispatcherDep, StoreDep
-from api.routes.bodies import IDEMPOTENCY_KEY, QUERY_INT, CreateSession, StopBody, TitleBody
+from api.routes.bodies import (
+    IDEMPOTENCY_KEY,
+    IDEMPOTENT_RESPONSES,
+    QUERY_INT,
+    CreateSession,
+    StopBody,
+    TitleBody,
+)
 from orchestrator import activity, deletion, sessions, titles
 
 router = APIRouter(dependencies=AUTH)
 _TAGS: list[str | Any] = ["sessions"]
 
 
-@router.post("/sessions", status_code=201, tags=_TAGS)
+@router.post("/sessions", status_code=201, tags=_TAGS, responses=IDEMPOTENT_RESPONSES)
 def create(
     body: CreateSession,
     store: StoreDep,

@@ -8,7 +8,13 @@ from typing import Annotated, Any
 from fastapi import APIRouter
 
 from api.deps import AUTH, DispatcherDep, StoreDep
-from api.routes.bodies import IDEMPOTENCY_KEY, MAX_TURN_IDS, CancelBody, PromptBody
+from api.routes.bodies import (
+    IDEMPOTENCY_KEY,
+    IDEMPOTENT_RESPONSES,
+    MAX_TURN_IDS,
+    CancelBody,
+    PromptBody,
+)
 from orchestrator import audit, sessions, turns
 from orchestrator.errors import InvalidParams, TurnNotFound
 from orchestrator.families import Dispatcher
@@ -17,7 +23,7 @@ from orchestrator.store import Store
 router = APIRouter(dependencies=AUTH, tags=["turns"])
 
 
-@router.post("/sessions/{session_id}/prompt", status_code=202)
+@router.post("/sessions/{session_id}/prompt", status_code=202, responses=IDEMPOTENT_RESPONSES)
 def prompt(
     session_id: str,
     body: PromptBody,

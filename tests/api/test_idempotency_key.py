@@ -152,3 +152,6 @@ def test_the_openapi_document_describes_the_header(client: TestClient) -> None:
         [header] = [p for p in paths[path]["post"]["parameters"] if p["name"] == "Idempotency-Key"]
         assert header["in"] == "header" and not header.get("required", False)
         assert "retry" in header["description"]
+        answers = paths[path]["post"]["responses"]
+        assert "write_outcome_unknown" in answers["503"]["description"]
+        assert "idempotency_key_reused" in answers["422"]["description"]
