@@ -108,7 +108,7 @@ def test_a_session_created_whose_reply_was_lost_is_answered_once_on_retry(
         f"{api.base}/sessions", json={"cwd": cwd}, headers={"Idempotency-Key": key}, timeout=30
     )
     # Then: the API answers 503, and the session was in fact created
-    assert cut.done.is_set() and first.status_code == 503, first.text
+    assert cut.done.wait(10) and first.status_code == 503, first.text
     [made] = sessions.list_sessions(store, cwd=cwd).sessions
     # When: the client retries with the same key
     again = httpx.post(
@@ -148,7 +148,7 @@ def test_a_prompt_whose_reply_was_lost_runs_its_turn_once_on_retry(
         url, json={"prompt": "say once"}, headers={"Idempotency-Key": key}, timeout=30
     )
     # Then: the API answers 503, and the turn was in fact stored
-    assert cut.done.is_set() and first.status_code == 503, first.text
+    assert cut.done.wait(10) and first.status_code == 503, first.text
     [stored] = store.redis.zrange(store.keys.live_turns(sid), 0, -1)
     # When: the client retries with the same key
     again = httpx.post(
@@ -191,7 +191,7 @@ def test_fleet_sessions_new_retries_a_lost_reply_with_its_key(
     # When: a session is created with the command line
     done = _fleet(_env(proxy, redis_url, turns_fleet), "sessions", "new", cwd, "--json")
     # Then: it retried with its key and printed the one session created
-    assert cut.done.is_set()
+    assert cut.done.wait(10)
     assert done.returncode == 0, done.stderr
     [made] = sessions.list_sessions(store, cwd=cwd).sessions
     assert json.loads(done.stdout)["sessionId"] == made.session_id
@@ -207,7 +207,7 @@ def test_fleet_prompt_retries_a_lost_reply_with_its_key_and_the_turn_runs_once(
     # When: a prompt is sent with the command line, which follows its turn
     done = _fleet(_env(proxy, redis_url, turns_fleet), "prompt", sid, "say once")
     # Then: it retried with its key, and the one turn stored ran once to its end
-    assert cut.done.is_set()
+    assert cut.done.wait(10)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "once"
     requests = [json.loads(r) for r in store.redis.lrange(store.keys.model_requests(sid), 0, -1)]
