@@ -25,6 +25,7 @@ import struct
 import threading
 from dataclasses import dataclass, field
 from types import TracebackType
+from urllib.parse import urlsplit
 
 #: Bytes of a connection's last read kept to find a pattern that straddles two reads.
 _TAIL = 4096
@@ -96,6 +97,17 @@ class TcpProxy:
         self._flowing.set()
         self._stopped = False
         self._threads: list[threading.Thread] = []
+        #: With ``before_redis``: the Redis URL that goes through this proxy.
+        self.redis_url = ""
+
+    @classmethod
+    def before_redis(cls, redis_url: str) -> TcpProxy:
+        """A proxy (not started) to the Redis of a ``redis://host:port/db`` URL; its
+        ``redis_url`` is the URL to give the clients instead."""
+        target = urlsplit(redis_url)
+        proxy = cls(target.port or 6379, target.hostname or "127.0.0.1")
+        proxy.redis_url = f"redis://127.0.0.1:{proxy.port}{target.path}"
+        return proxy
 
     # -- the faults ----------------------------------------------------------------------------
     def freeze(self) -> None:

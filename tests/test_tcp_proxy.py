@@ -6,7 +6,6 @@ from __future__ import annotations
 import socket
 import uuid
 from collections.abc import Iterator
-from urllib.parse import urlsplit
 
 import pytest
 import redis
@@ -16,8 +15,7 @@ from tests.tcp_proxy import TcpProxy
 
 @pytest.fixture
 def proxy(redis_url: str) -> Iterator[TcpProxy]:
-    target = urlsplit(redis_url)
-    with TcpProxy(target.port or 6379, target.hostname or "127.0.0.1") as found:
+    with TcpProxy.before_redis(redis_url) as found:
         yield found
 
 

@@ -15,7 +15,6 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 import httpx
 import pytest
@@ -45,24 +44,22 @@ def turns_fleet(
 @pytest.fixture
 def proxy(redis_url: str) -> Iterator[TcpProxy]:
     """A ``TcpProxy`` to the test Redis."""
-    target = urlsplit(redis_url)
-    with TcpProxy(target.port or 6379, target.hostname or "127.0.0.1") as found:
+    with TcpProxy.before_redis(redis_url) as found:
         yield found
 
 
-def _env(proxy: TcpProxy, redis_url: str, fleet: PrivateFleet) -> dict[str, str]:
+def _env(proxy: TcpProxy, fleet: PrivateFleet) -> dict[str, str]:
     """The environment of a process on the private fleet's prefix whose every Redis
     connection (state and broker) goes through ``proxy``."""
-    url = f"redis://127.0.0.1:{proxy.port}{urlsplit(redis_url).path}"
-    return {"FLEET_REDIS_URL": url, "FLEET_KEY_PREFIX": fleet.store.keys.prefix}
+    return {"FLEET_REDIS_URL": proxy.redis_url, "FLEET_KEY_PREFIX": fleet.store.keys.prefix}
 
 
 @pytest.fixture
 def proxied_api(
-    turns_fleet: PrivateFleet, redis_url: str, tmp_path: Path, proxy: TcpProxy
+    turns_fleet: PrivateFleet, tmp_path: Path, proxy: TcpProxy
 ) -> Iterator[tuple[ApiProcess, TcpProxy]]:
     """A ``fleet api`` process whose Redis connections go through ``proxy``."""
-    with api_process(tmp_path / "api.log", **_env(proxy, redis_url, turns_fleet)) as api:
+    with api_process(tmp_path / "api.log", **_env(proxy, turns_fleet)) as api:
         yield api, proxy
 
 
@@ -182,14 +179,14 @@ def test_a_prompt_whose_reply_was_lost_runs_its_turn_once_on_retry(
 
 
 def test_fleet_sessions_new_retries_a_lost_reply_with_its_key(
-    proxy: TcpProxy, redis_url: str, turns_fleet: PrivateFleet
+    proxy: TcpProxy, turns_fleet: PrivateFleet
 ) -> None:
     store = turns_fleet.store
     cwd = f"/tmp/lost-reply-cli-{uuid.uuid4().hex[:8]}"
     # Given: the command's connection is reset once the create script ran
     cut = proxy.cut_after(_script_sha(store, "create_session"))
     # When: a session is created with the command line
-    done = _fleet(_env(proxy, redis_url, turns_fleet), "sessions", "new", cwd, "--json")
+    done = _fleet(_env(proxy, turns_fleet), "sessions", "new", cwd, "--json")
     # Then: it retried with its key and printed the one session created
     assert cut.done.wait(10)
     assert done.returncode == 0, done.stderr
@@ -198,14 +195,14 @@ def test_fleet_sessions_new_retries_a_lost_reply_with_its_key(
 
 
 def test_fleet_prompt_retries_a_lost_reply_with_its_key_and_the_turn_runs_once(
-    proxy: TcpProxy, redis_url: str, turns_fleet: PrivateFleet
+    proxy: TcpProxy, turns_fleet: PrivateFleet
 ) -> None:
     store = turns_fleet.store
     sid = sessions.create_session(store, f"/tmp/lost-reply-cli-{uuid.uuid4().hex[:8]}").session_id
     # Given: the command's connection is reset once the turn's script ran
     cut = proxy.cut_after(_script_sha(store, "turn_create"))
     # When: a prompt is sent with the command line, which follows its turn
-    done = _fleet(_env(proxy, redis_url, turns_fleet), "prompt", sid, "say once")
+    done = _fleet(_env(proxy, turns_fleet), "prompt", sid, "say once")
     # Then: it retried with its key, and the one turn stored ran once to its end
     assert cut.done.wait(10)
     assert done.returncode == 0, done.stderr

@@ -7,7 +7,6 @@ from __future__ import annotations
 import socket
 import uuid
 from collections.abc import Iterator
-from urllib.parse import urlsplit
 
 import pytest
 
@@ -21,9 +20,8 @@ from tests.tcp_proxy import TcpProxy
 @pytest.fixture
 def proxied(redis_url: str, store: Store) -> Iterator[tuple[Store, TcpProxy]]:
     """A store on the run's prefix whose connection goes through a ``TcpProxy``."""
-    target = urlsplit(redis_url)
-    with TcpProxy(target.port or 6379, target.hostname or "127.0.0.1") as proxy:
-        s = Store(f"redis://127.0.0.1:{proxy.port}{target.path}", store.keys.prefix)
+    with TcpProxy.before_redis(redis_url) as proxy:
+        s = Store(proxy.redis_url, store.keys.prefix)
         try:
             yield s, proxy
         finally:
