@@ -11,7 +11,9 @@ from kombu.exceptions import OperationalError
 from orchestrator.errors import (
     AncestorArchived,
     FleetError,
+    IdempotencyKeyReused,
     InputRejected,
+    InvalidIdempotencyKey,
     InvalidParams,
     LimitReached,
     SessionActive,
@@ -36,6 +38,10 @@ ERROR_TABLE: dict[type[FleetError], tuple[int, int]] = {
     InvalidParams: (422, -32602),
     # JSON over a parse limit (depth, number, lone surrogate): malformed rather than invalid.
     InputRejected: (400, -32602),
+    InvalidIdempotencyKey: (400, -32602),
+    # The key was first sent with another request: the client's mistake, not a conflict of
+    # state a retry could settle.
+    IdempotencyKeyReused: (422, -32602),
     StoreUnavailable: (503, -32010),
     LimitReached: (429, -32011),
     # Applied on the primary, not acknowledged by enough replicas: retry (idempotent).

@@ -94,7 +94,13 @@ def _document_errors(app: FastAPI) -> None:
             for op in item.values():
                 responses = op.setdefault("responses", {})
                 if "422" in responses:
-                    responses["422"] = {"description": "Invalid request", **error}
+                    # A route's own words for its 422 (IDEMPOTENT_RESPONSES) are kept after.
+                    own = responses["422"].get("description", "Validation Error")
+                    said = "" if own == "Validation Error" else f"; {own}"
+                    responses["422"] = {"description": f"Invalid request{said}", **error}
+                for status, answer in responses.items():
+                    if status[:1] in "45":  # a route's declared errors have the one shape too
+                        answer.setdefault("content", error["content"])
                 if "requestBody" in op:  # strict_request and the body guard (api/guards.py)
                     responses["413"] = {"description": "Body larger than allowed", **error}
                     responses["415"] = {"description": "Body not sent as JSON", **error}

@@ -14,11 +14,14 @@
     │   ├── InvalidTitle       a title that is empty after normalization
     │   ├── TooManySessions    a bulk request selects more sessions than allowed
     │   ├── InputRejected      client JSON over a parse limit (nesting depth, number)
-    │   └── DuplicateKey       client JSON with a key given twice in one object
+    │   ├── DuplicateKey       client JSON with a key given twice in one object
+    │   ├── InvalidIdempotencyKey   an idempotency key too long, empty or not printable
+    │   └── IdempotencyKeyReused    an idempotency key sent again with another request
     ├── HostHeld               a job worker's host name is held by another live worker
     ├── LimitReached           a FLEET_MAX_* limit refuses a new job, reminder or subagent
     └── StoreUnavailable       Redis cannot be reached or answered with an error
-        └── WriteUnconfirmed   a lifecycle write fewer replicas acknowledged than required
+        ├── WriteUnconfirmed   a lifecycle write fewer replicas acknowledged than required
+        └── WriteOutcomeUnknown     a create or prompt whose reply was lost: it may have run
 
     TurnStopped                internal to the step runtime, never reaches an interface: a
                                step's write was refused because its turn stopped running
@@ -203,6 +206,29 @@ class DuplicateKey(InvalidParams):
         self.partial = partial
 
 
+class InvalidIdempotencyKey(InvalidParams):
+    """Raised when an idempotency key (REST ``Idempotency-Key``, ACP
+    ``_meta.agentFleet.idempotencyKey``) is empty, longer than its cap or holds a character
+    that is not printable ASCII; ``data``: ``param`` (``idempotencyKey``), ``max``."""
+
+    code = "invalid_idempotency_key"
+
+
+class IdempotencyKeyReused(InvalidParams):
+    """Raised when an idempotency key comes with a request other than the one it was first
+    sent with (another cwd, parent or model; another prompt text), within its TTL: nothing
+    was written. ``data``: ``param`` (``idempotencyKey``)."""
+
+    code = "idempotency_key_reused"
+
+    def __init__(self, what: str) -> None:
+        super().__init__(
+            f"This idempotency key was already used for another {what} request; a retry must "
+            "send the same request, and a new request a new key.",
+            {"param": "idempotencyKey"},
+        )
+
+
 class HostHeld(FleetError):
     """Raised when a job worker starts with a host name another live job worker holds (stops
     are routed by host name, so two would take each other's stops); ``data`` names the
@@ -245,6 +271,8 @@ class StoreUnavailable(FleetError):
 
     def __init__(self, detail: str, *, transient: bool = True) -> None:
         detail = detail.rstrip(". ")
+        #: Whether trying again may succeed (``False``: the URL or credentials are wrong).
+        self.transient = transient
         advice = (
             "Try again shortly."
             if transient
@@ -264,12 +292,38 @@ class WriteUnconfirmed(StoreUnavailable):
     code = "write_unconfirmed"
 
     def __init__(self, acked: int, required: int) -> None:
+        self.transient = True
         FleetError.__init__(
             self,
             f"The write was applied on the Redis primary but only {acked} of the {required} "
             "required replicas acknowledged it, so it may or may not survive a failover. "
             "Retrying is safe: the operation is idempotent.",
             {"replicasAcked": acked, "replicasRequired": required},
+        )
+
+
+class WriteOutcomeUnknown(StoreUnavailable):
+    """Raised when the connection to Redis was lost after a session's creation or a prompt
+    was sent and before its reply came: the write may or may not have been applied (its
+    script is atomic: all of it or nothing). ``data``: ``outcome`` (``unknown``),
+    ``idempotencyKey`` (whether the request carried one: retrying with it is then safe) and
+    ``check`` (how to find out otherwise)."""
+
+    code = "write_outcome_unknown"
+
+    def __init__(self, what: str, check: str, *, keyed: bool) -> None:
+        advice = (
+            "Retry with the same idempotency key: it answers what was done and runs nothing twice."
+            if keyed
+            else f"Check before retrying ({check}), or send an idempotency key with the retry "
+            "and with later requests."
+        )
+        self.transient = True
+        FleetError.__init__(
+            self,
+            f"The connection to the session store was lost after the {what} was sent, so it "
+            f"may have been applied. {advice}",
+            {"outcome": "unknown", "idempotencyKey": keyed, "check": check},
         )
 
 

@@ -90,6 +90,14 @@ class Keys:
         at): the evidence that nothing ran after an archive."""
         return f"{self.prefix}modelreq:{sid}"
 
+    def idempotency(self, scope: str, digest: str) -> str:
+        """HASH with TTL (``FLEET_IDEMPOTENCY_TTL_SECONDS``): a client's idempotency key, seen
+        by the script that created what it asked for (``orchestrator/idempotency.py``):
+        fp (the request's fingerprint) and id (the session or turn it created). ``scope`` is
+        ``sessions`` for a session's creation, the session id for a prompt; ``digest`` is the
+        SHA-256 of the client's key (hex), so any key fits the key schema."""
+        return f"{self.prefix}idem:{scope}:{digest}"
+
     # -- turns ------------------------------------------------------------------------------
     def turn(self, tid: str) -> str:
         """HASH: turnId, sessionId, state (see ``TurnState``), prompt, label, source, step

@@ -11,8 +11,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from orchestrator import audit, events, limits
+from orchestrator import audit, events, idempotency, limits
 from orchestrator.errors import (
+    IdempotencyKeyReused,
     InvalidParams,
     SessionArchived,
     SessionNotFound,
@@ -80,6 +81,7 @@ def create_session(
     *,
     guard: StepGuard | None = None,
     model: str | None = None,
+    idempotency_key: str | None = None,
 ) -> Session:
     """Create a session in ``cwd`` (absolute), optionally as a subagent of ``parent_id``,
     asking for ``model`` (a model name for the backend, ``FLEET_MODEL``; a subagent given none
@@ -94,11 +96,19 @@ def create_session(
     (a subagent deeper than ``FLEET_MAX_SUBAGENT_DEPTH``, or beyond the parent's
     ``FLEET_MAX_SUBAGENTS_PER_SESSION`` live subagents; counted in the creating script),
     ``StoreUnavailable``.
+
+    With ``idempotency_key`` (a client's, ``orchestrator/idempotency.py``) the key is
+    recorded with the session in the creating script: a retry with it returns the session
+    the first created (whatever it is now; ``SessionNotFound`` once deleted) and creates
+    nothing. Raises also ``InvalidIdempotencyKey``, ``IdempotencyKeyReused`` (the key came
+    with another cwd, parent or model) and ``WriteOutcomeUnknown`` (the reply was lost: the
+    session may have been created).
     """
     cwd = check_cwd(cwd)
     if parent_id is not None:
         check_session_id(parent_id)
     model = check_model(model)
+    idem = idempotency.for_request(store, idempotency_key, cwd, parent_id or "", model)
     sid = new_id("sess")
     ms = store.now_ms()
     caps = [
@@ -106,7 +116,20 @@ def create_session(
         limits.SUBAGENTS_PER_SESSION.maximum(store.settings),
     ]
     args = [sid, cwd, cwd_hash(cwd), parent_id or "", ms, iso(ms), *StepGuard.argv(guard)]
-    result = store.run("create_session", [*args, *caps, model], durable=True)
+    with idempotency.outcome_unknown(
+        "session creation",
+        "list the sessions in that cwd: a session it created is the newest",
+        keyed=idem is not None,
+    ):
+        result = store.run(
+            "create_session",
+            [*args, *caps, model, *idempotency.Idempotency.argv(idem)],
+            durable=True,
+        )
+    if result[0] == "key_reused":
+        raise IdempotencyKeyReused("session creation")
+    if result[0] == "replay":
+        return get_session(store, str(result[1]))
     if result[0] == "stopped":
         raise TurnStopped(guard.turn_id if guard else "")
     if result[0] == "parent_not_found":

@@ -169,6 +169,9 @@ class FleetSettings(BaseSettings):
     turn_max_resumes: int = Field(default=3, ge=1)
     #: Seconds between two sweeper passes in each turn worker.
     turn_sweep_interval_seconds: PositiveSeconds = 5.0
+    #: Seconds a client's idempotency key (``Idempotency-Key`` on a session's creation or a
+    #: prompt) is remembered: a retry with it within this time answers what the first did.
+    idempotency_ttl_seconds: PositiveSeconds = 86_400.0
     #: Seconds a delete with ``stopActivity`` (``fleet delete --stop``, ACP ``session/delete``)
     #: waits for the stopped work to end before it deletes; work still live then refuses the
     #: delete with 409 ``session_active`` (the session stays archived).

@@ -29,8 +29,9 @@ import logging
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from orchestrator import audit, events, metrics
+from orchestrator import audit, events, idempotency, metrics
 from orchestrator.errors import (
+    IdempotencyKeyReused,
     InvalidParams,
     SessionNotFound,
     StepSuperseded,
@@ -202,6 +203,7 @@ def start_turn(
     source: str = "prompt",
     guard: StepGuard | None = None,
     reminder_id: str = "",
+    idempotency_key: str | None = None,
 ) -> str:
     """Store a turn for ``prompt`` and dispatch its first step if the session is idle.
 
@@ -222,6 +224,13 @@ def start_turn(
     step itself drops duplicates), a fire of a reminder a stop deleted returns ``""`` and
     creates nothing, and one under an archived lineage raises ``SessionArchived`` with
     nothing stored (the reminder is marked ``refused``).
+
+    With ``idempotency_key`` (a client's, scoped to the session; ``orchestrator/idempotency.py``)
+    the key is recorded with the turn in the script that stores it: a retry with it returns
+    the turn the first stored and stores nothing (its first step is sent again while it may
+    be lost, as for a repeated reminder fire). Raises also ``InvalidIdempotencyKey``,
+    ``IdempotencyKeyReused`` (the key came with another prompt) and ``WriteOutcomeUnknown``
+    (the reply was lost: the turn may have been stored, and then runs).
     Raises ``InvalidParams`` (prompt not a string, too long, or, from a person (``source``
     ``prompt``), empty or only whitespace), ``SessionNotFound``,
     ``SessionArchived``, ``TurnStopped``, ``StoreUnavailable``.
@@ -234,24 +243,37 @@ def start_turn(
     if source == "prompt" and not prompt.strip():
         raise InvalidParams("prompt is empty: give the text of the turn.", {"param": "prompt"})
     check_utf8(prompt, "prompt")
+    idem = idempotency.for_request(store, idempotency_key, prompt)
     tid = new_id("turn")
     ms = store.now_ms()
     guard_tid, guard_token = StepGuard.argv(guard)
-    result = store.run(
-        "turn_create",
-        [
-            sid,
-            tid,
-            prompt,
-            shorten(prompt),
-            source,
-            ms,
-            iso(ms),
-            guard_tid,
-            reminder_id,
-            guard_token,
-        ],
-    )
+    with idempotency.outcome_unknown(
+        "prompt",
+        "the session's activity lists a turn it stored while the turn is live, and its "
+        "conversation holds the prompt once the turn began",
+        keyed=idem is not None,
+    ):
+        result = store.run(
+            "turn_create",
+            [
+                sid,
+                tid,
+                prompt,
+                shorten(prompt),
+                source,
+                ms,
+                iso(ms),
+                guard_tid,
+                reminder_id,
+                guard_token,
+                *idempotency.Idempotency.argv(idem),
+            ],
+        )
+    if result[0] == "key_reused":
+        raise IdempotencyKeyReused("prompt")
+    if result[0] == "replay":
+        # The first request may have lost its reply before it sent the first step.
+        return _send_first_step_again(store, dispatcher, sid, str(result[1]))
     if reminder_id and result[0] in ("duplicate", "stopped"):
         return _repeated_fire(store, dispatcher, sid, reminder_id, result)
     if result[0] == "not_found":
@@ -287,7 +309,14 @@ def _repeated_fire(
         tid or "none",
         extra={"session_id": sid, "family": "reminder"},
     )
-    turn = get_turn(store, tid) if tid else None
+    return _send_first_step_again(store, dispatcher, sid, tid) if tid else tid
+
+
+def _send_first_step_again(store: Store, dispatcher: Dispatcher, sid: str, tid: str) -> str:
+    """Send the first step of turn ``tid`` again if it may be lost (running, at step 0:
+    ``turn_begin_step`` drops a copy of a step that is in flight or already ran); return
+    ``tid``."""
+    turn = get_turn(store, tid)
     if turn is not None and turn.state is TurnState.RUNNING and turn.step == 0:
         send_step(dispatcher, sid, tid, 0)
     return tid

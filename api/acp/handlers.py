@@ -64,7 +64,9 @@ async def initialize(conn: AcpConnection, req: p.InitializeRequest) -> dict[str,
 
 
 async def new_session(conn: AcpConnection, req: p.schema.NewSessionRequest) -> dict[str, Any]:
-    session = await call_store(sessions.create_session, conn.store, req.cwd)
+    # _meta.agentFleet.idempotencyKey: a retry with it answers the session the first created.
+    key = p.idempotency_key(req.field_meta)
+    session = await call_store(sessions.create_session, conn.store, req.cwd, idempotency_key=key)
     await conn.streams.open_session(session.session_id, 0)
     return {"sessionId": session.session_id}
 
@@ -170,8 +172,11 @@ def _prompt_text(req: p.schema.PromptRequest) -> str:
 
 
 async def prompt(conn: AcpConnection, req: p.schema.PromptRequest) -> dict[str, Any]:
-    """Start a turn and answer its ``stopReason`` once every update of it has been sent."""
+    """Start a turn and answer its ``stopReason`` once every update of it has been sent. With
+    ``_meta.agentFleet.idempotencyKey``, a retry follows the turn the first request started
+    (to its end) instead of starting another."""
     sid, text = req.session_id, _prompt_text(req)
+    key = p.idempotency_key(req.field_meta)
     session: sessions.Session = await call_store(sessions.get_session, conn.store, sid)
     if session.archived:
         raise await call_store(sessions.archived_refusal, conn.store, sid)
@@ -179,7 +184,9 @@ async def prompt(conn: AcpConnection, req: p.schema.PromptRequest) -> dict[str, 
     conn.prompts.begin(sid)
     tid: str | None = None
     try:
-        tid = started = await call_store(turns.start_turn, conn.store, conn.dispatcher, sid, text)
+        tid = started = await call_store(
+            turns.start_turn, conn.store, conn.dispatcher, sid, text, idempotency_key=key
+        )
         future = conn.prompts.track(sid, started)
         if conn.prompts.take_cancel(sid):  # cancelled before its turn was tracked
             await conn.cancel_turns(sid, [started])

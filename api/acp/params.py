@@ -27,6 +27,7 @@ from pydantic import (
 
 from api.errors import MAX_LISTED_ERRORS, in_words
 from orchestrator.errors import InvalidParams
+from orchestrator.idempotency import check_key
 
 #: A protocol version as early clients sent it: the date of the revision they speak.
 _LEGACY_VERSION = re.compile(r"\d{4}-\d{2}-\d{2}")
@@ -39,6 +40,7 @@ __all__ = [
     "ListSessionsRequest",
     "SetSessionTitleRequest",
     "UnarchiveSessionRequest",
+    "idempotency_key",
     "parse",
     "schema",
 ]
@@ -107,6 +109,21 @@ class CancelRequestNotification(schema.CancelRequestNotification):
 
 class ActivityRequest(_SessionRequest):
     """``_agentFleet/activity`` params: ``{"sessionId"}``."""
+
+
+def idempotency_key(meta: dict[str, Any] | None) -> str | None:
+    """The client's idempotency key of a ``session/new`` or ``session/prompt``:
+    ``_meta.agentFleet.idempotencyKey`` (``orchestrator/idempotency.py``), ``None`` when
+    absent. Raises ``InvalidParams`` when ``agentFleet`` is not an object,
+    ``InvalidIdempotencyKey`` for a malformed key."""
+    ours = (meta or {}).get("agentFleet")
+    if ours is None:
+        return None
+    if not isinstance(ours, dict):
+        raise InvalidParams("_meta.agentFleet must be an object.", {"param": "_meta.agentFleet"})
+    if "idempotencyKey" not in ours:
+        return None
+    return check_key(ours["idempotencyKey"])
 
 
 def parse(model: type[M], params: Any) -> M:

@@ -29,6 +29,8 @@ class Prompts:
         # sessionId -> the turns of this connection's prompts in flight (what a cancel stops).
         self._turns: dict[str, set[str]] = {}
         self._ended: OrderedDict[str, str] = OrderedDict()
+        # turnId -> prompts waiting on it (more than one: a retry with the same key).
+        self._waiting: dict[str, int] = {}
         # sessionId -> prompts on it that were cancelled before their turn was tracked.
         self._early: dict[str, int] = {}
 
@@ -37,9 +39,15 @@ class Prompts:
         self._count[sid] = self._count.get(sid, 0) + 1
 
     def track(self, sid: str, tid: str) -> asyncio.Future[str]:
-        """The future the prompt of turn ``tid`` waits on (done if the turn already ended)."""
-        future: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+        """The future the prompt of turn ``tid`` waits on (done if the turn already ended).
+        Prompts of one turn (a retry with the first's idempotency key while the first still
+        waits) share one future."""
         self._turns.setdefault(sid, set()).add(tid)
+        self._waiting[tid] = self._waiting.get(tid, 0) + 1
+        shared = self._futures.get(tid)
+        if shared is not None:
+            return shared
+        future: asyncio.Future[str] = asyncio.get_running_loop().create_future()
         if tid in self._ended:
             future.set_result(self._ended.pop(tid))
         else:
@@ -82,7 +90,10 @@ class Prompts:
         """The prompt on ``sid`` (of turn ``tid``, if one was started) is answered."""
         if tid is None:
             self.take_cancel(sid)  # it never got a turn: a cancel counted for it is spent
+        elif self._waiting.get(tid, 1) > 1:  # another prompt still waits on this turn
+            self._waiting[tid] -= 1
         else:
+            self._waiting.pop(tid, None)
             self._futures.pop(tid, None)
             mine = self._turns.get(sid, set())
             mine.discard(tid)
@@ -94,6 +105,10 @@ class Prompts:
         else:
             self._count.pop(sid, None)
             self._early.pop(sid, None)
+
+    def waiting(self, tid: str) -> int:
+        """How many prompts of this connection wait on turn ``tid``."""
+        return self._waiting.get(tid, 0)
 
     def pending(self, sid: str) -> bool:
         """Whether a prompt of this connection waits on ``sid``."""

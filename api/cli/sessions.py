@@ -22,6 +22,7 @@ from api.cli.common import (
     usage,
     when,
 )
+from api.cli.keyed import KEY_OPTION, keyed_write
 from api.cli.params import count_option
 from api.cli.tables import fitted, show
 from orchestrator.sessions import Session
@@ -141,16 +142,19 @@ def sessions_new(
     as_json: bool = typer.Option(
         False, "--json", help="Print the session as JSON (as `sessions ls --json` lists it)."
     ),
+    idempotency_key: str | None = KEY_OPTION,
 ) -> None:
     """Create a session and print its id (with --json, the session). A CWD that does not
     exist here is kept (the session's tools run on a worker's host, where it may), with a
-    note on stderr."""
+    note on stderr. A lost reply is retried with the same idempotency key: one session."""
     import os
 
     from api.context import store
     from orchestrator.sessions import create_session
 
-    created = create_session(store(), cwd, parent)
+    created = keyed_write(
+        lambda key: create_session(store(), cwd, parent, idempotency_key=key), idempotency_key
+    )
     print(json.dumps(created.to_info(), indent=2) if as_json else created.session_id)
     if not os.path.isdir(cwd):
         err.print(

@@ -18,6 +18,7 @@ import typer
 from rich.text import Text
 
 from api.cli.common import app, console, err
+from api.cli.keyed import KEY_OPTION, keyed_write
 from orchestrator.store import Store
 from orchestrator.turns import (
     CANCELLED_BY_ARCHIVE,
@@ -105,15 +106,21 @@ def prompt(
     as_json: bool = typer.Option(
         False, "--json", help="Print the turn's updates as JSON lines, then the turn."
     ),
+    idempotency_key: str | None = KEY_OPTION,
 ) -> None:
     """Start a turn in a session and follow it: its output is printed as it is recorded and
     the command ends with the turn (exit 0 when it completed, 1 when it failed, was cancelled
-    or blocked, with the reason). --detach prints the turn id and returns at once."""
+    or blocked, with the reason). --detach prints the turn id and returns at once. A lost
+    reply is retried with the same idempotency key: the turn runs once."""
     from api.context import dispatcher, store
     from orchestrator.turns import start_turn
 
     start = 0 if detach else _start_index(store(), session_id)
-    turn_id = start_turn(store(), dispatcher(), session_id, text.replace("\\n", "\n"))
+    said = text.replace("\\n", "\n")
+    turn_id = keyed_write(
+        lambda key: start_turn(store(), dispatcher(), session_id, said, idempotency_key=key),
+        idempotency_key,
+    )
     if detach:
         print(json.dumps({"turnId": turn_id}) if as_json else turn_id)
         return

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Annotated
 
+from fastapi import Header
 from pydantic import (
     AfterValidator,
     BaseModel,
@@ -20,7 +21,7 @@ from pydantic import (
     StrictStr,
 )
 
-from orchestrator import archive, bulk, turns
+from orchestrator import archive, bulk, idempotency, turns
 from orchestrator.families import names as family_names
 
 #: The most turns a cancel may name.
@@ -38,6 +39,34 @@ def _decimal_digits(value: object) -> object:
 #: A query parameter's integer, parsed strictly (with ``Query`` for its bounds):
 #: ``Annotated[int, QUERY_INT, Query(ge=1, le=...)]``.
 QUERY_INT = BeforeValidator(_decimal_digits)
+
+
+#: The ``Idempotency-Key`` request header of the writes a client may need to retry without
+#: knowing whether the first try was applied (``orchestrator/idempotency.py``); checked by
+#: the domain (400 ``invalid_idempotency_key``), so no constraint is declared here.
+IDEMPOTENCY_KEY = Header(
+    alias="Idempotency-Key",
+    description=(
+        "A key of the client's choosing (1 to "
+        f"{idempotency.MAX_KEY} printable ASCII characters, no spaces; a UUID will do), sent "
+        "again unchanged when the request is retried: within FLEET_IDEMPOTENCY_TTL_SECONDS "
+        "(24 h) a retry answers what the first request did (same id, same status) and runs "
+        "nothing twice; the key with another body answers 422 idempotency_key_reused. A 503 "
+        "write_outcome_unknown means the request may have been applied: retry with the key."
+    ),
+)
+
+
+#: The answers of a route taking ``IDEMPOTENCY_KEY`` that concern the key (OpenAPI).
+IDEMPOTENT_RESPONSES: dict[int | str, dict[str, str]] = {
+    400: {"description": "invalid_idempotency_key: empty, over 255 characters or not printable."},
+    422: {"description": "idempotency_key_reused: the key came with another request first."},
+    503: {
+        "description": "store_unavailable (nothing was sent to Redis: try again), or "
+        "write_outcome_unknown (the connection dropped after the write was sent: it may have "
+        "been applied; retry with the same Idempotency-Key)."
+    },
+}
 
 
 def _length_checked(check: Callable[[int], None]) -> BeforeValidator:

@@ -8,17 +8,32 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Query
 
 from api.deps import AUTH, DispatcherDep, StoreDep
-from api.routes.bodies import QUERY_INT, CreateSession, StopBody, TitleBody
+from api.routes.bodies import (
+    IDEMPOTENCY_KEY,
+    IDEMPOTENT_RESPONSES,
+    QUERY_INT,
+    CreateSession,
+    StopBody,
+    TitleBody,
+)
 from orchestrator import activity, deletion, sessions, titles
 
 router = APIRouter(dependencies=AUTH)
 _TAGS: list[str | Any] = ["sessions"]
 
 
-@router.post("/sessions", status_code=201, tags=_TAGS)
-def create(body: CreateSession, store: StoreDep) -> dict[str, Any]:
-    """Create a session (a subagent session with ``parentId``)."""
-    return sessions.create_session(store, body.cwd, body.parentId, model=body.model).to_info()
+@router.post("/sessions", status_code=201, tags=_TAGS, responses=IDEMPOTENT_RESPONSES)
+def create(
+    body: CreateSession,
+    store: StoreDep,
+    idempotency_key: Annotated[str | None, IDEMPOTENCY_KEY] = None,
+) -> dict[str, Any]:
+    """Create a session (a subagent session with ``parentId``). With ``Idempotency-Key``, a
+    retry answers 201 with the session the first request created, and creates none."""
+    created = sessions.create_session(
+        store, body.cwd, body.parentId, model=body.model, idempotency_key=idempotency_key
+    )
+    return created.to_info()
 
 
 @router.get("/sessions", tags=_TAGS)

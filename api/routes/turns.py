@@ -3,12 +3,18 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
 from fastapi import APIRouter
 
 from api.deps import AUTH, DispatcherDep, StoreDep
-from api.routes.bodies import MAX_TURN_IDS, CancelBody, PromptBody
+from api.routes.bodies import (
+    IDEMPOTENCY_KEY,
+    IDEMPOTENT_RESPONSES,
+    MAX_TURN_IDS,
+    CancelBody,
+    PromptBody,
+)
 from orchestrator import audit, sessions, turns
 from orchestrator.errors import InvalidParams, TurnNotFound
 from orchestrator.families import Dispatcher
@@ -17,12 +23,20 @@ from orchestrator.store import Store
 router = APIRouter(dependencies=AUTH, tags=["turns"])
 
 
-@router.post("/sessions/{session_id}/prompt", status_code=202)
+@router.post("/sessions/{session_id}/prompt", status_code=202, responses=IDEMPOTENT_RESPONSES)
 def prompt(
-    session_id: str, body: PromptBody, store: StoreDep, dispatcher: DispatcherDep
+    session_id: str,
+    body: PromptBody,
+    store: StoreDep,
+    dispatcher: DispatcherDep,
+    idempotency_key: Annotated[str | None, IDEMPOTENCY_KEY] = None,
 ) -> dict[str, Any]:
-    """Start a turn (it queues behind a running one). 409 if the session is archived."""
-    tid = turns.start_turn(store, dispatcher, session_id, body.prompt)
+    """Start a turn (it queues behind a running one). 409 if the session is archived. With
+    ``Idempotency-Key`` (scoped to the session), a retry answers 202 with the turn the first
+    request started, and starts none."""
+    tid = turns.start_turn(
+        store, dispatcher, session_id, body.prompt, idempotency_key=idempotency_key
+    )
     return {"sessionId": session_id, "turnId": tid}
 
 

@@ -4,6 +4,25 @@
 
 local function skey(sid) return K.session(sid) end
 
+-- A client's idempotency key (orchestrator/idempotency.py) as a creating script reads it:
+-- digest '' (no key) or one not seen: nil; seen with the same request fingerprint fp:
+-- {'replay', id} (the id the first request created); with another: {'key_reused'}.
+local function idem_seen(scope, digest, fp)
+  if digest == '' then return nil end
+  local h = redis.call('HMGET', K.idempotency(scope, digest), 'fp', 'id')
+  if not h[2] then return nil end
+  if h[1] ~= fp then return {'key_reused'} end
+  return {'replay', h[2]}
+end
+
+-- Records the key with what its request created, in the script that created it.
+local function idem_record(scope, digest, fp, id, ttl_ms)
+  if digest == '' then return end
+  local k = K.idempotency(scope, digest)
+  redis.call('HSET', k, 'fp', fp, 'id', id)
+  redis.call('PEXPIRE', k, ttl_ms)
+end
+
 -- The members of a set, sorted (the order the census lists them in).
 local function sorted_members(key)
   local members = redis.call('SMEMBERS', key)

@@ -1,5 +1,8 @@
 -- ARGV: prefix, sid, cwd, cwdHash, parentId|'', nowMs, nowIso, guardTid|'', guardToken|'',
---       maxDepth, maxChildren, model|''
+--       maxDepth, maxChildren, model|'', idemDigest|'', idemFingerprint, idemTtlMs
+-- With idemDigest (a client's idempotency key, orchestrator/idempotency.py) a key seen before
+-- answers {'replay', sid} (the session it created) or {'key_reused'} (another request) and
+-- creates nothing; a created session records the key here, with the session.
 -- With guardTid (a subagent spawned by a turn's step) nothing is created once that turn no
 -- longer runs or that copy of the step (guardToken) no longer owns it (step_owns). A
 -- subagent is refused when it would be deeper than maxDepth (FLEET_MAX_SUBAGENT_DEPTH; a
@@ -10,11 +13,15 @@
 -- count stops at the cap (a refusal names the cap as the count), so a create reads about as
 -- many children as the cap, plus those whose items are all stale. model is the model name
 -- the session asks for; a subagent given none takes its parent's.
--- Returns {'created', archived '0'|'1'} | {'exists'} | {'parent_not_found'} | {'stopped'}
+-- Returns {'created', archived '0'|'1'} | {'replay', sid} | {'key_reused'} | {'exists'}
+--   | {'parent_not_found'} | {'stopped'}
 --   | {'limit', 'depth'|'children', count (the parent's depth | its live subagents)}
 local sid, cwd, cwd_hash, parent = ARGV[2], ARGV[3], ARGV[4], ARGV[5]
 local ms, now = tonumber(ARGV[6]), ARGV[7]
 local model = ARGV[12] or ''
+local idem, fp = ARGV[13] or '', ARGV[14] or ''
+local seen = idem_seen('sessions', idem, fp)
+if seen then return seen end
 local k = skey(sid)
 if redis.call('EXISTS', k) == 1 then return {'exists'} end
 if not step_owns(ARGV[8], ARGV[9]) then return {'stopped'} end
@@ -76,4 +83,5 @@ redis.call('ZADD', idx('all'), ms, sid)
 redis.call('ZADD', idx(state), ms, sid)
 redis.call('ZADD', idx('all', cwd_hash), ms, sid)
 redis.call('ZADD', idx(state, cwd_hash), ms, sid)
+idem_record('sessions', idem, fp, sid, ARGV[15])
 return {'created', archived}

@@ -1,12 +1,15 @@
 -- ARGV: prefix, sid, tid, prompt, label, source, nowMs, nowIso, guardTid|'', reminderId|'',
---   guardToken|''
+--   guardToken|'', idemDigest|'', idemFingerprint, idemTtlMs
+-- With idemDigest (a client's idempotency key, scoped to the session;
+-- orchestrator/idempotency.py) a key seen before answers {'replay', tid} (the turn it created)
+-- or {'key_reused'} (another prompt) and stores nothing; a stored turn records the key here.
 -- Stores a turn; it runs at once if the session has no running turn, else it queues.
 -- Refused on an archived lineage whatever its source (a late wake-up stores nothing, and
 -- leaves the conversation and updatedAt as the archive left them), and, with guardTid (a
 -- subagent's first turn started by a step), when the guarding turn no longer runs or that copy
 -- of its step (guardToken) no longer owns it (step_owns).
--- Returns {'run'} | {'queued'} | {'not_found'} | {'archived', holder} | {'stopped'}; for a
--- reminder also {'duplicate', turnId}
+-- Returns {'run'} | {'queued'} | {'replay', tid} | {'key_reused'} | {'not_found'}
+--   | {'archived', holder} | {'stopped'}; for a reminder also {'duplicate', turnId}
 local sid, tid, prompt, label, source = ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6]
 local ms, now = tonumber(ARGV[7]), ARGV[8]
 local k = skey(sid)
@@ -31,6 +34,9 @@ if rid ~= '' then
   redis.call('HSET', rk, 'state', 'fired', 'turnId', tid)
 end
 -- [/reminder]
+local idem, fp = ARGV[12] or '', ARGV[13] or ''
+local seen = idem_seen(sid, idem, fp)
+if seen then return seen end
 if redis.call('EXISTS', k) == 0 or redis.call('HGET', k, 'deleted') ~= '0' then
   return {'not_found'}
 end
@@ -48,6 +54,7 @@ redis.call('HSET', K.turn(tid), 'turnId', tid, 'sessionId', sid, 'state', state,
 redis.call('ZADD', K.live_turns(sid), redis.call('INCR', K.turn_seq(sid)), tid)
 sync_busy(sid)
 touch(sid, ms, now)
+idem_record(sid, idem, fp, tid, ARGV[14])
 if state == 'running' then
   redis.call('SET', active_key, tid)
   redis.call('ZADD', K.turns_inflight, server_ms(), tid)

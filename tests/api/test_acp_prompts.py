@@ -109,3 +109,35 @@ def test_a_session_cancel_while_the_turn_is_being_started_stops_that_turn(
     # Then that turn is stopped once it is tracked, and the prompt answers cancelled
     assert asyncio.run(scenario()) == {"stopReason": "cancelled"}
     assert conn.cancelled[-1] == (sid, ["turn_early"])
+
+
+def test_a_retried_prompt_waiting_beside_the_first_ends_with_it(store: Any) -> None:
+    # Given a prompt with an idempotency key still waiting on its turn
+    sid = sessions.create_session(store, "/tmp/acp-keyed-retry").session_id
+    conn = _Conn(store)
+    request = p.schema.PromptRequest.model_validate(
+        {
+            "sessionId": sid,
+            "prompt": [{"type": "text", "text": "say once"}],
+            "_meta": {"agentFleet": {"idempotencyKey": "acp-retry-1"}},
+        }
+    )
+
+    async def scenario() -> list[dict[str, Any]]:
+        first = asyncio.create_task(handlers.prompt(conn, request))  # type: ignore[arg-type]
+        while not conn.prompts.sessions():
+            await asyncio.sleep(0.01)
+        # When the client sends it again on the same connection before the first answers
+        again = asyncio.create_task(handlers.prompt(conn, request))  # type: ignore[arg-type]
+        while not store.redis.zcard(store.keys.live_turns(sid)):
+            await asyncio.sleep(0.01)
+        [tid] = store.redis.zrange(store.keys.live_turns(sid), 0, -1)
+        while conn.prompts.waiting(tid) < 2:  # both wait on the one turn
+            await asyncio.sleep(0.01)
+        conn.prompts.settle(tid, "end_turn")  # the turn's end, as the forwarder reports it
+        return list(await asyncio.wait_for(asyncio.gather(first, again), 30))
+
+    # Then both answer with the one turn's end
+    assert asyncio.run(scenario()) == [{"stopReason": "end_turn"}] * 2
+    assert store.redis.zcard(store.keys.live_turns(sid)) == 1
+    assert not conn.prompts.pending(sid)

@@ -209,3 +209,34 @@ def test_a_turn_stopped_by_a_delete_says_the_session_was_deleted(
     assert "turn cancelled: session deleted" in said, said
     turn = get_turn(store, tid)
     assert turn is not None and turn.cancelled_by == "delete"  # the record says so itself
+
+
+# -- --idempotency-key (the retry of a lost reply: tests/faults/test_lost_write_reply.py) ---
+def test_sessions_new_with_a_key_given_twice_creates_one_session(store: Store) -> None:
+    cwd, key = f"/tmp/fleet-cli-idem/{uuid.uuid4().hex}", str(uuid.uuid4())
+    first = _run("sessions", "new", cwd, "--idempotency-key", key)
+    again = _run("sessions", "new", cwd, "--idempotency-key", key)
+    assert first.exit_code == again.exit_code == 0, first.output + again.output
+    assert first.stdout == again.stdout
+    [made] = sessions.list_sessions(store, cwd=cwd).sessions
+    assert first.stdout.strip() == made.session_id
+
+
+def test_prompt_with_a_key_given_twice_starts_one_turn(store: Store) -> None:
+    sid = sessions.create_session(store, f"/tmp/fleet-cli-idem/{uuid.uuid4().hex}").session_id
+    key = str(uuid.uuid4())
+    first = _run("prompt", sid, "say hi", "--detach", "--idempotency-key", key)
+    again = _run("prompt", sid, "say hi", "--detach", "--idempotency-key", key)
+    assert first.exit_code == again.exit_code == 0, first.output + again.output
+    assert first.stdout == again.stdout
+    other = _run("prompt", sid, "say ho", "--detach", "--idempotency-key", key, "--json")
+    assert other.exit_code == 2
+    assert json.loads(other.stdout)["error"]["code"] == "idempotency_key_reused"
+
+
+def test_a_malformed_key_is_refused_before_anything_is_written(store: Store) -> None:
+    cwd = f"/tmp/fleet-cli-idem/{uuid.uuid4().hex}"
+    result = _run("sessions", "new", cwd, "--idempotency-key", "has space", "--json")
+    assert result.exit_code == 2
+    assert json.loads(result.stdout)["error"]["code"] == "invalid_idempotency_key"
+    assert sessions.list_sessions(store, cwd=cwd).sessions == []

@@ -687,3 +687,35 @@ def test_session_view_shows_token_usage_only_when_the_session_carries_it(
     card.wait_for()
     assert card.locator("dd.usage").count() == 0
     assert "Tokens" not in card.locator("dl").inner_text()
+
+
+def test_new_session_sends_an_idempotency_key_and_retries_a_lost_answer_with_it(
+    server: Server, page: Any
+) -> None:
+    cwd = f"/tmp/console-idem-{uuid.uuid4().hex[:8]}"
+    keys: list[str | None] = []
+
+    def answer_lost_once(route: Any) -> None:
+        if route.request.method != "POST":
+            route.continue_()
+            return
+        keys.append(route.request.headers.get("idempotency-key"))
+        created = route.fetch()  # the server creates the session either way
+        if len(keys) == 1:  # the first answer is lost: the server's 503 for a lost reply
+            lost = {"code": "write_outcome_unknown", "message": "may have been applied", "data": {}}
+            route.fulfill(status=503, json={"error": lost})
+        else:
+            route.fulfill(response=created)
+
+    page.route("**/sessions", answer_lost_once)
+    page.goto(server.base + "/console")
+    page.get_by_role("button", name="New session").click()
+    page.fill("#new-cwd", cwd)
+    page.keyboard.press("Enter")
+    page.locator("#new-dialog").wait_for(state="hidden")
+    card = page.locator('#detail .card[data-archived="false"]')
+    card.wait_for()
+    # The console sent its key and retried with it: one session, the one it opened.
+    assert len(keys) == 2 and keys[0] and keys[0] == keys[1], keys
+    listed = server.ok("GET", f"/sessions?cwd={cwd}")["sessions"]
+    assert [s["sessionId"] for s in listed] == [card.get_attribute("data-session-id")]

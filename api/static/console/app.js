@@ -1,6 +1,6 @@
 // The fleet console: plain ES modules over the REST API and GET /events, no build step.
 // This one routes, opens New and Search, follows /events and starts the page.
-import { TOKEN_KEY, api, tokenSubmitted } from "./api.js";
+import { TOKEN_KEY, api, newIdempotencyKey, tokenSubmitted } from "./api.js";
 import { loadDetail, paintDetailActivity } from "./detail.js";
 import { hideNotice, trapFocus } from "./lifecycle.js";
 import { closeMenu, loadList, paintSide, refreshActivity } from "./list.js";
@@ -18,14 +18,21 @@ function newFlow() {
   input.select();
 }
 
+// The idempotency key of the creation being asked for: the same while the user submits the
+// same cwd again after an error (a lost answer may have created it), a new one otherwise.
+let creating = null;
+
 async function newSubmitted(ev) {
   ev.preventDefault();
   const err = $("#new-error");
   const create = $("#new-create");
   err.textContent = "";
   create.disabled = true;
+  const cwd = $("#new-cwd").value.trim();
+  if (!creating || creating.cwd !== cwd) creating = { cwd, key: newIdempotencyKey() };
   try {
-    const s = await api("POST", "/sessions", { cwd: $("#new-cwd").value.trim() });
+    const s = await api("POST", "/sessions", { cwd }, { idempotencyKey: creating.key });
+    creating = null;
     $("#new-dialog").close();
     closeSearch();
     state.population = "active";
