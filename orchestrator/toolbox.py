@@ -155,14 +155,18 @@ def shown_name(call: ToolCall) -> str:
     return name if len(name) <= NAME_SHOWN else f"{name[:NAME_SHOWN]}..."
 
 
+def _size(call: ToolCall) -> int:
+    """UTF-8 bytes of the call's name and arguments."""
+    return len(call.name.encode("utf-8", "surrogatepass")) + len(
+        call.arguments.encode("utf-8", "surrogatepass")
+    )
+
+
 def _arguments(call: ToolCall) -> Any:
     """The call's arguments parsed within the model limits. Raises ``ToolArgumentsError``."""
     settings = get_settings()
-    size = len(call.name.encode("utf-8", "surrogatepass")) + len(
-        call.arguments.encode("utf-8", "surrogatepass")
-    )
     cap = settings.model_tool_arguments_max_bytes
-    if size > cap:
+    if _size(call) > cap:
         raise ToolArgumentsError(
             f"{shown_name(call)}: the call's name and arguments are more than {cap} bytes "
             "(FLEET_MODEL_TOOL_ARGUMENTS_MAX_BYTES); send shorter arguments"
@@ -182,15 +186,14 @@ def _arguments(call: ToolCall) -> Any:
 def stored_arguments(call: ToolCall) -> Any:
     """What a ``tool_call`` update keeps of the call's arguments (its ``rawInput``): the
     parsed JSON when it is within the limits, else the text (its first
-    ``STORED_TEXT_CHARS`` characters when it is over the size limit)."""
+    ``STORED_TEXT_CHARS`` characters when the call is over the size limit)."""
     try:
         return _arguments(call)
     except ToolArgumentsError:
         text = call.arguments
-        cap = get_settings().model_tool_arguments_max_bytes
-        if len(text) <= STORED_TEXT_CHARS or len(text.encode("utf-8", "surrogatepass")) <= cap:
+        if _size(call) <= get_settings().model_tool_arguments_max_bytes:
             return text
-        return f"{text[:STORED_TEXT_CHARS]}... (cut: {len(text)} characters)"
+        return f"{text[:STORED_TEXT_CHARS]}... (cut: {len(text)} characters and more)"
 
 
 def parse_call(call: ToolCall) -> tuple[Tool, Any]:
