@@ -161,3 +161,16 @@ def test_token_counts_that_are_no_counts_are_dropped_and_the_request_still_count
         earlier = before.get("fleet_model_tokens", {}).get((direction,), 0)
         assert tokens.get((direction,), 0) - earlier == count
     assert all(v >= 0 for v in turn.usage.values())
+
+
+def test_more_tool_calls_than_the_bound_fail_the_turn_before_any_runs(
+    private: PrivateFleet, server: Served, tmp_path: Path
+) -> None:
+    sid, tid, prompt = new_turn(private, tmp_path, "manycalls")  # 70 calls in one answer
+
+    turn = ended(private, tid)
+
+    assert turn.state.value == "failed"
+    assert "more than 64 tool calls" in turn.error and "FLEET_MODEL_MAX_TOOL_CALLS" in turn.error
+    assert len(server.records(prompt=prompt)) == 1
+    assert updates_of(private, sid, tid, "tool_call") == []
