@@ -44,7 +44,7 @@ import httpcore2
 import httpx2
 import openai
 
-# The SDK's own stream class (public in spirit: every backend of httpcore2 returns one).
+# The stream httpcore2's sync backend returns (the package exports no name for it).
 from httpcore2._backends.sync import SyncStream
 from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait_exponential
 

@@ -61,6 +61,13 @@ def _conversation(private: PrivateFleet, sid: str) -> list[dict[str, Any]]:
     return updates
 
 
+def _tool_error(private: PrivateFleet, sid: str, tid: str) -> str:
+    """The result of the turn's one tool call, which failed."""
+    [update] = updates_of(private, sid, tid, "tool_call_update")
+    assert update["status"] == "failed"
+    return result_text(update)
+
+
 def _stored_bytes(private: PrivateFleet, sid: str) -> int:
     key = private.store.keys.history(sid)
     return sum(len(item.encode()) for item in private.store.redis.lrange(key, 0, -1))
@@ -93,9 +100,7 @@ def test_over_deep_tool_arguments_are_a_tool_error_the_model_sees(
     turn = ended(private, tid)
 
     assert (turn.state.value, turn.stop_reason) == ("completed", "end_turn")
-    [update] = updates_of(private, sid, tid, "tool_call_update")
-    assert update["status"] == "failed"
-    assert "nested deeper than 64 levels" in result_text(update)
+    assert "nested deeper than 64 levels" in _tool_error(private, sid, tid)
     first, second = server.records(prompt=prompt)
     assert "nested deeper than 64 levels" in second["messages"][-1]["content"]
     [call] = [u for u in _conversation(private, sid) if u["sessionUpdate"] == "tool_call"]
@@ -115,9 +120,7 @@ def test_an_oversized_tool_argument_stops_the_request_and_is_a_tool_error(
     # call is a tool error the model sees, and the conversation stores a few KiB of it
     assert turn.state.value == "completed"
     assert server.records("closed", prompt)
-    [update] = updates_of(private, sid, tid, "tool_call_update")
-    assert update["status"] == "failed"
-    assert f"more than {ARGUMENTS_MAX} bytes" in result_text(update)
+    assert f"more than {ARGUMENTS_MAX} bytes" in _tool_error(private, sid, tid)
     assert len(server.records(prompt=prompt)) == 2
     assert _stored_bytes(private, sid) < 16_384
     assert len(_conversation(private, sid)) == 5
