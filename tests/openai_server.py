@@ -19,6 +19,7 @@ per request, the last one repeating forever. A ``REPLY`` is one of:
   the connection (logged as ``closed``), then nothing more;
 - ``{"raw": ["data: {not json", ...]}``: each string sent as one SSE event as it is, after the
   headers of a stream (hostile output);
+- ``{"raw_nested": N}``: one SSE event whose data is ``N`` arrays nested in one another;
 - ``{"text_forever": "piece"}``: that piece streamed again and again until the client closes
   the connection (logged as ``closed``; at most ``HOLD_MAX`` s);
 - ``{"status": 429, "message": "..."}``: an error answer with an OpenAI error body.
@@ -141,6 +142,11 @@ class Handler(BaseHTTPRequestHandler):
     def _stream(self, model: str, reply: dict[str, Any], n: int) -> None:
         if "hold" in reply:
             self._send(_chunk(model, {"role": "assistant", "content": reply["hold"]}))
+            return
+        if "raw_nested" in reply:
+            depth = reply["raw_nested"]
+            self.wfile.write(b"data: " + b"[" * depth + b"]" * depth + b"\n\n")
+            self.wfile.flush()
             return
         if "raw" in reply:
             for event in reply["raw"]:

@@ -75,7 +75,11 @@ def _stored_bytes(private: PrivateFleet, sid: str) -> int:
 
 @pytest.mark.parametrize(
     ("model", "why"),
-    [("notjson", "JSONDecodeError"), ("badshape", "content is a list, not a string")],
+    [
+        ("notjson", "JSONDecodeError"),
+        ("deepchunk", "RecursionError"),
+        ("badshape", "content is a list, not a string"),
+    ],
 )
 def test_a_malformed_stream_fails_the_turn_once_with_what_was_wrong(
     private: PrivateFleet, server: Served, tmp_path: Path, model: str, why: str
