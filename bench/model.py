@@ -5,8 +5,9 @@ The same streamed chat-completion request, against the same local OpenAI-compati
 ``openai`` SDK, and as a whole model step of a one-step turn (``steps.run_step`` with the
 ``openai`` model: the gate and step start, the conversation read, the streamed chunks recorded
 and published, usage and metrics, the turn's end). Printed: both medians and their ratio.
-Beside them: from an archive's answer (its commit) to the server seeing the held stream's
-connection close, for a step whose answer the server holds open (the server's own clock).
+Beside them: from an archive's answer (its commit) to the server seeing the connection close
+(the server's own clock), for a step whose answer the server holds open after its first
+words, and for one whose server stalls before it sends any header.
 """
 
 from __future__ import annotations
@@ -54,6 +55,7 @@ def bench_model_step(url: str, prefix: str, n: int) -> list[Row]:
         reply = {"replies": [{"text": ANSWER, "usage": [20, 12]}]}
         (fixtures / "bench.json").write_text(json.dumps(reply))
         (fixtures / "hold.json").write_text(json.dumps({"replies": [{"hold": "thinking"}]}))
+        (fixtures / "stall.json").write_text(json.dumps({"replies": [{"stall": "headers"}]}))
         with serve(fixtures, Path(tmp) / "requests.jsonl") as served:
             client = openai.OpenAI(base_url=served.base_url, api_key="bench", max_retries=0)
             model = OpenAIModel(base_url=served.base_url, api_key="bench", model="bench")
@@ -76,7 +78,10 @@ def bench_model_step(url: str, prefix: str, n: int) -> list[Row]:
                 direct.append(_direct(client, prompt))
                 fleet.append(fleet_step(prompt))
             held = OpenAIModel(base_url=served.base_url, api_key="bench", model="hold")
-            closes = [_stop_to_close(store, held, served, tmp) for _ in range(max(5, n // 10))]
+            stalled = OpenAIModel(base_url=served.base_url, api_key="bench", model="stall")
+            runs = max(5, n // 10)
+            closes = [_stop_to_close(store, held, served, tmp) for _ in range(runs)]
+            stalls = [_stop_to_close(store, stalled, served, tmp) for _ in range(runs)]
             # The held steps' watch and the gate's closure feed end on their own within a
             # second; stopping Redis before that would log a lost subscription.
             _until(lambda: not any(t.name in _SHARED_THREADS for t in threading.enumerate()))
@@ -100,6 +105,12 @@ def bench_model_step(url: str, prefix: str, n: int) -> list[Row]:
             f"median {ms(statistics.median(closes))}, max {ms(max(closes))}",
             "<= 50 ms (the step's stop poll)",
         ),
+        (
+            "10 archive answered -> the server sees a request stalled before its headers close",
+            f"n={len(stalls)}",
+            f"median {ms(statistics.median(stalls))}, max {ms(max(stalls))}",
+            "at once (the request's socket is shut at any point)",
+        ),
     ]
 
 
@@ -115,12 +126,15 @@ def _stop_to_close(store: Any, model: Any, served: Any, cwd: str) -> float:
 
     null = NullDispatcher()
     sid = create_session(store, cwd).session_id
-    prompt = f"hold {sid}"
+    prompt = f"{model.model} {sid}"
     tid = turns.start_turn(store, null, sid, prompt)
     args = (store, null, model, tools.run_tool, sid, tid, 0)
     runner = threading.Thread(target=steps.run_step, args=args)
     runner.start()
-    _until(lambda: store.redis.llen(store.keys.history(sid)) >= 2)  # the first words landed
+    if model.model == "hold":
+        _until(lambda: store.redis.llen(store.keys.history(sid)) >= 2)  # the first words landed
+    else:
+        _until(lambda: served.records(prompt=prompt))  # the server holds the request
     archive(store, null, sid, stop_activity=True)
     archived = time.time()
     _until(lambda: served.records("closed", prompt))

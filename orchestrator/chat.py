@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from orchestrator import untrusted
 from orchestrator.model import Message, Role, ToolCall
 from orchestrator.store import Store, retried
 
@@ -31,7 +32,7 @@ def _tail(store: Store, session_id: str) -> list[str]:
 def conversation(store: Store, session_id: str) -> list[Message]:
     """The session's conversation (its last ``MAX_UPDATES`` updates) as messages, oldest
     first. Raises ``StoreUnavailable``."""
-    return messages([json.loads(raw) for raw in _tail(store, session_id)])
+    return messages(untrusted.stored_updates(_tail(store, session_id)))
 
 
 def _text(content: Any) -> str:

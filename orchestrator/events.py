@@ -23,6 +23,7 @@ from typing import Any
 
 import redis
 
+from orchestrator import untrusted
 from orchestrator.store import Store, retried
 
 log = logging.getLogger(__name__)
@@ -88,8 +89,10 @@ def deleted_after(store: Store, session_id: str, after: str) -> bool:
             raw = fields.get("event", "")
             if session_id in raw and '"deleted"' in raw:
                 try:
-                    event = json.loads(raw)
+                    event = untrusted.stored(raw)
                 except ValueError:
+                    continue
+                if not isinstance(event, dict):
                     continue
                 if event.get("type") == "deleted" and event.get("sessionId") == session_id:
                     return True

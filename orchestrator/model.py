@@ -25,10 +25,11 @@ network. Its tool calls are calls of the fleet's tools (``orchestrator/toolbox.p
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Protocol
@@ -136,8 +137,45 @@ class StepAnswer:
 
 
 #: Receives the text a step says, as it arrives (each piece becomes an
-#: ``agent_message_chunk``).
+#: ``agent_message_chunk``). It raises ``ModelError`` once the step's text passes
+#: ``FLEET_MODEL_TEXT_MAX_BYTES`` (model output is untrusted: an endless answer ends its turn
+#: ``failed``); a backend lets that error through and stops reading its answer.
 Emit = Callable[[str], None]
+
+
+class Cancel(threading.Event):
+    """A step's stop: an ``Event`` that also runs the callbacks registered with ``on_set``
+    when it is set, in the thread that sets it, so a backend blocked in I/O is woken at once
+    (it shuts its socket down) rather than by a poll of its own."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._hooks: list[Callable[[], None]] = []
+        self._hooks_lock = threading.Lock()
+
+    def set(self) -> None:
+        """Set the event, then run (once each) the callbacks registered so far."""
+        with self._hooks_lock:
+            super().set()
+            hooks, self._hooks = self._hooks, []
+        for hook in hooks:
+            hook()
+
+    @contextlib.contextmanager
+    def on_set(self, hook: Callable[[], None]) -> Iterator[None]:
+        """Run ``hook`` once when the event is set while the block runs (at once when it is
+        set already); a hook must be quick and must not raise."""
+        with self._hooks_lock:
+            now = self.is_set()
+            if not now:
+                self._hooks.append(hook)
+        if now:
+            hook()
+        try:
+            yield
+        finally:
+            with self._hooks_lock, contextlib.suppress(ValueError):
+                self._hooks.remove(hook)
 
 
 class Model(Protocol):

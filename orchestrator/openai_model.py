@@ -6,10 +6,24 @@ toolbox.py``); text deltas go to ``emit`` as they arrive, tool calls come back i
 and the finish reason maps to ACP's stop reasons (``stop`` -> ``end_turn``, ``length`` ->
 ``max_tokens``, ``content_filter`` or a refusal -> ``refusal``; tool calls: another step).
 
-A stop (``cancel``) shuts the request's socket down within ``_CLOSE_POLL`` s, so the server
-sees the connection close. Before each request it sends, the step's ``may_send`` reads the
-store, so no request (first or retry) starts once a stop has committed. A 429, a 5xx or a
-connection error before any text was streamed is tried again, at most
+A stop (``cancel``) shuts the request's socket down at once, at any point of the request:
+connecting, waiting for the response's headers or reading its stream, so the server sees the
+connection close and the step's thread is free. The client's network backend (``_Backend``)
+hands every socket it opens for a request to that request's ``_Abort`` before connecting it;
+the step's ``Cancel`` (``orchestrator/model.py``) calls ``_Abort.fire`` when it is set. A
+request's connection is its own (no keep-alive pool): a stop never reaches another step's
+request. Only a name lookup (``getaddrinfo``) cannot be cut short: a stop during one ends the
+request when it returns. Before each request it sends, the step's ``may_send`` reads the
+store, so no request (first or retry) starts once a stop has committed.
+
+The answer is untrusted input: a stream the SDK cannot decode (``data: {not json``, a chunk
+nested too deep) or whose chunks are not of the shapes Chat Completions sends ends the step
+with ``ModelError`` naming what was wrong (one request, never retried); a tool call whose name
+and arguments pass ``FLEET_MODEL_TOOL_ARGUMENTS_MAX_BYTES``, or more tool calls than
+``FLEET_MODEL_MAX_TOOL_CALLS``, stop the request there (the runtime answers the over-long
+call with a tool error, ``orchestrator/toolbox.py``; too many calls fail the turn).
+
+A 429, a 5xx or a connection error before any text was streamed is tried again, at most
 ``FLEET_OPENAI_MAX_RETRIES`` times, with exponential back-off (tenacity) that a stop cuts
 short. Any other error status raises ``ModelError`` with the provider's message (the turn ends
 ``failed``).
@@ -18,16 +32,24 @@ short. Any other error status raises ``ModelError`` with the provider's message 
 from __future__ import annotations
 
 import contextlib
+import contextvars
+import errno
 import os
 import socket
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
+import httpcore2
+import httpx2
 import openai
+
+# The stream httpcore2's sync backend returns (the package exports no name for it).
+from httpcore2._backends.sync import SyncStream
 from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait_exponential
 
 from orchestrator.model import (
+    Cancel,
     Emit,
     Message,
     ModelError,
@@ -40,8 +62,6 @@ from orchestrator.model import (
     Usage,
 )
 
-#: How often the closer looks at ``cancel`` while a request streams (seconds).
-_CLOSE_POLL = 0.005
 _FINISH = {
     "stop": StopReason.END_TURN,
     "length": StopReason.MAX_TOKENS,
@@ -91,28 +111,148 @@ def tools(specs: Sequence[ToolSpec]) -> list[dict[str, Any]]:
     ]
 
 
-def _abort(stream: Any) -> None:
-    """Shut the stream's socket down (a recv blocked in another thread returns at once),
-    then close the response."""
-    network = stream.response.extensions.get("network_stream")
-    sock = network.get_extra_info("socket") if network is not None else None
-    if sock is not None:
-        with contextlib.suppress(OSError):
-            sock.shutdown(socket.SHUT_RDWR)
-    with contextlib.suppress(Exception):
-        stream.close()
+class _Abort:
+    """The sockets one request opened; ``fire`` shuts them down (a ``connect``, a ``recv``
+    blocked in another thread returns at once) and refuses any opened after."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._socks: list[socket.socket] = []
+        self.fired = False
+
+    def adopt(self, sock: socket.socket) -> None:
+        """Keep a duplicate of ``sock``'s descriptor: shutting it down reaches the connection
+        whatever later wraps the original (TLS takes its descriptor over). Raises
+        ``OSError`` (``ECANCELED``) once fired."""
+        with self._lock:
+            if self.fired:
+                raise OSError(errno.ECANCELED, "the step was stopped")
+            self._socks.append(sock.dup())
+
+    def fire(self) -> None:
+        """Shut every socket of the request down (idempotent; quick: a ``Cancel`` hook)."""
+        with self._lock:  # under the lock: ``close`` cannot free a descriptor meanwhile
+            self.fired = True
+            for sock in self._socks:
+                with contextlib.suppress(OSError):
+                    sock.shutdown(socket.SHUT_RDWR)
+
+    def close(self) -> None:
+        """Release the duplicates (the request is over)."""
+        with self._lock:
+            self.fired = True
+            for sock in self._socks:
+                sock.close()
+            self._socks.clear()
 
 
-def _closer(stream: Any, cancel: threading.Event, done: threading.Event) -> None:
-    while not done.wait(_CLOSE_POLL):
+#: The request the calling thread is sending (the pool connects in the requesting thread).
+_current: contextvars.ContextVar[_Abort | None] = contextvars.ContextVar(
+    "openai_request", default=None
+)
+
+
+class _Backend(httpcore2.SyncBackend):
+    """httpcore2's synchronous backend, with each socket handed to the current request's
+    ``_Abort`` before it connects (``socket.create_connection``, unrolled for that)."""
+
+    def connect_tcp(
+        self,
+        host: str,
+        port: int,
+        timeout: float | None = None,
+        local_address: str | None = None,
+        socket_options: Iterable[Any] | None = None,
+    ) -> httpcore2.NetworkStream:
+        abort = _current.get()
+        if abort is None:
+            return super().connect_tcp(host, port, timeout, local_address, socket_options)
+        try:
+            sock = _connect(abort, host, port, timeout, local_address)
+            for option in socket_options or ():
+                sock.setsockopt(*option)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        except TimeoutError as exc:
+            raise httpcore2.ConnectTimeout(exc) from exc
+        except OSError as exc:
+            raise httpcore2.ConnectError(exc) from exc
+        return SyncStream(sock)
+
+
+def _connect(
+    abort: _Abort, host: str, port: int, timeout: float | None, local_address: str | None
+) -> socket.socket:
+    """A socket connected to ``host``:``port`` (each address in turn), adopted by ``abort``
+    before it connects. Raises ``OSError``."""
+    failed: OSError | None = None
+    for family, kind, proto, _, address in socket.getaddrinfo(host, port, 0, socket.SOCK_STREAM):
+        sock = socket.socket(family, kind, proto)
+        try:
+            abort.adopt(sock)
+            sock.settimeout(timeout)
+            if local_address is not None:
+                sock.bind((local_address, 0))
+            sock.connect(address)
+            return sock
+        except OSError as exc:
+            sock.close()
+            if abort.fired:
+                raise
+            failed = exc
+    raise failed or OSError(f"no address for {host}")
+
+
+def _http_client(timeout: float) -> httpx2.Client:
+    """The SDK's default HTTP client without keep-alive, every transport of it (proxies from
+    the environment included) connecting through ``_Backend``."""
+    client = openai.DefaultHttpxClient(
+        timeout=timeout, limits=httpx2.Limits(max_keepalive_connections=0)
+    )
+    for transport in (client._transport, *client._mounts.values()):
+        pool = getattr(transport, "_pool", None)
+        if pool is not None:  # httpcore2's pools take their backend at construction only
+            pool._network_backend = _Backend()
+    return client
+
+
+@contextlib.contextmanager
+def _abortable(cancel: threading.Event) -> Iterator[_Abort]:
+    """The calling thread's requests, until the block ends, are shut down once ``cancel`` is
+    set: at once through a ``Cancel`` hook, else within ``_POLL`` s (a plain ``Event``)."""
+    abort = _Abort()
+    token = _current.set(abort)
+    try:
+        if isinstance(cancel, Cancel):
+            with cancel.on_set(abort.fire):
+                yield abort
+        else:
+            done = threading.Event()
+            threading.Thread(target=_poll, args=(cancel, abort, done), daemon=True).start()
+            try:
+                yield abort
+            finally:
+                done.set()
+    finally:
+        _current.reset(token)
+        abort.close()
+
+
+#: How often a request watches a plain ``Event`` (not a ``Cancel``) for a stop (seconds).
+_POLL = 0.005
+
+
+def _poll(cancel: threading.Event, abort: _Abort, done: threading.Event) -> None:
+    while not done.wait(_POLL):
         if cancel.is_set():
-            _abort(stream)
+            abort.fire()
             return
 
 
 class OpenAIModel:
     """The ``openai`` backend (see the module docstring). ``model`` is the default model
-    name; a session may name its own (``StepRequest.model``)."""
+    name; a session may name its own (``StepRequest.model``). ``max_call_bytes`` bounds
+    what is read of one tool call's name and arguments (UTF-8 bytes), ``max_calls`` the
+    tool calls of one answer."""
 
     def __init__(
         self,
@@ -122,13 +262,21 @@ class OpenAIModel:
         model: str = "",
         max_retries: int = 4,
         timeout: float = 600.0,
+        max_call_bytes: int = 262_144,
+        max_calls: int = 64,
     ) -> None:
         key = api_key or os.environ.get("OPENAI_API_KEY") or "unset"
         self.client = openai.OpenAI(
-            base_url=base_url or None, api_key=key, max_retries=0, timeout=timeout
+            base_url=base_url or None,
+            api_key=key,
+            max_retries=0,
+            timeout=timeout,
+            http_client=_http_client(timeout),
         )
         self.model = model
         self.max_retries = max_retries
+        self.max_call_bytes = max_call_bytes
+        self.max_calls = max_calls
 
     def step(self, request: StepRequest, cancel: threading.Event, emit: Emit) -> StepAnswer:
         """One streamed request (tried again on 429/5xx/connection errors). Returns a
@@ -166,6 +314,10 @@ class OpenAIModel:
     def _request(self, body: dict[str, Any], cancel: threading.Event, emit: Emit) -> StepAnswer:
         if cancel.is_set():
             raise _Cancelled
+        with _abortable(cancel):
+            return self._send(body, cancel, emit)
+
+    def _send(self, body: dict[str, Any], cancel: threading.Event, emit: Emit) -> StepAnswer:
         try:
             stream = self.client.chat.completions.create(**body)
         except (openai.RateLimitError, openai.InternalServerError) as exc:
@@ -176,56 +328,112 @@ class OpenAIModel:
             if cancel.is_set():
                 raise _Cancelled from exc
             raise _Retryable(f"the model server could not be reached: {exc}") from exc
-        done = threading.Event()
-        threading.Thread(target=_closer, args=(stream, cancel, done), daemon=True).start()
-        reader = _Reader(emit)
+        reader = _Reader(emit, self.max_call_bytes, self.max_calls)
         try:
             for chunk in stream:
-                reader.add(chunk)
+                if reader.add(chunk):
+                    break  # a tool call passed its bound: its step answers a tool error
         except openai.APIError as exc:
             if cancel.is_set():
                 raise _Cancelled from exc
             if reader.emitted or not isinstance(exc, openai.APIConnectionError):
                 raise ModelError(f"the model's answer broke off: {exc}") from exc
             raise _Retryable(f"the model server's answer broke off: {exc}") from exc
+        except ModelError:
+            raise
+        except Exception as exc:
+            # Untrusted input: what the SDK could not decode (JSONDecodeError, RecursionError)
+            # or chunks of shapes Chat Completions never sends. The same request would
+            # answer the same: the step ends here, once.
+            if cancel.is_set():
+                raise _Cancelled from exc
+            raise ModelError(
+                f"the model server sent a malformed answer ({type(exc).__name__}: {str(exc)[:200]})"
+            ) from exc
         finally:
-            done.set()
             stream.close()
         if cancel.is_set():
             raise _Cancelled
         return reader.answer()
 
 
-class _Reader:
-    """Folds streamed chunks into an answer."""
+def _string(value: Any, what: str) -> str:
+    """``value`` when it is a string (``None``: ``""``); raises ``TypeError`` naming ``what``."""
+    if value is None:
+        return ""
+    if not isinstance(value, str):
+        raise TypeError(f"{what} is a {type(value).__name__}, not a string")
+    return value
 
-    def __init__(self, emit: Emit) -> None:
+
+class _Reader:
+    """Folds streamed chunks into an answer, keeping at most ``max_bytes`` (+1 character) of
+    each tool call's name and arguments and at most ``max_calls`` calls."""
+
+    def __init__(self, emit: Emit, max_bytes: int, max_calls: int) -> None:
         self.emit = emit
+        self.max_bytes = max_bytes
+        self.max_calls = max_calls
         self.emitted = False
         self.calls: dict[int, list[str]] = {}  # index -> [name, arguments]
+        self.sizes: dict[int, int] = {}  # index -> UTF-8 bytes of name and arguments so far
         self.finish: str | None = None
         self.refused = False
         self.usage = Usage()
 
-    def add(self, chunk: Any) -> None:
-        if chunk.usage is not None:
-            self.usage = Usage(chunk.usage.prompt_tokens or 0, chunk.usage.completion_tokens or 0)
-        for choice in chunk.choices:
+    def add(self, chunk: Any) -> bool:
+        """Fold ``chunk`` in. Returns whether a tool call passed ``max_bytes`` (read no
+        more). Raises ``ModelError`` past ``max_calls`` calls, ``TypeError`` (or another
+        error of a malformed chunk) for a field of the wrong type."""
+        if chunk.usage is not None:  # checked by usage.record, which drops what is no count
+            used = chunk.usage
+            prompt = getattr(used, "prompt_tokens", None)
+            completion = getattr(used, "completion_tokens", None)
+            self.usage = Usage(
+                0 if prompt is None else prompt, 0 if completion is None else completion
+            )
+        for choice in chunk.choices or ():
             delta = choice.delta
-            text = delta.content or getattr(delta, "refusal", None) or ""
-            self.refused = self.refused or bool(getattr(delta, "refusal", None))
+            refusal = _string(getattr(delta, "refusal", None), "refusal")
+            text = _string(delta.content, "content") or refusal
+            self.refused = self.refused or bool(refusal)
             if text:
                 self.emitted = True
                 self.emit(text)
-            for tc in delta.tool_calls or []:
-                # Some servers send each call whole and leave its index out.
-                index = tc.index if isinstance(tc.index, int) else len(self.calls)
-                slot = self.calls.setdefault(index, ["", ""])
-                if tc.function is not None:
-                    slot[0] += tc.function.name or ""
-                    slot[1] += tc.function.arguments or ""
-            if choice.finish_reason:
-                self.finish = choice.finish_reason
+            for tc in delta.tool_calls or ():
+                if self._add_call(tc):
+                    return True
+            if choice.finish_reason is not None:
+                self.finish = _string(choice.finish_reason, "finish_reason")
+        return False
+
+    def _add_call(self, tc: Any) -> bool:
+        # Some servers send each call whole and leave its index out.
+        index = tc.index if type(tc.index) is int else len(self.calls)
+        slot = self.calls.get(index)
+        if slot is None:
+            if len(self.calls) >= self.max_calls:
+                raise ModelError(
+                    f"the model answered more than {self.max_calls} tool calls in one step "
+                    "(FLEET_MODEL_MAX_TOOL_CALLS)"
+                )
+            slot = self.calls[index] = ["", ""]
+            self.sizes[index] = 0
+        if tc.function is None:
+            return False
+        name = _string(tc.function.name, "a tool call's name")
+        arguments = _string(tc.function.arguments, "a tool call's arguments")
+        slot[0] += name
+        slot[1] += arguments
+        self.sizes[index] += _utf8_len(name) + _utf8_len(arguments)
+        if self.sizes[index] <= self.max_bytes:
+            return False
+        # Over the bound: keep one character more than it allows (so toolbox.parse_call
+        # finds the call too long), and stop reading.
+        keep = self.max_bytes + 1
+        slot[0] = slot[0][:keep]
+        slot[1] = slot[1][: keep - len(slot[0])]
+        return True
 
     def answer(self) -> StepAnswer:
         calls = tuple(ToolCall(name, args) for _, (name, args) in sorted(self.calls.items()))
@@ -233,3 +441,7 @@ class _Reader:
             return StepAnswer(calls, None, self.usage)
         stop = StopReason.REFUSAL if self.refused else _FINISH.get(self.finish or "stop")
         return StepAnswer((), stop or StopReason.END_TURN, self.usage)
+
+
+def _utf8_len(text: str) -> int:
+    return len(text.encode("utf-8", "surrogatepass"))

@@ -8,10 +8,9 @@ A session is stored as one Redis hash (``Keys.session``) plus its listing indexe
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
-from orchestrator import audit, events, idempotency, limits
+from orchestrator import audit, events, idempotency, limits, untrusted
 from orchestrator.errors import (
     IdempotencyKeyReused,
     InvalidParams,
@@ -168,7 +167,7 @@ def conversation(store: Store, session_id: str, limit: int = 200) -> list[dict[s
         raise InvalidParams(f"limit must be between 1 and {MAX_CONVERSATION}.", {"param": "limit"})
     get_session(store, session_id)
     raw: list[str] = _history_tail(store, session_id, limit)
-    return [json.loads(item) for item in raw]
+    return untrusted.stored_updates(raw)
 
 
 @retried

@@ -210,6 +210,17 @@ class FleetSettings(BaseSettings):
     openai_max_retries: int = Field(default=4, ge=0, le=20)
     #: Seconds a request may wait for the server's next bytes before it counts as failed.
     openai_timeout_seconds: PositiveSeconds = 600.0
+    #: Model output is untrusted input (``orchestrator/untrusted.py``). Most UTF-8 bytes of
+    #: text one model step may say: past them the request is stopped and the turn ends
+    #: ``failed`` (what was said up to the bound is kept).
+    model_text_max_bytes: int = Field(default=1_048_576, ge=1)
+    #: Most UTF-8 bytes of one tool call's name and arguments: past them the request is
+    #: stopped and the call answers a tool error the model sees in its next step.
+    model_tool_arguments_max_bytes: int = Field(default=262_144, ge=1)
+    #: Deepest nesting of a tool call's JSON arguments; deeper ones are a tool error.
+    model_json_max_depth: int = Field(default=64, ge=1, le=256)
+    #: Most tool calls one model step may make: past them the turn ends ``failed``.
+    model_max_tool_calls: int = Field(default=64, ge=1)
     #: Model steps one turn may take; the turn then ends with ``max_turn_requests``.
     max_turn_requests: int = Field(default=500, ge=1)
     #: Tools offered to models: a comma list of ``shell``, ``start_job``, ``spawn_subagent``,

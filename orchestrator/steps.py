@@ -33,7 +33,15 @@ from orchestrator.errors import SessionArchived, SessionNotFound, StepSuperseded
 from orchestrator.families import Dispatcher, send_step
 from orchestrator.fencing import StepGuard, new_token
 from orchestrator.gate import StepRefused, refusal
-from orchestrator.model import Model, ModelError, StepAnswer, StepRequest, StopReason, ToolCall
+from orchestrator.model import (
+    Cancel,
+    Model,
+    ModelError,
+    StepAnswer,
+    StepRequest,
+    StopReason,
+    ToolCall,
+)
 from orchestrator.settings import get_settings
 from orchestrator.store import Store, retried
 from orchestrator.titles import generated_title, set_title
@@ -77,7 +85,7 @@ class _StepWatch:
         self.flush = flush
         self.guard = guard
         self.stopping = stopping
-        self.cancel = threading.Event()
+        self.cancel = Cancel()
         self.stopped = False
         self.superseded = False
         self.handed_off = False
@@ -147,17 +155,33 @@ class _Emit:
     ``agent_message_chunk`` at once; pieces arriving faster than every ``CANCEL_POLL`` s are
     joined into one chunk, landed by the next piece after that time, the step watch's tick or
     the step's end (``flush``), so a token stream does not cost one conversation entry and
-    one write per token. ``dropped`` once a chunk could not land (the turn stopped)."""
+    one write per token. ``dropped`` once a chunk could not land (the turn stopped). The
+    step's text is bounded: the piece that passes ``max_bytes`` (UTF-8) lands cut to the
+    bound and raises ``ModelError`` (the backend stops its request; the turn ends
+    ``failed``)."""
 
-    def __init__(self, store: Store, session_id: str, guard: StepGuard) -> None:
+    def __init__(self, store: Store, session_id: str, guard: StepGuard, max_bytes: int) -> None:
         self.store, self.session_id, self.guard = store, session_id, guard
+        self.max_bytes = max_bytes
         self.dropped = False
+        self._said = 0  # UTF-8 bytes said so far
         self._pending: str | None = None
         self._landed = 0.0  # monotonic time of the last chunk landed (0: none yet)
         self._lock = threading.Lock()
 
     def __call__(self, text: str) -> None:
         with self._lock:
+            data = text.encode("utf-8", "surrogatepass")
+            if self._said + len(data) > self.max_bytes:
+                room = max(0, self.max_bytes - self._said)
+                self._said = self.max_bytes
+                self._pending = (self._pending or "") + data[:room].decode("utf-8", "ignore")
+                self._land()
+                raise ModelError(
+                    f"the model's answer passed {self.max_bytes} bytes of text in one step "
+                    "(FLEET_MODEL_TEXT_MAX_BYTES); its request was stopped"
+                )
+            self._said += len(data)
             self._pending = (self._pending or "") + text
             if time.monotonic() - self._landed >= CANCEL_POLL:
                 self._land()
@@ -255,7 +279,7 @@ def _run_begun(
         return "missing"
     if index == 0 and turn.source == "prompt":
         _generate_title(store, turn.session_id, turn.prompt)
-    emit = _Emit(store, turn.session_id, guard)
+    emit = _Emit(store, turn.session_id, guard, get_settings().model_text_max_bytes)
     with _StepWatch(store, guard, stopping, emit.flush, turn.session_id) as watch:
         try:
             result = _act(store, dispatcher, model, tools, turn, emit, index, watch.cancel)
@@ -327,7 +351,17 @@ def _act(
     )
     started = time.monotonic()
     try:
-        answer = model.step(request, cancel, emit)
+        try:
+            answer = model.step(request, cancel, emit)
+        except (ModelError, StoreUnavailable, StepSuperseded):
+            raise
+        except Exception as exc:
+            # A backend that broke on what its server sent (or on a fault of its own) fails
+            # its turn once, with what broke: resuming the step would only ask again.
+            log.exception("model step of turn %s broke", tid, extra={"session_id": sid})
+            raise ModelError(
+                f"the model backend broke ({type(exc).__name__}: {str(exc)[:200]})"
+            ) from exc
     except ModelError:
         usage.record(store, sid, tid, StepAnswer().usage, "failed", time.monotonic() - started)
         emit.flush()

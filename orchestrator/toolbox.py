@@ -15,18 +15,22 @@ model.py``); the turn runtime runs them (``orchestrator/tools.py``).
 Which tools are offered is ``FLEET_TOOLS`` (comma list; all four by default; another name is
 refused when the settings are read, against ``settings.TOOL_NAMES``). A call of a tool not
 offered, with arguments that are not JSON or do not match the schema, is a tool error the
-model sees (``ToolArgumentsError``), never a crash.
+model sees (``ToolArgumentsError``), never a crash. A model's arguments are untrusted input:
+parsed by ``orchestrator.untrusted.loads`` (nested at most ``FLEET_MODEL_JSON_MAX_DEPTH``
+levels), and a call whose name and arguments pass ``FLEET_MODEL_TOOL_ARGUMENTS_MAX_BYTES`` is
+a tool error too; ``stored_arguments`` is what the conversation keeps of them.
 """
 
 from __future__ import annotations
 
 import functools
-import json
 from dataclasses import dataclass
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from orchestrator import untrusted
+from orchestrator.errors import InvalidParams
 from orchestrator.families import Family
 from orchestrator.model import MAX_SECONDS, ToolCall, ToolSpec
 from orchestrator.settings import get_settings
@@ -138,17 +142,68 @@ def offered_specs() -> list[ToolSpec]:
     return [t.spec() for t in offered()]
 
 
+#: Most characters of a tool's name a message or a stored update repeats.
+NAME_SHOWN = 100
+#: Most characters kept of arguments stored as text (not JSON, or over a limit).
+STORED_TEXT_CHARS = 2000
+
+
+def shown_name(call: ToolCall) -> str:
+    """The call's tool name as messages and stored updates show it (cut to ``NAME_SHOWN``
+    characters)."""
+    name = call.name
+    return name if len(name) <= NAME_SHOWN else f"{name[:NAME_SHOWN]}..."
+
+
+def _size(call: ToolCall) -> int:
+    """UTF-8 bytes of the call's name and arguments."""
+    return len(call.name.encode("utf-8", "surrogatepass")) + len(
+        call.arguments.encode("utf-8", "surrogatepass")
+    )
+
+
+def _arguments(call: ToolCall) -> Any:
+    """The call's arguments parsed within the model limits. Raises ``ToolArgumentsError``."""
+    settings = get_settings()
+    cap = settings.model_tool_arguments_max_bytes
+    if _size(call) > cap:
+        raise ToolArgumentsError(
+            f"{shown_name(call)}: the call's name and arguments are more than {cap} bytes "
+            "(FLEET_MODEL_TOOL_ARGUMENTS_MAX_BYTES); send shorter arguments"
+        )
+    try:
+        return untrusted.loads(
+            call.arguments or "{}", param="arguments", max_depth=settings.model_json_max_depth
+        )
+    except InvalidParams as exc:  # a limit of untrusted.loads, or a key given twice
+        raise ToolArgumentsError(f"{shown_name(call)}: {exc.message}") from None
+    except ValueError as exc:
+        raise ToolArgumentsError(
+            f"{shown_name(call)}: arguments are not valid JSON ({exc})"
+        ) from None
+
+
+def stored_arguments(call: ToolCall) -> Any:
+    """What a ``tool_call`` update keeps of the call's arguments (its ``rawInput``): the
+    parsed JSON when it is within the limits, else the text (its first
+    ``STORED_TEXT_CHARS`` characters when the call is over the size limit)."""
+    try:
+        return _arguments(call)
+    except ToolArgumentsError:
+        text = call.arguments
+        if _size(call) <= get_settings().model_tool_arguments_max_bytes:
+            return text
+        return f"{text[:STORED_TEXT_CHARS]}... (cut: {len(text)} characters and more)"
+
+
 def parse_call(call: ToolCall) -> tuple[Tool, Any]:
     """The tool a call names and its validated arguments (an instance of the tool's argument
     model). Raises ``ToolArgumentsError`` with a message the model can act on."""
     tool = next((t for t in offered() if t.name == call.name), None)
     if tool is None:
         names = ", ".join(t.name for t in offered()) or "none"
-        raise ToolArgumentsError(f"unknown tool {call.name!r}; the tools on offer: {names}")
-    try:
-        raw = json.loads(call.arguments or "{}")
-    except ValueError as exc:
-        raise ToolArgumentsError(f"{call.name}: arguments are not valid JSON ({exc})") from None
+        raise ToolArgumentsError(f"unknown tool {shown_name(call)!r}; the tools on offer: {names}")
+    raw = _arguments(call)
     if not isinstance(raw, dict):
         raise ToolArgumentsError(f"{call.name}: arguments must be a JSON object")
     try:

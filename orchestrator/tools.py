@@ -25,7 +25,6 @@ them back into the conversation).
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import os
 import signal
@@ -54,6 +53,8 @@ from orchestrator.toolbox import (
     StartJobArgs,
     ToolArgumentsError,
     parse_call,
+    shown_name,
+    stored_arguments,
 )
 from orchestrator.turns import record_update, start_turn
 
@@ -169,14 +170,7 @@ def _title(call: ToolCall, parsed: Any) -> str:
         return f"background job: {parsed.command[:200]}"
     if isinstance(parsed, SetReminderArgs):
         return f"reminder in {parsed.seconds:g}s"
-    return "subagent" if isinstance(parsed, SpawnSubagentArgs) else call.name
-
-
-def _raw_input(call: ToolCall) -> Any:
-    try:
-        return json.loads(call.arguments)
-    except ValueError:
-        return call.arguments
+    return "subagent" if isinstance(parsed, SpawnSubagentArgs) else shown_name(call)
 
 
 def run_tool(
@@ -206,11 +200,11 @@ def run_tool(
         "title": _title(call, parsed),
         "kind": "execute",
         "status": "in_progress",
-        "rawInput": _raw_input(call),
-        "_meta": {"agentFleet": {"tool": call.name}},
+        "rawInput": stored_arguments(call),
+        "_meta": {"agentFleet": {"tool": shown_name(call)}},
     }
     if not record_update(store, session_id, update, token=token):
-        log.info("tool %s not launched: the turn no longer runs", call.name, extra=extra)
+        log.info("tool %s not launched: the turn no longer runs", shown_name(call), extra=extra)
         return None
     child_archived = False
     try:
@@ -219,7 +213,7 @@ def run_tool(
         else:
             status, text = _launch(store, dispatcher, session_id, guard, parsed, cancel)
     except (TurnStopped, SessionArchived):  # archived: the archive stopped this turn too
-        log.info("tool %s not launched: the turn no longer runs", call.name, extra=extra)
+        log.info("tool %s not launched: the turn no longer runs", shown_name(call), extra=extra)
         return None
     except LimitReached as exc:  # a tool error the turn sees; it goes on to its next step
         status, text = "failed", f"{call.name} refused: {exc.message}"
@@ -245,7 +239,9 @@ def run_tool(
         settle=status == "cancelled",
         token=token,
     )
-    log.info("tool %s: %s%s", call.name, text[:200], "" if settled else " (dropped)", extra=extra)
+    log.info(
+        "tool %s: %s%s", shown_name(call), text[:200], "" if settled else " (dropped)", extra=extra
+    )
     if child_archived and not settled:
         return None  # the subagent went with this turn's own lineage: the archive stopped it
     return None if status == "cancelled" else text

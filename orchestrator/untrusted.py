@@ -25,21 +25,35 @@ them where they would be stored (-32602); the HTTP API refuses any in a body at 
 through ``lone_surrogate``), since its answers echo what was sent.
 
 Invalid JSON raises ``json.JSONDecodeError`` as ``json.loads`` does.
+
+A model's output is untrusted too: a tool call's arguments are parsed by ``loads`` (with the
+depth ``FLEET_MODEL_JSON_MAX_DEPTH``), and what the fleet stored before it bounded them, or
+stored from any other source, is read back by ``stored``, which cuts what is nested deeper than
+``STORED_MAX_DEPTH`` (a read of a conversation never fails on what a model once sent).
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import math
 import re
+from collections.abc import Iterable
 from typing import Any
 
 from orchestrator.errors import DuplicateKey, InputRejected
+
+log = logging.getLogger(__name__)
 
 #: Deepest nesting of arrays and objects accepted (the top-level value is depth 1).
 MAX_DEPTH = 64
 #: Longest number literal accepted, in characters (sign, digits, point and exponent).
 MAX_NUMBER_CHARS = 100
+#: Deepest nesting ``stored`` keeps of a stored value (an update's envelope and a tool call's
+#: arguments of at most ``MAX_DEPTH`` levels fit); deeper parts are cut to ``CUT``.
+STORED_MAX_DEPTH = 100
+#: What ``stored`` puts in place of a part nested deeper than ``STORED_MAX_DEPTH``.
+CUT = f"(cut: nested deeper than {STORED_MAX_DEPTH} levels)"
 
 
 class _BadNumber:
@@ -71,15 +85,15 @@ def _path(parts: list[Any]) -> str:
     return out
 
 
-def _violation(value: Any) -> tuple[str, list[Any], str] | None:
+def _violation(value: Any, max_depth: int) -> tuple[str, list[Any], str] | None:
     """The first value breaking a limit, as (limit, path, detail); ``None`` when all is well.
-    Walks iteratively, never below ``MAX_DEPTH + 1`` levels."""
+    Walks iteratively, never below ``max_depth + 1`` levels."""
     stack: list[tuple[Any, list[Any], int]] = [(value, [], 1)]
     while stack:
         node, path, depth = stack.pop()
         if isinstance(node, (dict, list)):
-            if depth > MAX_DEPTH:
-                return "depth", path, f"nested deeper than {MAX_DEPTH} levels"
+            if depth > max_depth:
+                return "depth", path, f"nested deeper than {max_depth} levels"
             items = node.items() if isinstance(node, dict) else enumerate(node)
             stack.extend((child, [*path, key], depth + 1) for key, child in items)
         elif isinstance(node, _BadNumber):
@@ -149,12 +163,13 @@ def not_utf8(data: bytes, exc: UnicodeDecodeError) -> str:
     return f"byte 0x{data[exc.start]:02x} at offset {exc.start} is not UTF-8 ({exc.reason})"
 
 
-def loads(text: str | bytes, *, param: str = "body") -> Any:
+def loads(text: str | bytes, *, param: str = "body", max_depth: int = MAX_DEPTH) -> Any:
     """Parse ``text`` (JSON sent by a client, named ``param`` in errors) within the module's
-    limits. Returns the value (no ``inf``, ``NaN`` or over-long numbers in it, no key given
-    twice in an object). Raises ``InputRejected`` for a limit (a ``NaN``, ``Infinity`` or
-    ``-Infinity`` literal included), ``DuplicateKey`` for a key given twice,
-    ``json.JSONDecodeError`` for invalid JSON (bytes that are not UTF-8 included)."""
+    limits (nesting: ``max_depth`` levels). Returns the value (no ``inf``, ``NaN`` or
+    over-long numbers in it, no key given twice in an object). Raises ``InputRejected`` for a
+    limit (a ``NaN``, ``Infinity`` or ``-Infinity`` literal included), ``DuplicateKey`` for a
+    key given twice, ``json.JSONDecodeError`` for invalid JSON (bytes that are not UTF-8
+    included)."""
     if isinstance(text, bytes):
         try:
             text = text.decode("utf-8")
@@ -199,15 +214,15 @@ def loads(text: str | bytes, *, param: str = "body") -> Any:
         )
     except RecursionError:
         raise InputRejected(
-            f"{param}: JSON nested deeper than {MAX_DEPTH} levels, the most accepted.",
-            {"limit": "depth", "max": MAX_DEPTH, "path": "$", "param": param},
+            f"{param}: JSON nested deeper than {max_depth} levels, the most accepted.",
+            {"limit": "depth", "max": max_depth, "path": "$", "param": param},
         ) from None
     # The walk costs a Python step per value: skip it when nothing can be wrong (no bad
     # number, and too few brackets, strings' included, to nest past the limit).
-    if not bad_numbers and text.count("[") + text.count("{") <= MAX_DEPTH:
+    if not bad_numbers and text.count("[") + text.count("{") <= max_depth:
         found = None
     else:
-        found = _violation(value)
+        found = _violation(value, max_depth)
     if found is None:
         duplicate = _repeated(value, param) if repeated else None
         if duplicate is not None:
@@ -215,6 +230,57 @@ def loads(text: str | bytes, *, param: str = "body") -> Any:
         return value
     limit, parts, detail = found
     data: dict[str, Any] = {"limit": limit, "param": param}
-    data["max"] = MAX_DEPTH if limit == "depth" else MAX_NUMBER_CHARS
+    data["max"] = max_depth if limit == "depth" else MAX_NUMBER_CHARS
     where = data["path"] = _path(parts)[:200]
     raise InputRejected(f"{param} at {where}: {detail}.", data, value)
+
+
+#: A JSON string literal, or one bracket: what ``_clipped`` walks.
+_TOKEN = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"|[\[\]{}]')
+
+
+def _clipped(text: str, max_depth: int) -> str:
+    """``text`` (JSON) with each array or object nested deeper than ``max_depth`` replaced by
+    the string ``CUT``; one regular-expression pass, no recursion."""
+    pieces: list[str] = []
+    depth, last, cut_at = 0, 0, -1
+    for match in _TOKEN.finditer(text):
+        token = match.group()
+        if token[0] == '"':
+            continue
+        if token in "[{":
+            depth += 1
+            if depth == max_depth + 1:
+                cut_at = match.start()
+        else:
+            if depth == max_depth + 1 and cut_at >= 0:
+                pieces += [text[last:cut_at], json.dumps(CUT)]
+                last, cut_at = match.end(), -1
+            depth -= 1
+    pieces.append(text[last:])
+    return "".join(pieces)
+
+
+def stored(raw: str) -> Any:
+    """Parse JSON the fleet stored (a conversation update): its parts nested deeper than
+    ``STORED_MAX_DEPTH`` come back as ``CUT``, so no stored value can make its reader recurse
+    out of stack. Raises ``ValueError`` when ``raw`` is not JSON."""
+    if raw.count("[") + raw.count("{") > STORED_MAX_DEPTH:
+        raw = _clipped(raw, STORED_MAX_DEPTH)
+    return json.loads(raw)
+
+
+def stored_updates(raws: Iterable[str]) -> list[dict[str, Any]]:
+    """Stored ``session/update`` payloads parsed by ``stored``, oldest first; an item that is
+    not a JSON object is skipped (logged)."""
+    out: list[dict[str, Any]] = []
+    for raw in raws:
+        try:
+            update = stored(raw)
+        except ValueError:
+            update = None
+        if isinstance(update, dict):
+            out.append(update)
+        else:
+            log.warning("unreadable conversation item skipped: %.80s", raw)
+    return out

@@ -17,13 +17,35 @@ from orchestrator.store import Store
 
 log = logging.getLogger(__name__)
 
+#: Most tokens one step may count in one direction (more is not a count: Redis's counters are
+#: 64-bit and a metric must stay meaningful).
+MAX_TOKENS = 10**12
+
+
+def _count(value: object, direction: str, turn_id: str) -> int:
+    """``value`` when it is a token count (an ``int``, not a ``bool``, from 0 to
+    ``MAX_TOKENS``), else 0 with a warning."""
+    if type(value) is int and 0 <= value <= MAX_TOKENS:
+        return value
+    log.warning(
+        "usage of turn %s: %s tokens %.40r is not a count (an integer from 0); dropped",
+        turn_id,
+        direction,
+        value,
+    )
+    return 0
+
 
 def record(
     store: Store, session_id: str, turn_id: str, usage: Usage, outcome: str, seconds: float
 ) -> None:
     """Count one model step: ``outcome`` (``ok``, ``cancelled``, ``failed``), how long it took
     (seconds) and its ``usage``, added to the turn's and the session's totals; one round
-    trip."""
+    trip. A token count that is not an integer from 0 to ``MAX_TOKENS`` (a model server's
+    answer is untrusted) is dropped with a warning; the request is still counted."""
+    usage = Usage(
+        _count(usage.input_tokens, "input", turn_id), _count(usage.output_tokens, "output", turn_id)
+    )
     try:
         pipe = store.redis.pipeline(transaction=False)
         metrics.queue_incr(pipe, store, metrics.MODEL_REQUESTS, (outcome,), 1)

@@ -15,7 +15,19 @@ per request, the last one repeating forever. A ``REPLY`` is one of:
 - ``{"tool_calls": [{"name": ..., "arguments": "<JSON text, may be malformed>"}]}``;
 - ``{"hold": "partial text"}``: that text, then the stream held open until the client closes
   the connection (logged as ``closed``);
+- ``{"stall": "headers"}``: nothing at all (not even the status line) until the client closes
+  the connection (logged as ``closed``), then nothing more;
+- ``{"raw": ["data: {not json", ...]}``: each string sent as one SSE event as it is, after the
+  headers of a stream (hostile output);
+- ``{"raw_nested": N}``: one SSE event whose data is ``N`` arrays nested in one another;
+- ``{"text_forever": "piece"}``: that piece streamed again and again until the client closes
+  the connection (logged as ``closed``; at most ``HOLD_MAX`` s);
 - ``{"status": 429, "message": "..."}``: an error answer with an OpenAI error body.
+
+A tool call's ``arguments`` may be written as ``{"nested": N}`` (``N`` arrays nested in one
+another) or ``{"command_bytes": N}`` (a ``shell`` command of ``N`` bytes), sent in pieces of
+64 KiB; ``usage`` values are sent as they are written (a negative number, a string). A client
+closing the connection while an answer is being written is logged as ``closed`` too.
 
 ``GET /mark?name=X`` appends a ``mark`` record (a test notes a moment in the server's own
 order). Every request and every closed connection is one JSON line in ``LOG_FILE``:
@@ -78,6 +90,17 @@ def _chunk(model: str, delta: dict[str, Any], finish: str | None = None) -> dict
     }
 
 
+def _arguments(written: str | dict[str, int]) -> tuple[str, int]:
+    """A tool call's arguments as a fixture writes them, and the size of the pieces they are
+    sent in."""
+    if isinstance(written, str):
+        return written, 16
+    if "nested" in written:
+        depth = written["nested"]
+        return "[" * depth + "]" * depth, 65536
+    return json.dumps({"command": "x" * written["command_bytes"]}), 65536
+
+
 class Handler(BaseHTTPRequestHandler):
     """One request (HTTP/1.0: the connection closes after each answer)."""
 
@@ -102,20 +125,46 @@ class Handler(BaseHTTPRequestHandler):
             error = {"message": reply["message"], "type": "test_error", "code": reply["status"]}
             self._json(reply["status"], {"error": error})
             return
+        if "stall" in reply:
+            self._hold(model, prompt)
+            return
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
         self.end_headers()
+        try:
+            self._stream(model, reply, n)
+        except OSError:  # the client closed the connection while the answer was written
+            log({"event": "closed", "model": model, "prompt": prompt})
+            return
+        if "hold" in reply:
+            self._hold(model, prompt)
+
+    def _stream(self, model: str, reply: dict[str, Any], n: int) -> None:
         if "hold" in reply:
             self._send(_chunk(model, {"role": "assistant", "content": reply["hold"]}))
-            self._hold(model, prompt)
+            return
+        if "raw_nested" in reply:
+            depth = reply["raw_nested"]
+            self.wfile.write(b"data: " + b"[" * depth + b"]" * depth + b"\n\n")
+            self.wfile.flush()
+            return
+        if "raw" in reply:
+            for event in reply["raw"]:
+                self.wfile.write(f"{event}\n\n".encode())
+            self.wfile.flush()
+            return
+        if "text_forever" in reply:
+            deadline = time.monotonic() + HOLD_MAX
+            while time.monotonic() < deadline:
+                self._send(_chunk(model, {"content": reply["text_forever"]}))
             return
         for call_no, call in enumerate(reply.get("tool_calls", [])):
             head = {"id": f"call_{n}_{call_no}", "type": "function"}
             fn = {"name": call["name"], "arguments": ""}
             self._send(_chunk(model, {"tool_calls": [{"index": call_no, **head, "function": fn}]}))
-            args = call["arguments"]
-            for i in range(0, len(args), 16):
-                piece = {"index": call_no, "function": {"arguments": args[i : i + 16]}}
+            args, size = _arguments(call["arguments"])
+            for i in range(0, len(args), size):
+                piece = {"index": call_no, "function": {"arguments": args[i : i + size]}}
                 self._send(_chunk(model, {"tool_calls": [piece]}))
         text = reply.get("text", "")
         for i in range(0, len(text), 8):
@@ -124,7 +173,8 @@ class Handler(BaseHTTPRequestHandler):
         self._send(_chunk(model, {}, finish))
         used = reply.get("usage", [0, 0])
         usage = {"prompt_tokens": used[0], "completion_tokens": used[1]}
-        usage["total_tokens"] = used[0] + used[1]
+        if all(isinstance(u, int) for u in used):
+            usage["total_tokens"] = used[0] + used[1]
         self._send({**_chunk(model, {}), "choices": [], "usage": usage})
         self.wfile.write(b"data: [DONE]\n\n")
         self.wfile.flush()

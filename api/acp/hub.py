@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import weakref
 from typing import Any
 
+from orchestrator import untrusted
 from orchestrator.redisconn import async_client
 
 log = logging.getLogger(__name__)
@@ -107,8 +107,10 @@ class EventHub:
         if message.get("type") != "message":
             return
         try:
-            event = json.loads(message["data"])
+            event = untrusted.stored(message["data"])
         except (TypeError, ValueError):
+            return
+        if not isinstance(event, dict):
             return
         for queue in list(self._watchers.get(event.get("sessionId", ""), ())):
             queue.put_nowait(event)

@@ -19,7 +19,6 @@ unarchive.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -27,7 +26,7 @@ from typing import Any
 from api.acp.hub import EventHub, RelayUnavailable
 from api.acp.prompts import Prompts
 from api.acp.rpc import Send
-from orchestrator import turns
+from orchestrator import turns, untrusted
 from orchestrator.store import Store
 from orchestrator.store import translated as translated_store
 
@@ -222,15 +221,8 @@ class Streams:
         await self._send_history(sid, raw)
 
     async def _send_history(self, sid: str, raw: list[str]) -> None:
-        for item in raw:
-            try:
-                update = json.loads(item)
-            except ValueError:
-                update = None
-            if isinstance(update, dict):
-                await self.send_update(sid, update)
-            else:
-                log.warning("unreadable history item of %s skipped", sid)
+        for update in untrusted.stored_updates(raw):
+            await self.send_update(sid, update)
 
     async def send_update(self, sid: str, update: dict[str, Any]) -> None:
         """Send one ``session/update`` notification (a transport closing is not an error:

@@ -19,6 +19,7 @@ from rich.text import Text
 
 from api.cli.common import app, console, err
 from api.cli.keyed import KEY_OPTION, keyed_write
+from orchestrator import untrusted
 from orchestrator.store import Store
 from orchestrator.turns import (
     CANCELLED_BY_ARCHIVE,
@@ -72,9 +73,9 @@ def follow(store: Store, session_id: str, turn_id: str, as_json: bool, start: in
     try:
         while True:
             turn = get_turn(store, turn_id)
-            for raw in store.redis.lrange(history, seen, -1):
-                seen += 1
-                update = json.loads(raw)
+            found = store.redis.lrange(history, seen, -1)
+            seen += len(found)
+            for update in untrusted.stored_updates(found):
                 if update.get("turnId") != turn_id:
                     continue
                 if as_json:

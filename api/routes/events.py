@@ -43,6 +43,7 @@ from fastapi.responses import StreamingResponse
 from sse_starlette import EventSourceResponse, ServerSentEvent
 
 from api.deps import AUTH, SettingsDep, StoreDep
+from orchestrator import untrusted
 from orchestrator.errors import InvalidParams, SessionNotFound
 from orchestrator.events import deleted_after
 from orchestrator.redisconn import SentinelOptions, async_client, store_unavailable
@@ -138,7 +139,7 @@ def _event(entry_id: str, payload: str, session_id: str | None) -> ServerSentEve
     """The SSE event of one stream entry, or ``None`` when it is skipped (unreadable, or of
     another session than ``session_id``)."""
     try:
-        event = json.loads(payload)
+        event = untrusted.stored(payload)
     except ValueError:
         log.warning("unreadable event %s skipped", entry_id)
         return None

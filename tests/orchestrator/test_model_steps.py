@@ -183,3 +183,45 @@ def test_a_shell_command_in_a_cwd_missing_on_the_worker_runs_in_an_empty_scratch
     text = str(result["content"][0]["content"]["text"])  # type: ignore[index]
     assert "is not a directory on this worker: ran in" in text
     assert text.splitlines()[-1].strip() == "0"
+
+
+def test_a_model_that_breaks_fails_its_turn_once_with_what_broke(
+    store: Store, recorder: RecordingDispatcher, sid: str
+) -> None:
+    # Given a backend that raises something other than ModelError (a fault of its own, or
+    # what its server sent)
+    def broken(r: StepRequest, c: threading.Event, emit: Emit) -> StepAnswer:
+        raise KeyError("choices")
+
+    model = FakeModel(broken)
+
+    # When its turn runs
+    tid = run_turn(store, recorder, sid, model)
+
+    # Then the turn failed naming it, after one request (not resumed as a lost step)
+    turn = turns.get_turn(store, tid)
+    assert turn is not None and turn.state.value == "failed"
+    assert turn.error == "the model backend broke (KeyError: 'choices')"
+    assert len(model.requests) == 1
+
+
+def test_the_text_of_a_step_is_cut_at_its_bound_and_fails_the_turn(
+    store: Store, recorder: RecordingDispatcher, sid: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given a bound of 10 bytes of text a step and a model saying 4 bytes at a time, forever
+    monkeypatch.setattr(get_settings(), "model_text_max_bytes", 10)
+    said: list[str] = []
+
+    def endless(r: StepRequest, c: threading.Event, emit: Emit) -> StepAnswer:
+        while True:
+            emit("\u00e9\u00e9")  # 4 bytes of UTF-8
+            said.append("\u00e9\u00e9")
+
+    tid = run_turn(store, recorder, sid, FakeModel(endless))
+
+    # Then what landed is the first 10 bytes (whole characters) and the turn failed saying so
+    assert len(said) == 2
+    assert "".join(chunks(store, sid)[:-1]) == "\u00e9" * 5
+    turn = turns.get_turn(store, tid)
+    assert turn is not None and turn.state.value == "failed"
+    assert "passed 10 bytes of text in one step (FLEET_MODEL_TEXT_MAX_BYTES)" in turn.error
