@@ -112,6 +112,11 @@ class FleetSettings(BaseSettings):
     #: Browser origins (``scheme://host:port``, comma-separated) besides the API's own that
     #: may change state (POST/PUT/PATCH/DELETE) and open ``/acp``; other origins get 403.
     api_allowed_origins: str = ""
+    #: Without a token: host names (comma-separated; a port given is ignored) besides
+    #: loopback (``localhost``, ``127.0.0.0/8``, ``[::1]``) and ``api_host`` that a request
+    #: may name in its ``Host`` header; any other answers 403 ``host_forbidden`` (a page whose
+    #: DNS name rebinds to this machine). With a token every name is served.
+    api_allowed_hosts: str = ""
     #: ``user:password`` Flower asks for (``fleet flower``); required beyond loopback.
     flower_basic_auth: str = ""
     #: Most sessions a bulk-archive filter may select (``POST /sessions/archive``, ``fleet
