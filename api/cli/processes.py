@@ -327,6 +327,7 @@ def serve_api(
     """Serve the HTTP API (FastAPI on uvicorn)."""
     import uvicorn
 
+    from api.http_server import head_timeout_protocol
     from orchestrator.logs import configure as configure_logging
 
     settings = settings_with_redis()
@@ -340,6 +341,8 @@ def serve_api(
         host=bind,
         port=port,
         log_level="info",
+        # A client that never finishes its request head is closed (slowloris).
+        http=head_timeout_protocol(settings.api_header_timeout_seconds),
         # uvicorn's own loggers propagate to the root handler (FLEET_LOG_FORMAT) instead of
         # getting a format of their own.
         log_config=None,
