@@ -196,15 +196,19 @@ def allowed_hosts(raw: str, bind: str) -> frozenset[str]:
     return frozenset(name for name in found if name is not None)
 
 
-def host_allowed(scope: Any, hosts: frozenset[str]) -> bool:
-    """Whether a request's ``Host`` names this API: loopback (``is_loopback``) or one of
-    ``hosts`` (``allowed_hosts``), any port. A request with no ``Host`` (HTTP/1.0) goes on:
+def host_named(host: str | None, hosts: frozenset[str]) -> bool:
+    """Whether a ``Host`` header value names this server: loopback (``is_loopback``) or one
+    of ``hosts`` (``allowed_hosts``), any port. No ``Host`` (HTTP/1.0) is not refused:
     browsers always send one."""
-    host = _header(scope, b"host")
     if host is None:
         return True
     name = _host_name(host)
     return name is not None and (is_loopback(name) or name in hosts)
+
+
+def host_allowed(scope: Any, hosts: frozenset[str]) -> bool:
+    """``host_named`` for the ``Host`` header of an ASGI ``scope``."""
+    return host_named(_header(scope, b"host"), hosts)
 
 
 async def _refuse(
