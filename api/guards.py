@@ -1,9 +1,11 @@
-"""ASGI middleware guarding the HTTP API before any route runs: what a request may carry
-(``BodyGuard``: size and JSON limits) and which browser pages may change state
-(``OriginGuard``). Refusals use the one error shape of ``api/errors.py``."""
+"""ASGI middleware guarding the HTTP API before any route runs: which names the API answers
+to without a token (``HostGuard``: DNS rebinding), what a request may carry (``BodyGuard``:
+size and JSON limits) and which browser pages may change state (``OriginGuard``). Refusals use
+the one error shape of ``api/errors.py``."""
 
 from __future__ import annotations
 
+import ipaddress
 import json
 from email.message import Message
 from typing import Any
@@ -149,6 +151,114 @@ class BodyGuard:
         await _answer(send, 413, body, close=True)
 
 
+def _host_name(host: str) -> str | None:
+    """The name a ``Host`` header value (or an address) gives: lower-cased, without port,
+    brackets or trailing dot; ``None`` for anything that is not ``name[:port]``."""
+    text = host.strip()
+    if text.count(":") > 1 and not text.startswith("["):
+        text = f"[{text}]"  # a bare IPv6 address (FLEET_API_HOST=::1)
+    try:
+        parts = urlsplit(f"http://{text}")
+        _ = parts.port  # raises for a port that is not a number
+    except ValueError:
+        return None
+    if parts.path or parts.query or parts.fragment or parts.username is not None:
+        return None
+    name = (parts.hostname or "").rstrip(".")
+    return name or None
+
+
+def is_loopback(name: str) -> bool:
+    """Whether a ``_host_name`` names this machine's loopback: ``localhost``, an address of
+    ``127.0.0.0/8`` or ``::1``. No DNS answer can rebind these: browsers resolve them
+    locally."""
+    if name == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(name).is_loopback
+    except ValueError:
+        return False
+
+
+def allowed_hosts(raw: str, bind: str) -> frozenset[str]:
+    """The names (``_host_name``) of ``raw`` (``FLEET_API_ALLOWED_HOSTS``: comma-separated,
+    ports ignored) and ``bind`` (``FLEET_API_HOST``) unless it is an unspecified address
+    (``0.0.0.0``, ``::``: every address, which names none); anything that is not a host name
+    is left out."""
+    found = {_host_name(item) for item in raw.split(",") if item.strip()}
+    bound = _host_name(bind) if bind.strip() else None
+    try:
+        unspecified = bound is not None and ipaddress.ip_address(bound).is_unspecified
+    except ValueError:
+        unspecified = False
+    if not unspecified:
+        found.add(bound)
+    return frozenset(name for name in found if name is not None)
+
+
+def host_named(host: str | None, hosts: frozenset[str]) -> bool:
+    """Whether a ``Host`` header value names this server: loopback (``is_loopback``) or one
+    of ``hosts`` (``allowed_hosts``), any port. No ``Host`` (HTTP/1.0) is not refused:
+    browsers always send one."""
+    if host is None:
+        return True
+    name = _host_name(host)
+    return name is not None and (is_loopback(name) or name in hosts)
+
+
+def host_allowed(scope: Any, hosts: frozenset[str]) -> bool:
+    """``host_named`` for the ``Host`` header of an ASGI ``scope``."""
+    return host_named(_header(scope, b"host"), hosts)
+
+
+async def _refuse(
+    scope: Any, receive: Any, send: Any, status: int, body: dict[str, Any], reason: str
+) -> None:
+    """Refuse an HTTP request (``status``, ``body``) or a WebSocket handshake: accepted, then
+    at once closed with 1008 (policy violation) and ``reason`` (at most 123 bytes, RFC 6455
+    5.5), before anything is read from it. A close before accepting reaches a browser as a
+    bare 403 with no code or reason (ASGI), which says nothing to whoever debugs the page."""
+    if scope["type"] == "http":
+        await _answer(send, status, body)
+        return
+    message = await receive()
+    if message["type"] == "websocket.connect":
+        await send({"type": "websocket.accept"})
+        await send({"type": "websocket.close", "code": 1008, "reason": reason})
+
+
+class HostGuard:
+    """DNS rebinding: without a token, a page whose DNS name is made to point at this machine
+    is of its own origin to the browser, which then sends its requests here with that name in
+    ``Host``. So without a token every HTTP request and WebSocket handshake (``/acp``,
+    ``/events`` alike) whose ``Host`` is not allowed (``host_allowed``) is refused: HTTP with
+    403 ``host_forbidden``, a WebSocket closed with 1008. ``hosts`` is ``allowed_hosts`` of the
+    settings, or ``None`` when a token is set (every name is served: a page without the
+    token can do nothing)."""
+
+    def __init__(self, app: Any, hosts: frozenset[str] | None) -> None:
+        self.app = app
+        self.hosts = hosts
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        kind = scope["type"]
+        if self.hosts is None or kind not in ("http", "websocket"):
+            await self.app(scope, receive, send)
+            return
+        if host_allowed(scope, self.hosts):
+            await self.app(scope, receive, send)
+            return
+        host = _header(scope, b"host") or ""
+        text = (
+            f"Host {host[:200]!r} is not a name of this API: with no FLEET_API_TOKEN set only "
+            "loopback names (localhost, 127.0.0.1, [::1]), FLEET_API_HOST and the names listed "
+            "in FLEET_API_ALLOWED_HOSTS are served."
+        )
+        reason = "host_forbidden: list this name in FLEET_API_ALLOWED_HOSTS or set a token."
+        body = error_body("host_forbidden", text, {"host": host[:200]})
+        await _refuse(scope, receive, send, 403, body, reason)
+
+
 def _origin_tuple(origin: str) -> tuple[str, str, int] | None:
     """``(scheme, host, port)`` of an origin or URL, lower-cased, default port filled in;
     ``None`` for anything that is not an http(s)/ws(s) origin (``null`` included)."""
@@ -178,10 +288,14 @@ def allowed_origins(raw: str) -> frozenset[tuple[str, str, int]]:
     return frozenset(origin for origin in found if origin is not None)
 
 
-def origin_allowed(scope: Any, allowed: frozenset[tuple[str, str, int]]) -> bool:
+def origin_allowed(
+    scope: Any, allowed: frozenset[tuple[str, str, int]], hosts: frozenset[str] | None = None
+) -> bool:
     """Whether a request may go on as far as its ``Origin`` header is concerned: no header
-    (not a browser), the API's own origin (the scheme it is served on and its ``Host``), or
-    one in ``allowed`` (``FLEET_API_ALLOWED_ORIGINS``)."""
+    (not a browser), the API's own origin (the scheme it is served on and its ``Host``, when
+    ``hosts`` is ``None`` (a token is required) or that ``Host`` is one of them
+    (``host_allowed``): a page whose DNS name was rebound to this machine sends its own name
+    as both), or one in ``allowed`` (``FLEET_API_ALLOWED_ORIGINS``)."""
     origin = _header(scope, b"origin")
     if origin is None:
         return True
@@ -189,7 +303,7 @@ def origin_allowed(scope: Any, allowed: frozenset[tuple[str, str, int]]) -> bool
     if claimed is None:
         return False  # "null" (sandboxed frames, file:) or garbage: never our own page
     host = _header(scope, b"host")
-    if host is not None:
+    if host is not None and (hosts is None or host_allowed(scope, hosts)):
         own = _origin_tuple(f"{scope.get('scheme', 'http')}://{host}")
         if own is not None and own == claimed:
             return True
@@ -205,32 +319,31 @@ def _refusal_text(origin: str) -> str:
 
 class OriginGuard:
     """Cross-site request forgery and WebSocket hijacking: a state-changing HTTP request
-    (POST, PUT, PATCH, DELETE) or a ``/acp`` WebSocket handshake whose ``Origin`` is not
-    allowed (``origin_allowed``) is refused, with or without a token: HTTP with 403
-    ``origin_forbidden``, the WebSocket accepted and at once closed with 1008 (policy
+    (POST, PUT, PATCH, DELETE) or a WebSocket handshake (``/acp``, ``/events``) whose
+    ``Origin`` is not allowed (``origin_allowed``) is refused, with or without a token: HTTP
+    with 403 ``origin_forbidden``, the WebSocket accepted and at once closed with 1008 (policy
     violation) and the reason, before anything is read from it. Reads (GET) are left to
-    the browser's same-origin policy. ``allowed`` is ``allowed_origins`` of the settings."""
+    the browser's same-origin policy. ``allowed`` is ``allowed_origins`` of the settings,
+    ``hosts`` as ``HostGuard`` takes it."""
 
-    def __init__(self, app: Any, allowed: frozenset[tuple[str, str, int]]) -> None:
+    def __init__(
+        self,
+        app: Any,
+        allowed: frozenset[tuple[str, str, int]],
+        hosts: frozenset[str] | None = None,
+    ) -> None:
         self.app = app
         self.allowed = allowed
+        self.hosts = hosts
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         kind = scope["type"]
         guarded = kind == "websocket" or (kind == "http" and scope["method"] in STATE_CHANGING)
-        if not guarded or origin_allowed(scope, self.allowed):
+        if not guarded or origin_allowed(scope, self.allowed, self.hosts):
             await self.app(scope, receive, send)
             return
-        text = _refusal_text(_header(scope, b"origin") or "")
-        if kind == "http":
-            origin = _header(scope, b"origin")
-            await _answer(send, 403, error_body("origin_forbidden", text, {"origin": origin}))
-            return
-        # Accept, then close: a close before accepting reaches a browser as a bare 403 with
-        # no code or reason (ASGI), which says nothing to whoever debugs the page.
-        message = await receive()
-        if message["type"] == "websocket.connect":
-            await send({"type": "websocket.accept"})
-            # A close reason is at most 123 bytes (RFC 6455, 5.5).
-            reason = "origin_forbidden: set FLEET_API_ALLOWED_ORIGINS to allow this page."
-            await send({"type": "websocket.close", "code": 1008, "reason": reason})
+        origin = _header(scope, b"origin")
+        text = _refusal_text(origin or "")
+        body = error_body("origin_forbidden", text, {"origin": origin})
+        reason = "origin_forbidden: set FLEET_API_ALLOWED_ORIGINS to allow this page."
+        await _refuse(scope, receive, send, 403, body, reason)

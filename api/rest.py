@@ -27,7 +27,14 @@ from api.errors import (
     lookup,
     translate,
 )
-from api.guards import BodyGuard, OriginGuard, allowed_origins, origin_text
+from api.guards import (
+    BodyGuard,
+    HostGuard,
+    OriginGuard,
+    allowed_hosts,
+    allowed_origins,
+    origin_text,
+)
 from api.routes import ROUTERS
 from orchestrator import audit
 from orchestrator.errors import FleetError
@@ -186,7 +193,8 @@ def _add_error_handlers(app: FastAPI) -> None:
 
 
 def _add_middleware(app: FastAPI, settings: FleetSettings) -> None:
-    """The guards, outermost last: origin, CORS (when origins are allowed), body, actor."""
+    """The guards, outermost last: host (no token), origin, CORS (when origins are allowed),
+    body, actor."""
     app.add_middleware(_Actor)
     app.add_middleware(BodyGuard, max_bytes=settings.api_max_body_bytes)
     allowed = allowed_origins(settings.api_allowed_origins)
@@ -197,7 +205,12 @@ def _add_middleware(app: FastAPI, settings: FleetSettings) -> None:
             allow_methods=["*"],
             allow_headers=["Authorization", "Content-Type", "Last-Event-ID"],
         )
-    app.add_middleware(OriginGuard, allowed=allowed)  # outermost: refused before anything
+    # Without a token the Host must name this API; with one, any name may (None).
+    hosts = (
+        None if settings.api_token else allowed_hosts(settings.api_allowed_hosts, settings.api_host)
+    )
+    app.add_middleware(OriginGuard, allowed=allowed, hosts=hosts)
+    app.add_middleware(HostGuard, hosts=hosts)  # outermost: refused before anything
 
 
 def create_app(

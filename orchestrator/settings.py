@@ -130,6 +130,11 @@ class FleetSettings(BaseSettings):
     #: Browser origins (``scheme://host:port``, comma-separated) besides the API's own that
     #: may change state (POST/PUT/PATCH/DELETE) and open ``/acp``; other origins get 403.
     api_allowed_origins: str = ""
+    #: Without a token: host names (comma-separated; a port given is ignored) besides
+    #: loopback (``localhost``, ``127.0.0.0/8``, ``[::1]``) and ``api_host`` that a request
+    #: may name in its ``Host`` header; any other answers 403 ``host_forbidden`` (a page whose
+    #: DNS name rebinds to this machine). With a token every name is served.
+    api_allowed_hosts: str = ""
     #: ``user:password`` Flower asks for (``fleet flower``); required unless Flower binds to
     #: loopback (where, without it, Flower is read only).
     flower_basic_auth: str = ""
@@ -160,6 +165,12 @@ class FleetSettings(BaseSettings):
     visibility_timeout_seconds: PositiveSeconds = 60.0
     #: Seconds between two heartbeat comments on an idle ``GET /events`` stream.
     sse_heartbeat_seconds: PositiveSeconds = 15.0
+    #: Most ``GET /events`` streams one API process serves at once (each holds a Redis
+    #: connection); one more answers 503 ``too_many_streams`` with ``Retry-After``.
+    api_max_event_streams: int = Field(default=500, ge=1)
+    #: Seconds a client has to send a whole request head (request line and headers) once it
+    #: connects or its previous answer was sent; then ``fleet api`` closes the connection.
+    api_header_timeout_seconds: PositiveSeconds = 10.0
     #: Seconds without progress (no step begun, no advance) after which the sweeper looks at a
     #: running or cancelling turn: one whose step lease is gone is resumed (or settled),
     #: unless its step's message still waits in the broker.

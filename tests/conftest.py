@@ -71,6 +71,9 @@ os.environ.setdefault("FLEET_RECONCILE_LOOP_SECONDS", "0")
 # Lineage rules are proven on chains up to 100 subagents deep (tests/orchestrator/test_gate.py),
 # deeper than the production default allows; tests of the limit set it themselves.
 os.environ.setdefault("FLEET_MAX_SUBAGENT_DEPTH", "200")
+# Starlette's TestClient names the server "testserver" in every request's Host: the API serves
+# that name like loopback's (api/guards.py's HostGuard refuses names it was not given).
+os.environ.setdefault("FLEET_API_ALLOWED_HOSTS", "testserver")
 
 
 #: The files that take longest (seconds of wall clock each, measured with ``--durations=0`` on

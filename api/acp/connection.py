@@ -24,6 +24,7 @@ class AcpConnection(RpcEndpoint):
 
     methods = METHODS
     notifications = NOTIFICATIONS
+    handshake = "initialize"
 
     def __init__(self, send: Send, store: Store, dispatcher: Dispatcher, hub: EventHub) -> None:
         super().__init__(send)

@@ -168,13 +168,28 @@ def _rejected(exc: InputRejected | DuplicateKey) -> tuple[Any, RpcError]:
     return msg_id, RpcError(INVALID_REQUEST, f"Invalid request: {exc.message}", exc.data)
 
 
+def _not_initialized(method: str, handshake: str) -> RpcError:
+    """-32600 for a request sent before the connection's handshake succeeded: the request
+    is not valid in that state (ACP: the client sends ``initialize`` first; the protocol
+    has no code of its own for this, and -32002 is taken by "resource not found")."""
+    return RpcError(
+        INVALID_REQUEST,
+        f"Invalid request: {method} before {handshake}; send {handshake} first and wait "
+        "for its answer.",
+        {"method": method, "expected": handshake},
+    )
+
+
 class RpcEndpoint:
     """One JSON-RPC peer: answers requests through ``methods``, runs ``notifications``.
     Subclasses provide the tables and may override ``started`` (first valid message) and
-    ``cancel_request``."""
+    ``cancel_request``. With ``handshake`` set (a method name), every other request is
+    answered -32600 and every notification ignored until a ``handshake`` request has been
+    answered with a result."""
 
     methods: dict[str, Method] = {}
     notifications: dict[str, Method] = {}
+    handshake: str | None = None
 
     def __init__(self, send: Send) -> None:
         self._send_raw = send
@@ -185,6 +200,8 @@ class RpcEndpoint:
         self._cancelled: set[IdKey] = set()
         # Why requests still pending are being cancelled by ``drain`` (``None`` until then).
         self._closing: str | None = None
+        # Whether the handshake succeeded (always, for an endpoint without one).
+        self.initialized = self.handshake is None
 
     async def send(self, message: dict[str, Any]) -> None:
         """Send one message (serialized: frames and lines never interleave)."""
@@ -267,7 +284,14 @@ class RpcEndpoint:
                 if is_request:
                     raise _not_a_request(method, self.notifications)
                 return
+            if not self.initialized and method != self.handshake:
+                if is_request:
+                    raise _not_initialized(method, str(self.handshake))
+                return  # a notification gets no answer, error or not
             result = await entry.handler(self, parse(entry.params, msg.get("params")))
+            # Set before the answer is sent: a request dispatched after this one (tasks run
+            # in the order received) is served even if its client did not wait.
+            self.initialized = self.initialized or method == self.handshake
             if is_request:
                 await self.send({"jsonrpc": "2.0", "id": msg_id, "result": result})
         except asyncio.CancelledError:

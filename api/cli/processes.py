@@ -327,6 +327,7 @@ def serve_api(
     """Serve the HTTP API (FastAPI on uvicorn)."""
     import uvicorn
 
+    from api.http_server import head_timeout_protocol
     from orchestrator.logs import configure as configure_logging
 
     settings = settings_with_redis()
@@ -340,6 +341,8 @@ def serve_api(
         host=bind,
         port=port,
         log_level="info",
+        # A client that never finishes its request head is closed (slowloris).
+        http=head_timeout_protocol(settings.api_header_timeout_seconds),
         # uvicorn's own loggers propagate to the root handler (FLEET_LOG_FORMAT) instead of
         # getting a format of their own.
         log_config=None,
@@ -400,7 +403,8 @@ def flower(
     """Run Flower against the fleet's broker and key prefix. With FLEET_FLOWER_BASIC_AUTH
     (user:password) it asks for it; without, it binds to loopback only, where its UI and
     HTTP API answer without auth and read only (no revoke or shutdown: any page open in a
-    browser on this machine could call them)."""
+    browser on this machine could call them), with no CORS header (no other origin's page
+    may read them) and only to loopback names (``api/flower_guard.py``)."""
     from api.context import redis_url, settings
     from workers.app import create_app
 
@@ -419,9 +423,12 @@ def flower(
     if auth:
         argv.append(f"--basic-auth={auth}")
     else:
+        from api.flower_guard import guard_unauthenticated
+
         # Flower reads this switch only from its environment, per request.
         os.environ["FLOWER_UNAUTHENTICATED_API"] = "true"
         argv.append("--read_only=True")
+        guard_unauthenticated(address)  # no CORS answer to other origins, no rebound Host
     celery_app.start(argv)
 
 

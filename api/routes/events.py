@@ -21,9 +21,12 @@ Each event is ``id: <stream id>``, ``event: <type>``, ``data: <JSON>`` (``{"type
 ...}``). The stream opens with the comment ``: connected`` and gets a comment ``: heartbeat``
 every ``FLEET_SSE_HEARTBEAT_SECONDS`` (15 s), which keeps proxies from closing it and lets the
 server notice a client that left. Reads use ``redis.asyncio`` (``XREAD BLOCK``), one connection
-per stream; each read blocks at most ``MAX_BLOCK_MS``, well inside the connection's socket
-timeout ``SOCKET_TIMEOUT``, so an idle stream on a healthy Redis never times out on its own
-block (issue 13, item 19), while a frozen Redis is still noticed. When Redis fails mid-stream
+per stream, so an API process serves at most ``FLEET_API_MAX_EVENT_STREAMS`` (500) streams at
+once: one more answers 503 ``too_many_streams`` (``Retry-After``) before it touches Redis, and
+never exhausts Redis's ``maxclients`` for the whole fleet. Each read blocks at most
+``MAX_BLOCK_MS``, well inside the connection's socket timeout ``SOCKET_TIMEOUT``, so an idle
+stream on a healthy Redis never times out on its own block (issue 13, item 19), while a frozen
+Redis is still noticed. When Redis fails mid-stream
 the client gets ``: store unavailable, retrying`` and the read is retried every second.
 """
 
@@ -38,11 +41,13 @@ from typing import Annotated, Any
 
 import redis
 import redis.asyncio as aioredis
-from fastapi import APIRouter, Header, Query
-from fastapi.responses import StreamingResponse
+from fastapi import APIRouter, Header, Query, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 from sse_starlette import EventSourceResponse, ServerSentEvent
+from starlette.background import BackgroundTask
 
 from api.deps import AUTH, SettingsDep, StoreDep
+from api.errors import error_body
 from orchestrator import untrusted
 from orchestrator.errors import InvalidParams, SessionNotFound
 from orchestrator.events import deleted_after
@@ -69,6 +74,50 @@ MAX_BLOCK_MS = int((SOCKET_TIMEOUT - 2.0) * 1000)
 _SEP = "\n"
 
 router = APIRouter(dependencies=AUTH, tags=["events"])
+
+
+class StreamSlots:
+    """How many event streams an application has open, against its limit
+    (``FLEET_API_MAX_EVENT_STREAMS``). Used on the application's event loop only."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.open = 0
+
+    def take(self) -> _Slot | None:
+        """A slot for one more stream, or ``None`` when ``limit`` are open."""
+        if self.open >= self.limit:
+            return None
+        self.open += 1
+        return _Slot(self)
+
+
+class _Slot:
+    """One open stream's place; ``release`` gives it back once, however often called."""
+
+    def __init__(self, slots: StreamSlots) -> None:
+        self._slots: StreamSlots | None = slots
+
+    def release(self) -> None:
+        if self._slots is not None:
+            self._slots.open -= 1
+            self._slots = None
+
+
+def _slots(request: Request, limit: int) -> StreamSlots:
+    found: StreamSlots | None = getattr(request.app.state, "event_streams", None)
+    if found is None:
+        found = request.app.state.event_streams = StreamSlots(limit)
+    return found
+
+
+def _too_many(limit: int) -> JSONResponse:
+    message = (
+        f"This API process already serves {limit} event streams "
+        "(FLEET_API_MAX_EVENT_STREAMS); try again later or close another stream."
+    )
+    body = error_body("too_many_streams", message, {"limit": limit})
+    return JSONResponse(body, status_code=503, headers={"Retry-After": "5"})
 
 
 def _parse_id(value: str, param: str) -> tuple[int, int]:
@@ -158,10 +207,11 @@ async def _stream(
     cursor: str,
     gap: dict[str, str] | None,
     session_id: str | None,
+    slot: _Slot,
 ) -> AsyncIterator[ServerSentEvent]:
     """The events after ``cursor`` (``gap`` first when given), read until the client leaves
     or, for one session's stream, until its ``deleted`` event has been sent; closes ``client``
-    at the end."""
+    and releases ``slot`` at the end."""
     try:
         yield ServerSentEvent(comment="connected", sep=_SEP)
         if gap is not None:
@@ -183,6 +233,7 @@ async def _stream(
                     if session_id is not None and event.event == "deleted":
                         return  # the session is gone: nothing more of it will come
     finally:
+        slot.release()
         await client.aclose()
 
 
@@ -217,6 +268,7 @@ def _resume_id(header: str | None, query: str | None) -> str | None:
     responses={200: {"content": {"text/event-stream": {}}, "description": "SSE stream"}},
 )
 async def events(
+    request: Request,
     store: StoreDep,
     settings: SettingsDep,
     sessionId: Annotated[str | None, Query(description="Only this session's events.")] = None,
@@ -228,14 +280,15 @@ async def events(
         str | None,
         Header(alias="Last-Event-ID", description="Resume after this event id."),
     ] = None,
-) -> EventSourceResponse:
+) -> Response:
     """Lifecycle events (archived, unarchived, title, turn, deleted) as Server-Sent Events;
     each ``id:`` is a stream id, and reconnecting with ``Last-Event-ID`` resumes after it. A
     comment heartbeat is sent every 15 s. ``event: gap`` first means events after the
     given id were trimmed (the stream keeps about 10,000). ``sessionId`` of no session
     (unknown or deleted; archived ones stream): 404 ``session_not_found``, unless resuming
     from before a deleted session's ``deleted`` event; a ``sessionId`` stream ends after that
-    session's ``deleted`` event."""
+    session's ``deleted`` event. More than ``FLEET_API_MAX_EVENT_STREAMS`` streams open on
+    this process: 503 ``too_many_streams`` with ``Retry-After``."""
     resume = _resume_id(last_event_id, lastEventId)
     if sessionId is not None:
         if not SESSION_ID_RE.fullmatch(sessionId):
@@ -244,6 +297,9 @@ async def events(
         # except for a client resuming before the session's `deleted` event, which it may
         # still read (its stream then ends after it).
         await asyncio.to_thread(_streamable, store, sessionId, resume)
+    slot = _slots(request, settings.api_max_event_streams).take()
+    if slot is None:
+        return _too_many(settings.api_max_event_streams)
     key = store.keys.event_stream
     client = async_client(
         store.url,
@@ -254,11 +310,20 @@ async def events(
     )
     try:
         cursor, gap = await _start(client, key, resume)
-    except redis.RedisError as exc:
+    except BaseException as exc:
+        slot.release()
         await client.aclose()
-        raise store_unavailable(exc) from exc
+        if isinstance(exc, redis.RedisError):
+            raise store_unavailable(exc) from exc
+        raise
+
+    async def release() -> None:  # also when the stream never started (the client left)
+        slot.release()
+        await client.aclose()
+
     return EventSourceResponse(
-        _stream(client, key, cursor, gap, sessionId),
+        _stream(client, key, cursor, gap, sessionId, slot),
+        background=BackgroundTask(release),
         headers={"Cache-Control": "no-cache"},
         ping=settings.sse_heartbeat_seconds,
         ping_message_factory=lambda: ServerSentEvent(comment="heartbeat", sep=_SEP),

@@ -17,7 +17,7 @@ from collections.abc import Iterator
 import pytest
 import redis
 
-from tests.api.test_acp_stdio import TIMEOUT, StdioAgent
+from tests.api.test_acp_stdio import INITIALIZE, TIMEOUT, StdioAgent
 from tests.helpers import STARTUP_TIMEOUT, wait_for
 
 STORE_UNAVAILABLE, REQUEST_CANCELLED = -32010, -32800
@@ -48,6 +48,7 @@ def test_a_request_pending_at_stdin_eof_is_answered_with_redis_unreachable(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     with agent_on(f"redis://127.0.0.1:{free_port()}/0", monkeypatch) as agent:
+        agent.send(INITIALIZE)
         agent.send({"jsonrpc": "2.0", "id": 1, "method": "session/list", "params": {}})
         assert agent.proc.stdin is not None
         agent.proc.stdin.close()
@@ -61,6 +62,7 @@ def test_a_request_pending_at_stdin_eof_is_answered_with_redis_unreachable(
 
 def test_the_relay_outage_is_logged_once_with_its_reason(monkeypatch: pytest.MonkeyPatch) -> None:
     with agent_on(f"redis://127.0.0.1:{free_port()}/0", monkeypatch) as agent:
+        agent.send(INITIALIZE)
         # Each session/list fails after the store's retry bound: the window the relay's
         # retries are counted over.
         for rid in (1, 2, 3):

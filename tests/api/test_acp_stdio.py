@@ -45,6 +45,13 @@ PARSE_ERROR, INVALID_REQUEST, METHOD_NOT_FOUND, INVALID_PARAMS, INTERNAL_ERROR =
     -32603,
 )
 NOT_FOUND = -32002
+#: The handshake every ACP connection starts with (requests before it are refused -32600).
+INITIALIZE: dict[str, Any] = {
+    "jsonrpc": "2.0",
+    "id": "init",
+    "method": "initialize",
+    "params": {"protocolVersion": 1, "clientCapabilities": {}},
+}
 
 
 class RpcError(AssertionError):
@@ -1249,6 +1256,7 @@ def test_a_line_larger_than_the_limit_is_refused_and_the_next_line_served(
 def test_stdin_eof_ends_the_process_cleanly() -> None:
     agent = StdioAgent("eof")
     try:
+        agent.send(INITIALIZE)
         agent.send({"jsonrpc": "2.0", "id": 1, "method": "session/list", "params": {}})
         assert agent.proc.stdin is not None
         agent.proc.stdin.close()

@@ -1,6 +1,7 @@
 """``fleet flower`` (issue 13, item 18): on loopback its API answers without auth, a busy port
-is a one-line error, and every task it lists has a name. A real Flower process on a free
-loopback port, beside the shared real workers."""
+is a one-line error, and every task it lists has a name; without auth no page of another
+origin may read it (no CORS header) and a rebound ``Host`` is refused. A real Flower process
+on a free loopback port, beside the shared real workers."""
 
 from __future__ import annotations
 
@@ -117,3 +118,42 @@ def test_a_busy_port_is_a_one_line_error(tmp_path: Path) -> None:
     assert "Traceback" not in out, out
     lines = [line for line in out.splitlines() if line.strip()]
     assert len(lines) == 1 and f"port {port}" in lines[0], out
+
+
+#: Flower's answers a page of another origin could read through the browser with CORS.
+READS = ["/api/tasks", "/api/workers", "/api/task/types", "/", "/tasks"]
+
+
+def test_without_auth_no_page_of_another_origin_may_read_flower(tmp_path: Path) -> None:
+    with _running_flower(tmp_path) as (base, _log):
+        port = base.rsplit(":", 1)[1]
+        for path in READS:
+            # When a page of another origin reads Flower (a fetch, and its preflight)
+            got = httpx.get(base + path, headers={"Origin": "http://evil.example"}, timeout=10)
+            asked = httpx.options(
+                base + path,
+                headers={
+                    "Origin": "http://evil.example",
+                    "Access-Control-Request-Method": "GET",
+                    "Access-Control-Request-Headers": "authorization",
+                },
+                timeout=10,
+            )
+            # Then Flower answers its own clients (no Origin: curl, its UI) as before, with no
+            # header that lets the browser hand the answer to that page
+            assert got.status_code == 200, (path, got.status_code, got.text[:200])
+            for response in (got, asked):
+                cors = [h for h in response.headers if h.lower().startswith("access-control-")]
+                assert cors == [], (path, response.status_code, dict(response.headers))
+            # And a page whose name was rebound to 127.0.0.1 is refused
+            rebound = httpx.get(
+                base + path,
+                headers={
+                    "Host": f"rebound.example:{port}",
+                    "Origin": f"http://rebound.example:{port}",
+                },
+                timeout=10,
+            )
+            assert rebound.status_code == 403, (path, rebound.status_code, rebound.text[:200])
+        for host in (f"localhost:{port}", f"127.0.0.1:{port}"):
+            assert httpx.get(base + "/api/tasks", headers={"Host": host}).status_code == 200

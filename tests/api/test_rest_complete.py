@@ -316,6 +316,10 @@ def test_bulk_results_quote_a_malformed_id_by_its_first_80_characters_as_a_singl
     # (a URL of 100,000 characters is past what the HTTP client sends)
     single = _error(client.post(f"/sessions/{huge[:5_000]}/archive"), 404, "session_not_found")
     with client.websocket_connect("/acp") as ws:
+        ws.send_json(
+            {"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {"protocolVersion": 1}}
+        )
+        assert "result" in ws.receive_json()
         request = {"sessionId": huge}
         ws.send_json({"jsonrpc": "2.0", "id": 1, "method": "session/archive", "params": request})
         acp = ws.receive_json()["error"]
@@ -819,9 +823,11 @@ def test_raw_non_ascii_bytes_in_a_query_are_refused_before_the_api_and_escaped_o
 ) -> None:
     # As docs/rest.md says: raw bytes that are not HTTP get uvicorn's plain-text 400, the same
     # value percent-encoded gets the API's JSON 422 naming the parameter.
-    raw = _raw_request(server, b"GET /sessions?limit=\xc3\xa9 HTTP/1.1\r\nHost: t\r\n\r\n")
+    raw = _raw_request(server, b"GET /sessions?limit=\xc3\xa9 HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
     assert raw.startswith(b"HTTP/1.1 400 ") and raw.endswith(b"Invalid HTTP request received.")
-    escaped = _raw_request(server, b"GET /sessions?limit=%C3%A9 HTTP/1.1\r\nHost: t\r\n\r\n")
+    escaped = _raw_request(
+        server, b"GET /sessions?limit=%C3%A9 HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
+    )
     head, _, body = escaped.partition(b"\r\n\r\n")
     assert head.startswith(b"HTTP/1.1 422 "), escaped
     assert b'"code":"invalid_params"' in body and b"limit" in body, body

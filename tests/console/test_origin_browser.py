@@ -3,7 +3,10 @@ chromium through Playwright): a page served by a second loopback HTTP server (an
 so another origin) opens ``ws://127.0.0.1:<api port>/acp`` and lists sessions, and POSTs an
 archive with ``fetch`` (``no-cors``: a simple request the browser sends without asking). The
 API (``fleet api``, a real process, no token: the loopback default) refuses both and nothing
-is archived; with the page's origin in ``FLEET_API_ALLOWED_ORIGINS`` both work.
+is archived; with the page's origin in ``FLEET_API_ALLOWED_ORIGINS`` both work. DNS rebinding:
+the browser resolves a foreign name to 127.0.0.1 (``--host-resolver-rules``, as a rebinding
+DNS answer would), so a page of that name is the API's "own" origin to the browser; the API
+refuses its requests by their ``Host``.
 
 Skipped, with the reason, only when chromium or the ``playwright`` package cannot be had."""
 
@@ -39,9 +42,16 @@ ATTACK = """async ([api, sid]) => {
   const ws = await new Promise((resolve) => {
     const seen = [];
     const sock = new WebSocket(api.replace("http://", "ws://") + "/acp");
-    sock.onopen = () => sock.send(JSON.stringify(
-      {jsonrpc: "2.0", id: 1, method: "session/list", params: {}}));
-    sock.onmessage = (e) => { seen.push(JSON.parse(e.data)); sock.close(1000); };
+    sock.onopen = () => {
+      sock.send(JSON.stringify(
+        {jsonrpc: "2.0", id: 0, method: "initialize", params: {protocolVersion: 1}}));
+      sock.send(JSON.stringify({jsonrpc: "2.0", id: 1, method: "session/list", params: {}}));
+    };
+    sock.onmessage = (e) => {
+      const m = JSON.parse(e.data);
+      seen.push(m);
+      if (m.id === 1) sock.close(1000);
+    };
     sock.onclose = (e) => resolve({code: e.code, reason: e.reason, messages: seen});
     setTimeout(() => resolve({timeout: true, messages: seen}), 8000);
   });
@@ -80,13 +90,18 @@ def other_site() -> Iterator[str]:
 
 
 @pytest.fixture(scope="module")
-def browser() -> Iterator[Any]:
+def playwright() -> Iterator[Any]:
     with sync_api.sync_playwright() as pw:
-        b = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        try:
-            yield b
-        finally:
-            b.close()
+        yield pw
+
+
+@pytest.fixture(scope="module")
+def browser(playwright: Any) -> Iterator[Any]:
+    b = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+    try:
+        yield b
+    finally:
+        b.close()
 
 
 def _attack(browser: Any, site: str, api: str, sid: str) -> dict[str, Any]:
@@ -135,6 +150,64 @@ def test_a_page_of_an_allowed_origin_can_list_and_archive(
         # When the same page opens /acp and POSTs an archive
         result = _attack(browser, other_site, api.base, sid)
         # Then it lists the sessions and the session is archived
-        answer = result["ws"]["messages"][0]
+        answer = next(m for m in result["ws"]["messages"] if m["id"] == 1)
         assert sid in [s["sessionId"] for s in answer["result"]["sessions"]], result
         assert _archived(api.base, sid), result
+
+
+@pytest.fixture(scope="module")
+def rebinding_browser(playwright: Any) -> Iterator[Any]:
+    """A browser whose resolver answers 127.0.0.1 for ``REBOUND``, as a rebinding DNS does."""
+    rule = f"--host-resolver-rules=MAP {REBOUND} 127.0.0.1"
+    b = playwright.chromium.launch(executable_path=CHROMIUM, args=[*CHROMIUM_ARGS, rule])
+    try:
+        yield b
+    finally:
+        b.close()
+
+
+REBOUND = "rebound.example"
+#: Run in a page of the rebound name: same origin as the API's port, to the browser.
+REBIND = """async ([sid]) => {
+  const out = {};
+  const list = await fetch("/sessions");
+  out.list = [list.status, await list.text()];
+  const made = await fetch("/sessions", {method: "POST",
+    headers: {"Content-Type": "application/json"}, body: JSON.stringify({cwd: "/tmp/rebound"})});
+  out.create = made.status;
+  out.archive = (await fetch("/sessions/" + sid + "/archive", {method: "POST"})).status;
+  out.ws = await new Promise((resolve) => {
+    const seen = [];
+    const sock = new WebSocket("ws://" + location.host + "/acp");
+    sock.onopen = () => sock.send(JSON.stringify(
+      {jsonrpc: "2.0", id: 0, method: "initialize", params: {protocolVersion: 1}}));
+    sock.onmessage = (e) => { seen.push(JSON.parse(e.data)); sock.close(1000); };
+    sock.onclose = (e) => resolve({code: e.code, reason: e.reason, messages: seen});
+    setTimeout(() => resolve({timeout: true, messages: seen}), 8000);
+  });
+  return out;
+}"""
+
+
+def test_a_page_whose_name_rebinds_to_loopback_can_neither_read_nor_act(
+    rebinding_browser: Any, tmp_path: Path
+) -> None:
+    # Given the API with no token and a quiet session
+    with api_process(tmp_path / "api.log") as api:
+        sid = _session(api.base)
+        # When a page of http://rebound.example:<api port> (resolved to 127.0.0.1) lists,
+        # creates, archives and opens /acp, all same-origin to the browser
+        page = rebinding_browser.new_page()
+        try:
+            page.goto(f"http://{REBOUND}:{api.port}/health")
+            result: dict[str, Any] = page.evaluate(REBIND, [sid])
+        finally:
+            page.close()
+        # Then every request is refused 403 host_forbidden, /acp is closed with 1008 before
+        # it answers, and nothing is archived
+        assert result["list"][0] == 403 and "host_forbidden" in result["list"][1], result
+        assert sid not in result["list"][1], result
+        assert (result["create"], result["archive"]) == (403, 403), result
+        assert result["ws"].get("code") == 1008 and result["ws"]["messages"] == [], result
+        assert result["ws"]["reason"].startswith("host_forbidden"), result
+        assert not _archived(api.base, sid), result

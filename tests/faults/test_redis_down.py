@@ -161,6 +161,7 @@ def test_redis_down_answers_store_unavailable_fails_closed_and_recovers(
     prompted = sessions.create_session(store, where).session_id
     tid = turns.start_turn(store, rec, prompted, "say hello")
     acp = Acp(store, private_redis.url)
+    assert "result" in acp.call("initialize", {"protocolVersion": 1})
     assert "result" in acp.call("session/list", {})
     assert client.get("/sessions").status_code == 200
 

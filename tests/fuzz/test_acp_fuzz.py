@@ -77,6 +77,13 @@ class Harness:
         hub = shared_hub(self.redis_url, self.store.keys.events)
         conn = AcpConnection(send, self.store, RecordingDispatcher(), hub)
         try:
+            # Past the handshake, so every method is reached (before it, each answers -32600).
+            await conn.handle_text(
+                '{"jsonrpc":"2.0","id":"fuzz-init","method":"initialize",'
+                '"params":{"protocolVersion":1}}'
+            )
+            await _wait(lambda: any(m.get("id") == "fuzz-init" for m in sent), "initialize")
+            sent.clear()
             await conn.handle_text(text)
             await _answered(sent, text)
             if expect_id is not None:

@@ -30,6 +30,7 @@ pytestmark = pytest.mark.redis
 
 DEEP_CURSOR = hostile_cursor("[" * 3000 + "]" * 3000, whole=True)
 HUGE = "1" * 5000
+INIT = '{"jsonrpc":"2.0","id":"init","method":"initialize","params":{"protocolVersion":1}}'
 #: (method, path) of the routes that take a JSON body, with a body to put a fragment in.
 BODY_ROUTES = [
     ("POST", "/sessions", {"cwd": HOLE}),
@@ -59,6 +60,8 @@ def test_a_cursor_of_3000_nested_brackets_is_refused_clearly(client: TestClient)
     assert error["data"]["limit"] == "depth" and error["data"]["param"] == "cursor", error
     assert str(MAX_DEPTH) in error["message"] and "without a cursor" in error["message"], error
     with client.websocket_connect("/acp") as ws:
+        ws.send_text(INIT)
+        assert "result" in json.loads(ws.receive_text())
         ws.send_text(
             json.dumps(
                 {
@@ -143,6 +146,8 @@ def test_a_5000_digit_integer_leaves_the_acp_websocket_open(tmp_path: Path) -> N
         api_process(tmp_path / "api.log") as server,
         connect(f"ws://127.0.0.1:{server.port}/acp", open_timeout=10) as ws,
     ):
+        ws.send(INIT)
+        assert "result" in json.loads(ws.recv(timeout=10))
         # When a request carries an integer of 5,000 digits, and then a lone surrogate
         ws.send(
             '{"jsonrpc":"2.0","id":7,"method":"initialize","params":{"protocolVersion":'
