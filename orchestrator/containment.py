@@ -1,0 +1,451 @@
+"""Containment: a process tree the fleet starts on a host, which no descendant can leave.
+
+A process group is no boundary: ``setsid CMD &`` or ``( (CMD &) & )`` leaves it, and a
+signal to the group, or the death of its leader, no longer reaches that process. So every
+tree the fleet starts (a job, a ``shell`` tool call) runs in a container of its own, in the
+first of these modes the host allows (``mode()``; ``FLEET_CONTAINMENT`` picks one):
+
+* ``cgroup``: a cgroup v2 per tree, ``<scope>/t-<random>``, where ``scope`` is this
+  process's own (``w<pid>-<start time>``) under ``FLEET_CONTAINMENT_CGROUP`` or, by default,
+  under ``agent-fleet`` in this process's own cgroup. The cgroup v2 hierarchy is found in the
+  mount table (``/proc/self/mounts``: mounted at ``/sys/fs/cgroup`` alone or beside the v1
+  controllers, ``/sys/fs/cgroup/unified``). The child enters its cgroup before it execs
+  (``preexec_fn``), so each descendant is born inside; ``cgroup.kill`` kills them all, and the
+  tree is alive while ``cgroup.events`` says ``populated 1``. Needs write access to the
+  hierarchy (root, or a delegated subtree) and ``cgroup.kill`` (Linux 5.14).
+* ``pid-namespace``: the tree runs under ``unshare --pid --fork --kill-child --mount-proc``:
+  its command is the init of a PID namespace of its own, and when that init dies (the
+  command ended, or ``unshare`` was killed) the kernel kills every other process of the
+  namespace. The tree is alive while ``unshare`` is. A tree therefore never outlives its
+  command's first process: a background process is killed when the command ends.
+* ``process-group``: neither is available; the tree is its leader's process group, which a
+  descendant can leave (``/ready`` and the docs say so).
+
+What dies with the worker: a tree's leader dies with the thread that started it
+(``processes.die_with_parent``). In ``cgroup`` mode the rest of the tree is killed by the
+worker's watchdog process (``kill_scope_on_parent_death``), which outlives the worker's
+``SIGKILL``; should it die too, the next fleet process of the host kills and removes every
+scope whose process is gone (``scope()`` sweeps them).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from enum import StrEnum
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from orchestrator.ownership import is_process, kill_if_ours, process_start
+from orchestrator.processes import die_with_parent
+from orchestrator.settings import get_settings
+
+log = logging.getLogger(__name__)
+
+#: The environment variable by which a watchdog learns its worker's scope (a cgroup path).
+SCOPE_ENV = "FLEET_CONTAINMENT_SCOPE"
+#: The directory, under this process's own cgroup, holding the scopes by default.
+DEFAULT_PARENT = "agent-fleet"
+#: Seconds between two looks at whether a tree is gone.
+_POLL = 0.02
+
+
+class Mode(StrEnum):
+    """How the fleet's process trees are contained on this host."""
+
+    CGROUP = "cgroup"  #: a cgroup v2 per tree, killed with ``cgroup.kill``
+    PID_NAMESPACE = "pid-namespace"  #: a PID namespace per tree, its command as init
+    PROCESS_GROUP = "process-group"  #: only a process group: a descendant can leave it
+
+
+def cgroup2_mount(mounts: str | None = None) -> str | None:
+    """Where the cgroup v2 hierarchy is mounted, read from ``mounts`` (the text of
+    ``/proc/self/mounts`` by default); ``None`` when it is not."""
+    if mounts is None:
+        try:
+            mounts = Path("/proc/self/mounts").read_text()
+        except OSError:
+            return None
+    for line in mounts.splitlines():
+        fields = line.split()
+        if len(fields) >= 3 and fields[2] == "cgroup2":
+            return fields[1].replace("\\040", " ")
+    return None
+
+
+def own_cgroup(text: str | None = None) -> str | None:
+    """This process's cgroup v2 path (``0::/path`` of ``/proc/self/cgroup``, or ``text``)."""
+    if text is None:
+        try:
+            text = Path("/proc/self/cgroup").read_text()
+        except OSError:
+            return None
+    for line in text.splitlines():
+        if line.startswith("0::"):
+            return line[3:].strip() or "/"
+    return None
+
+
+def _parent_dir() -> Path | None:
+    """The directory the scopes live in, or ``None`` when there is no cgroup v2 here."""
+    mount = cgroup2_mount()
+    if mount is None:
+        return None
+    configured = get_settings().containment_cgroup
+    relative = configured or f"{own_cgroup() or '/'}/{DEFAULT_PARENT}"
+    return Path(mount) / relative.strip("/")
+
+
+_scopes: dict[int, Path] = {}
+_scope_lock = threading.Lock()
+
+
+def scope() -> Path | None:
+    """This process's scope, the cgroup its trees' cgroups are made in (made by the first
+    call in each process, which also sweeps the scopes of processes that are gone); ``None``
+    when it cannot be made."""
+    pid = os.getpid()
+    with _scope_lock:
+        found = _scopes.get(pid)
+        if found is not None:
+            return found
+        parent = _parent_dir()
+        started = process_start(pid)
+        if parent is None or started is None:
+            return None
+        try:
+            parent.mkdir(parents=True, exist_ok=True)
+            path = parent / f"w{pid}-{started!r}"
+            path.mkdir(exist_ok=True)
+        except OSError as exc:
+            log.info("no cgroup scope under %s: %s", parent, exc)
+            return None
+        if not (path / "cgroup.kill").exists():
+            with contextlib.suppress(OSError):
+                path.rmdir()
+            return None
+        _sweep(parent, keep=path)
+        _scopes[pid] = path
+        return path
+
+
+def _sweep(parent: Path, *, keep: Path) -> None:
+    """Kill and remove the scopes under ``parent`` whose process is gone."""
+    for entry in parent.glob("w*-*"):
+        if entry == keep:
+            continue
+        owner, _, started = entry.name[1:].partition("-")
+        if owner.isdigit() and is_process(int(owner), started):
+            continue
+        if kill_cgroup(entry):
+            log.warning("killed what was left in the scope of a gone process: %s", entry)
+        remove_cgroup(entry)
+
+
+def kill_cgroup(path: Path | str, wait: float = 5.0) -> bool:
+    """Kill every process of the cgroup ``path`` and of its descendants (``cgroup.kill``) and
+    wait up to ``wait`` seconds for it to empty. Returns whether any process was in it.
+    Never raises."""
+    cg = Path(path)
+    if not populated(cg):
+        return False
+    try:
+        (cg / "cgroup.kill").write_text("1")
+    except OSError as exc:
+        log.warning("cgroup %s not killed: %s", cg, exc)
+        return True
+    deadline = time.monotonic() + wait
+    while populated(cg) and time.monotonic() < deadline:
+        time.sleep(_POLL)
+    return True
+
+
+def remove_cgroup(path: Path | str) -> None:
+    """Remove the empty cgroup ``path`` and its empty descendants. Never raises."""
+    cg = Path(path)
+    for sub in sorted((p for p in cg.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)):
+        with contextlib.suppress(OSError):
+            sub.rmdir()
+    with contextlib.suppress(OSError):
+        cg.rmdir()
+
+
+def populated(path: Path | str) -> bool:
+    """Whether a process lives in the cgroup ``path`` or below it (``False`` when it does not
+    exist)."""
+    try:
+        events = (Path(path) / "cgroup.events").read_text()
+    except OSError:
+        return False
+    return "populated 1" in events
+
+
+def cgroup_pids(path: Path | str) -> list[int]:
+    """The pids of the cgroup ``path`` and of its descendants (empty when it does not
+    exist)."""
+    found: list[int] = []
+    root = Path(path)
+    for procs in [root / "cgroup.procs", *root.rglob("*/cgroup.procs")]:
+        with contextlib.suppress(OSError):
+            found.extend(int(w) for w in procs.read_text().split())
+    return found
+
+
+def is_tree_cgroup(handle: str) -> bool:
+    """Whether ``handle`` names a tree's cgroup of this host's fleet (a ``t-*`` directory in a
+    ``w*`` scope inside the cgroup v2 hierarchy), so it may be killed on a record's word."""
+    mount = cgroup2_mount()
+    if not handle or mount is None:
+        return False
+    path = Path(handle)
+    return (
+        path.name.startswith("t-")
+        and path.parent.name.startswith("w")
+        and ".." not in path.parts
+        and path.is_relative_to(mount)
+    )
+
+
+def kill_handle(handle: str) -> bool:
+    """Kill the tree whose cgroup is ``handle`` (``Tree.handle``, as recorded) if it is one
+    (``is_tree_cgroup``), and remove its cgroup. Returns whether any process was in it."""
+    if not is_tree_cgroup(handle):
+        return False
+    killed = kill_cgroup(handle)
+    remove_cgroup(handle)
+    return killed
+
+
+def kill_tree_if_ours(pid: int, started: str | float | None, tree: str = "") -> bool:
+    """Kill a recorded tree: the process group of ``pid`` if it is still the process that
+    started at ``started`` (``ownership.kill_if_ours``), and every process of the cgroup
+    ``tree`` (``Tree.handle`` as recorded; ``kill_handle``), which outlives its leader.
+    Returns whether anything of it was found (and so killed)."""
+    leader = kill_if_ours(pid, started)
+    rest = kill_handle(tree)
+    return leader or rest
+
+
+_mode: dict[str, Mode] = {}
+
+
+def _pid_namespace_works() -> bool:
+    unshare = shutil.which("unshare")
+    if unshare is None:
+        return False
+    try:
+        done = subprocess.run(
+            [unshare, *_UNSHARE, "true"], capture_output=True, timeout=10, check=False
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return done.returncode == 0
+
+
+_UNSHARE = ["--pid", "--fork", "--kill-child", "--mount-proc", "--"]
+
+
+def mode() -> Mode:
+    """The containment mode in force in this process (detected once; ``FLEET_CONTAINMENT``
+    names one, ``auto`` the first the host allows: ``cgroup``, ``pid-namespace``,
+    ``process-group``)."""
+    found = _mode.get("mode")
+    if found is not None:
+        return found
+    wanted = get_settings().containment
+    if wanted != "auto":
+        found = Mode(wanted)
+    elif scope() is not None:
+        found = Mode.CGROUP
+    elif _pid_namespace_works():
+        found = Mode.PID_NAMESPACE
+    else:
+        found = Mode.PROCESS_GROUP
+    if found is Mode.CGROUP and scope() is None:
+        log.error("FLEET_CONTAINMENT=cgroup, but no cgroup v2 scope can be made here")
+    _mode["mode"] = found
+    log.info("process trees are contained by %s", found.value)
+    return found
+
+
+def _enter(cgroup: Path, then: Callable[[], None] | None) -> Callable[[], None]:
+    procs = str(cgroup / "cgroup.procs")
+
+    def _preexec() -> None:  # pragma: no cover - runs in the child between fork and exec
+        # Before anything else: from here on each process the child makes is born inside.
+        fd = os.open(procs, os.O_WRONLY)
+        try:
+            os.write(fd, b"0")
+        finally:
+            os.close(fd)
+        if then is not None:
+            then()
+
+    return _preexec
+
+
+class Tree:
+    """One contained process tree (``start``): its leader ``process`` and the container
+    (``mode``; ``handle`` names its cgroup in ``cgroup`` mode, ``""`` otherwise)."""
+
+    def __init__(self, process: subprocess.Popen[bytes], mode: Mode, cgroup: Path | None):
+        self.process = process
+        self.mode = mode
+        self.cgroup = cgroup
+
+    @property
+    def pid(self) -> int:
+        """The leader's pid."""
+        return self.process.pid
+
+    @property
+    def handle(self) -> str:
+        """What names this tree for another process (its cgroup's path, or ``""``)."""
+        return str(self.cgroup) if self.cgroup is not None else ""
+
+    def pids(self) -> list[int]:
+        """The pids of the tree's live processes (the leader's descendants, outside
+        ``cgroup`` mode)."""
+        if self.cgroup is not None:
+            return cgroup_pids(self.cgroup)
+        if self.process.poll() is not None:
+            return []
+        try:
+            leader = psutil.Process(self.pid)
+            return [self.pid, *(p.pid for p in leader.children(recursive=True))]
+        except psutil.Error:
+            return []
+
+    def alive(self) -> bool:
+        """Whether any process of the tree lives (a leader that ended is reaped)."""
+        leader = self.process.poll() is None
+        if self.cgroup is not None:
+            return populated(self.cgroup)
+        if leader or self.mode is Mode.PID_NAMESPACE:
+            return leader
+        try:  # the leader's group may outlive it
+            os.killpg(self.pid, 0)
+        except (ProcessLookupError, PermissionError):
+            return False
+        return True
+
+    def signal(self, sig: int) -> None:
+        """Send ``sig`` to every process of the tree (the leader's group outside ``cgroup``
+        mode)."""
+        if self.cgroup is not None:
+            for pid in self.pids():
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, sig)
+            return
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.pid, sig)
+
+    def kill(self) -> None:
+        """SIGKILL every process of the tree (does not wait)."""
+        if self.cgroup is not None and populated(self.cgroup):
+            try:
+                (self.cgroup / "cgroup.kill").write_text("1")
+            except OSError as exc:
+                log.warning("tree %s not killed by its cgroup: %s", self.cgroup, exc)
+        self.signal(signal.SIGKILL)
+
+    def wait_gone(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` seconds for every process of the tree to end. Returns
+        whether they did."""
+        deadline = time.monotonic() + timeout
+        while self.alive():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            if self.process.poll() is None:
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    self.process.wait(min(_POLL, left))
+            else:
+                time.sleep(min(_POLL, left))
+        return True
+
+    def stop(self, grace: float) -> bool:
+        """Stop the whole tree: SIGTERM to each process, SIGKILL to all that remain after
+        ``grace`` seconds; then remove its cgroup. Returns whether SIGTERM sufficed."""
+        self.signal(signal.SIGTERM)
+        polite = self.wait_gone(grace)
+        self.close()
+        return polite
+
+    def close(self) -> None:
+        """Kill what is left of the tree, wait for it (up to 5 s) and remove its cgroup."""
+        if self.alive():
+            self.kill()
+            self.wait_gone(5)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.process.wait(5)
+        if self.cgroup is not None:
+            remove_cgroup(self.cgroup)
+
+
+def start(
+    argv: list[str],
+    *,
+    preexec_fn: Callable[[], None] | None = None,
+    using: Mode | None = None,
+    **popen: Any,
+) -> Tree:
+    """Start ``argv`` (``subprocess.Popen`` with ``popen``) as a contained tree (see the
+    module docstring), in mode ``using`` (default: ``mode()``). ``preexec_fn`` runs in the
+    child after it entered its container. In
+    ``pid-namespace`` mode the leader is ``unshare``, which dies (SIGKILL) with the thread
+    that started it whatever ``preexec_fn`` asks. Raises ``OSError``."""
+    found = using or mode()
+    home = scope() if found is Mode.CGROUP else None
+    if home is not None:
+        cgroup = home / f"t-{uuid.uuid4().hex[:12]}"
+        cgroup.mkdir()
+        try:
+            proc = subprocess.Popen(argv, preexec_fn=_enter(cgroup, preexec_fn), **popen)
+        except BaseException:
+            remove_cgroup(cgroup)
+            raise
+        return Tree(proc, found, cgroup)
+    if found is Mode.PID_NAMESPACE:
+        unshare = shutil.which("unshare") or "unshare"
+        proc = subprocess.Popen([unshare, *_UNSHARE, *argv], preexec_fn=die_with_parent(), **popen)
+        return Tree(proc, found, None)
+    proc = subprocess.Popen(argv, preexec_fn=preexec_fn, **popen)
+    return Tree(proc, Mode.PROCESS_GROUP, None)
+
+
+def kill_scope_on_parent_death(scope_path: str | None = None) -> None:
+    """In a worker's watchdog process: on SIGTERM (sent by the kernel when the worker dies,
+    ``processes.die_with_parent``), kill every tree of the worker's scope (``scope_path``,
+    or ``SCOPE_ENV``) if the worker is indeed gone, then exit. Does nothing without a
+    scope."""
+    path = scope_path if scope_path is not None else os.environ.get(SCOPE_ENV, "")
+    if not path:
+        return
+    parent = os.getppid()
+
+    def _on_term(signum: int, frame: object) -> None:
+        if os.getppid() != parent:  # reparented: the worker is gone
+            kill_cgroup(path)
+        os._exit(0)
+
+    signal.signal(signal.SIGTERM, _on_term)
+
+
+def scope_env() -> dict[str, str]:
+    """The environment a watchdog needs to kill this process's trees when it dies
+    (``SCOPE_ENV``), or ``{}`` outside ``cgroup`` mode."""
+    if mode() is not Mode.CGROUP:
+        return {}
+    found = scope()
+    return {SCOPE_ENV: str(found)} if found is not None else {}
