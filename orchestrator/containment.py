@@ -424,22 +424,36 @@ def start(
     return Tree(proc, Mode.PROCESS_GROUP, None)
 
 
+def watchdog_preexec() -> Callable[[], None]:
+    """The ``preexec_fn`` of a worker's watchdog process: it gets SIGTERM when the worker's
+    thread that starts it dies (``processes.die_with_parent``), held blocked until the
+    watchdog's ``kill_scope_on_parent_death`` handles it, so a worker that dies while its
+    watchdog still starts up is not missed."""
+    then = die_with_parent(signal.SIGTERM)
+
+    def _preexec() -> None:  # pragma: no cover - runs in the child between fork and exec
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+        then()
+
+    return _preexec
+
+
 def kill_scope_on_parent_death(scope_path: str | None = None) -> None:
-    """In a worker's watchdog process: on SIGTERM (sent by the kernel when the worker dies,
-    ``processes.die_with_parent``), kill every tree of the worker's scope (``scope_path``,
-    or ``SCOPE_ENV``) if the worker is indeed gone, then exit. Does nothing without a
-    scope."""
+    """In a worker's watchdog process (started with ``watchdog_preexec``): on SIGTERM (sent
+    by the kernel when the worker's thread that started it dies), kill every tree of the
+    worker's scope (``scope_path``, or ``SCOPE_ENV``) if the worker itself is gone (this
+    process was reparented), then exit; SIGTERM is unblocked here. Without a scope, SIGTERM
+    just ends the process."""
     path = scope_path if scope_path is not None else os.environ.get(SCOPE_ENV, "")
-    if not path:
-        return
-    parent = os.getppid()
+    owner = Path(path).name[1:].partition("-")[0] if path else ""
 
     def _on_term(signum: int, frame: object) -> None:
-        if os.getppid() != parent:  # reparented: the worker is gone
+        if owner.isdigit() and os.getppid() != int(owner):  # reparented: the worker is gone
             kill_cgroup(path)
         os._exit(0)
 
     signal.signal(signal.SIGTERM, _on_term)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
 
 
 def scope_env() -> dict[str, str]:

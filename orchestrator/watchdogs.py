@@ -21,13 +21,11 @@ which kills a frozen turn worker's shell commands, and the job watchdog
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 from typing import Any
 
 from orchestrator import containment, logs
-from orchestrator.processes import die_with_parent
 from orchestrator.settings import get_settings
 from orchestrator.store import Store
 
@@ -58,7 +56,7 @@ def spawn(store: Store, module: str, *args: str, **popen: Any) -> subprocess.Pop
     return subprocess.Popen(
         [sys.executable, "-P", "-m", module, *args],
         env=env,
-        preexec_fn=die_with_parent(signal.SIGTERM),
+        preexec_fn=containment.watchdog_preexec(),
         **popen,
     )
 
