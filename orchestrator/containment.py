@@ -5,11 +5,8 @@ signal to the group, or the death of its leader, no longer reaches that process.
 tree the fleet starts (a job, a ``shell`` tool call) runs in a container of its own, in the
 first of these modes the host allows (``mode()``; ``FLEET_CONTAINMENT`` picks one):
 
-* ``cgroup``: a cgroup v2 per tree, ``<scope>/t-<random>``, where ``scope`` is this
-  process's own (``w<pid>-<start time>``) under ``FLEET_CONTAINMENT_CGROUP`` or, by default,
-  under ``agent-fleet`` in this process's own cgroup. The cgroup v2 hierarchy is found in the
-  mount table (``/proc/self/mounts``: mounted at ``/sys/fs/cgroup`` alone or beside the v1
-  controllers, ``/sys/fs/cgroup/unified``). The child enters its cgroup before it execs
+* ``cgroup``: a cgroup v2 per tree, in this process's scope (``orchestrator/cgroups.py``:
+  where the hierarchy is mounted, where the scopes are). The child enters its cgroup before it execs
   (``preexec_fn``), so each descendant is born inside; ``cgroup.kill`` kills them all, and the
   tree is alive while ``cgroup.events`` says ``populated 1``. Needs write access to the
   hierarchy (root, or a delegated subtree) and ``cgroup.kill`` (Linux 5.14).
@@ -25,7 +22,7 @@ What dies with the worker: a tree's leader dies with the thread that started it
 (``processes.die_with_parent``). In ``cgroup`` mode the rest of the tree is killed by the
 worker's watchdog process (``kill_scope_on_parent_death``), which outlives the worker's
 ``SIGKILL``; should it die too, the next fleet process of the host kills and removes every
-scope whose process is gone (``scope()`` sweeps them).
+scope whose process is gone (``cgroups.scope`` sweeps them).
 """
 
 from __future__ import annotations
@@ -36,7 +33,6 @@ import os
 import shutil
 import signal
 import subprocess
-import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -46,7 +42,8 @@ from typing import Any
 
 import psutil
 
-from orchestrator.ownership import is_process, kill_if_ours, process_start
+from orchestrator import cgroups
+from orchestrator.ownership import kill_if_ours
 from orchestrator.processes import die_with_parent
 from orchestrator.settings import get_settings
 
@@ -54,8 +51,6 @@ log = logging.getLogger(__name__)
 
 #: The environment variable by which a watchdog learns its worker's scope (a cgroup path).
 SCOPE_ENV = "FLEET_CONTAINMENT_SCOPE"
-#: The directory, under this process's own cgroup, holding the scopes by default.
-DEFAULT_PARENT = "agent-fleet"
 #: Seconds between two looks at whether a tree is gone.
 _POLL = 0.02
 
@@ -68,171 +63,13 @@ class Mode(StrEnum):
     PROCESS_GROUP = "process-group"  #: only a process group: a descendant can leave it
 
 
-def cgroup2_mount(mounts: str | None = None) -> str | None:
-    """Where the cgroup v2 hierarchy is mounted, read from ``mounts`` (the text of
-    ``/proc/self/mounts`` by default); ``None`` when it is not."""
-    if mounts is None:
-        try:
-            mounts = Path("/proc/self/mounts").read_text()
-        except OSError:
-            return None
-    for line in mounts.splitlines():
-        fields = line.split()
-        if len(fields) >= 3 and fields[2] == "cgroup2":
-            return fields[1].replace("\\040", " ")
-    return None
-
-
-def own_cgroup(text: str | None = None) -> str | None:
-    """This process's cgroup v2 path (``0::/path`` of ``/proc/self/cgroup``, or ``text``)."""
-    if text is None:
-        try:
-            text = Path("/proc/self/cgroup").read_text()
-        except OSError:
-            return None
-    for line in text.splitlines():
-        if line.startswith("0::"):
-            return line[3:].strip() or "/"
-    return None
-
-
-def _parent_dir() -> Path | None:
-    """The directory the scopes live in, or ``None`` when there is no cgroup v2 here."""
-    mount = cgroup2_mount()
-    if mount is None:
-        return None
-    configured = get_settings().containment_cgroup
-    relative = configured or f"{own_cgroup() or '/'}/{DEFAULT_PARENT}"
-    return Path(mount) / relative.strip("/")
-
-
-_scopes: dict[int, Path] = {}
-_scope_lock = threading.Lock()
-
-
-def scope() -> Path | None:
-    """This process's scope, the cgroup its trees' cgroups are made in (made by the first
-    call in each process, which also sweeps the scopes of processes that are gone); ``None``
-    when it cannot be made."""
-    pid = os.getpid()
-    with _scope_lock:
-        found = _scopes.get(pid)
-        if found is not None:
-            return found
-        parent = _parent_dir()
-        started = process_start(pid)
-        if parent is None or started is None:
-            return None
-        try:
-            parent.mkdir(parents=True, exist_ok=True)
-            path = parent / f"w{pid}-{started!r}"
-            path.mkdir(exist_ok=True)
-        except OSError as exc:
-            log.info("no cgroup scope under %s: %s", parent, exc)
-            return None
-        if not (path / "cgroup.kill").exists():
-            with contextlib.suppress(OSError):
-                path.rmdir()
-            return None
-        _sweep(parent, keep=path)
-        _scopes[pid] = path
-        return path
-
-
-def _sweep(parent: Path, *, keep: Path) -> None:
-    """Kill and remove the scopes under ``parent`` whose process is gone."""
-    for entry in parent.glob("w*-*"):
-        if entry == keep:
-            continue
-        owner, _, started = entry.name[1:].partition("-")
-        if owner.isdigit() and is_process(int(owner), started):
-            continue
-        if kill_cgroup(entry):
-            log.warning("killed what was left in the scope of a gone process: %s", entry)
-        remove_cgroup(entry)
-
-
-def kill_cgroup(path: Path | str, wait: float = 5.0) -> bool:
-    """Kill every process of the cgroup ``path`` and of its descendants (``cgroup.kill``) and
-    wait up to ``wait`` seconds for it to empty. Returns whether any process was in it.
-    Never raises."""
-    cg = Path(path)
-    if not populated(cg):
-        return False
-    try:
-        (cg / "cgroup.kill").write_text("1")
-    except OSError as exc:
-        log.warning("cgroup %s not killed: %s", cg, exc)
-        return True
-    deadline = time.monotonic() + wait
-    while populated(cg) and time.monotonic() < deadline:
-        time.sleep(_POLL)
-    return True
-
-
-def remove_cgroup(path: Path | str) -> None:
-    """Remove the empty cgroup ``path`` and its empty descendants. Never raises."""
-    cg = Path(path)
-    for sub in sorted((p for p in cg.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)):
-        with contextlib.suppress(OSError):
-            sub.rmdir()
-    with contextlib.suppress(OSError):
-        cg.rmdir()
-
-
-def populated(path: Path | str) -> bool:
-    """Whether a process lives in the cgroup ``path`` or below it (``False`` when it does not
-    exist)."""
-    try:
-        events = (Path(path) / "cgroup.events").read_text()
-    except OSError:
-        return False
-    return "populated 1" in events
-
-
-def cgroup_pids(path: Path | str) -> list[int]:
-    """The pids of the cgroup ``path`` and of its descendants (empty when it does not
-    exist)."""
-    found: list[int] = []
-    root = Path(path)
-    for procs in [root / "cgroup.procs", *root.rglob("*/cgroup.procs")]:
-        with contextlib.suppress(OSError):
-            found.extend(int(w) for w in procs.read_text().split())
-    return found
-
-
-def is_tree_cgroup(handle: str) -> bool:
-    """Whether ``handle`` names a tree's cgroup of this host's fleet (a ``t-*`` directory in a
-    ``w*`` scope inside the cgroup v2 hierarchy), so it may be killed on a record's word."""
-    mount = cgroup2_mount()
-    if not handle or mount is None:
-        return False
-    path = Path(handle)
-    return (
-        path.name.startswith("t-")
-        and path.parent.name.startswith("w")
-        and ".." not in path.parts
-        and path.is_relative_to(mount)
-    )
-
-
-def kill_handle(handle: str) -> bool:
-    """Kill the tree whose cgroup is ``handle`` (``Tree.handle``, as recorded) if it is one
-    (``is_tree_cgroup``), and remove its cgroup. Returns whether any process was in it."""
-    if not is_tree_cgroup(handle):
-        return False
-    killed = kill_cgroup(handle)
-    remove_cgroup(handle)
-    return killed
-
-
 def kill_tree_if_ours(pid: int, started: str | float | None, tree: str = "") -> bool:
     """Kill a recorded tree: the process group of ``pid`` if it is still the process that
     started at ``started`` (``ownership.kill_if_ours``), and every process of the cgroup
-    ``tree`` (``Tree.handle`` as recorded; ``kill_handle``), which outlives its leader.
+    ``tree`` (``Tree.handle`` as recorded; ``cgroups.kill_handle``), which outlives its leader.
     Returns whether anything of it was found (and so killed)."""
     leader = kill_if_ours(pid, started)
-    rest = kill_handle(tree)
+    rest = cgroups.kill_handle(tree)
     return leader or rest
 
 
@@ -265,13 +102,13 @@ def mode() -> Mode:
     wanted = get_settings().containment
     if wanted != "auto":
         found = Mode(wanted)
-    elif scope() is not None:
+    elif cgroups.scope() is not None:
         found = Mode.CGROUP
     elif _pid_namespace_works():
         found = Mode.PID_NAMESPACE
     else:
         found = Mode.PROCESS_GROUP
-    if found is Mode.CGROUP and scope() is None:
+    if found is Mode.CGROUP and cgroups.scope() is None:
         log.error("FLEET_CONTAINMENT=cgroup, but no cgroup v2 scope can be made here")
     _mode["mode"] = found
     log.info("process trees are contained by %s", found.value)
@@ -317,7 +154,7 @@ class Tree:
         """The pids of the tree's live processes (the leader's descendants, outside
         ``cgroup`` mode)."""
         if self.cgroup is not None:
-            return cgroup_pids(self.cgroup)
+            return cgroups.cgroup_pids(self.cgroup)
         if self.process.poll() is not None:
             return []
         try:
@@ -330,7 +167,7 @@ class Tree:
         """Whether any process of the tree lives (a leader that ended is reaped)."""
         leader = self.process.poll() is None
         if self.cgroup is not None:
-            return populated(self.cgroup)
+            return cgroups.populated(self.cgroup)
         if leader or self.mode is Mode.PID_NAMESPACE:
             return leader
         try:  # the leader's group may outlive it
@@ -352,7 +189,7 @@ class Tree:
 
     def kill(self) -> None:
         """SIGKILL every process of the tree (does not wait)."""
-        if self.cgroup is not None and populated(self.cgroup):
+        if self.cgroup is not None and cgroups.populated(self.cgroup):
             try:
                 (self.cgroup / "cgroup.kill").write_text("1")
             except OSError as exc:
@@ -390,7 +227,7 @@ class Tree:
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.process.wait(5)
         if self.cgroup is not None:
-            remove_cgroup(self.cgroup)
+            cgroups.remove_cgroup(self.cgroup)
 
 
 def start(
@@ -406,14 +243,14 @@ def start(
     ``pid-namespace`` mode the leader is ``unshare``, which dies (SIGKILL) with the thread
     that started it whatever ``preexec_fn`` asks. Raises ``OSError``."""
     found = using or mode()
-    home = scope() if found is Mode.CGROUP else None
+    home = cgroups.scope() if found is Mode.CGROUP else None
     if home is not None:
         cgroup = home / f"t-{uuid.uuid4().hex[:12]}"
         cgroup.mkdir()
         try:
             proc = subprocess.Popen(argv, preexec_fn=_enter(cgroup, preexec_fn), **popen)
         except BaseException:
-            remove_cgroup(cgroup)
+            cgroups.remove_cgroup(cgroup)
             raise
         return Tree(proc, found, cgroup)
     if found is Mode.PID_NAMESPACE:
@@ -449,7 +286,7 @@ def kill_scope_on_parent_death(scope_path: str | None = None) -> None:
 
     def _on_term(signum: int, frame: object) -> None:
         if owner.isdigit() and os.getppid() != int(owner):  # reparented: the worker is gone
-            kill_cgroup(path)
+            cgroups.kill_cgroup(path)
         os._exit(0)
 
     signal.signal(signal.SIGTERM, _on_term)
@@ -461,5 +298,5 @@ def scope_env() -> dict[str, str]:
     (``SCOPE_ENV``), or ``{}`` outside ``cgroup`` mode."""
     if mode() is not Mode.CGROUP:
         return {}
-    found = scope()
+    found = cgroups.scope()
     return {SCOPE_ENV: str(found)} if found is not None else {}

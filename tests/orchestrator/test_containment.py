@@ -18,7 +18,7 @@ from collections.abc import Iterator
 import psutil
 import pytest
 
-from orchestrator import archive, containment, jobs, sessions, steps, tools, turns
+from orchestrator import archive, cgroups, containment, jobs, sessions, steps, tools, turns
 from orchestrator.activity import census
 from orchestrator.jobs import JobState
 from orchestrator.model import Emit, StepAnswer, StepRequest, StopReason, ToolCall
@@ -85,10 +85,10 @@ def test_the_cgroup_v2_hierarchy_is_found_in_the_mount_table_wherever_it_is_moun
         "cgroup /sys/fs/cgroup/memory cgroup rw,memory 0 0\n"
         "cgroup2 /sys/fs/cgroup/unified cgroup2 rw,relatime 0 0\n"
     )
-    assert containment.cgroup2_mount(hybrid) == "/sys/fs/cgroup/unified"
-    assert containment.cgroup2_mount("cgroup2 /sys/fs/cgroup cgroup2 rw 0 0\n") == "/sys/fs/cgroup"
-    assert containment.cgroup2_mount("cgroup /sys/fs/cgroup/cpu cgroup rw 0 0\n") is None
-    assert containment.own_cgroup("1:cpu:/\n0::/a/b\n") == "/a/b"
+    assert cgroups.cgroup2_mount(hybrid) == "/sys/fs/cgroup/unified"
+    assert cgroups.cgroup2_mount("cgroup2 /sys/fs/cgroup cgroup2 rw 0 0\n") == "/sys/fs/cgroup"
+    assert cgroups.cgroup2_mount("cgroup /sys/fs/cgroup/cpu cgroup rw 0 0\n") is None
+    assert cgroups.own_cgroup("1:cpu:/\n0::/a/b\n") == "/a/b"
 
 
 @pytest.mark.parametrize("mode", [containment.Mode.CGROUP, containment.Mode.PID_NAMESPACE])
@@ -123,16 +123,16 @@ def test_a_cgroup_tree_outlives_its_leader_while_an_escaped_process_runs() -> No
         # Then the tree lives on with that process alone
         assert tree.alive() and tree.pids() == [escaped]
         # And a kill by its recorded handle reaches it, and removes its cgroup
-        assert containment.kill_handle(tree.handle)
+        assert cgroups.kill_handle(tree.handle)
         assert not alive(escaped) and not tree.alive()
         assert tree.cgroup is not None and not tree.cgroup.exists()
 
 
 def test_a_handle_outside_the_fleets_scopes_is_never_killed() -> None:
-    assert not containment.is_tree_cgroup("")
-    assert not containment.is_tree_cgroup("/sys/fs/cgroup/unified")
-    assert not containment.is_tree_cgroup("/tmp/w1-2/t-abc")
-    assert not containment.kill_handle("/tmp/w1-2/t-abc")
+    assert not cgroups.is_tree_cgroup("")
+    assert not cgroups.is_tree_cgroup("/sys/fs/cgroup/unified")
+    assert not cgroups.is_tree_cgroup("/tmp/w1-2/t-abc")
+    assert not cgroups.kill_handle("/tmp/w1-2/t-abc")
 
 
 # ----------------------------------------------------------------------------------- jobs
