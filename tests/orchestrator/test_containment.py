@@ -18,12 +18,13 @@ from collections.abc import Iterator
 import psutil
 import pytest
 
-from orchestrator import archive, cgroups, containment, jobs, sessions, steps, tools, turns
+from orchestrator import archive, cgroups, containment, jobs, sessions, turns
 from orchestrator.activity import census
 from orchestrator.jobs import JobState
 from orchestrator.model import Emit, StepAnswer, StepRequest, StopReason, ToolCall
 from orchestrator.store import Store
 from tests.helpers import RecordingDispatcher, wait_for
+from tests.orchestrator.support import run_turn
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -138,16 +139,23 @@ def test_a_handle_outside_the_fleets_scopes_is_never_killed() -> None:
 # ----------------------------------------------------------------------------------- jobs
 
 
+def escaping_job(store: Store, sup: jobs.JobSupervisor, sid: str, command: str) -> tuple[str, int]:
+    """A job of ``sid`` running ``command`` under ``sup``, the duration of the command's
+    first ``sleep`` marking the process it leaves: ``(job id, that process's pid)``."""
+    marker = command.split("sleep ")[1].split()[0]
+    jid = jobs.create_job(store, RecordingDispatcher(), sid, 600, command, command=command)
+    assert sup.start(sid, jid) == "running"
+    [escaped] = wait_for(lambda: sleeps(marker), message="the escaped sleep")
+    return jid, escaped
+
+
 def test_an_archived_jobs_setsid_process_dies_and_activity_is_empty_only_once_it_is_gone(
     store: Store, sid: str, supervisor: jobs.JobSupervisor
 ) -> None:
     marker = "777.123"
     with leftovers_killed(marker):
         # Given a job whose command leaves a process in a session of its own
-        cmd = f"setsid sleep {marker} & sleep 600"
-        jid = jobs.create_job(store, RecordingDispatcher(), sid, 600, cmd, command=cmd)
-        assert supervisor.start(sid, jid) == "running"
-        [escaped] = wait_for(lambda: sleeps(marker), message="the escaped sleep")
+        jid, escaped = escaping_job(store, supervisor, sid, f"setsid sleep {marker} & sleep 600")
         assert [a.id for a in census(store, sid)] == [jid]
 
         # When its session is archived with stopActivity (the host hears the gate's closure)
@@ -171,10 +179,7 @@ def test_a_job_whose_command_ended_runs_while_the_process_it_left_runs(
     marker = "1.4321"
     with leftovers_killed(marker):
         # Given a job whose command starts a setsid process and ends at once
-        cmd = f"setsid sleep {marker} &"
-        jid = jobs.create_job(store, RecordingDispatcher(), sid, 60, cmd, command=cmd)
-        assert supervisor.start(sid, jid) == "running"
-        [escaped] = wait_for(lambda: sleeps(marker), message="the escaped sleep")
+        jid, escaped = escaping_job(store, supervisor, sid, f"setsid sleep {marker} &")
         # Then the job runs, and counts as live, until that process ended
         while alive(escaped):
             assert job_state(store, jid) == JobState.RUNNING
@@ -201,19 +206,6 @@ class ShellOnce:
         return StepAnswer(stop=StopReason.END_TURN)
 
 
-def run_turn(store: Store, recorder: RecordingDispatcher, sid: str, model: ShellOnce) -> str:
-    """Start a turn and run its steps in this thread as the recorder receives them."""
-    tid = turns.start_turn(store, recorder, sid, "run it")
-    done = 0
-    while True:
-        sent = [a for t, a, _ in recorder.sent if t == "turn.step" and a[1] == tid]
-        if len(sent) == done:
-            return tid
-        _, _, index = sent[done]
-        steps.run_step(store, recorder, model, tools.run_tool, sid, tid, int(index))
-        done += 1
-
-
 @pytest.mark.parametrize(
     ("template", "marker"),
     [("setsid sleep {} &", "778.123"), ("( (sleep {} &) & )", "779.123")],
@@ -235,7 +227,7 @@ def test_a_shell_tool_calls_escaped_process_ends_with_the_call(
         looker = threading.Thread(target=look, daemon=True)
         looker.start()
         # When the turn completes
-        tid = run_turn(store, recorder, sid, ShellOnce(template.format(marker)))
+        tid = run_turn(store, recorder, sid, ShellOnce(template.format(marker)), "run it")
         stop_looking.set()
         looker.join(5)
         turn = turns.get_turn(store, tid)
