@@ -15,8 +15,11 @@ first of these modes the host allows (``mode()``; ``FLEET_CONTAINMENT`` picks on
   command ended, or ``unshare`` was killed) the kernel kills every other process of the
   namespace. The tree is alive while ``unshare`` is. A tree therefore never outlives its
   command's first process: a background process is killed when the command ends.
-* ``process-group``: neither is available; the tree is its leader's process group, which a
-  descendant can leave (``/ready`` and the docs say so).
+* ``subreaper``: neither is available; every process of the tree carries a mark in its
+  environment and the starting process is their child subreaper (``orchestrator/subreaper.py``):
+  a process that clears its environment escapes.
+* ``process-group``: none of these is possible (no ``/proc``); the tree is its leader's
+  process group, which a descendant can leave (``/ready`` and the docs say so).
 
 What dies with the worker: a tree's leader dies with the thread that started it
 (``processes.die_with_parent``). In ``cgroup`` mode the rest of the tree is killed by the
@@ -42,7 +45,7 @@ from typing import Any
 
 import psutil
 
-from orchestrator import cgroups
+from orchestrator import cgroups, subreaper
 from orchestrator.ownership import kill_if_ours
 from orchestrator.processes import die_with_parent
 from orchestrator.settings import get_settings
@@ -60,17 +63,34 @@ class Mode(StrEnum):
 
     CGROUP = "cgroup"  #: a cgroup v2 per tree, killed with ``cgroup.kill``
     PID_NAMESPACE = "pid-namespace"  #: a PID namespace per tree, its command as init
+    SUBREAPER = "subreaper"  #: marked processes, this process their child subreaper
     PROCESS_GROUP = "process-group"  #: only a process group: a descendant can leave it
 
 
 def kill_tree_if_ours(pid: int, started: str | float | None, tree: str = "") -> bool:
     """Kill a recorded tree: the process group of ``pid`` if it is still the process that
-    started at ``started`` (``ownership.kill_if_ours``), and every process of the cgroup
-    ``tree`` (``Tree.handle`` as recorded; ``cgroups.kill_handle``), which outlives its leader.
-    Returns whether anything of it was found (and so killed)."""
+    started at ``started`` (``ownership.kill_if_ours``), and every other process of the
+    tree (``kill_recorded``), which outlives its leader. Returns whether anything of it was
+    found (and so killed)."""
     leader = kill_if_ours(pid, started)
-    rest = cgroups.kill_handle(tree)
+    rest = kill_recorded(tree)
     return leader or rest
+
+
+def kill_recorded(handle: str) -> bool:
+    """Kill every process of the tree ``handle`` names (``Tree.handle`` as recorded: a cgroup
+    of the fleet's, ``cgroups.kill_handle``, or a tree mark, ``subreaper.kill_marked``); any
+    other text names nothing. Returns whether any process was found."""
+    if subreaper.is_mark(handle):
+        return subreaper.kill_marked(handle)
+    return cgroups.kill_handle(handle)
+
+
+def recorded_alive(handle: str) -> bool:
+    """Whether a process of the tree ``handle`` names (as ``kill_recorded``) lives."""
+    if subreaper.is_mark(handle):
+        return bool(subreaper.marked(handle))
+    return cgroups.is_tree_cgroup(handle) and cgroups.populated(handle)
 
 
 _mode: dict[str, Mode] = {}
@@ -95,7 +115,7 @@ _UNSHARE = ["--pid", "--fork", "--kill-child", "--mount-proc", "--"]
 def mode() -> Mode:
     """The containment mode in force in this process (detected once; ``FLEET_CONTAINMENT``
     names one, ``auto`` the first the host allows: ``cgroup``, ``pid-namespace``,
-    ``process-group``)."""
+    ``subreaper``, ``process-group``)."""
     found = _mode.get("mode")
     if found is not None:
         return found
@@ -106,6 +126,8 @@ def mode() -> Mode:
         found = Mode.CGROUP
     elif _pid_namespace_works():
         found = Mode.PID_NAMESPACE
+    elif subreaper.scope() is not None:
+        found = Mode.SUBREAPER
     else:
         found = Mode.PROCESS_GROUP
     if found is Mode.CGROUP and cgroups.scope() is None:
@@ -133,12 +155,21 @@ def _enter(cgroup: Path, then: Callable[[], None] | None) -> Callable[[], None]:
 
 class Tree:
     """One contained process tree (``start``): its leader ``process`` and the container
-    (``mode``; ``handle`` names its cgroup in ``cgroup`` mode, ``""`` otherwise)."""
+    (``mode``; ``handle`` names its cgroup or its mark, ``""`` in the other modes)."""
 
-    def __init__(self, process: subprocess.Popen[bytes], mode: Mode, cgroup: Path | None):
+    def __init__(
+        self,
+        process: subprocess.Popen[bytes],
+        mode: Mode,
+        cgroup: Path | None,
+        mark: str = "",
+    ) -> None:
         self.process = process
         self.mode = mode
         self.cgroup = cgroup
+        self.mark = mark
+        #: Orphans of the tree adopted by this process (``subreaper`` mode), to be reaped.
+        self._adopted: set[int] = set()
 
     @property
     def pid(self) -> int:
@@ -147,14 +178,23 @@ class Tree:
 
     @property
     def handle(self) -> str:
-        """What names this tree for another process (its cgroup's path, or ``""``)."""
-        return str(self.cgroup) if self.cgroup is not None else ""
+        """What names this tree for another process (its cgroup's path, its mark, or
+        ``""``): ``kill_recorded`` takes it."""
+        return str(self.cgroup) if self.cgroup is not None else self.mark
 
     def pids(self) -> list[int]:
         """The pids of the tree's live processes (the leader's descendants, outside
         ``cgroup`` mode)."""
         if self.cgroup is not None:
             return cgroups.cgroup_pids(self.cgroup)
+        if self.mark:
+            found = subreaper.marked(self.mark)
+            me = os.getpid()
+            for pid in found:
+                with contextlib.suppress(psutil.Error):
+                    if pid != self.pid and psutil.Process(pid).ppid() == me:
+                        self._adopted.add(pid)
+            return found
         if self.process.poll() is not None:
             return []
         try:
@@ -168,6 +208,9 @@ class Tree:
         leader = self.process.poll() is None
         if self.cgroup is not None:
             return cgroups.populated(self.cgroup)
+        if self.mark:
+            subreaper.reap(self._adopted)
+            return leader or bool(self.pids())
         if leader or self.mode is Mode.PID_NAMESPACE:
             return leader
         try:  # the leader's group may outlive it
@@ -179,7 +222,7 @@ class Tree:
     def signal(self, sig: int) -> None:
         """Send ``sig`` to every process of the tree (the leader's group outside ``cgroup``
         mode)."""
-        if self.cgroup is not None:
+        if self.cgroup is not None or self.mark:
             for pid in self.pids():
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.kill(pid, sig)
@@ -221,13 +264,18 @@ class Tree:
 
     def close(self) -> None:
         """Kill what is left of the tree, wait for it (up to 5 s) and remove its cgroup."""
-        if self.alive():
+        # A scan of marks is not atomic (a process may fork while /proc is read), so a
+        # marked tree is looked at again until a look finds none of it.
+        for _ in range(3 if self.mark else 1):
+            if not self.alive():
+                break
             self.kill()
             self.wait_gone(5)
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.process.wait(5)
         if self.cgroup is not None:
             cgroups.remove_cgroup(self.cgroup)
+        subreaper.reap(self._adopted)
 
 
 def start(
@@ -257,6 +305,12 @@ def start(
         unshare = shutil.which("unshare") or "unshare"
         proc = subprocess.Popen([unshare, *_UNSHARE, *argv], preexec_fn=die_with_parent(), **popen)
         return Tree(proc, found, None)
+    home_mark = subreaper.scope() if found is Mode.SUBREAPER else None
+    if home_mark is not None:
+        mark = f"{home_mark}/t-{uuid.uuid4().hex[:12]}"
+        env = {**(popen.pop("env", None) or os.environ), subreaper.MARK_ENV: mark}
+        proc = subprocess.Popen(argv, preexec_fn=preexec_fn, env=env, **popen)
+        return Tree(proc, found, None, mark)
     proc = subprocess.Popen(argv, preexec_fn=preexec_fn, **popen)
     return Tree(proc, Mode.PROCESS_GROUP, None)
 
@@ -286,7 +340,10 @@ def kill_scope_on_parent_death(scope_path: str | None = None) -> None:
 
     def _on_term(signum: int, frame: object) -> None:
         if owner.isdigit() and os.getppid() != int(owner):  # reparented: the worker is gone
-            cgroups.kill_cgroup(path)
+            if path.startswith("/"):
+                cgroups.kill_cgroup(path)
+            else:
+                subreaper.kill_marked(f"{path}/")
         os._exit(0)
 
     signal.signal(signal.SIGTERM, _on_term)
@@ -295,8 +352,12 @@ def kill_scope_on_parent_death(scope_path: str | None = None) -> None:
 
 def scope_env() -> dict[str, str]:
     """The environment a watchdog needs to kill this process's trees when it dies
-    (``SCOPE_ENV``), or ``{}`` outside ``cgroup`` mode."""
-    if mode() is not Mode.CGROUP:
+    (``SCOPE_ENV``: a cgroup path, or a scope mark), or ``{}`` in the other modes."""
+    current = mode()
+    if current is Mode.CGROUP:
+        found: Path | str | None = cgroups.scope()
+    elif current is Mode.SUBREAPER:
+        found = subreaper.scope()
+    else:
         return {}
-    found = cgroups.scope()
     return {SCOPE_ENV: str(found)} if found is not None else {}

@@ -48,7 +48,7 @@ import time
 from collections.abc import Iterable
 from typing import Any, BinaryIO
 
-from orchestrator import cgroups, containment, watchdogs
+from orchestrator import containment, watchdogs
 from orchestrator.errors import StoreUnavailable
 from orchestrator.ownership import is_process, process_start
 from orchestrator.sharing import PerStore
@@ -109,7 +109,7 @@ class ExecWatch:
         TTL counts from then at the latest) or ``None`` (it could not be read: the lapse time
         last read stands). Returns whether the watch is over (the command is gone or was
         killed)."""
-        if not is_process(self.pid, self.started) and not cgroups.populated(self.tree):
+        if not is_process(self.pid, self.started) and not containment.recorded_alive(self.tree):
             return True
         if lease is not None:
             token, ttl_ms = lease

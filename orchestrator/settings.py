@@ -194,8 +194,8 @@ class FleetSettings(BaseSettings):
     tool_output_max_bytes: int = Field(default=16_384, ge=0)
     #: How the process trees of jobs and ``shell`` tool calls are contained
     #: (``orchestrator/containment.py``): ``auto`` (the first the host allows), ``cgroup``,
-    #: ``pid-namespace`` or ``process-group``.
-    containment: Literal["auto", "cgroup", "pid-namespace", "process-group"] = "auto"
+    #: ``pid-namespace``, ``subreaper`` or ``process-group``.
+    containment: Literal["auto", "cgroup", "pid-namespace", "subreaper", "process-group"] = "auto"
     #: The cgroup v2 path (inside the hierarchy) holding the trees' cgroups; empty:
     #: ``agent-fleet`` inside the process's own cgroup.
     containment_cgroup: str = ""

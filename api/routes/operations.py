@@ -51,8 +51,9 @@ def readiness(store: Store, dispatcher: Dispatcher) -> tuple[bool, dict[str, Any
     """``(ready, body)``: ready when Redis answers, the broker is reachable and every family
     has at least one live worker. ``body`` is ``{"redis", "broker", "workers": {family:
     [node, ...]}, "containment"}``: ``containment`` is how this host contains the process
-    trees the fleet starts (``cgroup``, ``pid-namespace``, or ``process-group``, where a
-    process that leaves its group escapes; ``orchestrator/containment.py``)."""
+    trees the fleet starts (``cgroup``, ``pid-namespace``, ``subreaper``, or
+    ``process-group``, where a process that leaves its group escapes;
+    ``orchestrator/containment.py``)."""
     try:
         store.redis.ping()
         workers = live_workers(store)

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import contextlib
 import json
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -110,6 +112,43 @@ def test_a_tree_is_alive_while_an_escaped_process_is_and_its_kill_reaches_it(
         # Then no process of it is left, the escaped one included
         assert not tree.alive()
         wait_for(lambda: not alive(escaped), 2, message="the escaped process to die")
+
+
+SUBREAPER_PROBE = """
+import json, sys, time
+from orchestrator import containment
+mode = containment.Mode.SUBREAPER
+tree = containment.start(["/bin/sh", "-c", sys.argv[1]], using=mode)
+tree.process.wait(10)  # the command ended, its escaped processes run on
+deadline = time.monotonic() + 10
+while len(tree.pids()) < 2 and time.monotonic() < deadline:
+    time.sleep(0.02)
+seen, alive = tree.pids(), tree.alive()
+tree.close()
+print(json.dumps({"mode": tree.mode, "seen": seen, "alive": alive, "after": tree.pids()}))
+"""
+
+
+def test_a_subreaper_tree_finds_its_escaped_processes_by_their_mark_and_kills_them() -> None:
+    # In a process of its own: it becomes a child subreaper
+    marker = "41.7176"
+    with leftovers_killed(marker):
+        # Given a tree whose command leaves two processes (setsid, double fork) and ends
+        command = f"setsid sleep {marker} & ( (sleep {marker} &) & )"
+        done = subprocess.run(
+            [sys.executable, "-c", SUBREAPER_PROBE, command],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
+        )
+        assert done.returncode == 0, done.stderr[-2000:]
+        found = json.loads(done.stdout)
+        # Then the tree was alive by them, and none of them is left once it is closed
+        assert found["mode"] == "subreaper"
+        assert len(found["seen"]) == 2 and found["alive"], found
+        assert found["after"] == [] and not any(alive(pid) for pid in found["seen"])
+        assert sleeps(marker) == []
 
 
 def test_a_cgroup_tree_outlives_its_leader_while_an_escaped_process_runs() -> None:
