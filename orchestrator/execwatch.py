@@ -16,13 +16,15 @@ closes), which the worker's freeze does not reach. Per command it watches (``Exe
   ``watchdogs.READ_TIMEOUT``) and keeps the local (monotonic) time it lapses, as last read;
 * once less than a third of a lease is left (the step watch refreshes it every second of a
   five-second lease), or the lease is gone or held by another copy of the step, it kills the
-  command's process group (SIGKILL, only after the pid is verified by its start time,
-  ``ownership.kill_if_ours``) and stops watching it. When Redis cannot be read it judges by
+  command's process tree (SIGKILL to its group, only after the pid is verified by its start
+  time, and ``cgroup.kill`` of its cgroup: ``containment.kill_tree_if_ours``) and stops
+  watching it. When Redis cannot be read it judges by
   the lapse time it last read, since the server's TTL keeps running;
-* it stops watching a command once its process is gone, or when the worker says it ended.
+* it stops watching a command once its tree is gone, or when the worker says it ended.
 
 The worker speaks to its warden over the warden's stdin, one JSON object per line:
-``{"watch": [turn_id, token, lease_ms, pid, pid_start]}`` and ``{"drop": [pid, pid_start]}``.
+``{"watch": [turn_id, token, lease_ms, pid, pid_start, tree]}`` (``tree``: the command's
+cgroup, ``containment.Tree.handle``, ``""`` for none) and ``{"drop": [pid, pid_start]}``.
 A warden found dead (killed, or the thread that started it ended) is started again with every
 command still watched; one that does not take a line at once (frozen, its pipe full) is
 killed and replaced, so a command never waits on it.
@@ -46,9 +48,9 @@ import time
 from collections.abc import Iterable
 from typing import Any, BinaryIO
 
-from orchestrator import watchdogs
+from orchestrator import containment, watchdogs
 from orchestrator.errors import StoreUnavailable
-from orchestrator.ownership import is_process, kill_if_ours, process_start
+from orchestrator.ownership import is_process, process_start
 from orchestrator.sharing import PerStore
 from orchestrator.store import Store, translated
 
@@ -83,14 +85,18 @@ def _read(store: Store, turn_ids: list[str]) -> dict[str, Lease]:
 
 
 class ExecWatch:
-    """Watches one command (``pid``, started at ``started``) of the step copy ``token`` of
-    turn ``turn_id`` (see the module docstring); ``judge`` does one pass."""
+    """Watches one command (``pid``, started at ``started``, its tree's cgroup ``tree``) of the
+    step copy ``token`` of turn ``turn_id`` (see the module docstring); ``judge`` does one
+    pass."""
 
-    def __init__(self, turn_id: str, token: str, lease_ms: int, pid: int, started: str) -> None:
+    def __init__(
+        self, turn_id: str, token: str, lease_ms: int, pid: int, started: str, tree: str = ""
+    ) -> None:
         self.turn_id = turn_id
         self.token = token
         self.pid = pid
         self.started = started
+        self.tree = tree
         self.margin = watchdogs.kill_margin(lease_ms)
         self.interval = watchdogs.poll_interval(lease_ms)
         #: Monotonic seconds at which the lease lapses, as last read.
@@ -103,7 +109,7 @@ class ExecWatch:
         TTL counts from then at the latest) or ``None`` (it could not be read: the lapse time
         last read stands). Returns whether the watch is over (the command is gone or was
         killed)."""
-        if not is_process(self.pid, self.started):
+        if not is_process(self.pid, self.started) and not containment.recorded_alive(self.tree):
             return True
         if lease is not None:
             token, ttl_ms = lease
@@ -111,7 +117,7 @@ class ExecWatch:
             self.lapses = asked + ttl_ms / 1000 if held else float("-inf")
         if self.lapses - time.monotonic() >= self.margin:
             return False
-        if kill_if_ours(self.pid, self.started):
+        if containment.kill_tree_if_ours(self.pid, self.started, self.tree):
             log.warning(
                 "turn %s: its step's lease ran out (worker frozen?): shell command killed (pid %d)",
                 self.turn_id,
@@ -134,9 +140,11 @@ class Watching:
     def handle(self, request: dict[str, Any]) -> None:
         """Raises ``ValueError``/``TypeError`` for a request of another shape."""
         if "watch" in request:
-            turn_id, token, lease_ms, pid, started = request["watch"]
+            turn_id, token, lease_ms, pid, started, *tree = request["watch"]
             key = (int(pid), str(started))
-            self.watches[key] = ExecWatch(str(turn_id), str(token), int(lease_ms), *key)
+            self.watches[key] = ExecWatch(
+                str(turn_id), str(token), int(lease_ms), *key, str(tree[0]) if tree else ""
+            )
         elif "drop" in request:
             pid, started = request["drop"]
             self.watches.pop((int(pid), str(started)), None)
@@ -260,15 +268,18 @@ class Warden:
             self._proc = None
             self._start()
 
-    def watch(self, turn_id: str, token: str, lease_ms: int, pid: int) -> Watch | None:
-        """Have command ``pid`` of step copy ``token`` of ``turn_id`` (lease ``lease_ms``)
-        watched. ``None`` when its start time cannot be read (it is already gone). Raises
-        ``OSError`` when no warden can be started."""
+    def watch(
+        self, turn_id: str, token: str, lease_ms: int, pid: int, tree: str = ""
+    ) -> Watch | None:
+        """Have command ``pid`` (its tree's cgroup ``tree``, ``containment.Tree.handle``) of
+        step copy ``token`` of ``turn_id`` (lease ``lease_ms``) watched. ``None`` when its
+        start time cannot be read (it is already gone). Raises ``OSError`` when no warden can
+        be started."""
         started = process_start(pid)
         if started is None:
             return None
         key = (pid, repr(started))
-        request = {"watch": [turn_id, token, lease_ms, pid, key[1]]}
+        request = {"watch": [turn_id, token, lease_ms, pid, key[1], tree]}
         with self._lock:
             self._watched[key] = request
             self._send(request)

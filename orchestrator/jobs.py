@@ -2,9 +2,11 @@
 
 A job is stored when a turn asks for it (state ``starting``, with a start lease), taken by one
 job worker (``job_claim.lua``: refused if the lineage is archived by then), and supervised there
-by ``JobSupervisor``: the process runs in its own process group, dies with the worker (Linux
-``PR_SET_PDEATHSIG``), and its lease is refreshed while it runs (``job_renew.lua``: only while
-the job is still running and claimed by this worker). Liveness is the lease: a job whose worker
+by ``JobSupervisor``: the process runs contained (``orchestrator/containment.py``: a cgroup of
+its own, or a PID namespace, which no descendant can leave), its leader dies with the worker
+(Linux ``PR_SET_PDEATHSIG``) and the rest of its tree with it, and its lease is refreshed
+while it runs (``job_renew.lua``: only while the job is still running and claimed by this
+worker). Liveness is the lease: a job whose worker
 died stops counting once the lease lapses (``activity`` marks it ``lost``). A lost job is dead:
 a killed worker's jobs die with it; a frozen worker's are killed by its watchdog
 (``orchestrator/jobwatch.py``) before their leases lapse; a worker that resumes and finds a
@@ -17,7 +19,12 @@ whose session the gate now refuses is stopped at once. The ``job.stop`` request 
 finds it stopped. When the subscription is made, or made again after a Redis failure, it asks
 the gate about every job it runs, so a closure announced while nobody listened is not missed.
 
-Stopping is cooperative first: SIGTERM to the process group, SIGKILL after the grace period.
+A job runs while any process of its tree does: a command that ends leaving a background
+process behind (``setsid CMD &``) keeps its job ``running`` (its lease renewed) until that
+process ends too, or until the job's ``seconds`` are over, when the rest of the tree is killed.
+
+Stopping is cooperative first: SIGTERM to every process of the tree, SIGKILL to the whole tree
+after the grace period; the job is recorded ``stopped`` once no process of it is left.
 A stop signals only a process that is verifiably the job's (``orchestrator/ownership.py``):
 one this supervisor forked, or an orphan of an earlier worker of this host whose pid still
 names a process that started when the job's did; any other pid is left alone and the job is
@@ -26,10 +33,7 @@ recorded ``lost``.
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import os
-import signal
 import subprocess
 import threading
 import time
@@ -38,12 +42,12 @@ from concurrent import futures
 from dataclasses import dataclass
 from enum import StrEnum
 
-from orchestrator import activity, gate, jobwatch, limits
+from orchestrator import activity, containment, gate, jobwatch, limits
 from orchestrator.errors import FleetError, TurnStopped
 from orchestrator.families import Dispatcher, Family, Task, work_queue
 from orchestrator.fencing import StepGuard
 from orchestrator.ownership import new_instance, process_start
-from orchestrator.processes import die_with_parent, under_timeout
+from orchestrator.processes import KILL_GRACE_SECONDS, die_with_parent, under_timeout
 from orchestrator.store import Store, iso, new_id, retried
 
 log = logging.getLogger(__name__)
@@ -78,8 +82,8 @@ def job_fields(store: Store, job_id: str, *fields: str) -> list[str | None]:
 
 
 @retried
-def _record_pid(store: Store, job_id: str, pid: int, started: float | None) -> None:
-    fields = {"pid": pid, "pidStart": "" if started is None else repr(started)}
+def _record_pid(store: Store, job_id: str, pid: int, started: float | None, tree: str) -> None:
+    fields = {"pid": pid, "pidStart": "" if started is None else repr(started), "tree": tree}
     store.redis.hset(store.keys.job(job_id), mapping=fields)
 
 
@@ -132,10 +136,17 @@ def create_job(
 class _Running:
     job_id: str
     session_id: str
-    process: subprocess.Popen[bytes]
+    tree: containment.Tree
+    #: Monotonic seconds after which what is left of the tree is killed (its time limit).
+    deadline: float = float("inf")
     #: Set (under the supervisor's lock) before a stop signals the process, so the reaper,
     #: which may see it end first, leaves recording its end to the stop (``stopped``).
     stopping: bool = False
+
+    @property
+    def process(self) -> subprocess.Popen[bytes]:
+        """The tree's leader."""
+        return self.tree.process
 
 
 class JobSupervisor:
@@ -316,30 +327,22 @@ class JobSupervisor:
 
     # -- internals ---------------------------------------------------------------------------
     def _terminate(self, run: _Running) -> str:
-        """Stop one process (SIGTERM, SIGKILL after the grace period) and record the job
-        ``stopped``. A second caller while a stop is under way (the ``job.stop`` task and the
-        gate watch may meet here) waits for that process to end instead of signalling it
-        again."""
+        """Stop one process tree (SIGTERM, SIGKILL after the grace period) and record the job
+        ``stopped`` once none of its processes is left. A second caller while a stop is under
+        way (the ``job.stop`` task and the gate watch may meet here) waits for the tree to end
+        instead of signalling it again."""
         proc = run.process
         extra = {"session_id": run.session_id, "family": "job"}
         with self._lock:
             first, run.stopping = not run.stopping, True
         if not first:
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(self.grace + 5)
+            run.tree.wait_gone(self.grace + 5)
             return "stopped"
-        if proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(self.grace)
-            except subprocess.TimeoutExpired:
-                log.warning(
-                    "job %s ignored SIGTERM for %.1fs; killing", run.job_id, self.grace, extra=extra
-                )
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait(5)
+        if run.tree.alive() and not run.tree.stop(self.grace):
+            log.warning(
+                "job %s ignored SIGTERM for %.1fs; killed", run.job_id, self.grace, extra=extra
+            )
+        run.tree.close()
         with self._lock:
             self._running.pop(run.job_id, None)
         end_job(self.store, run.job_id, JobState.STOPPED, str(proc.returncode))
@@ -357,7 +360,7 @@ class JobSupervisor:
             else:
                 argv, preexec = self.command(seconds), die_with_parent()
             try:
-                proc = subprocess.Popen(
+                tree = containment.start(
                     argv,
                     stdin=subprocess.DEVNULL,
                     stdout=subprocess.DEVNULL,
@@ -367,12 +370,16 @@ class JobSupervisor:
             except OSError as exc:
                 self._settle(job_id, error=exc)
                 continue
+            proc = tree.process
+            limit = seconds + self.grace + KILL_GRACE_SECONDS if seconds > 0 else float("inf")
             with self._lock:
-                self._running[job_id] = _Running(job_id, session_id, proc)
+                self._running[job_id] = _Running(
+                    job_id, session_id, tree, deadline=time.monotonic() + limit
+                )
                 closed_lately = session_id in self._recently_closed
             if closed_lately:  # claimed just before an archive heard already: ask the gate
                 self._heard({session_id})
-            _record_pid(self.store, job_id, proc.pid, process_start(proc.pid))
+            _record_pid(self.store, job_id, proc.pid, process_start(proc.pid), tree.handle)
             log.info(
                 "job %s running as pid %d for %gs",
                 job_id,
@@ -385,15 +392,13 @@ class JobSupervisor:
     def _renew(self, run: _Running) -> None:
         """Renew the lease of a running job (``job_renew.lua``). When refused (the lease
         lapsed while this worker was frozen, the census may have recorded it ``lost``, or the
-        job is no longer this instance's), the job must not run on: its process group is
+        job is no longer this instance's), the job must not run on: its process tree is
         killed, it is recorded ``lost`` if still ``running``, and no longer tracked."""
         renewed = self.store.run("job_renew", [run.job_id, self.instance, self.lease_ms])
         with self._lock:
             if renewed == "ok" or run.stopping or self._running.pop(run.job_id, None) is None:
                 return
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(run.process.pid, signal.SIGKILL)
-        run.process.wait(5)
+        run.tree.close()
         reason = f"its lease was not renewable ({renewed}): killed by its worker on resuming"
         end_job(self.store, run.job_id, JobState.LOST, reason=reason)
         log.warning(
@@ -408,12 +413,15 @@ class JobSupervisor:
             runs = list(self._running.values())
         for run in runs:
             code = run.process.poll()
-            if code is None:
+            if code is not None and time.monotonic() >= run.deadline and run.tree.alive():
+                run.tree.close()  # its command ended, what it left behind is out of time
+            if code is None or run.tree.alive():  # live while any process of its tree is
                 self._renew(run)
                 continue
             with self._lock:
                 if run.stopping or self._running.pop(run.job_id, None) is None:
                     continue  # being stopped right now; _terminate records it
+            run.tree.close()  # its (empty) cgroup
             end_job(self.store, run.job_id, JobState.EXITED, str(code))
             log.info(
                 "job %s exited with %d",

@@ -8,9 +8,9 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
+from orchestrator.containment import kill_tree_if_ours
 from orchestrator.families import Dispatcher, Family, Task, control_queue
 from orchestrator.jobs import JobState, end_job, job_fields
-from orchestrator.ownership import kill_if_ours
 from orchestrator.store import Store
 
 log = logging.getLogger(__name__)
@@ -42,29 +42,32 @@ def stop_unclaimed(
         if result != JobState.RUNNING.value:
             outcomes[jid] = str(result)
             continue
-        host, instance, pid, started = job_fields(store, jid, "host", "instance", "pid", "pidStart")
+        host, instance, pid, started, tree = job_fields(
+            store, jid, "host", "instance", "pid", "pidStart", "tree"
+        )
         if host and host != local_host:
             dispatcher.send(Task.JOB_STOP, [session_id, [jid]], control_queue(Family.JOB, host))
             outcomes[jid] = f"forwarded to {host}"
         elif instance == local_instance:
             outcomes[jid] = stop_local(jid)
         else:
-            outcomes[jid] = _stop_orphan(store, session_id, jid, pid, started)
+            outcomes[jid] = _stop_orphan(store, session_id, jid, pid, started, tree or "")
     return outcomes
 
 
 def _stop_orphan(
-    store: Store, session_id: str, jid: str, pid: str | None, started: str | None
+    store: Store, session_id: str, jid: str, pid: str | None, started: str | None, tree: str
 ) -> str:
     """A job left running by an earlier worker of this host: with no pid recorded it just
     ends ``stopped``; its process group is killed only if its pid still names the process
-    that started at ``pidStart``; otherwise the pid is not ours (reused, or another pid
+    that started at ``pidStart``, and so is its recorded cgroup (``tree``: what of the tree
+    outlived its leader); otherwise the pid is not ours (reused, or another pid
     namespace), nothing is signalled and the job is recorded ``lost``."""
     extra = {"session_id": session_id, "family": "job"}
     if not pid:  # its worker died between the claim and the fork: there is nothing to signal
         end_job(store, jid, JobState.STOPPED)
         return "stopped (no process was recorded)"
-    if kill_if_ours(int(pid), started):
+    if kill_tree_if_ours(int(pid), started, tree):
         end_job(store, jid, JobState.STOPPED)
         log.warning("job %s: orphan of an earlier worker killed (pid %s)", jid, pid, extra=extra)
         return "orphan killed"

@@ -12,8 +12,9 @@ as a child process of its own (``JobSupervisor`` starts it; it dies with the wor
   per job, the local (monotonic) time its lease lapses as last read;
 * a job whose lease has less than a third of a lease left (the supervisor, renewing every
   quarter, keeps at least three quarters), or whose record is no longer ``running`` while its
-  process still lives, has its process group killed (SIGKILL, only after its pid is verified
-  by its start time, ``ownership.kill_if_ours``) *before* the lease lapses, then is recorded
+  process still lives, has its process tree killed (SIGKILL to its leader's group, only after
+  its pid is verified by its start time, and ``cgroup.kill`` of its recorded cgroup,
+  ``containment.kill_tree_if_ours``) *before* the lease lapses, then is recorded
   ``lost`` with a ``reason`` (``job_end.lua``, one script; a no-op if it ended otherwise).
 
 Consequence: when the census sees a lapsed lease, the job's process is already gone. A
@@ -40,8 +41,8 @@ import time
 from dataclasses import dataclass
 
 from orchestrator import watchdogs
+from orchestrator.containment import kill_tree_if_ours
 from orchestrator.errors import StoreUnavailable
-from orchestrator.ownership import kill_if_ours
 from orchestrator.settings import get_settings
 from orchestrator.store import Store, iso, translated
 
@@ -63,14 +64,17 @@ LATE_REASON = (
 class _Watched:
     pid: int
     started: str
+    #: Its tree's recorded cgroup (``containment.Tree.handle``; ``""``: none).
+    tree: str
     #: Monotonic seconds at which the lease lapses, as last read (``-inf``: kill now).
     lapses: float
     #: The last lapse time read while the lease still ran (``lapses`` may be ``-inf`` since).
     renewed_until: float = float("-inf")
 
 
-#: Per job id: state, instance, pid, pidStart and the lease's remaining TTL in ms (< 0: none).
-Row = tuple[str | None, str | None, str | None, str | None, int]
+#: Per job id: state, instance, pid, pidStart, tree and the lease's remaining TTL in ms
+#: (< 0: none).
+Row = tuple[str | None, str | None, str | None, str | None, str | None, int]
 
 
 def _read(store: Store, host: str, known: list[str]) -> dict[str, Row]:
@@ -80,7 +84,7 @@ def _read(store: Store, host: str, known: list[str]) -> dict[str, Row]:
         jids = sorted(set(store.redis.smembers(store.keys.host_jobs(host))) | set(known))
         pipe = store.redis.pipeline(transaction=False)
         for jid in jids:
-            pipe.hmget(store.keys.job(jid), "state", "instance", "pid", "pidStart")
+            pipe.hmget(store.keys.job(jid), "state", "instance", "pid", "pidStart", "tree")
             pipe.pttl(store.keys.job_lease(jid))
         found = pipe.execute() if jids else []
     return {jid: (*found[2 * i], int(found[2 * i + 1])) for i, jid in enumerate(jids)}
@@ -114,7 +118,7 @@ class Watchdog:
         for jid, job in list(self._watched.items()):
             if job.lapses - now < self.margin:
                 del self._watched[jid]
-                if kill_if_ours(job.pid, job.started):
+                if kill_tree_if_ours(job.pid, job.started, job.tree):
                     late = time.monotonic() - job.renewed_until
                     late_ok = 0 < late < float("inf")
                     killed.append(
@@ -125,13 +129,13 @@ class Watchdog:
         return [jid for jid, _, _ in killed]
 
     def _learn(self, rows: dict[str, Row], now: float) -> None:
-        for jid, (state, instance, pid, started, ttl_ms) in rows.items():
+        for jid, (state, instance, pid, started, tree, ttl_ms) in rows.items():
             ours = state == "running" and instance == self.instance
             if ours and pid:
                 lapses = now + ttl_ms / 1000 if ttl_ms > 0 else float("-inf")
                 known = self._watched.get(jid)
                 until = lapses if ttl_ms > 0 else known.renewed_until if known else lapses
-                self._watched[jid] = _Watched(int(pid), started or "", lapses, until)
+                self._watched[jid] = _Watched(int(pid), started or "", tree or "", lapses, until)
             elif jid in self._watched and not ours:
                 # Ended (its process is gone, so nothing is signalled) or counted lost by the
                 # census (a whole host frozen and thawed): its process must not run on.

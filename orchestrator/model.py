@@ -18,6 +18,10 @@ network. Its tool calls are calls of the fleet's tools (``orchestrator/toolbox.p
 ``think SECONDS``          a model request that takes SECONDS
 ``exec SECONDS``           ``shell``: a real child process (``sleep``) for SECONDS inside the turn
 ``run SECONDS``            ``start_job``: a background job (``sleep``) living SECONDS
+``escape SECONDS``         ``start_job``: a job whose command also starts a ``sleep SECONDS`` in a
+                           session of its own (``setsid``), beside its own ``sleep SECONDS``
+``escape_exec SECONDS``    ``shell``: a command that starts ``sleep SECONDS`` in a session of its
+                           own and another by a double fork, then sleeps SECONDS itself
 ``spawn TEXT``             ``spawn_subagent``: a subagent whose prompt is TEXT (``|`` = newline)
 ``remind SECONDS TEXT``    ``set_reminder``: after SECONDS a turn with TEXT starts
 =========================  ====================================================================
@@ -211,6 +215,8 @@ class Verb(StrEnum):
     THINK = "think"
     EXEC = "exec"
     RUN = "run"
+    ESCAPE = "escape"
+    ESCAPE_EXEC = "escape_exec"
     SPAWN = "spawn"
     REMIND = "remind"
 
@@ -257,7 +263,7 @@ def parse_instruction(line: str, line_no: int) -> Instruction:
         ) from None
     if verb is Verb.SAY:
         return Instruction(verb, text=rest)
-    if verb in (Verb.THINK, Verb.EXEC, Verb.RUN):
+    if verb in (Verb.THINK, Verb.EXEC, Verb.RUN, Verb.ESCAPE, Verb.ESCAPE_EXEC):
         return Instruction(verb, seconds=_seconds(rest, line_no, line))
     if verb is Verb.SPAWN:
         if not rest:
@@ -270,12 +276,16 @@ def parse_instruction(line: str, line_no: int) -> Instruction:
 
 
 def tool_call_of(instruction: Instruction) -> ToolCall:
-    """The fleet tool call a tool instruction (``exec``, ``run``, ``spawn``, ``remind``)
-    stands for."""
+    """The fleet tool call a tool instruction (``exec``, ``run``, ``escape``,
+    ``escape_exec``, ``spawn``, ``remind``) stands for."""
     sleep = f"sleep {instruction.seconds:g}"
+    escaping = f"setsid {sleep} & {sleep}"
+    forking = f"setsid {sleep} & ( ({sleep} &) & ); {sleep}"
     name, args = {
         Verb.EXEC: ("shell", {"command": sleep, "timeout_seconds": MAX_SECONDS}),
         Verb.RUN: ("start_job", {"command": sleep, "timeout_seconds": MAX_SECONDS}),
+        Verb.ESCAPE: ("start_job", {"command": escaping, "timeout_seconds": MAX_SECONDS}),
+        Verb.ESCAPE_EXEC: ("shell", {"command": forking, "timeout_seconds": MAX_SECONDS}),
         Verb.SPAWN: ("spawn_subagent", {"prompt": instruction.text}),
         Verb.REMIND: ("set_reminder", {"seconds": instruction.seconds, "prompt": instruction.text}),
     }[instruction.verb]

@@ -240,6 +240,13 @@ class FleetSettings(BaseSettings):
     tools: str = ",".join(TOOL_NAMES)
     #: Most bytes of a ``shell`` command's output a tool result keeps.
     tool_output_max_bytes: int = Field(default=16_384, ge=0)
+    #: How the process trees of jobs and ``shell`` tool calls are contained
+    #: (``orchestrator/containment.py``): ``auto`` (the first the host allows), ``cgroup``,
+    #: ``pid-namespace``, ``subreaper`` or ``process-group``.
+    containment: Literal["auto", "cgroup", "pid-namespace", "subreaper", "process-group"] = "auto"
+    #: The cgroup v2 path (inside the hierarchy) holding the trees' cgroups; empty:
+    #: ``agent-fleet`` inside the process's own cgroup.
+    containment_cgroup: str = ""
     #: Audit entries kept per session (``fleet audit SESSION``); older ones are trimmed.
     audit_max_per_session: int = Field(default=1000, ge=1)
     #: Audit entries kept in the fleet-wide trail (``GET /audit``).

@@ -24,17 +24,15 @@ them back into the conversation).
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
-import signal
 import subprocess
 import tempfile
 import threading
 import time
 from typing import IO, Any
 
-from orchestrator import execwatch
+from orchestrator import containment, execwatch
 from orchestrator.errors import LimitReached, SessionArchived, TurnStopped
 from orchestrator.families import Dispatcher
 from orchestrator.fencing import StepGuard
@@ -70,18 +68,6 @@ def _drain(pipe: IO[bytes], keep: int, box: bytearray, total: list[int]) -> None
             box.extend(chunk[: keep - len(box)])
 
 
-def _kill_group(proc: subprocess.Popen[bytes]) -> None:
-    """SIGTERM the child's process group, SIGKILL it if it lingers."""
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGTERM)
-    try:
-        proc.wait(2)
-    except subprocess.TimeoutExpired:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(5)
-
-
 def _shell(
     store: Store, guard: StepGuard, args: ShellArgs, cwd: str, cancel: threading.Event
 ) -> tuple[str, str]:
@@ -98,16 +84,20 @@ def _shell(
 def _run_shell(
     store: Store, guard: StepGuard, args: ShellArgs, cwd: str, cancel: threading.Event, note: str
 ) -> tuple[str, str]:
-    """Kill the command's process group at its timeout or once ``cancel`` is set; this
-    process's exec warden (``orchestrator/execwatch.py``) kills it if the step's lease runs out
-    (a frozen worker). Returns (status, text): the exit status and the first
+    """Run the command as a contained process tree (``orchestrator/containment.py``) and
+    kill the whole tree at its timeout, once ``cancel`` is set, and when the command ends: a
+    process it started in the background (even one that left its process group, ``setsid
+    CMD &``) does not outlive its tool call. This process's exec warden
+    (``orchestrator/execwatch.py``) kills the tree if the step's lease runs out (a frozen
+    worker). Returns (status, text): the exit status and the first
     ``FLEET_TOOL_OUTPUT_MAX_BYTES`` of its output (stdout and stderr), after ``note``."""
     keep = get_settings().tool_output_max_bytes
     # Under timeout (no time limit of its own: this loop keeps it), leading its own process
     # group, which dies whole with the worker thread running the step (SIGTERM, then SIGKILL
-    # after KILL_GRACE_SECONDS), before the step's lease lapses and a resumed copy runs it.
+    # after KILL_GRACE_SECONDS), before the step's lease lapses and a resumed copy runs it;
+    # the rest of the tree dies with the worker's watchdogs (containment).
     argv, preexec = under_timeout(["/bin/sh", "-c", args.command])
-    proc = subprocess.Popen(
+    tree = containment.start(
         argv,
         cwd=cwd,
         stdin=subprocess.DEVNULL,
@@ -115,6 +105,7 @@ def _run_shell(
         stderr=subprocess.STDOUT,
         preexec_fn=preexec,
     )
+    proc = tree.process
     output, total = bytearray(), [0]
     assert proc.stdout is not None
     drain = (proc.stdout, keep, output, total)
@@ -124,7 +115,7 @@ def _run_shell(
     warden, watch = execwatch.warden(store), None
     try:
         try:
-            watch = warden.watch(guard.turn_id, guard.token, STEP_LEASE_MS, proc.pid)
+            watch = warden.watch(guard.turn_id, guard.token, STEP_LEASE_MS, proc.pid, tree.handle)
         except OSError as exc:  # the command runs on, watched only by the step as before
             log.warning("exec warden of turn %s not started: %s", guard.turn_id, exc)
         while True:
@@ -143,13 +134,10 @@ def _run_shell(
             elif time.monotonic() - started >= args.timeout_seconds:
                 why = f"timed out after {args.timeout_seconds:g}s"
             if why:
-                _kill_group(proc)
+                tree.stop(2)
                 break
     finally:
-        if proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(5)
+        tree.close()  # what the command left behind ends with its tool call
         warden.drop(watch)
     reader.join(2)
     text = note + output.decode("utf-8", "replace")

@@ -5,9 +5,13 @@ which kills a frozen turn worker's shell commands, and the job watchdog
 * The lease rule: a watched process is killed once less than a third of its lease is left
   (``kill_margin``), read every eighth of a lease (``poll_interval``), so it is dead before
   the lease lapses and the census stops counting its work.
-* How a worker starts one (``spawn``): ``python -P -m MODULE``, dying with the thread that
-  starts it (``PR_SET_PDEATHSIG``), in a session of its own (a signal to the worker's process
-  group does not reach it), the store's URL in its environment, never on its command line.
+* How a worker starts one (``spawn``): ``python -P -m MODULE``, ending with the thread that
+  starts it (``PR_SET_PDEATHSIG``, SIGTERM), in a session of its own (a signal to the worker's
+  process group does not reach it), the store's URL in its environment, never on its command
+  line. So does the worker's containment scope (``containment.scope_env``): when the SIGTERM
+  says the worker itself died, the watchdog kills every process tree the worker left in it
+  (what left its leader's group) before it exits
+  (``containment.kill_scope_on_parent_death``).
 * How one sets itself up (``own_store``): logging as its worker logs (``FLEET_LOG_FORMAT``,
   its lines marked with the worker's family), and a store whose reads give up after
   ``READ_TIMEOUT``: a stalled Redis must not hold up a kill, which then goes by the lapse
@@ -21,8 +25,7 @@ import subprocess
 import sys
 from typing import Any
 
-from orchestrator import logs
-from orchestrator.processes import die_with_parent
+from orchestrator import containment, logs
 from orchestrator.settings import get_settings
 from orchestrator.store import Store
 
@@ -44,19 +47,26 @@ def spawn(store: Store, module: str, *args: str, **popen: Any) -> subprocess.Pop
     """Start ``python -P -m module args...`` as a watchdog of the caller's thread (see the
     module docstring) for ``store``; ``popen`` goes to ``subprocess.Popen`` (its pipes).
     Raises ``OSError``."""
-    env = {**os.environ, "FLEET_REDIS_URL": store.url, "FLEET_KEY_PREFIX": store.keys.prefix}
+    env = {
+        **os.environ,
+        "FLEET_REDIS_URL": store.url,
+        "FLEET_KEY_PREFIX": store.keys.prefix,
+        **containment.scope_env(),
+    }
     return subprocess.Popen(
         [sys.executable, "-P", "-m", module, *args],
         env=env,
-        preexec_fn=die_with_parent(),
+        preexec_fn=containment.watchdog_preexec(),
         **popen,
     )
 
 
 def own_store(name: str, family: str) -> Store:
     """In watchdog ``name`` of a ``family`` worker: configure logging and return its store
-    (``READ_TIMEOUT``). Exits when ``FLEET_REDIS_URL`` is not set."""
+    (``READ_TIMEOUT``), and kill its worker's process trees when it dies. Exits when
+    ``FLEET_REDIS_URL`` is not set."""
     logs.configure(filters=[logs.FixedContext(family=family)])
+    containment.kill_scope_on_parent_death()
     settings = get_settings()
     if not settings.redis_url:
         raise SystemExit(f"{name}: FLEET_REDIS_URL is not set")

@@ -13,7 +13,7 @@ from fastapi.responses import JSONResponse
 from api import metrics as api_metrics
 from api.deps import AUTH, DispatcherDep, StoreDep
 from api.routes.bodies import QUERY_INT
-from orchestrator import audit, sessions
+from orchestrator import audit, containment, sessions
 from orchestrator.families import Dispatcher
 from orchestrator.heartbeats import live_workers
 from orchestrator.store import Store
@@ -50,7 +50,10 @@ def broker_reachable(dispatcher: Dispatcher) -> bool:
 def readiness(store: Store, dispatcher: Dispatcher) -> tuple[bool, dict[str, Any]]:
     """``(ready, body)``: ready when Redis answers, the broker is reachable and every family
     has at least one live worker. ``body`` is ``{"redis", "broker", "workers": {family:
-    [node, ...]}}``."""
+    [node, ...]}, "containment"}``: ``containment`` is how this host contains the process
+    trees the fleet starts (``cgroup``, ``pid-namespace``, ``subreaper``, or
+    ``process-group``, where a process that leaves its group escapes;
+    ``orchestrator/containment.py``)."""
     try:
         store.redis.ping()
         workers = live_workers(store)
@@ -60,7 +63,8 @@ def readiness(store: Store, dispatcher: Dispatcher) -> tuple[bool, dict[str, Any
         redis_ok, workers = False, {}
     broker_ok = broker_reachable(dispatcher)
     ready = redis_ok and broker_ok and bool(workers) and all(workers.values())
-    return ready, {"redis": redis_ok, "broker": broker_ok, "workers": workers}
+    body = {"redis": redis_ok, "broker": broker_ok, "workers": workers}
+    return ready, {**body, "containment": containment.mode().value}
 
 
 # Liveness answers on the event loop itself (``async def``): it does no I/O, so it costs no

@@ -14,7 +14,9 @@ every fault, waits for recovery and checks that:
 5. no HTTP answer was a 5xx other than 503 ``store_unavailable``;
 6. ``fleet_archives_total{outcome="archived"}`` and the audit trail match the archives the
    client saw acknowledged (attempts with no answer may or may not have committed);
-7. after recovery, a new session's turn, job, reminder and subagent all complete.
+7. after recovery, a new session's turn, job, reminder and subagent all complete;
+8. no process of an archived session (a job's or a shell call's that left its process group,
+   the ``escape`` fault) is alive 5 s after the archive's 200.
 
 It exits 1 when any count is non-zero. Modules: ``procs`` (processes and signals),
 ``traffic`` (the HTTP client), ``faults`` (the schedule), ``evidence`` (what the store holds),

@@ -10,6 +10,8 @@
 ``api_kill``       SIGKILL of the HTTP API, restarted on the same port after 0.2-1.5 s
 ``freeze_archive`` SIGSTOP of the turn worker, archives with ``stopActivity`` of busy sessions
                    (``Faults.during_freeze``, the client's), SIGCONT 50 ms after the last 200
+``escape``         a job and a shell call that leave processes outside their process group,
+                   then an archive with ``stopActivity`` (``Faults.escape``: ``escapes.py``)
 =================  ===========================================================================
 """
 
@@ -37,6 +39,7 @@ KINDS = {
     "squeeze": 2,
     "api_kill": 1,
     "freeze_archive": 2,
+    "escape": 2,
 }
 
 
@@ -60,9 +63,11 @@ class Faults:
         seed: int,
         gap: tuple[float, float] = (0.5, 2.5),
         during_freeze: Callable[[random.Random], None] | None = None,
+        escape: Callable[[random.Random], str] | None = None,
     ):
         self.procs = procs
         self.during_freeze = during_freeze
+        self.escape = escape
         self.rng = random.Random(seed)
         self.gap = gap
         self.log = FaultLog()
@@ -123,6 +128,8 @@ class Faults:
             finally:
                 self.procs.signal("turn@soak", signal.SIGCONT)
             return "turn@soak"
+        if kind == "escape":
+            return self.escape(rng) if self.escape is not None else ""
         if kind == "api_kill":
             self.procs.signal("api", signal.SIGKILL)
             self._hold(0.2, 1.5)

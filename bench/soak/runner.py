@@ -17,6 +17,7 @@ import httpx
 import redis
 
 from bench.soak import checks
+from bench.soak.escapes import Escapes
 from bench.soak.evidence import gather
 from bench.soak.faults import Faults
 from bench.soak.procs import Processes
@@ -153,7 +154,8 @@ def run(cfg: Config) -> Result:
         traffic = Traffic(procs.base_url, token, cfg.seed, cfg.sessions, cfg.concurrency)
         with httpx.Client(base_url=procs.base_url, timeout=10) as client:
             traffic.setup(client)
-        faults = Faults(procs, cfg.seed, during_freeze=traffic.archive_busy)
+        escapes = Escapes(traffic)
+        faults = Faults(procs, cfg.seed, during_freeze=traffic.archive_busy, escape=escapes)
         until = time.monotonic() + cfg.seconds
         injector = threading.Thread(target=faults.run, args=(until,), name="soak-faults")
         injector.start()
@@ -178,6 +180,7 @@ def run(cfg: Config) -> Result:
             checks.exits(procs.exits),
             checks.server_errors(traffic.log.calls),
             checks.metrics_and_audit(calls, ev),
+            escapes.check(),
             checks.Check(
                 "families consuming after recovery (probe)",
                 0 if probe_ok else 1,

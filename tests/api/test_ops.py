@@ -18,7 +18,7 @@ from typer.testing import CliRunner
 
 import api.metrics
 from api.cli import app as cli_app
-from orchestrator import audit, turns
+from orchestrator import audit, containment, turns
 from orchestrator.errors import SessionArchived
 from orchestrator.settings import get_settings
 from orchestrator.store import Store
@@ -186,7 +186,10 @@ def test_ready_names_every_familys_workers_when_the_fleet_is_up(
             "subagent": ["subagent@test"],
             "reminder": ["reminder@test"],
         },
+        # how this host contains the process trees of jobs and shell commands
+        "containment": containment.mode().value,
     }
+    assert resp.json()["containment"] in {m.value for m in containment.Mode}
 
 
 @pytest.fixture
@@ -223,6 +226,7 @@ def _ready_follows_the_heartbeats(client: TestClient, empty_prefix: Store) -> No
             "subagent": ["subagent@a"],
             "reminder": [],
         },
+        "containment": containment.mode().value,
     }
     # And once the last family's worker beats, it is
     empty_prefix.redis.set(k.worker_heartbeat("reminder", "reminder@a"), "a", ex=30)
@@ -246,7 +250,12 @@ def test_ready_is_503_when_redis_does_not_answer() -> None:
     ) as client:
         resp = client.get("/ready")
     assert resp.status_code == 503
-    assert resp.json() == {"redis": False, "broker": False, "workers": {}}
+    assert resp.json() == {
+        "redis": False,
+        "broker": False,
+        "workers": {},
+        "containment": containment.mode().value,
+    }
 
 
 # --------------------------------------------------------------------------- audit

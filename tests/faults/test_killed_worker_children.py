@@ -107,6 +107,25 @@ def test_a_jobs_whole_process_tree_dies_with_its_sigkilled_job_worker(
     private.restart(Family.JOB)
 
 
+def test_a_jobs_setsid_process_dies_with_its_sigkilled_job_worker(private: PrivateFleet) -> None:
+    store, dispatcher = private.store, private.dispatcher
+    marker, escaping = "91.456", "91.567"
+    with killing_leftovers(marker), killing_leftovers(escaping):
+        # Given a job whose command leaves a process in a session of its own
+        sid = create_session(store, "/tmp/orphans").session_id
+        cmd = f"setsid sleep {escaping} & sleep {marker}"
+        jobs.create_job(store, dispatcher, sid, 300, cmd, command=cmd)
+        wait_for(lambda: sleeps(escaping) and sleeps(marker), message="the job's sleeps")
+
+        # When its job worker is SIGKILLed by PID
+        private.kill(Family.JOB)
+
+        # Then neither the job's command nor the process that left its group runs on
+        wait_for(lambda: not marked(marker), 20, message="the job's command to die")
+        wait_for(lambda: not sleeps(escaping), 20, message="the escaped process to die")
+    private.restart(Family.JOB)
+
+
 def test_a_default_job_dies_with_its_sigkilled_job_worker(private: PrivateFleet) -> None:
     store, dispatcher = private.store, private.dispatcher
     # Given a job running the supervisor's own command (a plain sleep)

@@ -11,8 +11,9 @@ import subprocess
 import uuid
 from typing import Any
 
-from orchestrator import jobs, jobstops, limits, reminders, sessions, subagents, turns
+from orchestrator import jobs, jobstops, limits, reminders, sessions, steps, subagents, tools, turns
 from orchestrator.families import Task
+from orchestrator.model import Model
 from orchestrator.sessions import Session
 from orchestrator.store import Store
 from tests.helpers import RecordingDispatcher
@@ -130,3 +131,23 @@ def stop_jobs_elsewhere(
         local_instance=f"{host}/here",
         stop_local=no_local_jobs,
     )
+
+
+def run_turn(
+    store: Store,
+    recorder: RecordingDispatcher,
+    sid: str,
+    model: Model,
+    prompt: str = "do the thing",
+) -> str:
+    """Start a turn with ``prompt`` and run its steps with ``model`` in this thread as the
+    recorder receives them; returns the turn id once no step is left to run."""
+    tid = turns.start_turn(store, recorder, sid, prompt)
+    done = 0
+    while True:
+        sent = [a for t, a, _ in recorder.sent if t == "turn.step" and a[1] == tid]
+        if len(sent) == done:
+            return tid
+        _, _, index = sent[done]
+        steps.run_step(store, recorder, model, tools.run_tool, sid, tid, int(index))
+        done += 1

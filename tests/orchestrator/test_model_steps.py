@@ -9,11 +9,12 @@ from collections.abc import Callable
 
 import pytest
 
-from orchestrator import sessions, steps, tools, turns
+from orchestrator import sessions, turns
 from orchestrator.model import Emit, Role, StepAnswer, StepRequest, StopReason, ToolCall, Usage
 from orchestrator.settings import get_settings
 from orchestrator.store import Store
 from tests.helpers import RecordingDispatcher, wait_for
+from tests.orchestrator.support import run_turn
 
 Answer = Callable[[StepRequest, threading.Event, Emit], StepAnswer]
 
@@ -28,19 +29,6 @@ class FakeModel:
     def step(self, request: StepRequest, cancel: threading.Event, emit: Emit) -> StepAnswer:
         self.requests.append(request)
         return self.answer(request, cancel, emit)
-
-
-def run_turn(store: Store, recorder: RecordingDispatcher, sid: str, model: FakeModel) -> str:
-    """Start a turn and run its steps in this thread as the recorder receives them."""
-    tid = turns.start_turn(store, recorder, sid, "do the thing")
-    done = 0
-    while True:
-        sent = [a for t, a, _ in recorder.sent if t == "turn.step" and a[1] == tid]
-        if len(sent) == done:
-            return tid
-        _, _, index = sent[done]
-        steps.run_step(store, recorder, model, tools.run_tool, sid, tid, int(index))
-        done += 1
 
 
 def chunks(store: Store, sid: str) -> list[str]:
