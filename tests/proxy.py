@@ -1,0 +1,151 @@
+"""A TCP proxy of the tests' own, for faults that do not announce themselves: every connection
+open through it can be frozen at once (nothing more is forwarded either way, and nothing is
+closed or reset: what a peer that vanished, a hung host or a NAT that dropped the flow looks
+like), while connections opened afterwards are forwarded as usual.
+
+Threads and sockets only: one thread accepts, one thread per connection forwards both ways.
+Used by the fault tests (``tests/faults/test_silent_connections.py``) and the fault soak
+(``bench/soak``)::
+
+    with FreezingProxy(("127.0.0.1", redis_port)) as proxy:
+        url = proxy.url  # redis://127.0.0.1:<proxy port>/0
+        ...
+        frozen = proxy.freeze()  # the connections open now go silent
+"""
+
+from __future__ import annotations
+
+import contextlib
+import select
+import socket
+import threading
+from types import TracebackType
+
+#: Seconds a forwarding thread waits for data before it looks at its connection's state again.
+_TICK = 0.1
+
+
+class _Pair:
+    """One proxied connection: the client's socket and the one to the target."""
+
+    def __init__(self, client: socket.socket, upstream: socket.socket) -> None:
+        self.client = client
+        self.upstream = upstream
+        self.frozen = False
+        self.closed = threading.Event()
+
+    def close(self) -> None:
+        self.closed.set()
+        for sock in (self.client, self.upstream):
+            with contextlib.suppress(OSError):
+                sock.close()
+
+
+class FreezingProxy:
+    """Listens on 127.0.0.1 (a free port) and forwards each connection to ``target``
+    (``(host, port)``). ``freeze`` silences every connection open now; ``close`` ends
+    everything. A context manager (``start`` on enter, ``close`` on exit)."""
+
+    def __init__(self, target: tuple[str, int]) -> None:
+        self.target = target
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.port: int = self._listener.getsockname()[1]
+        self._pairs: set[_Pair] = set()
+        self._lock = threading.Lock()
+        self._stopped = threading.Event()
+        self._acceptor = threading.Thread(target=self._accept, name="proxy-accept", daemon=True)
+
+    @property
+    def url(self) -> str:
+        """``redis://127.0.0.1:<port>/0``: the target Redis through the proxy."""
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> FreezingProxy:
+        self._acceptor.start()
+        return self
+
+    def freeze(self) -> int:
+        """Stop forwarding on every connection open now, for good: bytes already sent to the
+        proxy are neither forwarded nor answered, and neither side is closed or reset.
+        Connections opened later are forwarded. Returns how many were frozen."""
+        with self._lock:
+            live = [p for p in self._pairs if not p.closed.is_set() and not p.frozen]
+            for pair in live:
+                pair.frozen = True
+        return len(live)
+
+    def close_frozen(self) -> int:
+        """Close (FIN, both ways) every frozen connection: what a peer's kernel does once it
+        gives up on them. Returns how many were closed."""
+        with self._lock:
+            frozen = [p for p in self._pairs if p.frozen]
+        for pair in frozen:
+            pair.close()
+        return len(frozen)
+
+    def live(self) -> int:
+        """Connections open and forwarding."""
+        with self._lock:
+            return sum(1 for p in self._pairs if not p.frozen and not p.closed.is_set())
+
+    def close(self) -> None:
+        """Stop accepting and close every connection."""
+        self._stopped.set()
+        with contextlib.suppress(OSError):
+            self._listener.close()
+        with self._lock:
+            pairs = list(self._pairs)
+        for pair in pairs:
+            pair.close()
+
+    def __enter__(self) -> FreezingProxy:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def _accept(self) -> None:
+        while not self._stopped.is_set():
+            try:
+                client, _ = self._listener.accept()
+            except OSError:
+                return
+            try:
+                upstream = socket.create_connection(self.target, timeout=5)
+            except OSError:
+                client.close()  # the target is down: as if it refused
+                continue
+            upstream.settimeout(None)
+            pair = _Pair(client, upstream)
+            with self._lock:
+                self._pairs.add(pair)
+            threading.Thread(
+                target=self._forward, args=(pair,), name="proxy-pair", daemon=True
+            ).start()
+
+    def _forward(self, pair: _Pair) -> None:
+        ends = {pair.client: pair.upstream, pair.upstream: pair.client}
+        try:
+            while not pair.closed.is_set():
+                if pair.frozen:  # read nothing, send nothing, close nothing
+                    pair.closed.wait(_TICK)
+                    continue
+                readable, _, _ = select.select(list(ends), [], [], _TICK)
+                for sock in readable:
+                    if pair.frozen:
+                        break
+                    data = sock.recv(65536)
+                    if not data:  # one side closed: close the other (FIN)
+                        return
+                    ends[sock].sendall(data)
+        except (OSError, ValueError):  # a socket closed under us
+            pass
+        finally:
+            pair.close()
+            with self._lock:
+                self._pairs.discard(pair)
