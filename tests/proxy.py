@@ -19,6 +19,7 @@ import contextlib
 import select
 import socket
 import threading
+import time
 from types import TracebackType
 
 #: Seconds a forwarding thread waits for data before it looks at its connection's state again.
@@ -32,6 +33,8 @@ class _Pair:
         self.client = client
         self.upstream = upstream
         self.frozen = False
+        #: When it was frozen (``time.monotonic()``).
+        self.frozen_at = 0.0
         self.closed = threading.Event()
 
     def close(self) -> None:
@@ -68,17 +71,19 @@ class FreezingProxy:
         """Stop forwarding on every connection open now, for good: bytes already sent to the
         proxy are neither forwarded nor answered, and neither side is closed or reset.
         Connections opened later are forwarded. Returns how many were frozen."""
+        now = time.monotonic()
         with self._lock:
             live = [p for p in self._pairs if not p.closed.is_set() and not p.frozen]
             for pair in live:
-                pair.frozen = True
+                pair.frozen, pair.frozen_at = True, now
         return len(live)
 
-    def close_frozen(self) -> int:
-        """Close (FIN, both ways) every frozen connection: what a peer's kernel does once it
-        gives up on them. Returns how many were closed."""
+    def close_frozen(self, older_than: float = 0.0) -> int:
+        """Close (FIN, both ways) every connection frozen at least ``older_than`` seconds
+        ago: what a peer's kernel does once it gives up on them. Returns how many."""
+        now = time.monotonic()
         with self._lock:
-            frozen = [p for p in self._pairs if p.frozen]
+            frozen = [p for p in self._pairs if p.frozen and now - p.frozen_at >= older_than]
         for pair in frozen:
             pair.close()
         return len(frozen)
