@@ -24,7 +24,8 @@ in ``_lib.lua``, for one archive or one bulk batch) publish the ids of the sessi
 archived, one message per script, on ``Keys.gate_closed``. A process that runs work (a job
 host, a turn worker with steps in flight) listens there (``listen``) instead of waiting for a
 stop request or its next poll; it still asks the gate before it stops anything, since a
-message may be read after an unarchive.
+message may be read after an unarchive. A subscription that stays silent is PINGed, and one
+that does not answer is made again (its connection may have died without a reset).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ import contextlib
 import json
 import logging
 import threading
+import time
 from collections.abc import Callable
 
 import redis
@@ -93,6 +95,12 @@ Listener = Callable[[frozenset[str] | None], None]
 
 #: Longest wait for one message (s): how soon the feed notices it has no listener left.
 _FEED_WAIT = 1.0
+#: Seconds of silence on the subscription after which the feed PINGs it, and seconds the
+#: answer may take: a connection that went silent (no reset: a hung primary, a vanished
+#: host) reads as "no closure" forever, so one that does not answer a PING is made again
+#: (and the listeners look at all their work, as after any lost subscription).
+_PROBE_AFTER = 5.0
+_PROBE_WAIT = 5.0
 
 
 class _Feed(Shared[Listener]):
@@ -115,12 +123,22 @@ class _Feed(Shared[Listener]):
     def serve(self) -> None:
         pubsub: redis.client.PubSub | None = None
         failing = False
+        heard, probed = time.monotonic(), 0.0  # probed: when a PING went unanswered, or 0
         while not self.finished():
             try:
                 if pubsub is None:
                     pubsub = self.store.redis.pubsub()
                     pubsub.subscribe(self.store.keys.gate_closed)
+                    heard, probed = time.monotonic(), 0.0
                 message = pubsub.get_message(timeout=_FEED_WAIT)
+                now = time.monotonic()
+                if message is not None:
+                    heard, probed = now, 0.0
+                elif probed and now - probed > _PROBE_WAIT:
+                    raise redis.TimeoutError("the subscription did not answer a PING")
+                elif not probed and now - heard > _PROBE_AFTER:
+                    pubsub.ping()
+                    probed = now
             except (redis.RedisError, OSError) as exc:
                 self.subscribed.clear()
                 _close(pubsub)
