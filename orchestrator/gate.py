@@ -34,11 +34,11 @@ import contextlib
 import json
 import logging
 import threading
-import time
 from collections.abc import Callable
 
 import redis
 
+from orchestrator.redisconn import SilenceProbe
 from orchestrator.sessions import SESSION_ID_RE
 from orchestrator.sharing import PerStore, Shared
 from orchestrator.store import Store
@@ -95,12 +95,6 @@ Listener = Callable[[frozenset[str] | None], None]
 
 #: Longest wait for one message (s): how soon the feed notices it has no listener left.
 _FEED_WAIT = 1.0
-#: Seconds of silence on the subscription after which the feed PINGs it, and seconds the
-#: answer may take: a connection that went silent (no reset: a hung primary, a vanished
-#: host) reads as "no closure" forever, so one that does not answer a PING is made again
-#: (and the listeners look at all their work, as after any lost subscription).
-_PROBE_AFTER = 5.0
-_PROBE_WAIT = 5.0
 
 
 class _Feed(Shared[Listener]):
@@ -123,22 +117,19 @@ class _Feed(Shared[Listener]):
     def serve(self) -> None:
         pubsub: redis.client.PubSub | None = None
         failing = False
-        heard, probed = time.monotonic(), 0.0  # probed: when a PING went unanswered, or 0
+        probe = SilenceProbe()
         while not self.finished():
             try:
                 if pubsub is None:
                     pubsub = self.store.redis.pubsub()
                     pubsub.subscribe(self.store.keys.gate_closed)
-                    heard, probed = time.monotonic(), 0.0
+                    probe = SilenceProbe()
                 message = pubsub.get_message(timeout=_FEED_WAIT)
-                now = time.monotonic()
-                if message is not None:
-                    heard, probed = now, 0.0
-                elif probed and now - probed > _PROBE_WAIT:
-                    raise redis.TimeoutError("the subscription did not answer a PING")
-                elif not probed and now - heard > _PROBE_AFTER:
+                # A connection that died without a reset reads as "no closure" forever: a
+                # subscription that does not answer a PING is made again (below), and the
+                # listeners then look at all their work.
+                if probe.step(message is not None):
                     pubsub.ping()
-                    probed = now
             except (redis.RedisError, OSError) as exc:
                 self.subscribed.clear()
                 _close(pubsub)

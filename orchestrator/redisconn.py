@@ -26,6 +26,8 @@ caller retries as it retries a lost connection.
 from __future__ import annotations
 
 import socket
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import unquote, urlsplit
@@ -85,6 +87,41 @@ KEEPALIVE_OPTIONS: dict[int, int] = {
     )
     if option is not None
 }
+
+
+class SilenceProbe:
+    """When a subscription (a pub/sub connection, which may rightly hear nothing for hours)
+    should be PINGed, and when its silence means the connection is dead: one that died
+    without a reset reads as "nothing published" forever. After ``after`` seconds with
+    nothing read it asks for a PING; a PING unanswered for ``wait`` seconds more counts as
+    a lost connection. ``clock`` is ``time.monotonic`` (seconds)."""
+
+    def __init__(
+        self,
+        after: float = 5.0,
+        wait: float = 5.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.after, self.wait, self._clock = after, wait, clock
+        self._heard = clock()
+        self._pinged = 0.0  # when an unanswered PING was sent; 0: none
+
+    def step(self, heard: bool) -> bool:
+        """Record one read (``heard``: it returned something, a PING's answer included);
+        return whether to send a PING now. Raises ``redis.TimeoutError`` when a PING has gone
+        unanswered for ``wait`` seconds (drop the subscription and make it again)."""
+        now = self._clock()
+        if heard:
+            self._heard, self._pinged = now, 0.0
+            return False
+        if self._pinged:
+            if now - self._pinged > self.wait:
+                raise redis.TimeoutError(f"no answer to a PING in {self.wait:g} s")
+            return False
+        if now - self._heard > self.after:
+            self._pinged = now
+            return True
+        return False
 
 
 def connection_options(

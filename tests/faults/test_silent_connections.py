@@ -7,11 +7,15 @@ nothing closed) and lets new ones through. The test reads and writes Redis direc
 connection the workers hold is frozen: the consumer's ``BRPOP``, the producer, the event
 publisher, remote control and the store's. Without socket timeouts a worker's main thread
 waited forever on the reply to an event's ``PUBLISH``; with them the worker notices within
-seconds and reconnects.
+seconds and reconnects. The API's side: an archive whose stop fan-out meets a frozen broker
+connection answers, and the ACP event relay's subscription is made again.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import json
 import threading
 import time
 from collections.abc import Iterator
@@ -20,8 +24,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import redis.asyncio as aioredis
 from celery import Celery
 
+from api.acp.hub import EventHub
 from api.embedded import EmbeddedRedis
 from api.local import LocalFleet
 from orchestrator import jobs
@@ -169,3 +175,36 @@ def test_the_api_answers_an_archive_whose_broker_connection_froze(rig: Rig) -> N
     # reconciler's re-send would carry it; here the fan-out's retry does)
     wait_gone(pid, RECOVERY_BOUND)
     rig.assert_alive()
+
+
+def test_the_acp_event_relay_hears_events_again_once_its_connection_went_silent(
+    private_redis: EmbeddedRedis,
+) -> None:
+    channel = f"{PREFIX}events"
+
+    async def relayed_after_freeze() -> float:
+        with FreezingProxy(("127.0.0.1", private_redis.port)) as proxy:
+            # Given the relay of a process subscribed through the proxy, watching a session
+            hub = EventHub(proxy.url, channel)
+            await hub.start()
+            queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+            hub.watch("sess_silent", queue)
+            publisher = aioredis.Redis.from_url(private_redis.url)
+            try:
+                # When its connection goes silent (no reset)
+                assert proxy.freeze() == 1
+                frozen_at = time.monotonic()
+                # Then an event published now and then reaches the session's watcher again
+                while time.monotonic() - frozen_at < RECOVERY_BOUND:
+                    await publisher.publish(channel, json.dumps({"sessionId": "sess_silent"}))
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(queue.get(), 0.5)
+                        return time.monotonic() - frozen_at
+                pytest.fail(f"no event relayed within {RECOVERY_BOUND:g} s of the freeze")
+            finally:
+                await publisher.aclose()
+                if hub._task is not None:
+                    hub._task.cancel()
+
+    took = asyncio.run(relayed_after_freeze())
+    print(f"\nevents relayed again {took:.1f} s after the freeze")
