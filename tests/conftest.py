@@ -80,13 +80,13 @@ os.environ.setdefault("FLEET_MAX_SUBAGENT_DEPTH", "200")
 #: runs in its collection place; a name here that no longer exists changes nothing.
 LONG_FILES = (
     "tests/faults/test_silent_connections.py",  # 50
+    "tests/faults/test_failover.py",  # 40
     "tests/faults/test_step_fencing.py",  # 37
     "tests/faults/test_soak.py",  # 35
     "tests/faults/test_turn_sweeper.py",  # 29
     "tests/console/test_console.py",  # 25
     "tests/faults/test_sentinel.py",  # 21
     "tests/faults/test_noreplicas.py",  # 19
-    "tests/faults/test_failover.py",  # 18
     "tests/faults/test_worker_broker.py",  # 18
     "tests/faults/test_races.py",  # 17
     "tests/api/test_demo.py",  # 16
