@@ -24,6 +24,8 @@ from types import TracebackType
 
 #: Seconds a forwarding thread waits for data before it looks at its connection's state again.
 _TICK = 0.1
+#: poll events of a peer that closed its end, even with data still unread (Linux); 0 elsewhere.
+_HUNG_UP = getattr(select, "POLLRDHUP", 0)
 
 
 class _Pair:
@@ -129,25 +131,44 @@ class FreezingProxy:
             pair = _Pair(client, upstream)
             with self._lock:
                 self._pairs.add(pair)
-            threading.Thread(
-                target=self._forward, args=(pair,), name="proxy-pair", daemon=True
-            ).start()
+            try:
+                threading.Thread(
+                    target=self._forward, args=(pair,), name="proxy-pair", daemon=True
+                ).start()
+            except RuntimeError:  # no thread to be had: refuse this one, keep accepting
+                pair.close()
+                with self._lock:
+                    self._pairs.discard(pair)
 
     def _forward(self, pair: _Pair) -> None:
-        ends = {pair.client: pair.upstream, pair.upstream: pair.client}
+        # poll, not select: a process holding many frozen connections has descriptors past
+        # select's limit (1024), and select then fails on every new connection.
+        ends = {
+            pair.client.fileno(): (pair.client, pair.upstream),
+            pair.upstream.fileno(): (pair.upstream, pair.client),
+        }
+        readable = select.poll()
+        for fd in ends:
+            readable.register(fd, select.POLLIN)
+        hangup = select.poll()
+        hangup.register(pair.client, _HUNG_UP)
         try:
             while not pair.closed.is_set():
-                if pair.frozen:  # read nothing, send nothing, close nothing
+                if pair.frozen:
+                    # Read nothing, send nothing, close nothing; but once the client closed
+                    # its end (it gave up on the silence) there is nothing left to hold.
+                    if _HUNG_UP and hangup.poll(0):
+                        return
                     pair.closed.wait(_TICK)
                     continue
-                readable, _, _ = select.select(list(ends), [], [], _TICK)
-                for sock in readable:
+                for fd, _ in readable.poll(_TICK * 1000):
                     if pair.frozen:
                         break
-                    data = sock.recv(65536)
+                    source, target = ends[fd]
+                    data = source.recv(65536)
                     if not data:  # one side closed: close the other (FIN)
                         return
-                    ends[sock].sendall(data)
+                    target.sendall(data)
         except (OSError, ValueError):  # a socket closed under us
             pass
         finally:
