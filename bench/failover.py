@@ -1,14 +1,16 @@
 """Archives through a Sentinel failover (issue 15): ``python -m bench.failover [--ack N]
-[--lag-ms MS] [--runs R]``.
+[--lag-ms MS] [--hang] [--runs R]``.
 
 Starts on loopback a primary, two replicas and three Sentinels (``bench/sentinels.py``), one
 worker per family, ``fleet beat`` and the API, all pointed at the Sentinels. Client threads
 loop: create a session, start a long turn (a busy session), wait for its first model request,
 archive it with ``stopActivity`` (retrying a 503 until it answers 200). Mid-loop the primary
-is SIGKILLed by PID. With ``--lag-ms`` the replicas are first made to fall behind for that
-long (stopped, their links closed on the primary: what a slow or broken replication link
-does) while six more busy sessions are archived, then the primary is killed and the replicas
-continued. Sentinel promotes a replica and the loop goes on.
+is SIGKILLed by PID (with ``--hang``, SIGSTOPped: its connections stay open and silent, as a
+hung host's, and every process must notice by itself). With ``--lag-ms`` the replicas are
+first made to fall behind for that long (stopped, their links closed on the primary: what a
+slow or broken replication link does) while six more busy sessions are archived, then the
+primary is killed and the replicas continued. Sentinel promotes a replica and the loop goes
+on.
 
 Then it checks, on the new primary: every archive answered 200 is archived there (``lost``
 counts those that are not), no model request of an archived session was admitted after its
@@ -318,9 +320,19 @@ def _new_turn_completes(base: str, out: Outcome) -> bool:
         return _wait(lambda: http.get(f"{base}/turns/{tid}").json()["state"] == "completed", 60)
 
 
-def run(root: Path, *, ack: int, lag_ms: int = 0, before: int = 12, after: int = 12) -> Outcome:
+def run(
+    root: Path,
+    *,
+    ack: int,
+    lag_ms: int = 0,
+    before: int = 12,
+    after: int = 12,
+    hang: bool = False,
+) -> Outcome:
     """One run under ``root``: ``before`` archives acknowledged before the kill, ``after``
-    archives sent after it. Returns what it saw."""
+    archives sent after it. With ``hang`` the primary is SIGSTOPped instead of killed (its
+    connections stay open and silent, as a hung host's) until the run ends. Returns what it
+    saw."""
     env = {
         "FLEET_REDIS_MIN_REPLICAS_ACK": str(ack),
         "FLEET_REDIS_REPLICA_ACK_TIMEOUT_MS": "1000",
@@ -349,7 +361,7 @@ def run(root: Path, *, ack: int, lag_ms: int = 0, before: int = 12, after: int =
                 burst.start()
                 time.sleep(lag_ms / 1000)  # the window in which replicas are behind
             kill_at = time.time()
-            old = group.kill_primary()
+            old = hung = group.hang_primary() if hang else group.kill_primary()
             if lag_ms:
                 group.signal_replicas(signal.SIGCONT)
             # The time to the first acknowledged archive: one sent right after the kill.
@@ -363,10 +375,14 @@ def run(root: Path, *, ack: int, lag_ms: int = 0, before: int = 12, after: int =
             client.done.set()
             for t in threads:
                 t.join(30)
-        check(store, client, kill_at, out)
-        out.new_turn_completed = _new_turn_completes(base, out)
-        out.exits = _exits(fleet, api, beat)
-        store.close()
+        try:
+            check(store, client, kill_at, out)
+            out.new_turn_completed = _new_turn_completes(base, out)
+            out.exits = _exits(fleet, api, beat)
+        finally:
+            if hang and hung.alive:
+                hung.process.send_signal(signal.SIGCONT)
+            store.close()
     return out
 
 
@@ -374,6 +390,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.failover", description=__doc__)
     parser.add_argument("--ack", type=int, default=1, help="FLEET_REDIS_MIN_REPLICAS_ACK")
     parser.add_argument("--lag-ms", type=int, default=0, help="replicas stopped before the kill")
+    parser.add_argument(
+        "--hang", action="store_true", help="SIGSTOP the primary instead of killing it"
+    )
     parser.add_argument("--runs", type=int, default=1)
     parser.add_argument("--dir", default="", help="working directory (default: a temp dir)")
     args = parser.parse_args(argv)
@@ -382,12 +401,13 @@ def main(argv: list[str] | None = None) -> int:
     failed = 0
     for i in range(args.runs):
         root = Path(args.dir or tempfile.mkdtemp(prefix="failover-")) / f"run{i}"
-        out = run(root, ack=args.ack, lag_ms=args.lag_ms)
+        out = run(root, ack=args.ack, lag_ms=args.lag_ms, hang=args.hang)
         print(
             json.dumps(
                 {
                     "ack": args.ack,
                     "lagMs": args.lag_ms,
+                    "hang": args.hang,
                     "acknowledged": out.acknowledged,
                     "lost": len(out.lost),
                     "lateModelRequests": len(out.late_requests),

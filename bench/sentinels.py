@@ -166,6 +166,13 @@ class SentinelGroup:
             if node is not primary and node.alive:
                 node.process.send_signal(sig)
 
+    def hang_primary(self) -> Node:
+        """SIGSTOP the current primary's process (by PID): it keeps its connections open and
+        answers nothing, as a hung host does; returns it (``SIGCONT`` it to end the hang)."""
+        node = self.primary()
+        node.process.send_signal(signal.SIGSTOP)
+        return node
+
     def kill_primary(self) -> Node:
         """SIGKILL the current primary's process (by PID) and reap it; returns it."""
         node = self.primary()

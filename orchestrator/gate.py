@@ -24,7 +24,8 @@ in ``_lib.lua``, for one archive or one bulk batch) publish the ids of the sessi
 archived, one message per script, on ``Keys.gate_closed``. A process that runs work (a job
 host, a turn worker with steps in flight) listens there (``listen``) instead of waiting for a
 stop request or its next poll; it still asks the gate before it stops anything, since a
-message may be read after an unarchive.
+message may be read after an unarchive. A subscription that stays silent is PINGed, and one
+that does not answer is made again (its connection may have died without a reset).
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from collections.abc import Callable
 
 import redis
 
+from orchestrator.redisconn import SilenceProbe
 from orchestrator.sessions import SESSION_ID_RE
 from orchestrator.sharing import PerStore, Shared
 from orchestrator.store import Store
@@ -115,12 +117,19 @@ class _Feed(Shared[Listener]):
     def serve(self) -> None:
         pubsub: redis.client.PubSub | None = None
         failing = False
+        probe = SilenceProbe()
         while not self.finished():
             try:
                 if pubsub is None:
                     pubsub = self.store.redis.pubsub()
                     pubsub.subscribe(self.store.keys.gate_closed)
+                    probe = SilenceProbe()
                 message = pubsub.get_message(timeout=_FEED_WAIT)
+                # A connection that died without a reset reads as "no closure" forever: a
+                # subscription that does not answer a PING is made again (below), and the
+                # listeners then look at all their work.
+                if probe.step(message is not None):
+                    pubsub.ping()
             except (redis.RedisError, OSError) as exc:
                 self.subscribed.clear()
                 _close(pubsub)

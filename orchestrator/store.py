@@ -23,13 +23,22 @@ from tenacity import retry, retry_if_exception_type, stop_after_delay, wait_expo
 from orchestrator import lualink
 from orchestrator.errors import WriteUnconfirmed
 from orchestrator.keys import Keys, lua_prelude
-from orchestrator.redisconn import SentinelOptions, store_unavailable, sync_client
+from orchestrator.redisconn import (
+    TRANSIENT_REPLIES,
+    SentinelOptions,
+    store_unavailable,
+    sync_client,
+)
 from orchestrator.settings import FleetSettings, get_settings
 
 P = ParamSpec("P")
 T = TypeVar("T")
 
-_TRANSIENT = (redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingError)
+_TRANSIENT: tuple[type[Exception], ...] = (
+    redis.ConnectionError,
+    redis.TimeoutError,
+    *TRANSIENT_REPLIES,
+)
 _SCRIPTS_DIR = Path(__file__).with_name("scripts")
 
 
@@ -102,7 +111,8 @@ class Store:
 
     ``url`` is a redis://, rediss://, unix:// or sentinel:// URL (``orchestrator.redisconn``;
     ``sentinel`` defaults to ``FLEET_REDIS_SENTINEL_*``); timeouts are seconds and bound every
-    call, so a dead server surfaces as ``StoreUnavailable`` instead of a hang. With Sentinel
+    call, so a dead server (or a connection that went silent) surfaces as ``StoreUnavailable``
+    instead of a hang; connections have TCP keepalive. With Sentinel
     the client follows the primary through a failover.
     """
 

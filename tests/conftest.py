@@ -82,12 +82,14 @@ os.environ.setdefault("FLEET_API_ALLOWED_HOSTS", "testserver")
 #: never starts while the other workers are about to run out of work. A file missing here only
 #: runs in its collection place; a name here that no longer exists changes nothing.
 LONG_FILES = (
+    "tests/faults/test_silent_connections.py",  # 50
+    "tests/faults/test_failover.py",  # 40
     "tests/faults/test_step_fencing.py",  # 37
     "tests/faults/test_soak.py",  # 35
     "tests/faults/test_turn_sweeper.py",  # 29
     "tests/console/test_console.py",  # 25
     "tests/faults/test_sentinel.py",  # 21
-    "tests/faults/test_failover.py",  # 18
+    "tests/faults/test_noreplicas.py",  # 19
     "tests/faults/test_worker_broker.py",  # 18
     "tests/faults/test_races.py",  # 17
     "tests/api/test_demo.py",  # 16

@@ -23,7 +23,7 @@ from kombu.entity import Queue
 from orchestrator import families
 from orchestrator.families import Family
 from orchestrator.keys import BROKER_UNACKED, Keys
-from orchestrator.redisconn import SentinelOptions, is_sentinel
+from orchestrator.redisconn import SentinelOptions, connection_options, is_sentinel
 from orchestrator.settings import FleetSettings
 
 TASK_MODULES = [
@@ -53,6 +53,31 @@ def worker_queues(family: str, host: str) -> list[str]:
     return families.get(family).worker_queues(host)
 
 
+#: Seconds a reply on a broker connection may take before the connection counts as lost
+#: (a ``redis.TimeoutError``: the consumer reconnects, a publish is retried on a new
+#: connection). Without one, a connection that went silent (a primary hung or gone without a
+#: reset) held the worker's main thread forever in the reply to an event's PUBLISH. Longer
+#: than kombu's server-side BRPOP wait (1 s) and than a slow fsync of ``appendfsync always``.
+BROKER_SOCKET_TIMEOUT = 5.0
+#: Seconds to open a broker connection.
+BROKER_CONNECT_TIMEOUT = 2.0
+#: Seconds between kombu's checks of the consumer's BRPOP and pub/sub connections (a BRPOP
+#: reply overdue by this much more than the 1 s wait drops the connection; two unanswered
+#: PINGs drop a pub/sub one), and the idle time after which redis-py PINGs a broker
+#: connection before using it: a consumer on a silent connection reconnects within about
+#: 1 + 2 x this.
+BROKER_HEALTH_CHECK_INTERVAL = 5
+
+
+def broker_connection_options() -> dict[str, Any]:
+    """kombu transport options bounding every broker connection: ``BROKER_SOCKET_TIMEOUT``,
+    ``BROKER_CONNECT_TIMEOUT``, TCP keepalive and ``BROKER_HEALTH_CHECK_INTERVAL``
+    (``orchestrator.redisconn.connection_options``)."""
+    return connection_options(
+        BROKER_SOCKET_TIMEOUT, BROKER_CONNECT_TIMEOUT, BROKER_HEALTH_CHECK_INTERVAL
+    )
+
+
 def broker_transport(url: str) -> str:
     """The fleet's transport class for a broker ``url`` (``sentinel://`` or one Redis)."""
     return "workers.broker:SentinelTransport" if is_sentinel(url) else "workers.broker:Transport"
@@ -64,7 +89,7 @@ def sentinel_transport_options(url: str, settings: FleetSettings) -> dict[str, A
     if not is_sentinel(url):
         return {}
     options = SentinelOptions.from_settings(settings)
-    timeouts = {"socket_timeout": 2.0, "socket_connect_timeout": 1.0}
+    timeouts = connection_options(2.0, 1.0)
     return {"master_name": options.master, "sentinel_kwargs": options.sentinel_kwargs(timeouts)}
 
 
@@ -83,7 +108,11 @@ def configure(app: Celery, settings: FleetSettings) -> None:
         # A worker never gives up on the broker: it reconnects with back-off for as long as
         # Redis is away (the default ends the worker after 100 failed attempts).
         broker_connection_max_retries=None,
+        broker_connection_timeout=BROKER_CONNECT_TIMEOUT,
         broker_transport_options={
+            # Every broker connection (consumer, producers, events, remote control) is
+            # bounded: a silent connection is noticed within seconds and replaced.
+            **broker_connection_options(),
             # Broker keys live under the fleet's prefix, beside its state, named by
             # orchestrator/keys.py (the turn sweeper looks for a step's message in them).
             "global_keyprefix": keys.broker_prefix,

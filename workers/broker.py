@@ -12,8 +12,10 @@ fault 5; the fault soak):
   and ends the worker. kombu lists ``BusyLoadingError`` (a restarted server loading its
   append-only file) but not ``OutOfMemoryError`` (``maxmemory`` with ``noeviction`` refuses the
   unacked-record write that follows every ``BRPOP``), ``ReadOnlyError`` (a failover left us on
-  a replica) or ``MasterDownError``: all three pass once the server recovers, so they are
-  connection errors here.
+  a replica), ``MasterDownError`` or ``NoReplicasError`` (a primary with
+  ``min-replicas-to-write`` whose replicas are gone refuses ``BRPOP``, a write): all pass
+  once the server recovers, so they are connection errors here
+  (``orchestrator.redisconn.TRANSIENT_REPLIES``).
 * **A message popped but not recorded is handed back.** ``BRPOP`` is allowed on a full server
   but the write that records the message as unacknowledged is not, so the message would exist
   only in this process. It is held here and pushed back to the head of its queue before the
@@ -64,15 +66,9 @@ from kombu.transport import redis as kombu_redis
 from kombu.transport import virtual as kombu_virtual
 from redis import exceptions as redis_errors
 
-log = logging.getLogger(__name__)
+from orchestrator.redisconn import TRANSIENT_REPLIES
 
-#: Server replies that mean "not now" rather than "wrong": retried by reconnecting.
-TRANSIENT_REPLIES: tuple[type[Exception], ...] = (
-    redis_errors.BusyLoadingError,
-    redis_errors.OutOfMemoryError,
-    redis_errors.ReadOnlyError,
-    redis_errors.MasterDownError,
-)
+log = logging.getLogger(__name__)
 
 #: The largest pipeline joined into one socket write (bytes); larger ones go as redis-py cuts them.
 ONE_WRITE_MAX = 64 * 1024

@@ -29,8 +29,10 @@ Where ``send_task`` would do more than that for a message, the message is sent w
 ids), for a task registered in this process (its options apply), or when ``task_routes`` is
 configured (a router may look at the arguments).
 
-Transient broker errors are retried with tenacity for a short, bounded time; the last error
-is raised to the caller (``send``) or reported per message (``send_many``). A retried batch may
+Transient broker errors are retried with tenacity for a short, bounded time (three attempts,
+none begun after ``PUBLISH_RETRY_WINDOW``; each bounded by the broker's socket timeout,
+``workers.app``); the last error is raised to the caller (``send``) or reported per message
+(``send_many``). A retried batch may
 publish some of its messages twice; every message this is used for is idempotent (a stop names
 the exact items it stops, a reminder fire spends the reminder once).
 """
@@ -51,15 +53,31 @@ from kombu.exceptions import OperationalError
 from kombu.messaging import Producer
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
-from tenacity import retry, retry_if_exception_type, stop_after_attempt, wait_exponential
+from tenacity import (
+    retry,
+    retry_if_exception_type,
+    stop_after_attempt,
+    stop_after_delay,
+    wait_exponential,
+)
 
 from orchestrator.families import Message, message_id
+from orchestrator.redisconn import TRANSIENT_REPLIES
 from workers import messages
+from workers.app import BROKER_SOCKET_TIMEOUT
 from workers.broker import PublishBatch
 
+#: Seconds after which a failed publish is not tried again: a publish that failed because
+#: its connection went silent took ``BROKER_SOCKET_TIMEOUT`` (5 s) and is tried once more on a
+#: new connection, so a broker that never answers costs a caller (an archive's stop fan-out
+#: in the API, already written) about 10 s, not three timeouts.
+PUBLISH_RETRY_WINDOW = 1.5 * BROKER_SOCKET_TIMEOUT
+
 _transient = retry(
-    retry=retry_if_exception_type((OperationalError, RedisConnectionError, RedisTimeoutError)),
-    stop=stop_after_attempt(3),
+    retry=retry_if_exception_type(
+        (OperationalError, RedisConnectionError, RedisTimeoutError, *TRANSIENT_REPLIES)
+    ),
+    stop=stop_after_attempt(3) | stop_after_delay(PUBLISH_RETRY_WINDOW),
     wait=wait_exponential(multiplier=0.05, max=0.3),
     reraise=True,
 )

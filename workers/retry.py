@@ -22,18 +22,16 @@ from kombu.exceptions import OperationalError
 from redis import exceptions as redis_errors
 
 from orchestrator.errors import StoreUnavailable
+from orchestrator.redisconn import TRANSIENT_REPLIES
 
-#: Failures that pass by themselves: the store or the broker is away, loading, full or
-#: read-only for a while.
+#: Failures that pass by themselves: the store or the broker is away, loading, full,
+#: read-only or short of replicas for a while.
 TRANSIENT: tuple[type[Exception], ...] = (
     StoreUnavailable,
     OperationalError,
     redis_errors.ConnectionError,
     redis_errors.TimeoutError,
-    redis_errors.BusyLoadingError,
-    redis_errors.OutOfMemoryError,
-    redis_errors.ReadOnlyError,
-    redis_errors.MasterDownError,
+    *TRANSIENT_REPLIES,
 )
 
 #: Longest wait between two attempts (seconds); the first waits up to 1 s.

@@ -14,7 +14,7 @@ import weakref
 from typing import Any
 
 from orchestrator import untrusted
-from orchestrator.redisconn import async_client
+from orchestrator.redisconn import SilenceProbe, async_client
 
 log = logging.getLogger(__name__)
 
@@ -22,6 +22,8 @@ log = logging.getLogger(__name__)
 START_TIMEOUT = 10.0
 #: Pause before resubscribing, in seconds: doubled after each failed attempt up to the max.
 RETRY_MIN, RETRY_MAX = 0.5, 30.0
+#: Longest wait for one message (s) before the subscription's silence is looked at.
+READ_WAIT = 1.0
 
 
 class RelayUnavailable(Exception):
@@ -73,8 +75,15 @@ class EventHub:
                 await pubsub.subscribe(self.channel)
                 self._subscribed()
                 delay = RETRY_MIN
-                async for message in pubsub.listen():
-                    self._relay(message)
+                probe = SilenceProbe()
+                while True:
+                    message = await pubsub.get_message(timeout=READ_WAIT)
+                    # A connection that died without a reset reads as "no event" forever:
+                    # one that does not answer a PING is dropped and subscribed again.
+                    if probe.step(message is not None):
+                        await pubsub.ping()
+                    if message is not None:
+                        self._relay(message)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # Redis went away: resubscribe after a pause

@@ -4,8 +4,9 @@ Loopback only, bounded in time and count, stops by itself. It starts its own Red
 (append-only, ``appendfsync always``), one worker per family (two job hosts), the HTTP API
 (bearer token) and ``fleet beat`` (the reconciler), drives archive / unarchive / prompt /
 remind / spawn traffic over HTTP while faults are injected on a seeded schedule (SIGKILL and
-SIGSTOP of Redis and of each worker, ``maxmemory`` squeezes, SIGKILL of the API), releases
-every fault, waits for recovery and checks that:
+SIGSTOP of Redis and of each worker, ``maxmemory`` squeezes, SIGKILL of the API, every
+connection to Redis going silent, writes refused with ``NOREPLICAS``), releases every fault,
+waits for recovery and checks that:
 
 1. no model request began after the client got the 200 of an archive of its lineage;
 2. every reminder was deleted by a stop, refused, or became exactly one turn;

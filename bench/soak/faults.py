@@ -12,6 +12,13 @@
                    (``Faults.during_freeze``, the client's), SIGCONT 50 ms after the last 200
 ``escape``         a job and a shell call that leave processes outside their process group,
                    then an archive with ``stopActivity`` (``Faults.escape``: ``escapes.py``)
+``net_freeze``     every connection open to Redis through the proxy (every worker's, the
+                   API's, beat's) goes silent for good: nothing forwarded, nothing closed, no
+                   reset; new connections work (``tests.proxy.FreezingProxy.freeze``). Closed
+                   (FIN) once frozen for ``FROZEN_FOR`` s, as a peer's kernel gives up
+``noreplicas``     ``CONFIG SET min-replicas-to-write 1`` with no replica connected, for
+                   0.5-3 s, then 0: every write is refused with ``NOREPLICAS``, as a primary's
+                   whose replicas are gone
 =================  ===========================================================================
 """
 
@@ -40,7 +47,13 @@ KINDS = {
     "api_kill": 1,
     "freeze_archive": 2,
     "escape": 2,
+    "net_freeze": 2,
+    "noreplicas": 2,
 }
+
+#: Seconds after which a frozen connection is closed (bounds the proxy's threads in a long
+#: soak; far longer than a process may take to notice the silence).
+FROZEN_FOR = 60.0
 
 
 @dataclass
@@ -130,6 +143,17 @@ class Faults:
             return "turn@soak"
         if kind == "escape":
             return self.escape(rng) if self.escape is not None else ""
+        if kind == "net_freeze":
+            self.procs.proxy.close_frozen(older_than=FROZEN_FOR)
+            frozen = self.procs.proxy.freeze()
+            self._hold(0.3, 1.5)
+            return f"{frozen} connections" if frozen else ""
+        if kind == "noreplicas":
+            if not self._configure("min-replicas-to-write", 1):
+                return ""
+            self._hold(0.5, 3.0)
+            self._reset("min-replicas-to-write", 0)
+            return "redis"
         if kind == "api_kill":
             self.procs.signal("api", signal.SIGKILL)
             self._hold(0.2, 1.5)
@@ -150,21 +174,26 @@ class Faults:
         finally:
             admin.close()
         self._hold(0.5, 3.0)
-        self.release_memory()
+        self._reset("maxmemory", 0)
         return "redis(tight)" if tight else "redis(below use)"
 
-    def release_memory(self, timeout: float = 20.0) -> None:
-        """``maxmemory 0`` (retried while Redis is away; a restarted one has it already)."""
+    def _configure(self, name: str, value: int) -> bool:
+        """``CONFIG SET name value`` once; whether Redis took it."""
+        admin = self._admin()
+        try:
+            admin.config_set(name, value)
+            return True
+        except redis.RedisError:
+            return False
+        finally:
+            admin.close()
+
+    def _reset(self, name: str, value: int, timeout: float = 20.0) -> None:
+        """``CONFIG SET name value``, retried while Redis is away (a restarted one has its
+        defaults already)."""
         deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            admin = self._admin()
-            try:
-                admin.config_set("maxmemory", 0)
-                return
-            except redis.RedisError:
-                time.sleep(0.2)
-            finally:
-                admin.close()
+        while time.monotonic() < deadline and not self._configure(name, value):
+            time.sleep(0.2)
 
     def run(self, until: float) -> None:
         """Inject faults until the monotonic time ``until`` (or ``stop``)."""
@@ -185,10 +214,12 @@ class Faults:
 
     def release_all(self) -> None:
         """Undo every fault: SIGCONT to every process, every dead process restarted,
-        ``maxmemory 0``."""
+        ``maxmemory 0``, ``min-replicas-to-write 0``. Frozen connections stay frozen: the
+        processes holding them must notice by themselves."""
         for name in list(self.procs.pids()):
             self.procs.signal(name, signal.SIGCONT)
         for name in ["redis", "api", "beat", *self.procs.worker_names()]:
             with contextlib.suppress(RuntimeError):
                 self._restart(name)
-        self.release_memory()
+        self._reset("maxmemory", 0)
+        self._reset("min-replicas-to-write", 0)

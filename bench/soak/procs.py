@@ -1,9 +1,12 @@
 """The processes a soak owns: a private Redis, the family workers, the HTTP API and beat.
 
 Everything binds to 127.0.0.1. Redis is the embedded server (append-only, ``appendfsync
-always``) on a fixed free port, so it comes back on the same address after a SIGKILL. Every
-signal the soak sends goes to one PID it started; a process that exits without such a signal
-is recorded as an unexpected exit (and restarted, so the soak goes on).
+always``) on a fixed free port, so it comes back on the same address after a SIGKILL. The
+workers, the API and beat reach it through a TCP proxy of the soak's own
+(``tests.proxy.FreezingProxy``), which can silence every connection open at a moment; the
+soak's own reads go to Redis directly. Every signal the soak sends goes to one PID it
+started; a process that exits without such a signal is recorded as an unexpected exit (and
+restarted, so the soak goes on).
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from api.local import LocalFleet, WorkerProcess
 from bench.common import free_port
 from orchestrator.families import names as family_names
 from orchestrator.processes import die_with_parent
+from tests.proxy import FreezingProxy
 
 #: Settings every soak process gets: short enough that a lost step or a dead worker is
 #: noticed well inside the settle window (the defaults are sized for production).
@@ -74,6 +78,8 @@ class Processes:
     job_hosts: int = 2
     concurrency: int = 4
     redis: EmbeddedRedis = field(init=False)
+    #: What every process of the fleet connects to instead of Redis.
+    proxy: FreezingProxy = field(init=False)
     fleet: LocalFleet = field(init=False)
     api: Helper = field(init=False)
     beat: Helper = field(init=False)
@@ -88,7 +94,9 @@ class Processes:
     )
 
     def __post_init__(self) -> None:
-        self.redis = EmbeddedRedis(self.state_dir, port=free_port())
+        redis_port = free_port()
+        self.redis = EmbeddedRedis(self.state_dir, port=redis_port)
+        self.proxy = FreezingProxy(("127.0.0.1", redis_port))
         self.api_port = free_port()
 
     # ------------------------------------------------------------------ start / stop
@@ -102,7 +110,7 @@ class Processes:
         env.update(SOAK_ENV)
         env.update(
             {
-                "FLEET_REDIS_URL": self.redis.url,
+                "FLEET_REDIS_URL": self.proxy.url,
                 "FLEET_KEY_PREFIX": self.prefix,
                 "FLEET_API_TOKEN": self.token,
                 "FLEET_STATE_DIR": str(self.state_dir),
@@ -121,10 +129,11 @@ class Processes:
 
     def _start(self) -> None:
         self.redis.start()
+        self.proxy.start()
         logs = self.state_dir / "logs"
         logs.mkdir(parents=True, exist_ok=True)
         self.fleet = LocalFleet(
-            self.redis.url,
+            self.proxy.url,
             self.prefix,
             self.state_dir,
             hostname="soak",
@@ -187,6 +196,7 @@ class Processes:
                 except subprocess.TimeoutExpired:
                     proc.kill()
                     proc.wait(5)
+        self.proxy.close()
         self.redis.stop()
         self._spawner.shutdown(wait=True)
 

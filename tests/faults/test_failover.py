@@ -36,3 +36,20 @@ def test_no_acknowledged_archive_is_lost_when_the_primary_dies(tmp_path: Path) -
     assert out.not_final == []
     assert out.exits == []
     assert out.new_turn_completed
+
+
+def test_the_fleet_follows_the_sentinels_away_from_a_hung_primary(tmp_path: Path) -> None:
+    # A hung primary (SIGSTOP): every connection to it stays open and silent, so each process
+    # must notice by its own timeouts and ask the Sentinels for the promoted replica.
+    out = run(tmp_path, ack=1, hang=True)
+    print(
+        f"\nacknowledged {out.acknowledged}, answers {out.statuses}, promoted after "
+        f"{out.promoted_after_s} s, first archive {out.kill_to_first_archive_s} s after the hang"
+    )
+    # Every archive was answered (status 0: the client gave up waiting, 10 s)
+    assert not [status for status in out.statuses if status.startswith("0 ")], out.statuses
+    assert out.lost == []
+    assert out.late_requests == []
+    assert out.not_final == []
+    assert out.exits == []
+    assert out.new_turn_completed

@@ -1,7 +1,8 @@
 """A job host hears the gate's closures through Redis faults (``JobSupervisor`` and
 ``gate.listen``): on a private Redis, SIGKILLed and restarted, or whose subscription
-connections are killed while an archive's closure is lost, an archive still stops the job
-with no stop request delivered."""
+connections are killed while an archive's closure is lost, or whose connections go silent
+(a proxy of the tests' own stops forwarding), an archive still stops the job with no stop
+request delivered."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from orchestrator.jobs import JobState
 from orchestrator.store import Store
 from tests.faults.test_redis_durability import crash_and_restart
 from tests.helpers import RecordingDispatcher, wait_for
+from tests.proxy import FreezingProxy
 from tests.workers.support import process_alive
 
 pytestmark = pytest.mark.timeout(60)
@@ -109,3 +111,25 @@ def test_a_closure_lost_with_the_subscription_is_made_up_for_when_it_is_made_aga
     # Then once the subscription is made again, the host asks the gate about every job it
     # runs and stops this one
     stopped(store, jid, pid)
+
+
+def test_a_closure_is_heard_although_the_subscriptions_connection_went_silent(
+    private_redis: EmbeddedRedis, store: Store
+) -> None:
+    # Given a job host whose store reaches Redis through a proxy, running a job
+    with FreezingProxy(("127.0.0.1", private_redis.port)) as proxy:
+        host_store = Store(proxy.url, "gatewatch:")
+        sup = jobs.JobSupervisor(host_store, "host-silent", lease_ms=20_000, grace_seconds=1)
+        try:
+            sid, jid, pid = running_job(host_store, sup)
+            wait_for(lambda: subscribed(host_store), 10, message="the subscription")
+            # When every connection it holds goes silent (no reset), and the session is
+            # archived with stopActivity, its stop request never delivered
+            assert proxy.freeze() > 0
+            archive.archive(store, RecordingDispatcher(), sid, stop_activity=True)
+            # Then the host notices the silent subscription, makes it again, asks the gate
+            # about every job it runs and stops this one
+            wait_for(lambda: not process_alive(pid), 20, message="the job to end")
+        finally:
+            sup.shutdown()
+            host_store.close()

@@ -3,8 +3,17 @@
 from __future__ import annotations
 
 import pytest
+import redis
+from redis._parsers.base import BaseParser
 
-from orchestrator.redisconn import SentinelOptions, is_sentinel, parse_sentinel_url
+from orchestrator.redisconn import (
+    TRANSIENT_REPLIES,
+    NoReplicasError,
+    SentinelOptions,
+    SilenceProbe,
+    is_sentinel,
+    parse_sentinel_url,
+)
 from orchestrator.settings import FleetSettings
 from workers.app import broker_transport, sentinel_transport_options
 
@@ -75,3 +84,32 @@ def test_a_sentinel_url_is_accepted_by_the_commands(monkeypatch: pytest.MonkeyPa
     finally:
         monkeypatch.undo()
         get_settings.cache_clear()
+
+
+def test_a_noreplicas_reply_is_a_typed_transient_error() -> None:
+    error = BaseParser.parse_error("NOREPLICAS Not enough good replicas to write.")
+    assert isinstance(error, NoReplicasError)
+    assert isinstance(error, redis.ResponseError)
+    assert NoReplicasError in TRANSIENT_REPLIES
+
+
+def test_a_silent_subscription_is_pinged_then_counted_lost() -> None:
+    now = [0.0]
+    probe = SilenceProbe(after=5.0, wait=5.0, clock=lambda: now[0])
+    # Nothing heard for 5 s: no PING yet; past 5 s: one PING, and no second while it waits
+    now[0] = 5.0
+    assert probe.step(heard=False) is False
+    now[0] = 5.1
+    assert probe.step(heard=False) is True
+    now[0] = 9.0
+    assert probe.step(heard=False) is False
+    # Its answer (anything read) starts the count again
+    assert probe.step(heard=True) is False
+    now[0] = 14.0
+    assert probe.step(heard=False) is False
+    now[0] = 14.2
+    assert probe.step(heard=False) is True
+    # A PING unanswered for 5 s more: the connection counts as lost
+    now[0] = 19.3
+    with pytest.raises(redis.TimeoutError):
+        probe.step(heard=False)
