@@ -166,6 +166,7 @@ class JobSupervisor:
         grace_seconds: float,
         command: Callable[[float], list[str]] | None = None,
         instance: str | None = None,
+        freeze_max_seconds: float | None = None,
     ) -> None:
         self.store = store
         self.host = host
@@ -174,6 +175,12 @@ class JobSupervisor:
         self.instance = instance or new_instance(host)
         self.lease_ms = lease_ms
         self.grace = grace_seconds
+        #: Seconds its watchdog may keep a job frozen while Redis does not answer.
+        self.freeze_max = (
+            store.settings.job_freeze_max_seconds
+            if freeze_max_seconds is None
+            else freeze_max_seconds
+        )
         self.command = command or (lambda seconds: ["sleep", f"{seconds:g}"])
         self._running: dict[str, _Running] = {}
         #: Claimed here, process not forked yet: each job's fork, resolved with its pid (or
@@ -393,8 +400,12 @@ class JobSupervisor:
         """Renew the lease of a running job (``job_renew.lua``). When refused (the lease
         lapsed while this worker was frozen, the census may have recorded it ``lost``, or the
         job is no longer this instance's), the job must not run on: its process tree is
-        killed, it is recorded ``lost`` if still ``running``, and no longer tracked."""
+        killed, it is recorded ``lost`` if still ``running``, and no longer tracked. A lapsed
+        lease of a tree its watchdog froze while Redis did not answer is the watchdog's to
+        settle (``orchestrator/jobwatch.py``: resumed or killed)."""
         renewed = self.store.run("job_renew", [run.job_id, self.instance, self.lease_ms])
+        if renewed == "lapsed" and run.tree.frozen():
+            return
         with self._lock:
             if renewed == "ok" or run.stopping or self._running.pop(run.job_id, None) is None:
                 return
@@ -500,7 +511,9 @@ class JobSupervisor:
         interval = max(0.05, min(0.5, self.lease_ms / 1000 / 4))
         last_reap = 0.0
         try:
-            self._watchdog = jobwatch.start(self.store, self.host, self.instance, self.lease_ms)
+            self._watchdog = jobwatch.start(
+                self.store, self.host, self.instance, self.lease_ms, self.freeze_max
+            )
         except OSError as exc:
             log.error("job watchdog not started: %s", exc)
         while not self._stop.is_set():
