@@ -6,6 +6,7 @@ again the job is thawed with its lease taken again and runs on, counted by the c
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import time
@@ -17,6 +18,7 @@ import pytest
 from api.embedded import EmbeddedRedis
 from orchestrator import jobs, sessions, watchdogs
 from orchestrator.activity import census
+from orchestrator.archive import archive
 from orchestrator.store import Store
 from tests.helpers import RecordingDispatcher, wait_for
 from tests.workers.support import process_alive
@@ -34,12 +36,41 @@ def store(private_redis: EmbeddedRedis) -> Iterator[Store]:
 
 
 @pytest.fixture
-def supervisor(store: Store) -> Iterator[jobs.JobSupervisor]:
+def freeze_max() -> float:
+    """The supervisor's ``FLEET_JOB_FREEZE_MAX_SECONDS`` (a test may override it)."""
+    return 60
+
+
+@pytest.fixture
+def supervisor(store: Store, freeze_max: float) -> Iterator[jobs.JobSupervisor]:
     sup = jobs.JobSupervisor(
-        store, "host-stall", lease_ms=LEASE_MS, grace_seconds=1, freeze_max_seconds=60
+        store, "host-stall", lease_ms=LEASE_MS, grace_seconds=1, freeze_max_seconds=freeze_max
     )
     yield sup
     sup.shutdown()
+
+
+@pytest.fixture
+def redis_pid(private_redis: EmbeddedRedis) -> Iterator[int]:
+    """The private Redis's PID; resumed (SIGCONT) after the test whatever it did."""
+    pid = private_redis.pid
+    assert pid is not None
+    yield pid
+    os.kill(pid, signal.SIGCONT)
+
+
+def watched_job(store: Store, sup: jobs.JobSupervisor) -> tuple[str, str, int, str]:
+    """A new session's running job under ``sup``, counted and read by its watchdog (two of
+    its reads of a lease since the job's record): ``(sid, jid, pid, tree handle)``."""
+    sid = sessions.create_session(store, "/tmp/redis-stall").session_id
+    jid = jobs.create_job(store, RecordingDispatcher(), sid, 60, "sleep 60")
+    assert sup.start(sid, jid) == "running"
+    pid = sup.pids()[jid]
+    tree = store.redis.hget(store.keys.job(jid), "tree") or ""  # recorded before the start
+    assert counted(store, sid, jid)
+    seen = pttl_calls(store)
+    wait_for(lambda: pttl_calls(store) >= seen + 2, 10, message="the watchdog's reads")
+    return sid, jid, pid, tree
 
 
 def frozen(pid: int, tree: str) -> bool:
@@ -52,6 +83,16 @@ def frozen(pid: int, tree: str) -> bool:
         return f.read().rsplit(")", 1)[1].split()[0] == "T"
 
 
+def thawed(pid: int, tree: str) -> bool:
+    """Whether the job's tree was asked to run again: its cgroup's ``cgroup.freeze`` reads 0
+    (``cgroup.events`` may say ``frozen 0`` of a frozen tree being killed), or (no cgroup) its
+    process is neither stopped nor dying. Raises ``OSError`` once its cgroup is removed."""
+    if tree.startswith("/"):
+        return (Path(tree) / "cgroup.freeze").read_text().strip() == "0"
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()[0] not in ("T", "Z", "X")
+
+
 def pttl_calls(store: Store) -> int:
     """How many ``PTTL`` commands the server ran (the watchdogs' reads of a lease)."""
     return int(store.redis.info("commandstats").get("cmdstat_pttl", {}).get("calls", 0))
@@ -62,20 +103,10 @@ def counted(store: Store, sid: str, jid: str) -> bool:
 
 
 def test_a_job_survives_a_redis_stall_frozen_and_runs_on_with_its_lease_taken_again(
-    private_redis: EmbeddedRedis, store: Store, supervisor: jobs.JobSupervisor
+    redis_pid: int, store: Store, supervisor: jobs.JobSupervisor
 ) -> None:
-    redis_pid = private_redis.pid
-    assert redis_pid is not None
-    # Given a running job, counted by the census
-    sid = sessions.create_session(store, "/tmp/redis-stall").session_id
-    jid = jobs.create_job(store, RecordingDispatcher(), sid, 60, "sleep 60")
-    assert supervisor.start(sid, jid) == "running"
-    pid = supervisor.pids()[jid]
-    tree = store.redis.hget(store.keys.job(jid), "tree") or ""  # recorded before the start
-    assert counted(store, sid, jid)
-    # ... which its watchdog has read (two of its reads of a lease since the job's record)
-    seen = pttl_calls(store)
-    wait_for(lambda: pttl_calls(store) >= seen + 2, 10, message="the watchdog's reads")
+    # Given a running job, counted by the census and read by its watchdog
+    sid, jid, pid, tree = watched_job(store, supervisor)
     margin = watchdogs.kill_margin(LEASE_MS)
     os.kill(redis_pid, signal.SIGSTOP)
     stalled = time.monotonic()
@@ -100,3 +131,59 @@ def test_a_job_survives_a_redis_stall_frozen_and_runs_on_with_its_lease_taken_ag
         time.sleep(0.2)
     assert counted(store, sid, jid)
     assert store.redis.hget(store.keys.job(jid), "state") == "running"
+
+
+def test_a_frozen_job_whose_session_is_archived_as_redis_returns_dies_never_thawed(
+    redis_pid: int, store: Store, supervisor: jobs.JobSupervisor
+) -> None:
+    # Given a running job frozen through a Redis stall until its lease lapsed
+    sid, jid, pid, tree = watched_job(store, supervisor)
+    os.kill(redis_pid, signal.SIGSTOP)
+    stalled = time.monotonic()
+    wait_for(lambda: frozen(pid, tree), LEASE_MS / 1000 + 5, message="the job frozen")
+    while time.monotonic() < stalled + LEASE_MS / 1000 + 0.5:
+        time.sleep(0.1)
+    # ... its watchdog held (SIGSTOP by PID) so that the archive comes before its next pass
+    watchdog = supervisor._watchdog
+    assert watchdog is not None
+    os.kill(watchdog.pid, signal.SIGSTOP)
+    try:
+        # When Redis answers again and the session is archived
+        os.kill(redis_pid, signal.SIGCONT)
+        assert archive(store, RecordingDispatcher(), sid).outcome == "archived"
+        archived = time.monotonic()
+    finally:
+        os.kill(watchdog.pid, signal.SIGCONT)
+    # Then the job dies within 5 s of the archive, and is never seen thawed meanwhile
+    while process_alive(pid):
+        assert time.monotonic() - archived < 5, "the job outlived its archive by 5 s"
+        with contextlib.suppress(OSError):  # its cgroup is removed as it dies
+            assert not thawed(pid, tree), "thawed after its archive"
+        time.sleep(0.02)
+    wait_for(lambda: not counted(store, sid, jid), 10, message="the job no longer counted")
+    assert store.redis.hget(store.keys.job(jid), "state") in ("lost", "stopped")
+
+
+@pytest.mark.parametrize("freeze_max", [2.0])
+def test_a_job_frozen_longer_than_the_freeze_bound_is_killed_and_counted_lost(
+    redis_pid: int, store: Store, supervisor: jobs.JobSupervisor
+) -> None:
+    # Given a running job, its worker's watchdog freezing a job for at most 2 s
+    sid, jid, pid, tree = watched_job(store, supervisor)
+    # When Redis stalls beyond it
+    os.kill(redis_pid, signal.SIGSTOP)
+    try:
+        wait_for(lambda: frozen(pid, tree), LEASE_MS / 1000 + 5, message="the job frozen")
+        frozen_seen = time.monotonic()
+        # Then the job is killed, frozen, during the stall once frozen for the bound
+        wait_for(lambda: not process_alive(pid), 10, message="the frozen job killed")
+        assert time.monotonic() - frozen_seen > 1
+    finally:
+        os.kill(redis_pid, signal.SIGCONT)
+    # And once Redis answers, it no longer counts and is recorded lost
+    wait_for(lambda: not counted(store, sid, jid), 10, message="the job no longer counted")
+    wait_for(
+        lambda: store.redis.hget(store.keys.job(jid), "state") == "lost",
+        10,
+        message="the job recorded lost",
+    )
