@@ -160,6 +160,26 @@ def test_unfreezing_watchdog_kills_a_job_before_its_lease_lapses_while_redis_is_
     victim.killed_within(leased, LEASE_MS / 1000)
 
 
+class Stalled:
+    """A running job (``victim``) of a session, its watchdog (freezing a job ``freeze_max``
+    seconds at most), and Redis frozen once the watchdog read the job's 6 s lease, the
+    watchdog polling as it runs until the job is frozen (``freeze_job``)."""
+
+    def __init__(self, store: Store, victim: Victim, freeze_max: float) -> None:
+        self.store = store
+        self.pid = victim.proc.pid
+        self.jid, self.leased = leased_job(store, victim)
+        self.sid = store.redis.hget(store.keys.job(self.jid), "sessionId")
+        self.watchdog = jobwatch.Watchdog(
+            store, "hostA", "hostA/test", LEASE_MS, freeze_max=freeze_max
+        )
+        assert self.watchdog.poll() == []
+
+    def freeze_job(self, freeze: Callable[[], None]) -> None:
+        freeze()
+        poll_until(self.watchdog, lambda: proc_state(self.pid) == "T", LEASE_MS / 1000 + 5)
+
+
 def test_a_watched_job_is_frozen_while_redis_is_and_resumed_with_its_lease_taken_again(
     private_redis: EmbeddedRedis,
     watchdog_store: Store,
@@ -168,30 +188,25 @@ def test_a_watched_job_is_frozen_while_redis_is_and_resumed_with_its_lease_taken
 ) -> None:
     store = watchdog_store
     # Given a running job whose 6 s lease the watchdog has read once
-    jid, leased = leased_job(store, victim)
-    watchdog = jobwatch.Watchdog(store, "hostA", "hostA/test", LEASE_MS, freeze_max=60)
-    assert watchdog.poll() == []
+    stalled = Stalled(store, victim, freeze_max=60)
     # When Redis is frozen (nobody renews), the watchdog polling as it runs
-    freeze()
-    pid = victim.proc.pid
-    poll_until(watchdog, lambda: proc_state(pid) == "T", LEASE_MS / 1000 + 5)
+    stalled.freeze_job(freeze)
     # Then the job is frozen (not killed) before its lease would lapse in the server
-    assert time.monotonic() - leased < LEASE_MS / 1000
+    assert time.monotonic() - stalled.leased < LEASE_MS / 1000
     # ... and stays frozen, while Redis still does not answer, past the lapse of its lease
-    while time.monotonic() - leased < LEASE_MS / 1000 + 1:
-        assert watchdog.poll() == []
-        assert proc_state(pid) == "T"
-        time.sleep(watchdog.interval)
+    while time.monotonic() - stalled.leased < LEASE_MS / 1000 + 1:
+        assert stalled.watchdog.poll() == []
+        assert proc_state(stalled.pid) == "T"
+        time.sleep(stalled.watchdog.interval)
     # When Redis answers again
     assert private_redis.pid is not None
     os.kill(private_redis.pid, signal.SIGCONT)
     # Then the job's lease is taken again and its process thawed: it runs on, counted
-    poll_until(watchdog, lambda: proc_state(pid) != "T", 10)
+    poll_until(stalled.watchdog, lambda: proc_state(stalled.pid) != "T", 10)
     assert victim.proc.poll() is None
-    assert store.redis.pttl(store.keys.job_lease(jid)) > 0
-    assert store.redis.hget(store.keys.job(jid), "state") == "running"
-    sid = store.redis.hget(store.keys.job(jid), "sessionId")
-    assert any(item.id == jid for item in census(store, sid))
+    assert store.redis.pttl(store.keys.job_lease(stalled.jid)) > 0
+    assert store.redis.hget(store.keys.job(stalled.jid), "state") == "running"
+    assert any(item.id == stalled.jid for item in census(store, stalled.sid))
 
 
 def test_a_frozen_job_whose_session_is_archived_before_it_resumes_is_killed_never_thawed(
@@ -203,27 +218,22 @@ def test_a_frozen_job_whose_session_is_archived_before_it_resumes_is_killed_neve
     store = watchdog_store
     # Given a running job frozen by its watchdog while Redis does not answer, until its lease
     # lapsed in the server
-    jid, leased = leased_job(store, victim)
-    sid = store.redis.hget(store.keys.job(jid), "sessionId")
-    watchdog = jobwatch.Watchdog(store, "hostA", "hostA/test", LEASE_MS, freeze_max=60)
-    assert watchdog.poll() == []
-    freeze()
-    pid = victim.proc.pid
-    poll_until(watchdog, lambda: proc_state(pid) == "T", LEASE_MS / 1000 + 5)
-    while time.monotonic() - leased < LEASE_MS / 1000 + 0.5:
+    stalled = Stalled(store, victim, freeze_max=60)
+    stalled.freeze_job(freeze)
+    while time.monotonic() - stalled.leased < LEASE_MS / 1000 + 0.5:
         time.sleep(0.1)
     # When Redis answers again and the session's archive comes before the watchdog's pass
     assert private_redis.pid is not None
     os.kill(private_redis.pid, signal.SIGCONT)
-    result = archive(store, RecordingDispatcher(), sid)
+    result = archive(store, RecordingDispatcher(), stalled.sid)
     assert result.outcome == "archived"
-    assert proc_state(pid) == "T"
+    assert proc_state(stalled.pid) == "T"
     # Then that pass kills the job frozen (it never runs after the archive) and records it
-    assert watchdog.poll() == [jid]
-    victim.killed_within(leased, LEASE_MS / 1000 + 10)
-    assert store.redis.hget(store.keys.job(jid), "state") == "lost"
-    reason = store.redis.hget(store.keys.job(jid), "reason")
-    assert f"archived:{sid}" in reason
+    assert stalled.watchdog.poll() == [stalled.jid]
+    victim.killed_within(stalled.leased, LEASE_MS / 1000 + 10)
+    assert store.redis.hget(store.keys.job(stalled.jid), "state") == "lost"
+    reason = store.redis.hget(store.keys.job(stalled.jid), "reason")
+    assert f"archived:{stalled.sid}" in reason
 
 
 def test_a_job_frozen_longer_than_the_freeze_bound_is_killed_and_counted_lost(
@@ -234,14 +244,10 @@ def test_a_job_frozen_longer_than_the_freeze_bound_is_killed_and_counted_lost(
 ) -> None:
     store = watchdog_store
     # Given a running job, its watchdog freezing a job for at most 2 s
-    jid, leased = leased_job(store, victim)
-    sid = store.redis.hget(store.keys.job(jid), "sessionId")
-    watchdog = jobwatch.Watchdog(store, "hostA", "hostA/test", LEASE_MS, freeze_max=2)
-    assert watchdog.poll() == []
+    stalled = Stalled(store, victim, freeze_max=2)
+    jid, sid, watchdog = stalled.jid, stalled.sid, stalled.watchdog
     # When Redis stays frozen beyond it
-    freeze()
-    pid = victim.proc.pid
-    poll_until(watchdog, lambda: proc_state(pid) == "T", LEASE_MS / 1000 + 5)
+    stalled.freeze_job(freeze)
     frozen = time.monotonic()
     poll_until(watchdog, lambda: victim.proc.poll() is not None, 10)
     # Then the job is killed (frozen) once frozen for the bound
