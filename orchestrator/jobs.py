@@ -142,6 +142,9 @@ class _Running:
     #: Set (under the supervisor's lock) before a stop signals the process, so the reaper,
     #: which may see it end first, leaves recording its end to the stop (``stopped``).
     stopping: bool = False
+    #: Monotonic seconds a renewal first found its lease lapsed and its tree frozen by the
+    #: watchdog (``None``: not so).
+    frozen_lapsed_at: float | None = None
 
     @property
     def process(self) -> subprocess.Popen[bytes]:
@@ -402,10 +405,15 @@ class JobSupervisor:
         job is no longer this instance's), the job must not run on: its process tree is
         killed, it is recorded ``lost`` if still ``running``, and no longer tracked. A lapsed
         lease of a tree its watchdog froze while Redis did not answer is the watchdog's to
-        settle (``orchestrator/jobwatch.py``: resumed or killed)."""
+        settle (``orchestrator/jobwatch.py``: resumed or killed) while the watchdog lives, up
+        to ``freeze_max`` seconds."""
         renewed = self.store.run("job_renew", [run.job_id, self.instance, self.lease_ms])
         if renewed == "lapsed" and run.tree.frozen():
-            return
+            now = time.monotonic()
+            since = run.frozen_lapsed_at = run.frozen_lapsed_at or now
+            watchdog = self._watchdog
+            if watchdog is not None and watchdog.poll() is None and now - since < self.freeze_max:
+                return
         with self._lock:
             if renewed == "ok" or run.stopping or self._running.pop(run.job_id, None) is None:
                 return

@@ -187,3 +187,36 @@ def test_a_job_frozen_longer_than_the_freeze_bound_is_killed_and_counted_lost(
         10,
         message="the job recorded lost",
     )
+
+
+def test_a_frozen_job_whose_watchdog_died_is_killed_by_its_worker_once_redis_answers(
+    redis_pid: int, store: Store, supervisor: jobs.JobSupervisor
+) -> None:
+    # Given a running job frozen through a Redis stall until its lease lapsed
+    sid, jid, pid, tree = watched_job(store, supervisor)
+    os.kill(redis_pid, signal.SIGSTOP)
+    stalled = time.monotonic()
+    try:
+        wait_for(lambda: frozen(pid, tree), LEASE_MS / 1000 + 5, message="the job frozen")
+        while time.monotonic() < stalled + LEASE_MS / 1000 + 0.5:
+            time.sleep(0.1)
+        # ... whose watchdog then dies (SIGKILL by PID)
+        watchdog = supervisor._watchdog
+        assert watchdog is not None
+        watchdog.kill()
+        watchdog.wait(5)
+    finally:
+        os.kill(redis_pid, signal.SIGCONT)
+    # When Redis answers again, its worker's renewal is refused (the lease lapsed)
+    # Then the worker kills the frozen job, never thawed, and it is recorded lost
+    while process_alive(pid):
+        assert time.monotonic() - stalled < LEASE_MS / 1000 + 15, "the frozen job lived on"
+        with contextlib.suppress(OSError):  # its cgroup is removed as it dies
+            assert not thawed(pid, tree), "thawed with nobody to settle it"
+        time.sleep(0.02)
+    wait_for(
+        lambda: store.redis.hget(store.keys.job(jid), "state") == "lost",
+        10,
+        message="the job recorded lost",
+    )
+    assert not counted(store, sid, jid)
