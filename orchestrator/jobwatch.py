@@ -34,10 +34,12 @@ then the tree is thawed. Refused (an archive committed during the stall, the cen
 it ``lost``), the tree is killed frozen (SIGKILL and ``cgroup.kill`` end frozen tasks) and the
 job recorded ``lost``: nothing of an archived session runs after its archive. A job frozen
 longer than ``FLEET_JOB_FREEZE_MAX_SECONDS`` is killed and recorded ``lost`` as before
-(``0``: never frozen). Honest limits: a whole host frozen (a VM
-paused) freezes its jobs and this watchdog too; on thaw the census may already count the job
-``lost``, and the watchdog (or the resuming supervisor, whose renewal is refused,
-``job_renew.lua``) kills it within one poll, before it runs on for more than that. A worker
+(``0``: never frozen).
+
+Honest limits: a whole host frozen (a VM paused) freezes its jobs and this watchdog too; on
+thaw the census may already count the job ``lost``, and the watchdog (or the resuming
+supervisor, whose renewal is refused, ``job_renew.lua``) kills it within one poll, before it
+runs on for more than that. A worker
 frozen between forking a job and recording its pid leaves a process nobody can name; that
 window is one Redis write long.
 
@@ -66,9 +68,7 @@ log = logging.getLogger("orchestrator.jobwatch")
 
 #: The ``reason`` recorded on a job the watchdog killed.
 REASON = "its worker stopped renewing the lease (frozen?): killed before the lease lapsed"
-#: The ``reason`` (and log line) of one killed only after its lease lapsed: the watchdog was
-#: held up as well (frozen with its worker, a whole host paused), so the census may already
-#: count the job lost.
+#: The ``reason`` of a job killed because it stayed frozen too long while Redis did not answer.
 FROZEN_TOO_LONG = (
     "Redis did not answer for {frozen:.1f} s (FLEET_JOB_FREEZE_MAX_SECONDS): killed frozen"
 )
@@ -76,6 +76,9 @@ FROZEN_TOO_LONG = (
 REFUSED_REASON = "frozen while Redis did not answer, not resumable ({reply}): killed frozen"
 #: ``job_renew.lua``'s replies by which a job may run on.
 _RUNS = ("ok", "revived")
+#: The ``reason`` (and log line) of one killed only after its lease lapsed: the watchdog was
+#: held up as well (frozen with its worker, a whole host paused), so the census may already
+#: count the job lost.
 LATE_REASON = (
     "its worker stopped renewing the lease (frozen?): killed {late:.1f} s after the lease"
     " lapsed, this watchdog having been held up too"
@@ -164,17 +167,11 @@ class Watchdog:
         killed: list[tuple[str, str, int]] = []
         for jid, job in list(self._watched.items()):
             if job.frozen_at is not None:
-                frozen = now - job.frozen_at
-                if frozen >= self.freeze_max:
+                reason = self._thaw_or_condemn(jid, job, now - job.frozen_at, answers)
+                if reason is not None:
                     del self._watched[jid]
-                    containment.kill_frozen(job.pid, job.started, job.tree, job.stopped)
-                    killed.append((jid, FROZEN_TOO_LONG.format(frozen=frozen), job.pid))
-                elif answers:
-                    refused = self._resume(jid, job)
-                    if refused is not None:
-                        del self._watched[jid]
-                        containment.kill_frozen(job.pid, job.started, job.tree, job.stopped)
-                        killed.append((jid, REFUSED_REASON.format(reply=refused), job.pid))
+                    if containment.kill_frozen(job.pid, job.started, job.tree, job.stopped):
+                        killed.append((jid, reason, job.pid))
             elif job.lapses - now < self.margin and not answers and self.freeze_max > 0:
                 job.stopped = containment.freeze_recorded(job.pid, job.started, job.tree)
                 job.frozen_at = now
@@ -211,6 +208,14 @@ class Watchdog:
         if reply in _RUNS:
             job.lapses = job.renewed_until = time.monotonic() + self.lease_ms / 1000
         return reply
+
+    def _thaw_or_condemn(self, jid: str, job: _Watched, frozen: float, answers: bool) -> str | None:
+        """For job ``jid``, frozen ``frozen`` seconds: the reason to kill it (frozen too long,
+        or its resumption refused), else ``None`` (thawed, or still waiting for Redis)."""
+        if frozen >= self.freeze_max:
+            return FROZEN_TOO_LONG.format(frozen=frozen)
+        refused = self._resume(jid, job) if answers else None
+        return None if refused is None else REFUSED_REASON.format(reply=refused)
 
     def _resume(self, jid: str, job: _Watched) -> str | None:
         """Resume frozen job ``jid`` now that Redis answers: take its lease again
