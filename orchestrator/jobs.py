@@ -10,7 +10,9 @@ worker). Liveness is the lease: a job whose worker
 died stops counting once the lease lapses (``activity`` marks it ``lost``). A lost job is dead:
 a killed worker's jobs die with it; a frozen worker's are killed by its watchdog
 (``orchestrator/jobwatch.py``) before their leases lapse; a worker that resumes and finds a
-job's renewal refused kills its process group and stops tracking it.
+job's renewal refused kills its process group and stops tracking it. When Redis itself stalls,
+the watchdog freezes the jobs instead and resumes or kills them when it answers again (a
+frozen tree's lapsed lease is the watchdog's to settle, while it lives).
 
 A job host does not wait for a stop request to stop a job whose session an archive took: it
 listens for the gate's closures (``gate.listen``: the archive scripts announce the sessions
