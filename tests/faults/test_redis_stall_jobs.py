@@ -102,6 +102,17 @@ def counted(store: Store, sid: str, jid: str) -> bool:
     return any(item.id == jid for item in census(store, sid))
 
 
+def frozen_past_its_lapse(redis_pid: int, pid: int, tree: str) -> float:
+    """Stall Redis (SIGSTOP by PID) until the job is frozen and its lease lapsed in the
+    server (Redis stays stopped). Returns the monotonic time the stall began."""
+    os.kill(redis_pid, signal.SIGSTOP)
+    stalled = time.monotonic()
+    wait_for(lambda: frozen(pid, tree), LEASE_MS / 1000 + 5, message="the job frozen")
+    while time.monotonic() < stalled + LEASE_MS / 1000 + 0.5:
+        time.sleep(0.1)
+    return stalled
+
+
 def test_a_job_survives_a_redis_stall_frozen_and_runs_on_with_its_lease_taken_again(
     redis_pid: int, store: Store, supervisor: jobs.JobSupervisor
 ) -> None:
@@ -138,11 +149,7 @@ def test_a_frozen_job_whose_session_is_archived_as_redis_returns_dies_never_thaw
 ) -> None:
     # Given a running job frozen through a Redis stall until its lease lapsed
     sid, jid, pid, tree = watched_job(store, supervisor)
-    os.kill(redis_pid, signal.SIGSTOP)
-    stalled = time.monotonic()
-    wait_for(lambda: frozen(pid, tree), LEASE_MS / 1000 + 5, message="the job frozen")
-    while time.monotonic() < stalled + LEASE_MS / 1000 + 0.5:
-        time.sleep(0.1)
+    frozen_past_its_lapse(redis_pid, pid, tree)
     # ... its watchdog held (SIGSTOP by PID) so that the archive comes before its next pass
     watchdog = supervisor._watchdog
     assert watchdog is not None
@@ -194,12 +201,8 @@ def test_a_frozen_job_whose_watchdog_died_is_killed_by_its_worker_once_redis_ans
 ) -> None:
     # Given a running job frozen through a Redis stall until its lease lapsed
     sid, jid, pid, tree = watched_job(store, supervisor)
-    os.kill(redis_pid, signal.SIGSTOP)
-    stalled = time.monotonic()
     try:
-        wait_for(lambda: frozen(pid, tree), LEASE_MS / 1000 + 5, message="the job frozen")
-        while time.monotonic() < stalled + LEASE_MS / 1000 + 0.5:
-            time.sleep(0.1)
+        stalled = frozen_past_its_lapse(redis_pid, pid, tree)
         # ... whose watchdog then dies (SIGKILL by PID)
         watchdog = supervisor._watchdog
         assert watchdog is not None
