@@ -178,6 +178,25 @@ def is_tree_cgroup(handle: str) -> bool:
     )
 
 
+def set_frozen(path: Path | str, frozen: bool) -> bool:
+    """Freeze (``cgroup.freeze`` = 1) or thaw (0) the cgroup ``path`` and its descendants.
+    Returns whether it was written. Never raises."""
+    try:
+        (Path(path) / "cgroup.freeze").write_text("1" if frozen else "0")
+    except OSError as exc:
+        log.warning("cgroup %s not %s: %s", path, "frozen" if frozen else "thawed", exc)
+        return False
+    return True
+
+
+def is_frozen(path: Path | str) -> bool:
+    """Whether the cgroup ``path`` is asked to be frozen (``cgroup.freeze`` reads 1)."""
+    try:
+        return (Path(path) / "cgroup.freeze").read_text().strip() == "1"
+    except OSError:
+        return False
+
+
 def kill_handle(handle: str) -> bool:
     """Kill the tree whose cgroup is ``handle`` (``Tree.handle``, as recorded) if it is one
     (``is_tree_cgroup``), and remove its cgroup. Returns whether any process was in it."""

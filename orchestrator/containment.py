@@ -46,7 +46,7 @@ from typing import Any
 import psutil
 
 from orchestrator import cgroups, subreaper
-from orchestrator.ownership import kill_if_ours
+from orchestrator.ownership import is_process, kill_if_ours
 from orchestrator.processes import die_with_parent
 from orchestrator.settings import get_settings
 
@@ -91,6 +91,66 @@ def recorded_alive(handle: str) -> bool:
     if subreaper.is_mark(handle):
         return bool(subreaper.marked(handle))
     return cgroups.is_tree_cgroup(handle) and cgroups.populated(handle)
+
+
+def freeze_recorded(pid: int, started: str | float | None, handle: str = "") -> list[int]:
+    """Freeze a recorded tree (as ``kill_tree_if_ours`` names it): ``cgroup.freeze`` of its
+    cgroup, else SIGSTOP to the leader's group (only if ``pid`` is still the process that
+    started at ``started``), to its descendants and to its marked processes, looked at until a
+    look finds no new one. A frozen tree does no work; SIGKILL still ends it. Returns the pids
+    stopped by signal (``[]`` for a cgroup, or when nothing of it was found): what
+    ``thaw_recorded`` resumes and a kill must also reach."""
+    cgroup = cgroups.is_tree_cgroup(handle) and cgroups.populated(handle)
+    if cgroup and cgroups.set_frozen(handle, True):
+        return []
+    stopped: list[int] = []
+    if is_process(pid, started):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pid, signal.SIGSTOP)
+    for _ in range(3):  # a process may fork while the tree is read
+        found = [p for p in _recorded_pids(pid, started, handle) if p not in stopped]
+        if not found:
+            break
+        for p in found:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(p, signal.SIGSTOP)
+        stopped.extend(found)
+    return stopped
+
+
+def thaw_recorded(handle: str, stopped: list[int]) -> None:
+    """Resume a tree ``freeze_recorded`` froze: thaw its cgroup, SIGCONT the ``stopped``
+    pids (those still the same processes: none of them can have ended and been replaced
+    while stopped, short of a SIGKILL)."""
+    if cgroups.is_tree_cgroup(handle) and cgroups.is_frozen(handle):
+        cgroups.set_frozen(handle, False)
+    for p in stopped:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(p, signal.SIGCONT)
+
+
+def kill_frozen(pid: int, started: str | float | None, handle: str, stopped: list[int]) -> bool:
+    """Kill a tree ``freeze_recorded`` froze (``kill_tree_if_ours``, and SIGKILL to each of
+    the ``stopped`` pids that left the leader's group). Returns whether anything was found."""
+    found = kill_tree_if_ours(pid, started, handle)
+    for p in stopped:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(p, signal.SIGKILL)
+            found = True
+    return found
+
+
+def _recorded_pids(pid: int, started: str | float | None, handle: str) -> list[int]:
+    """The live processes of a recorded tree outside a cgroup: the leader (if ours) and its
+    descendants, and the processes carrying its mark."""
+    found: list[int] = []
+    if is_process(pid, started):
+        with contextlib.suppress(psutil.Error):
+            leader = psutil.Process(pid)
+            found = [pid, *(c.pid for c in leader.children(recursive=True))]
+    if subreaper.is_mark(handle):
+        found.extend(p for p in subreaper.marked(handle) if p not in found)
+    return found
 
 
 _mode: dict[str, Mode] = {}
@@ -218,6 +278,15 @@ class Tree:
         except (ProcessLookupError, PermissionError):
             return False
         return True
+
+    def frozen(self) -> bool:
+        """Whether the tree is frozen (``freeze_recorded``: its cgroup asked to freeze, or
+        its leader stopped by a signal)."""
+        if self.cgroup is not None:
+            return cgroups.is_frozen(self.cgroup)
+        with contextlib.suppress(psutil.Error):
+            return bool(psutil.Process(self.pid).status() == psutil.STATUS_STOPPED)
+        return False
 
     def signal(self, sig: int) -> None:
         """Send ``sig`` to every process of the tree (the leader's group outside ``cgroup``

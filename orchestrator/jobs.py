@@ -10,7 +10,9 @@ worker). Liveness is the lease: a job whose worker
 died stops counting once the lease lapses (``activity`` marks it ``lost``). A lost job is dead:
 a killed worker's jobs die with it; a frozen worker's are killed by its watchdog
 (``orchestrator/jobwatch.py``) before their leases lapse; a worker that resumes and finds a
-job's renewal refused kills its process group and stops tracking it.
+job's renewal refused kills its process group and stops tracking it. When Redis itself stalls,
+the watchdog freezes the jobs instead and resumes or kills them when it answers again (a
+frozen tree's lapsed lease is the watchdog's to settle, while it lives).
 
 A job host does not wait for a stop request to stop a job whose session an archive took: it
 listens for the gate's closures (``gate.listen``: the archive scripts announce the sessions
@@ -142,6 +144,9 @@ class _Running:
     #: Set (under the supervisor's lock) before a stop signals the process, so the reaper,
     #: which may see it end first, leaves recording its end to the stop (``stopped``).
     stopping: bool = False
+    #: Monotonic seconds a renewal first found its lease lapsed and its tree frozen by the
+    #: watchdog (``None``: not so).
+    frozen_lapsed_at: float | None = None
 
     @property
     def process(self) -> subprocess.Popen[bytes]:
@@ -166,6 +171,7 @@ class JobSupervisor:
         grace_seconds: float,
         command: Callable[[float], list[str]] | None = None,
         instance: str | None = None,
+        freeze_max_seconds: float | None = None,
     ) -> None:
         self.store = store
         self.host = host
@@ -174,6 +180,12 @@ class JobSupervisor:
         self.instance = instance or new_instance(host)
         self.lease_ms = lease_ms
         self.grace = grace_seconds
+        #: Seconds its watchdog may keep a job frozen while Redis does not answer.
+        self.freeze_max = (
+            store.settings.job_freeze_max_seconds
+            if freeze_max_seconds is None
+            else freeze_max_seconds
+        )
         self.command = command or (lambda seconds: ["sleep", f"{seconds:g}"])
         self._running: dict[str, _Running] = {}
         #: Claimed here, process not forked yet: each job's fork, resolved with its pid (or
@@ -393,8 +405,17 @@ class JobSupervisor:
         """Renew the lease of a running job (``job_renew.lua``). When refused (the lease
         lapsed while this worker was frozen, the census may have recorded it ``lost``, or the
         job is no longer this instance's), the job must not run on: its process tree is
-        killed, it is recorded ``lost`` if still ``running``, and no longer tracked."""
+        killed, it is recorded ``lost`` if still ``running``, and no longer tracked. A lapsed
+        lease of a tree its watchdog froze while Redis did not answer is the watchdog's to
+        settle (``orchestrator/jobwatch.py``: resumed or killed) while the watchdog lives, up
+        to ``freeze_max`` seconds."""
         renewed = self.store.run("job_renew", [run.job_id, self.instance, self.lease_ms])
+        if renewed == "lapsed" and run.tree.frozen():
+            now = time.monotonic()
+            since = run.frozen_lapsed_at = run.frozen_lapsed_at or now
+            watchdog = self._watchdog
+            if watchdog is not None and watchdog.poll() is None and now - since < self.freeze_max:
+                return
         with self._lock:
             if renewed == "ok" or run.stopping or self._running.pop(run.job_id, None) is None:
                 return
@@ -500,7 +521,9 @@ class JobSupervisor:
         interval = max(0.05, min(0.5, self.lease_ms / 1000 / 4))
         last_reap = 0.0
         try:
-            self._watchdog = jobwatch.start(self.store, self.host, self.instance, self.lease_ms)
+            self._watchdog = jobwatch.start(
+                self.store, self.host, self.instance, self.lease_ms, self.freeze_max
+            )
         except OSError as exc:
             log.error("job watchdog not started: %s", exc)
         while not self._stop.is_set():

@@ -109,6 +109,13 @@ class FleetSettings(BaseSettings):
     #: Seconds a job's liveness lease lasts; a job worker refreshes it while the process runs,
     #: so a job whose worker died stops counting as live once the lease runs out.
     job_lease_seconds: PositiveSeconds = 5.0
+    #: Seconds a job may stay frozen while Redis does not answer: a job whose lease renewals
+    #: fail only because Redis is stalled (a slow ``fsync``, a paused server) is frozen
+    #: (``cgroup.freeze``, else SIGSTOP of its tree) instead of killed once a third of its
+    #: lease is left, and thawed when Redis answers and confirms the job may still run (not
+    #: archived, still this worker's); frozen longer than this, it is killed and recorded
+    #: ``lost``. ``0``: never frozen, killed at once as when its worker is frozen.
+    job_freeze_max_seconds: Seconds = 120.0
     #: Seconds between two polls of the reminder poller.
     reminder_poll_seconds: PositiveSeconds = 0.2
     #: Seconds a claimed reminder waits for its turn to be created before the poller claims
