@@ -12,7 +12,8 @@ waits for recovery and checks that:
 2. every reminder was deleted by a stop, refused, or became exactly one turn;
 3. every turn is final within the settle window (60 s) after the faults stopped;
 4. no process exited except by the soak's own SIGKILL;
-5. no HTTP answer was a 5xx other than 503 ``store_unavailable``;
+5. no HTTP answer was a 5xx other than the store's two 503s, ``store_unavailable`` and
+   ``write_outcome_unknown`` (the connection dropped after a write was sent);
 6. ``fleet_archives_total{outcome="archived"}`` and the audit trail match the archives the
    client saw acknowledged (attempts with no answer may or may not have committed);
 7. after recovery, a new session's turn, job, reminder and subagent all complete;

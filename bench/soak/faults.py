@@ -14,8 +14,8 @@
                    then an archive with ``stopActivity`` (``Faults.escape``: ``escapes.py``)
 ``net_freeze``     every connection open to Redis through the proxy (every worker's, the
                    API's, beat's) goes silent for good: nothing forwarded, nothing closed, no
-                   reset; new connections work (``tests.proxy.FreezingProxy.freeze``). Closed
-                   (FIN) once frozen for ``FROZEN_FOR`` s, as a peer's kernel gives up
+                   reset; new connections work (``tests.tcp_proxy.TcpProxy.freeze_open``).
+                   Closed (FIN) once frozen for ``FROZEN_FOR`` s, as a peer's kernel gives up
 ``noreplicas``     ``CONFIG SET min-replicas-to-write 1`` with no replica connected, for
                    0.5-3 s, then 0: every write is refused with ``NOREPLICAS``, as a primary's
                    whose replicas are gone
@@ -145,7 +145,7 @@ class Faults:
             return self.escape(rng) if self.escape is not None else ""
         if kind == "net_freeze":
             self.procs.proxy.close_frozen(older_than=FROZEN_FOR)
-            frozen = self.procs.proxy.freeze()
+            frozen = self.procs.proxy.freeze_open()
             self._hold(0.3, 1.5)
             return f"{frozen} connections" if frozen else ""
         if kind == "noreplicas":

@@ -3,7 +3,7 @@
 Everything binds to 127.0.0.1. Redis is the embedded server (append-only, ``appendfsync
 always``) on a fixed free port, so it comes back on the same address after a SIGKILL. The
 workers, the API and beat reach it through a TCP proxy of the soak's own
-(``tests.proxy.FreezingProxy``), which can silence every connection open at a moment; the
+(``tests.tcp_proxy.TcpProxy``), which can silence every connection open at a moment; the
 soak's own reads go to Redis directly. Every signal the soak sends goes to one PID it
 started; a process that exits without such a signal is recorded as an unexpected exit (and
 restarted, so the soak goes on).
@@ -30,7 +30,7 @@ from api.local import LocalFleet, WorkerProcess
 from bench.common import free_port
 from orchestrator.families import names as family_names
 from orchestrator.processes import die_with_parent
-from tests.proxy import FreezingProxy
+from tests.tcp_proxy import TcpProxy
 
 #: Settings every soak process gets: short enough that a lost step or a dead worker is
 #: noticed well inside the settle window (the defaults are sized for production).
@@ -79,7 +79,7 @@ class Processes:
     concurrency: int = 4
     redis: EmbeddedRedis = field(init=False)
     #: What every process of the fleet connects to instead of Redis.
-    proxy: FreezingProxy = field(init=False)
+    proxy: TcpProxy = field(init=False)
     fleet: LocalFleet = field(init=False)
     api: Helper = field(init=False)
     beat: Helper = field(init=False)
@@ -96,7 +96,7 @@ class Processes:
     def __post_init__(self) -> None:
         redis_port = free_port()
         self.redis = EmbeddedRedis(self.state_dir, port=redis_port)
-        self.proxy = FreezingProxy(("127.0.0.1", redis_port))
+        self.proxy = TcpProxy(redis_port)
         self.api_port = free_port()
 
     # ------------------------------------------------------------------ start / stop
@@ -196,7 +196,7 @@ class Processes:
                 except subprocess.TimeoutExpired:
                     proc.kill()
                     proc.wait(5)
-        self.proxy.close()
+        self.proxy.stop()
         self.redis.stop()
         self._spawner.shutdown(wait=True)
 

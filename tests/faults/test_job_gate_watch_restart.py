@@ -18,7 +18,7 @@ from orchestrator.jobs import JobState
 from orchestrator.store import Store
 from tests.faults.test_redis_durability import crash_and_restart
 from tests.helpers import RecordingDispatcher, wait_for
-from tests.proxy import FreezingProxy
+from tests.tcp_proxy import TcpProxy
 from tests.workers.support import process_alive
 
 pytestmark = pytest.mark.timeout(60)
@@ -117,7 +117,7 @@ def test_a_closure_is_heard_although_the_subscriptions_connection_went_silent(
     private_redis: EmbeddedRedis, store: Store
 ) -> None:
     # Given a job host whose store reaches Redis through a proxy, running a job
-    with FreezingProxy(("127.0.0.1", private_redis.port)) as proxy:
+    with TcpProxy(private_redis.port) as proxy:
         host_store = Store(proxy.url, "gatewatch:")
         sup = jobs.JobSupervisor(host_store, "host-silent", lease_ms=20_000, grace_seconds=1)
         try:
@@ -125,7 +125,7 @@ def test_a_closure_is_heard_although_the_subscriptions_connection_went_silent(
             wait_for(lambda: subscribed(host_store), 10, message="the subscription")
             # When every connection it holds goes silent (no reset), and the session is
             # archived with stopActivity, its stop request never delivered
-            assert proxy.freeze() > 0
+            assert proxy.freeze_open() > 0
             archive.archive(store, RecordingDispatcher(), sid, stop_activity=True)
             # Then the host notices the silent subscription, makes it again, asks the gate
             # about every job it runs and stops this one

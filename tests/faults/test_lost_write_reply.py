@@ -51,7 +51,7 @@ def proxy(redis_url: str) -> Iterator[TcpProxy]:
 def _env(proxy: TcpProxy, fleet: PrivateFleet) -> dict[str, str]:
     """The environment of a process on the private fleet's prefix whose every Redis
     connection (state and broker) goes through ``proxy``."""
-    return {"FLEET_REDIS_URL": proxy.redis_url, "FLEET_KEY_PREFIX": fleet.store.keys.prefix}
+    return {"FLEET_REDIS_URL": proxy.url, "FLEET_KEY_PREFIX": fleet.store.keys.prefix}
 
 
 @pytest.fixture

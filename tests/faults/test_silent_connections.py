@@ -2,7 +2,7 @@
 the flow) make no worker deaf and no archive hang.
 
 Real turn and job workers reach their own ``EmbeddedRedis`` through a TCP proxy of the tests'
-own (``tests/proxy.py``) that freezes every connection open at a moment (nothing forwarded,
+own (``tests/tcp_proxy.py``) that freezes every connection open at a moment (nothing forwarded,
 nothing closed) and lets new ones through. The test reads and writes Redis directly. Every
 connection the workers hold is frozen: the consumer's ``BRPOP``, the producer, the event
 publisher, remote control and the store's. Without socket timeouts a worker's main thread
@@ -39,7 +39,7 @@ from orchestrator.store import Store
 from orchestrator.turns import start_turn
 from tests.faults.conftest import free_port
 from tests.helpers import STARTUP_TIMEOUT, rest_client, wait_for, watching
-from tests.proxy import FreezingProxy
+from tests.tcp_proxy import TcpProxy
 from tests.workers.support import wait_gone, wait_job_pid, wait_turn_state
 from workers.app import configure
 from workers.dispatch import CeleryDispatcher
@@ -56,7 +56,7 @@ ANSWER_BOUND = 15.0
 
 @dataclass
 class Rig:
-    proxy: FreezingProxy
+    proxy: TcpProxy
     fleet: LocalFleet
     store: Store  # direct: never frozen
     dispatcher: CeleryDispatcher  # direct
@@ -76,7 +76,7 @@ class Rig:
         frozen connection's BRPOP still waits is popped into the frozen connection and never
         read: kombu's at-most-once window, which the fleet's repairers cover (the archive
         reconciler, the turn sweeper), not what these tests are about."""
-        assert self.proxy.freeze() > 0
+        assert self.proxy.freeze_open() > 0
         wait_for(
             lambda: not any("b" in c["flags"] for c in self.store.redis.client_list()),
             timeout=10,
@@ -93,7 +93,7 @@ def rig(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Rig]:
     state: Path = tmp_path_factory.mktemp("silent")
     server = EmbeddedRedis(state / "redis", port=free_port())
     server.start()
-    proxy = FreezingProxy(("127.0.0.1", server.port)).start()
+    proxy = TcpProxy(server.port).start()
     store = Store(server.url, PREFIX)
     direct, proxied = Celery("silent_direct"), Celery("silent_proxied")
     configure(direct, FleetSettings(redis_url=server.url, key_prefix=PREFIX))
@@ -114,7 +114,7 @@ def rig(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Rig]:
         with watching(fleet, "silent"):
             yield Rig(proxy, fleet, store, CeleryDispatcher(direct), CeleryDispatcher(proxied))
     finally:
-        proxy.close()  # a hung call unblocks: its connection ends
+        proxy.stop()  # a hung call unblocks: its connection ends
         fleet.stop(timeout=5)
         store.close()
         direct.close()
@@ -183,7 +183,7 @@ def test_the_acp_event_relay_hears_events_again_once_its_connection_went_silent(
     channel = f"{PREFIX}events"
 
     async def relayed_after_freeze() -> float:
-        with FreezingProxy(("127.0.0.1", private_redis.port)) as proxy:
+        with TcpProxy(private_redis.port) as proxy:
             # Given the relay of a process subscribed through the proxy, watching a session
             hub = EventHub(proxy.url, channel)
             await hub.start()
@@ -192,7 +192,7 @@ def test_the_acp_event_relay_hears_events_again_once_its_connection_went_silent(
             publisher = aioredis.Redis.from_url(private_redis.url)
             try:
                 # When its connection goes silent (no reset)
-                assert proxy.freeze() == 1
+                assert proxy.freeze_open() == 1
                 frozen_at = time.monotonic()
                 # Then an event published now and then reaches the session's watcher again
                 while time.monotonic() - frozen_at < RECOVERY_BOUND:

@@ -21,7 +21,7 @@ from tests.tcp_proxy import TcpProxy
 def proxied(redis_url: str, store: Store) -> Iterator[tuple[Store, TcpProxy]]:
     """A store on the run's prefix whose connection goes through a ``TcpProxy``."""
     with TcpProxy.before_redis(redis_url) as proxy:
-        s = Store(proxy.redis_url, store.keys.prefix)
+        s = Store(proxy.url, store.keys.prefix)
         try:
             yield s, proxy
         finally:
