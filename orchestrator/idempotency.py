@@ -15,6 +15,8 @@ When the connection to Redis drops after such a write was sent and before its re
 store cannot know whether the script ran: ``outcome_unknown`` turns that failure into
 ``WriteOutcomeUnknown`` (a 503 that says so and how to check), and leaves a failure before
 anything was sent (the connection could not be opened) the plain ``StoreUnavailable``.
+A failure after the script answered (reading back what it made) is ``WriteOutcomeUnknown``
+too (``written``).
 """
 
 from __future__ import annotations
@@ -118,3 +120,17 @@ def outcome_unknown(what: str, check: str, *, keyed: bool) -> Iterator[None]:
         if _request_sent(exc.__cause__):
             raise WriteOutcomeUnknown(what, check, keyed=keyed) from exc
         raise
+
+
+@contextmanager
+def written(what: str, check: str, *, keyed: bool) -> Iterator[None]:
+    """Inside the block (what a write does after its script answered, such as reading back
+    what it made), any ``StoreUnavailable`` becomes ``WriteOutcomeUnknown`` (arguments as for
+    ``outcome_unknown``): the write may have been applied, so the client must not be told
+    that nothing was. A redis-py connection failure there counts as one too."""
+    try:
+        yield
+    except WriteOutcomeUnknown:
+        raise
+    except (StoreUnavailable, redis.ConnectionError, redis.TimeoutError) as exc:
+        raise WriteOutcomeUnknown(what, check, keyed=keyed) from exc

@@ -115,11 +115,11 @@ def create_session(
         limits.SUBAGENTS_PER_SESSION.maximum(store.settings),
     ]
     args = [sid, cwd, cwd_hash(cwd), parent_id or "", ms, iso(ms), *StepGuard.argv(guard)]
-    with idempotency.outcome_unknown(
+    outcome = (
         "session creation",
         "list the sessions in that cwd: a session it created is the newest",
-        keyed=idem is not None,
-    ):
+    )
+    with idempotency.outcome_unknown(*outcome, keyed=idem is not None):
         result = store.run(
             "create_session",
             [*args, *caps, model, *idempotency.Idempotency.argv(idem)],
@@ -128,7 +128,8 @@ def create_session(
     if result[0] == "key_reused":
         raise IdempotencyKeyReused("session creation")
     if result[0] == "replay":
-        return get_session(store, str(result[1]))
+        with idempotency.written(*outcome, keyed=True):
+            return get_session(store, str(result[1]))
     if result[0] == "stopped":
         raise TurnStopped(guard.turn_id if guard else "")
     if result[0] == "parent_not_found":
@@ -137,7 +138,8 @@ def create_session(
         depth = result[1] == "depth"
         limit = limits.SUBAGENT_DEPTH if depth else limits.SUBAGENTS_PER_SESSION
         raise limit.reached(caps[0] if depth else caps[1], int(result[2]))
-    return get_session(store, sid)
+    with idempotency.written(*outcome, keyed=idem is not None):
+        return get_session(store, sid)
 
 
 @retried

@@ -247,12 +247,12 @@ def start_turn(
     tid = new_id("turn")
     ms = store.now_ms()
     guard_tid, guard_token = StepGuard.argv(guard)
-    with idempotency.outcome_unknown(
+    outcome = (
         "prompt",
         "the session's activity lists a turn it stored while the turn is live, and its "
         "conversation holds the prompt once the turn began",
-        keyed=idem is not None,
-    ):
+    )
+    with idempotency.outcome_unknown(*outcome, keyed=idem is not None):
         result = store.run(
             "turn_create",
             [
@@ -273,7 +273,8 @@ def start_turn(
         raise IdempotencyKeyReused("prompt")
     if result[0] == "replay":
         # The first request may have lost its reply before it sent the first step.
-        return _send_first_step_again(store, dispatcher, sid, str(result[1]))
+        with idempotency.written(*outcome, keyed=True):
+            return _send_first_step_again(store, dispatcher, sid, str(result[1]))
     if reminder_id and result[0] in ("duplicate", "stopped"):
         return _repeated_fire(store, dispatcher, sid, reminder_id, result)
     if result[0] == "not_found":

@@ -34,12 +34,13 @@ if rid ~= '' then
   redis.call('HSET', rk, 'state', 'fired', 'turnId', tid)
 end
 -- [/reminder]
-local idem, fp = ARGV[12] or '', ARGV[13] or ''
-local seen = idem_seen(sid, idem, fp)
-if seen then return seen end
+-- A deleted session answers not_found to a replay too, as a replayed creation of it does.
 if redis.call('EXISTS', k) == 0 or redis.call('HGET', k, 'deleted') ~= '0' then
   return {'not_found'}
 end
+local idem, fp = ARGV[12] or '', ARGV[13] or ''
+local seen = idem_seen(sid, idem, fp)
+if seen then return seen end
 local holder = archived_in_lineage(sid)
 if holder then return {'archived', holder} end
 if not step_owns(ARGV[9], ARGV[11]) then return {'stopped'} end

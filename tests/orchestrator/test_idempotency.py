@@ -7,13 +7,15 @@ from __future__ import annotations
 import socket
 import uuid
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
-from orchestrator import idempotency, sessions, turns
-from orchestrator.errors import StoreUnavailable, WriteOutcomeUnknown
+from orchestrator import deletion, idempotency, sessions, turns
+from orchestrator.errors import SessionNotFound, StoreUnavailable, WriteOutcomeUnknown
 from orchestrator.store import Store
 from tests.helpers import RecordingDispatcher
+from tests.orchestrator.support import STOP_TASKS, deliver
 from tests.tcp_proxy import TcpProxy
 
 
@@ -73,6 +75,50 @@ def test_a_prompt_whose_reply_was_lost_says_it_may_have_been_applied(
     assert turns.start_turn(via, RecordingDispatcher(), sid, "say hi", idempotency_key="k-1") == (
         stored
     )
+
+
+def test_a_creation_whose_read_back_fails_says_it_may_have_been_applied(
+    proxied: tuple[Store, TcpProxy], store: Store
+) -> None:
+    # Given a store whose every read of a session hash is cut (the create script's reply
+    # arrives; the reads after it never do, as when Redis stalls right after the write)
+    via, proxy = proxied
+    cwd = _cwd()
+    cut = proxy.cut_after(b"HGETALL", times=1000)
+    # When a session is created without a key
+    with pytest.raises(WriteOutcomeUnknown) as caught:
+        sessions.create_session(via, cwd)
+    # Then it was created, and the answer says it may have been, never "nothing was sent"
+    assert cut.count > 0, "no read was cut"
+    assert len(sessions.list_sessions(store, cwd=cwd).sessions) == 1
+    assert "may have been applied" in caught.value.message
+    assert caught.value.data["idempotencyKey"] is False
+
+
+class _Delivering(RecordingDispatcher):
+    """Delivers each stop as the family workers would, as it is sent."""
+
+    def __init__(self, store: Store) -> None:
+        super().__init__()
+        self.store = store
+
+    def send(self, task: str, args: list[Any], queue: str) -> None:
+        super().send(task, args, queue)
+        if task in STOP_TASKS:
+            deliver(self.store, self, [(task, args, queue)])
+
+
+def test_a_prompt_replayed_after_its_session_was_deleted_is_not_found(store: Store) -> None:
+    # Given a prompt sent with a key, then its session deleted
+    sid = sessions.create_session(store, _cwd()).session_id
+    dispatcher = RecordingDispatcher()
+    turns.start_turn(store, dispatcher, sid, "say hi", idempotency_key="k-del")
+    deletion.delete(store, _Delivering(store), sid, stop_activity=True)
+    assert sessions.get_session(store, sid, include_deleted=True).deleted
+    # When the prompt is retried with its key
+    # Then the answer is the deleted session's, as a replayed creation of it answers
+    with pytest.raises(SessionNotFound):
+        turns.start_turn(store, dispatcher, sid, "say hi", idempotency_key="k-del")
 
 
 def test_a_write_never_sent_is_a_plain_store_unavailable(store: Store) -> None:
