@@ -38,6 +38,9 @@ SOAK_ENV = {
     "FLEET_VISIBILITY_TIMEOUT_SECONDS": "10",
     "FLEET_RECONCILE_INTERVAL_SECONDS": "2",
     "FLEET_RECONCILE_GRACE_SECONDS": "2",
+    # A reminder fire whose publish failed (a producer connection frozen by net_freeze) is
+    # claimed again after this; the default 30 s would outlast the settle window.
+    "FLEET_REMINDER_REFIRE_SECONDS": "5",
     "FLEET_LOG_FORMAT": "json",
     "PYTHONUNBUFFERED": "1",
 }
