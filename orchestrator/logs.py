@@ -207,6 +207,23 @@ def formatter(fmt: str) -> logging.Formatter:
     return JsonFormatter() if fmt == "json" else TextFormatter()
 
 
+class _Stderr(logging.StreamHandler):  # type: ignore[type-arg]
+    """A handler writing to whatever ``sys.stderr`` is when a record is emitted, not to the
+    stream it was when the handler was made: a command run in-process (a test's CLI runner)
+    swaps stderr for a buffer it closes afterwards, and later records must not go there."""
+
+    def __init__(self) -> None:
+        super().__init__(sys.stderr)
+
+    @property
+    def stream(self) -> Any:
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value: Any) -> None:
+        pass  # always the current sys.stderr
+
+
 def configure(
     fmt: str | None = None,
     level: int | str = logging.INFO,
@@ -225,7 +242,7 @@ def configure(
     if fmt is None:
         fmt = get_settings().log_format or None
     out = stream if stream is not None else sys.stderr
-    handler = logging.StreamHandler(out)
+    handler = logging.StreamHandler(out) if stream is not None else _Stderr()
     handler.setFormatter(formatter(resolve_format(fmt, out)))
     handler.addFilter(_REDACTOR)
     for item in filters:

@@ -182,3 +182,27 @@ def test_redact_skips_the_patterns_only_where_none_of_them_can_match(parts: list
     for pattern, replacement in _SECRETS:
         full = pattern.sub(replacement, full)
     assert redact(text) == full
+
+
+def test_the_default_handler_follows_stderr_and_never_writes_to_a_closed_one(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # Given logging configured while stderr was a buffer that is closed afterwards (a command
+    # run in-process by a test's CLI runner)
+    buffer = io.StringIO()
+    real = sys.stderr
+    sys.stderr = buffer
+    try:
+        handler = configure("text")
+    finally:
+        sys.stderr = real
+    buffer.close()
+    try:
+        # When a record is logged later
+        logging.getLogger("fleet-test").warning("after the buffer closed")
+        # Then it reaches the stderr of now, with no "Logging error"
+        err = capsys.readouterr().err
+        assert "after the buffer closed" in err
+        assert "Logging error" not in err
+    finally:
+        logging.getLogger().removeHandler(handler)
