@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import ipaddress
 import json
+import re
 from email.message import Message
 from typing import Any
 from urllib.parse import urlsplit
@@ -20,6 +21,11 @@ from orchestrator.errors import DuplicateKey, InputRejected
 #: HTTP methods that change state: a browser page of another origin may not send them.
 STATE_CHANGING = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 _DEFAULT_PORTS = {"http": 80, "https": 443, "ws": 80, "wss": 443}
+#: A bracketed IPv6 ``Host``: after ``]`` nothing but an optional ``:<digits>`` port.
+_BRACKETED = re.compile(r"\[[^\[\]]*\](?::[0-9]*)?")
+#: Headers a request may give at most once: a server and a proxy (or the guards and the
+#: route) could each read another of them (RFC 9110 5.3: neither is a list).
+SINGLE = (b"host", b"origin")
 
 
 async def _answer(send: Any, status: int, body: dict[str, Any], close: bool = False) -> None:
@@ -35,6 +41,18 @@ def _header(scope: Any, name: bytes) -> str | None:
         if key.lower() == name:
             value = raw.decode("latin-1")
     return value
+
+
+def _repeated(scope: Any, names: tuple[bytes, ...]) -> bytes | None:
+    """The first of ``names`` (lower-case) that an ASGI ``scope`` gives more than once."""
+    seen: set[bytes] = set()
+    for raw_key, _raw in scope.get("headers") or ():
+        key = bytes(raw_key).lower()
+        if key in names:
+            if key in seen:
+                return key
+            seen.add(key)
+    return None
 
 
 def is_json_type(content_type: str | None) -> bool:
@@ -157,6 +175,8 @@ def _host_name(host: str) -> str | None:
     text = host.strip()
     if text.count(":") > 1 and not text.startswith("["):
         text = f"[{text}]"  # a bare IPv6 address (FLEET_API_HOST=::1)
+    if text.startswith("[") and not _BRACKETED.fullmatch(text):
+        return None  # "[::1]evil", "[::1].evil.example": urlsplit reads them as [::1]
     try:
         parts = urlsplit(f"http://{text}")
         _ = parts.port  # raises for a port that is not a number
@@ -198,10 +218,10 @@ def allowed_hosts(raw: str, bind: str) -> frozenset[str]:
 
 def host_named(host: str | None, hosts: frozenset[str]) -> bool:
     """Whether a ``Host`` header value names this server: loopback (``is_loopback``) or one
-    of ``hosts`` (``allowed_hosts``), any port. No ``Host`` (HTTP/1.0) is not refused:
-    browsers always send one."""
+    of ``hosts`` (``allowed_hosts``), any port. No ``Host`` at all (HTTP/1.0 allows it) names
+    nothing: every client of the API (browsers, the CLI, httpx, curl) sends one."""
     if host is None:
-        return True
+        return False
     name = _host_name(host)
     return name is not None and (is_loopback(name) or name in hosts)
 
@@ -231,8 +251,11 @@ class HostGuard:
     """DNS rebinding: without a token, a page whose DNS name is made to point at this machine
     is of its own origin to the browser, which then sends its requests here with that name in
     ``Host``. So without a token every HTTP request and WebSocket handshake (``/acp``,
-    ``/events`` alike) whose ``Host`` is not allowed (``host_allowed``) is refused: HTTP with
-    403 ``host_forbidden``, a WebSocket closed with 1008. ``hosts`` is ``allowed_hosts`` of the
+    ``/events`` alike) whose ``Host`` is not allowed (``host_allowed``), or that has none, is
+    refused: HTTP with 403 ``host_forbidden``, a WebSocket closed with 1008. Token or not, a
+    request giving ``Host`` or ``Origin`` more than once is refused (HTTP 400
+    ``duplicate_header``, ``data.header`` the name; a WebSocket closed with 1008): which one
+    counts would be the reader's guess. ``hosts`` is ``allowed_hosts`` of the
     settings, or ``None`` when a token is set (every name is served: a page without the
     token can do nothing)."""
 
@@ -242,20 +265,29 @@ class HostGuard:
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         kind = scope["type"]
-        if self.hosts is None or kind not in ("http", "websocket"):
+        if kind not in ("http", "websocket"):
             await self.app(scope, receive, send)
             return
-        if host_allowed(scope, self.hosts):
+        repeated = _repeated(scope, SINGLE)
+        if repeated is not None:
+            name = repeated.decode("latin-1")
+            text = f"The request gives the {name.capitalize()} header more than once: send it once."
+            body = error_body("duplicate_header", text, {"header": name})
+            reason = f"duplicate_header: {name} given more than once."
+            await _refuse(scope, receive, send, 400, body, reason)
+            return
+        if self.hosts is None or host_allowed(scope, self.hosts):
             await self.app(scope, receive, send)
             return
-        host = _header(scope, b"host") or ""
+        host = _header(scope, b"host")
+        shown = "no Host header" if host is None else f"Host {host[:200]!r}"
         text = (
-            f"Host {host[:200]!r} is not a name of this API: with no FLEET_API_TOKEN set only "
+            f"{shown} is not a name of this API: with no FLEET_API_TOKEN set only "
             "loopback names (localhost, 127.0.0.1, [::1]), FLEET_API_HOST and the names listed "
             "in FLEET_API_ALLOWED_HOSTS are served."
         )
         reason = "host_forbidden: list this name in FLEET_API_ALLOWED_HOSTS or set a token."
-        body = error_body("host_forbidden", text, {"host": host[:200]})
+        body = error_body("host_forbidden", text, {"host": None if host is None else host[:200]})
         await _refuse(scope, receive, send, 403, body, reason)
 
 

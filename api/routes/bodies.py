@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Annotated
 
-from fastapi import Header
+from fastapi import Depends, Header, Request
 from pydantic import (
     AfterValidator,
     BaseModel,
@@ -22,6 +22,7 @@ from pydantic import (
 )
 
 from orchestrator import archive, bulk, idempotency, turns
+from orchestrator.errors import InvalidIdempotencyKey
 from orchestrator.families import names as family_names
 
 #: The most turns a cancel may name.
@@ -55,6 +56,24 @@ IDEMPOTENCY_KEY = Header(
         "write_outcome_unknown means the request may have been applied: retry with the key."
     ),
 )
+
+
+def _one_idempotency_key(
+    request: Request, key: Annotated[str | None, IDEMPOTENCY_KEY] = None
+) -> str | None:
+    """The request's ``Idempotency-Key`` (``None`` without one). Given more than once it is
+    refused (``InvalidIdempotencyKey``, 400 ``invalid_idempotency_key``): FastAPI would take
+    the first, and a retry whose proxy or client kept another would not be recognised."""
+    if len(request.headers.getlist("idempotency-key")) > 1:
+        raise InvalidIdempotencyKey(
+            "The Idempotency-Key header was given more than once: send one key.",
+            {"param": "idempotencyKey"},
+        )
+    return key
+
+
+#: A route's ``Idempotency-Key`` parameter: ``IDEMPOTENCY_KEY``, given at most once.
+IdempotencyKeyDep = Annotated[str | None, Depends(_one_idempotency_key)]
 
 
 #: The answers of a route taking ``IDEMPOTENCY_KEY`` that concern the key (OpenAPI).

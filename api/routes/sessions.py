@@ -9,10 +9,10 @@ from fastapi import APIRouter, Query
 
 from api.deps import AUTH, DispatcherDep, StoreDep
 from api.routes.bodies import (
-    IDEMPOTENCY_KEY,
     IDEMPOTENT_RESPONSES,
     QUERY_INT,
     CreateSession,
+    IdempotencyKeyDep,
     StopBody,
     TitleBody,
 )
@@ -26,7 +26,7 @@ _TAGS: list[str | Any] = ["sessions"]
 def create(
     body: CreateSession,
     store: StoreDep,
-    idempotency_key: Annotated[str | None, IDEMPOTENCY_KEY] = None,
+    idempotency_key: IdempotencyKeyDep,
 ) -> dict[str, Any]:
     """Create a session (a subagent session with ``parentId``). With ``Idempotency-Key``, a
     retry answers 201 with the session the first request created, and creates none."""

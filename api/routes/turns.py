@@ -3,16 +3,16 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Any
 
 from fastapi import APIRouter
 
 from api.deps import AUTH, DispatcherDep, StoreDep
 from api.routes.bodies import (
-    IDEMPOTENCY_KEY,
     IDEMPOTENT_RESPONSES,
     MAX_TURN_IDS,
     CancelBody,
+    IdempotencyKeyDep,
     PromptBody,
 )
 from orchestrator import audit, sessions, turns
@@ -29,7 +29,7 @@ def prompt(
     body: PromptBody,
     store: StoreDep,
     dispatcher: DispatcherDep,
-    idempotency_key: Annotated[str | None, IDEMPOTENCY_KEY] = None,
+    idempotency_key: IdempotencyKeyDep,
 ) -> dict[str, Any]:
     """Start a turn (it queues behind a running one). 409 if the session is archived. With
     ``Idempotency-Key`` (scoped to the session), a retry answers 202 with the turn the first

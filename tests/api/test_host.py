@@ -8,9 +8,11 @@ from a real browser in ``tests/console/test_origin_browser.py``."""
 
 from __future__ import annotations
 
+import json
 import socket
 import uuid
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -125,3 +127,97 @@ def test_with_a_token_every_name_is_served(tmp_path: Path) -> None:
         assert resp.status_code == 201, resp.text
         del headers["Authorization"]
         error_shape(httpx.get(f"{api.base}/sessions", headers=headers), 401, "unauthorized")
+
+
+def _raw(api: ApiProcess, head: str, body: bytes = b"") -> tuple[int, dict[str, Any]]:
+    """Send ``head`` (request line and header lines, ``\\r\\n`` added) and ``body`` on a raw
+    socket, as no HTTP library would let a client: (status, JSON body)."""
+    request = (head.replace("\n", "\r\n") + "\r\n\r\n").encode("latin-1") + body
+    with socket.create_connection(("127.0.0.1", api.port), timeout=10) as sock:
+        sock.sendall(request)
+        chunks = []
+        while chunk := sock.recv(65536):
+            chunks.append(chunk)
+    answer = b"".join(chunks)
+    status_line, _, rest = answer.partition(b"\r\n")
+    _headers, _, payload = rest.partition(b"\r\n\r\n")
+    return int(status_line.split()[1]), json.loads(payload)
+
+
+def test_a_request_without_a_host_is_refused(tmp_path: Path) -> None:
+    # Given the API with no token
+    with api_process(tmp_path / "api.log") as api:
+        # When a request names no host at all, over HTTP/1.0 and HTTP/1.1
+        for version in ("1.0", "1.1"):
+            status, body = _raw(api, f"GET /sessions HTTP/{version}\nConnection: close")
+            # Then it is refused as a foreign name is
+            assert status == 403 and body["error"]["code"] == "host_forbidden", (version, body)
+            assert body["error"]["data"] == {"host": None}, body
+        # And every client the project ships or tests with names one: the same request served
+        status, body = _raw(api, "GET /sessions HTTP/1.0\nHost: 127.0.0.1")
+        assert status == 200 and "sessions" in body, body
+
+
+@pytest.mark.parametrize("host", ["[::1]evil", "[::1].evil.example", "[::1]x:80", "[::1]:8x"])
+def test_a_bracketed_address_with_anything_after_it_is_no_host_name(
+    tmp_path: Path, host: str
+) -> None:
+    with api_process(tmp_path / "api.log") as api:
+        resp = httpx.get(f"{api.base}/sessions", headers={"Host": host})
+        error_shape(resp, 403, "host_forbidden")
+        # [::1] with or without a port is still loopback
+        for own in ("[::1]", f"[::1]:{api.port}"):
+            assert httpx.get(f"{api.base}/sessions", headers={"Host": own}).status_code == 200
+
+
+@pytest.mark.parametrize("token", [None, "host-token"])
+def test_two_host_or_two_origin_headers_are_refused(tmp_path: Path, token: str | None) -> None:
+    env = {"FLEET_API_TOKEN": token} if token else {}
+    auth = f"\nAuthorization: Bearer {token}" if token else ""
+    with api_process(tmp_path / "api.log", **env) as api:
+        own = f"127.0.0.1:{api.port}"
+        # When a request names a foreign host, then loopback (the last would win)
+        status, body = _raw(
+            api, f"GET /sessions HTTP/1.1\nHost: evil.example\nHost: {own}{auth}\nConnection: close"
+        )
+        # Then it is refused 400 whatever the names, token or not
+        assert status == 400 and body["error"]["code"] == "duplicate_header", body
+        assert body["error"]["data"] == {"header": "host"}, body
+        # And so is a write giving Origin twice, a foreign page's then the API's own
+        payload = b'{"cwd": "/tmp/fleet-host/two-origins"}'
+        status, body = _raw(
+            api,
+            f"POST /sessions HTTP/1.1\nHost: {own}\nOrigin: http://evil.example\n"
+            f"Origin: http://{own}{auth}\nContent-Type: application/json\n"
+            f"Content-Length: {len(payload)}\nConnection: close",
+            payload,
+        )
+        assert status == 400 and body["error"]["code"] == "duplicate_header", body
+        assert body["error"]["data"] == {"header": "origin"}, body
+        # And nothing was created
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        listed = httpx.get(
+            f"{api.base}/sessions", params={"cwd": "/tmp/fleet-host/two-origins"}, headers=headers
+        )
+        assert listed.json()["sessions"] == [], listed.text
+
+
+def test_an_empty_origin_may_not_change_state(tmp_path: Path) -> None:
+    with api_process(tmp_path / "api.log") as api:
+        own = f"127.0.0.1:{api.port}"
+        payload = b'{"cwd": "/tmp/fleet-host/empty-origin"}'
+        for origin in ("Origin: ", "Origin:"):
+            # When a write carries an Origin header with nothing in it
+            status, body = _raw(
+                api,
+                f"POST /sessions HTTP/1.1\nHost: {own}\n{origin}\n"
+                f"Content-Type: application/json\nContent-Length: {len(payload)}\n"
+                "Connection: close",
+                payload,
+            )
+            # Then it is refused as a foreign page's is (no browser sends that)
+            assert status == 403 and body["error"]["code"] == "origin_forbidden", body
+            assert body["error"]["data"] == {"origin": ""}, body
+        # And a read with it is left to the browser
+        status, body = _raw(api, f"GET /sessions HTTP/1.1\nHost: {own}\nOrigin:\nConnection: close")
+        assert status == 200, body

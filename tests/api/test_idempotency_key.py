@@ -7,13 +7,16 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
+import httpx
 import pytest
 from fastapi.testclient import TestClient
 
 from orchestrator import sessions
 from orchestrator.idempotency import MAX_KEY
 from orchestrator.store import Store
+from tests.api_process import api_process
 from tests.helpers import RecordingDispatcher, error_shape, rest_client
 
 
@@ -155,3 +158,36 @@ def test_the_openapi_document_describes_the_header(client: TestClient) -> None:
         answers = paths[path]["post"]["responses"]
         assert "write_outcome_unknown" in answers["503"]["description"]
         assert "idempotency_key_reused" in answers["422"]["description"]
+
+
+def test_a_key_given_twice_is_refused_and_starts_nothing(
+    client: TestClient, store: Store, recorder: RecordingDispatcher
+) -> None:
+    cwd = _cwd()
+    one, two = str(uuid.uuid4()), str(uuid.uuid4())
+    twice = [("Idempotency-Key", one), ("Idempotency-Key", two)]
+    # A creation giving two keys is refused, naming the header twice, and creates nothing
+    resp = client.post("/sessions", json={"cwd": cwd}, headers=twice)
+    error = error_shape(resp, 400, "invalid_idempotency_key")
+    assert "more than once" in error["message"], error
+    assert error["data"] == {"param": "idempotencyKey"}, error
+    assert sessions.list_sessions(store, cwd=cwd).sessions == []
+    # And so is a prompt: no turn starts
+    sid = client.post("/sessions", json={"cwd": cwd}).json()["sessionId"]
+    sent = len(recorder.sent)
+    resp = client.post(f"/sessions/{sid}/prompt", json={"prompt": "hi"}, headers=twice)
+    error_shape(resp, 400, "invalid_idempotency_key")
+    assert len(recorder.sent) == sent
+    # And neither key was recorded: each alone creates afresh
+    first = client.post("/sessions", json={"cwd": cwd}, headers={"Idempotency-Key": one})
+    assert first.status_code == 201 and first.json()["sessionId"] != sid
+
+
+def test_a_real_server_refuses_a_key_given_twice(tmp_path: Path) -> None:
+    cwd = _cwd()
+    with api_process(tmp_path / "api.log") as api:
+        headers = [("Idempotency-Key", str(uuid.uuid4())), ("Idempotency-Key", "x2")]
+        resp = httpx.post(f"{api.base}/sessions", json={"cwd": cwd}, headers=headers)
+        error_shape(resp, 400, "invalid_idempotency_key")
+        listed = httpx.get(f"{api.base}/sessions", params={"cwd": cwd}).json()
+        assert listed["sessions"] == []
