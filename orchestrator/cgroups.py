@@ -107,11 +107,21 @@ def _sweep(parent: Path, *, keep: Path) -> None:
         if entry == keep:
             continue
         owner, _, started = entry.name[1:].partition("-")
-        if owner.isdigit() and is_process(int(owner), started):
+        if owner.isdigit() and is_process(int(owner), started) and not _zombie(int(owner)):
             continue
         if kill_cgroup(entry):
             log.warning("killed what was left in the scope of a gone process: %s", entry)
         remove_cgroup(entry)
+
+
+def _zombie(pid: int) -> bool:
+    """Whether ``pid`` has exited and waits to be reaped (its scope's owner is gone: a worker
+    SIGKILLed a moment ago is a zombie until its parent reaps it)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rpartition(")")[2].split()[:1] == ["Z"]
 
 
 def kill_cgroup(path: Path | str, wait: float = 5.0) -> bool:

@@ -44,11 +44,11 @@ class PrivateFleet:
         self.dispatcher = dispatcher
 
     def worker(self, family: Family) -> WorkerProcess:
-        """The family's one live worker (else its one worker, dead or not)."""
+        """The family's live worker, the newest if a restart left two (else its newest, dead
+        or not)."""
         mine = [w for w in self.fleet.workers if w.family is family and not w.control]
         live = [w for w in mine if w.process.poll() is None]
-        [found] = live or mine
-        return found
+        return (live or mine)[-1]  # the newest: a restarted worker comes after the dead one
 
     def signal(self, family: Family, sig: signal.Signals) -> None:
         """Send ``sig`` to the family's worker process (a signal that may end it marks its
