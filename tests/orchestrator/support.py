@@ -151,3 +151,16 @@ def run_turn(
         _, _, index = sent[done]
         steps.run_step(store, recorder, model, tools.run_tool, sid, tid, int(index))
         done += 1
+
+
+class Delivering(RecordingDispatcher):
+    """Delivers each stop as the family workers would, as it is sent (``deliver``)."""
+
+    def __init__(self, store: Store) -> None:
+        super().__init__()
+        self.store = store
+
+    def send(self, task: str, args: list[Any], queue: str) -> None:
+        super().send(task, args, queue)
+        if task in STOP_TASKS:
+            deliver(self.store, self, [(task, args, queue)])

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-from typing import Any
 
 import pytest
 
@@ -13,7 +12,7 @@ from orchestrator.errors import SessionNotFound
 from orchestrator.families import Family
 from orchestrator.store import Store
 from tests.helpers import RecordingDispatcher
-from tests.orchestrator.support import STOP_TASKS, chain, claim_job, deliver, stop_jobs_elsewhere
+from tests.orchestrator.support import Delivering, chain, claim_job, stop_jobs_elsewhere
 
 
 def test_a_new_session_has_no_live_work(store: Store, cwd: str) -> None:
@@ -210,19 +209,6 @@ def test_labels_show_the_first_line_of_a_prompt_cut_with_an_ellipsis() -> None:
     assert shorten("y" * 60) == "y" * 60
 
 
-class _Delivering(RecordingDispatcher):
-    """Delivers each stop as the family workers would, as it is sent (``deliver``)."""
-
-    def __init__(self, store: Store) -> None:
-        super().__init__()
-        self.store = store
-
-    def send(self, task: str, args: list[Any], queue: str) -> None:
-        super().send(task, args, queue)
-        if task in STOP_TASKS:
-            deliver(self.store, self, [(task, args, queue)])
-
-
 @pytest.mark.parametrize("how", ["archive", "delete"])
 def test_a_stopped_subagent_item_names_everything_stopped_in_it(
     store: Store, recorder: RecordingDispatcher, cwd: str, how: str
@@ -239,7 +225,7 @@ def test_a_stopped_subagent_item_names_everything_stopped_in_it(
     if how == "archive":
         stopped = archive.archive(store, recorder, root.session_id, stop_activity=True).stopped
     else:
-        result = deletion.delete(store, _Delivering(store), root.session_id, stop_activity=True)
+        result = deletion.delete(store, Delivering(store), root.session_id, stop_activity=True)
         assert result.deleted and result.deleted_descendants == [c]
         stopped = result.stopped
 

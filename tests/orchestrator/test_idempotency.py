@@ -7,7 +7,6 @@ from __future__ import annotations
 import socket
 import uuid
 from collections.abc import Iterator
-from typing import Any
 
 import pytest
 
@@ -15,7 +14,7 @@ from orchestrator import deletion, idempotency, sessions, turns
 from orchestrator.errors import SessionNotFound, StoreUnavailable, WriteOutcomeUnknown
 from orchestrator.store import Store
 from tests.helpers import RecordingDispatcher
-from tests.orchestrator.support import STOP_TASKS, deliver
+from tests.orchestrator.support import Delivering
 from tests.tcp_proxy import TcpProxy
 
 
@@ -95,25 +94,12 @@ def test_a_creation_whose_read_back_fails_says_it_may_have_been_applied(
     assert caught.value.data["idempotencyKey"] is False
 
 
-class _Delivering(RecordingDispatcher):
-    """Delivers each stop as the family workers would, as it is sent."""
-
-    def __init__(self, store: Store) -> None:
-        super().__init__()
-        self.store = store
-
-    def send(self, task: str, args: list[Any], queue: str) -> None:
-        super().send(task, args, queue)
-        if task in STOP_TASKS:
-            deliver(self.store, self, [(task, args, queue)])
-
-
 def test_a_prompt_replayed_after_its_session_was_deleted_is_not_found(store: Store) -> None:
     # Given a prompt sent with a key, then its session deleted
     sid = sessions.create_session(store, _cwd()).session_id
     dispatcher = RecordingDispatcher()
     turns.start_turn(store, dispatcher, sid, "say hi", idempotency_key="k-del")
-    deletion.delete(store, _Delivering(store), sid, stop_activity=True)
+    deletion.delete(store, Delivering(store), sid, stop_activity=True)
     assert sessions.get_session(store, sid, include_deleted=True).deleted
     # When the prompt is retried with its key
     # Then the answer is the deleted session's, as a replayed creation of it answers
