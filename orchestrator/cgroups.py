@@ -19,6 +19,8 @@ import threading
 import time
 from pathlib import Path
 
+import psutil
+
 from orchestrator.ownership import is_process, process_start
 from orchestrator.settings import get_settings
 
@@ -118,10 +120,9 @@ def _zombie(pid: int) -> bool:
     """Whether ``pid`` has exited and waits to be reaped (its scope's owner is gone: a worker
     SIGKILLed a moment ago is a zombie until its parent reaps it)."""
     try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
+        return bool(psutil.Process(pid).status() == psutil.STATUS_ZOMBIE)
+    except psutil.Error:
         return False
-    return stat.rpartition(")")[2].split()[:1] == ["Z"]
 
 
 def kill_cgroup(path: Path | str, wait: float = 5.0) -> bool:
