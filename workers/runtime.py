@@ -16,7 +16,7 @@ from celery import Celery
 from tenacity import Retrying, before_sleep_log, retry_if_exception_type, wait_exponential
 
 from orchestrator.errors import StoreUnavailable
-from orchestrator.jobs import JobSupervisor
+from orchestrator.jobsupervisor import JobSupervisor
 from orchestrator.model import Model, ScriptedModel
 from orchestrator.ownership import HostLease
 from orchestrator.settings import FleetSettings

@@ -1,5 +1,5 @@
 -- ARGV: prefix, jid, instance, leaseMs[, pid, pidStart]
--- The owning worker renews a running job's lease (orchestrator/jobs.py, every quarter lease),
+-- The owning worker renews a running job's lease (orchestrator/jobsupervisor.py, every quarter lease),
 -- only while the job is still running, claimed by this worker instance, and its lease has
 -- not lapsed: a lapsed lease means the job counts as lost (the census may have recorded it
 -- so already), and a worker that resumes from a freeze must kill it, never revive it.
