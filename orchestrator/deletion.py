@@ -199,13 +199,12 @@ def _wait_quiet(
 
 @retried
 def _bound(store: Store, session_id: str, txn: str) -> bool:
-    """Whether the session is still archived by ``txn`` (by any archive when ``txn`` is '',
-    one written before transitions were recorded; a deleted one counts as bound: the census
-    that follows says it is gone)."""
+    """Whether the session is still archived by ``txn`` (a deleted one counts as bound: the
+    census that follows says it is gone)."""
     archived, current, deleted = store.redis.hmget(
         store.keys.session(session_id), "archived", "archiveTxn", "deleted"
     )
-    return bool(deleted == "1" or (archived == "1" and (not txn or current == txn)))
+    return bool(deleted == "1" or (archived == "1" and current == txn))
 
 
 def _unarchived(store: Store, session_id: str) -> NoReturn:
