@@ -1,4 +1,4 @@
-"""Archives through a Sentinel failover (issue 15): ``python -m bench.failover [--ack N]
+"""Archives through a Sentinel failover: ``python -m bench.failover [--ack N]
 [--lag-ms MS] [--hang] [--runs R]``.
 
 Starts on loopback a primary, two replicas and three Sentinels (``bench/sentinels.py``), one

@@ -21,8 +21,8 @@ is used and removed afterwards. Figures are wall-clock medians and 99th percenti
 10. a model step through the fleet vs the same request straight through the SDK
     (``bench/model.py``)
 11. a shell tool call as a turn worker runs it vs the bare command (``bench/shell.py``)
-12. creating a subagent under a parent of 10, 1,000 and 12,000 children vs the walk of every
-    child the create did before (``bench/children.py``)
+12. creating a subagent under a parent of 10, 1,000 and 12,000 children vs a walk of every
+    child on each create (``bench/children.py``)
 """
 
 from __future__ import annotations
@@ -320,7 +320,7 @@ def main() -> int:
     args = parser.parse_args()
     q = args.quick
     only = {int(x) for x in args.only.split(",") if x}
-    # (sessions, idle, busy) of benchmark 9; --million for the issue's full sizes.
+    # (sessions, idle, busy) of benchmark 9; --million for its full sizes.
     million = (
         (1_000_000, 100_000, 10_000)
         if args.million

@@ -1,4 +1,5 @@
-"""Delete never hides running work (issue 11; the archive rule of seed 004 applied to delete).
+"""Delete never hides running work: the archive's rule (``orchestrator/archive.py``) applied to
+delete.
 
 A delete takes the session's whole subtree with it: the subagents are its work, and a
 descendant left behind would point at a parent that no longer exists. Every descendant is

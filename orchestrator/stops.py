@@ -1,6 +1,6 @@
 """The stop fan-out: one stop request per family (jobs: per owning host), sent and never
 awaited. Each dispatch is contained: a failure is logged as a warning and reported, and never
-keeps the other families from being asked (seed 004: stops are requested, not waited for).
+keeps the other families from being asked (stops are requested, not waited for).
 """
 
 from __future__ import annotations

@@ -4,8 +4,8 @@ and a full server instead of ending the worker.
 ``workers.app`` selects it with ``broker_transport = "workers.broker:Transport"`` (the URL stays
 ``redis://``), or ``"workers.broker:SentinelTransport"`` for a ``sentinel://`` URL (kombu's
 Sentinel transport with the same changes). Four differences from
-``kombu.transport.redis.Transport``, each for a failure seen with real processes (issue 10,
-fault 5; the fault soak):
+``kombu.transport.redis.Transport``, each for a failure seen with real processes (the
+worker-broker fault tests, the fault soak):
 
 * **More replies count as a lost connection.** Celery's consumer restarts (reconnects with
   back-off) only on the transport's ``connection_errors``; anything else is "Unrecoverable"

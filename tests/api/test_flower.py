@@ -1,4 +1,4 @@
-"""``fleet flower`` (issue 13, item 18): on loopback its API answers without auth, a busy port
+"""``fleet flower``: on loopback its API answers without auth, a busy port
 is a one-line error, and every task it lists has a name; without auth no page of another
 origin may read it (no CORS header) and a rebound ``Host`` is refused. A real Flower process
 on a free loopback port, beside the shared real workers."""

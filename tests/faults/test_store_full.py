@@ -1,4 +1,4 @@
-"""A full store answers 503, never 500 (issue 10, fault 8).
+"""A full store answers 503, never 500.
 
 The HTTP API runs as its own process (uvicorn, as ``fleet api`` serves it) against the test's
 own ``EmbeddedRedis``, which is squeezed with ``maxmemory`` and ``noeviction``: a write is

@@ -1,5 +1,4 @@
-"""Workers ride out a restarting and a full Redis, and readiness means consuming (issue 10,
-fault 5).
+"""Workers ride out a restarting and a full Redis, and readiness means consuming.
 
 Each test runs real family workers (``LocalFleet``) against its own ``EmbeddedRedis``
 (append-only), which it SIGKILLs and restarts by PID or squeezes with ``maxmemory`` and
