@@ -39,9 +39,9 @@ from typing import Any
 
 import httpx
 
-from api.local import LocalFleet
 from bench.common import free_port
 from bench.sentinels import SentinelGroup, sentinel_group
+from localfleet.fleet import LocalFleet
 from orchestrator import turns
 from orchestrator.errors import StoreUnavailable
 from orchestrator.processes import die_with_parent

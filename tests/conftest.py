@@ -48,7 +48,7 @@ def _pick_redis() -> str:
         return "redis://127.0.0.1:6379/0"
     except redis.RedisError:
         pass
-    from api.embedded import EmbeddedRedis
+    from localfleet.embedded import EmbeddedRedis
 
     _EMBEDDED = EmbeddedRedis(Path(tempfile.mkdtemp(prefix="fleet-test-redis-")))
     _EMBEDDED.start()
@@ -237,7 +237,7 @@ def recorder() -> RecordingDispatcher:
 def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     """Real worker processes for the four families (two job hosts: ``test-1``, ``test-2``),
     shared by the tests of a run; each test uses its own sessions."""
-    from api.local import LocalFleet
+    from localfleet.fleet import LocalFleet
 
     f = LocalFleet(
         REDIS_URL,

@@ -119,9 +119,9 @@ def up(
     it publishes where it runs in FLEET_STATE_DIR/fleet.json, so other fleet commands started
     with the same state directory (the same working directory by default) find it without
     FLEET_REDIS_URL."""
-    from api import discovery
-    from api.embedded import resolve_redis_url
-    from api.local import LocalFleet
+    from localfleet import discovery
+    from localfleet.embedded import resolve_redis_url
+    from localfleet.fleet import LocalFleet
     from orchestrator.logs import configure as configure_logging
     from orchestrator.settings import FleetSettings
 
@@ -174,8 +174,8 @@ def up(
 
 
 def _refuse_a_second_up(state_dir: Path) -> None:
-    """Exit 2 when a ``fleet up`` already runs with ``state_dir`` (``api/discovery.py``)."""
-    from api import discovery
+    """Exit 2 when a ``fleet up`` already runs with ``state_dir`` (``localfleet/discovery.py``)."""
+    from localfleet import discovery
 
     running = discovery.find(state_dir)
     if running is not None:
@@ -432,6 +432,6 @@ def acp() -> None:
 def demo() -> None:
     """Run a real fleet scenario end to end and print its timeline; exit 0 only if every
     expectation held."""
-    from api.demo import run_demo
+    from localfleet.demo import run_demo
 
     raise typer.Exit(run_demo(console))

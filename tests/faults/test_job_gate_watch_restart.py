@@ -12,7 +12,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from api.embedded import EmbeddedRedis
+from localfleet.embedded import EmbeddedRedis
 from orchestrator import archive, gate, jobs, sessions
 from orchestrator.jobs import JobState
 from orchestrator.jobsupervisor import JobSupervisor

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from api.embedded import EmbeddedRedis
+from localfleet.embedded import EmbeddedRedis
 from orchestrator import jobs, sessions, watchdogs
 from orchestrator.activity import census
 from orchestrator.archive import archive

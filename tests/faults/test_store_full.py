@@ -16,7 +16,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from api.embedded import EmbeddedRedis
+from localfleet.embedded import EmbeddedRedis
 from orchestrator.store import Store
 from tests.faults.conftest import free_port
 from tests.helpers import error_shape, wait_for

@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from api.embedded import EmbeddedRedis
+from localfleet.embedded import EmbeddedRedis
 from orchestrator import jobwatch, watchdogs
 from orchestrator.activity import census
 from orchestrator.archive import archive

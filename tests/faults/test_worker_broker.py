@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 from celery import Celery
 
-from api.embedded import EmbeddedRedis
-from api.local import LocalFleet, WorkerProcess
+from localfleet.embedded import EmbeddedRedis
+from localfleet.fleet import LocalFleet, WorkerProcess
 from orchestrator.families import Family
 from orchestrator.heartbeats import live_workers
 from orchestrator.sessions import create_session

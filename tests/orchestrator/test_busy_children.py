@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from api.embedded import EmbeddedRedis, find_redis_server
+from localfleet.embedded import EmbeddedRedis, find_redis_server
 from orchestrator import archive, bulk, jobs, reminders, sessions, turns
 from orchestrator.errors import FleetError, LimitReached
 from orchestrator.store import Store, iso, now_ms
