@@ -139,7 +139,7 @@ def test_without_auth_no_page_of_another_origin_may_read_flower(tmp_path: Path) 
                 },
                 timeout=10,
             )
-            # Then Flower answers its own clients (no Origin: curl, its UI) as before, with no
+            # Then Flower still answers (as it answers its own clients: curl, its UI), with no
             # header that lets the browser hand the answer to that page
             assert got.status_code == 200, (path, got.status_code, got.text[:200])
             for response in (got, asked):
