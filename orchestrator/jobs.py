@@ -42,7 +42,6 @@ import time
 from collections.abc import Callable
 from concurrent import futures
 from dataclasses import dataclass
-from enum import StrEnum
 
 from orchestrator import activity, containment, gate, jobwatch, limits
 from orchestrator.errors import FleetError, TurnStopped
@@ -50,6 +49,7 @@ from orchestrator.families import Dispatcher, Family, Task, work_queue
 from orchestrator.fencing import StepGuard
 from orchestrator.ownership import new_instance, process_start
 from orchestrator.processes import KILL_GRACE_SECONDS, die_with_parent, under_timeout
+from orchestrator.states import JobState as JobState
 from orchestrator.store import Store, iso, new_id, retried
 
 log = logging.getLogger(__name__)
@@ -59,19 +59,6 @@ START_TIMEOUT_MS = 30_000
 #: How long a closure is remembered (s): a job forked after its session's closure was heard
 #: (claimed just before the archive) is checked against it.
 _RECENT_CLOSURE_SECONDS = 60.0
-
-
-class JobState(StrEnum):
-    """Where a job is in its lifecycle."""
-
-    STARTING = "starting"  #: stored, waiting for a job worker to take it
-    RUNNING = "running"  #: its process runs on ``host``
-    EXITED = "exited"  #: the process ended by itself (``exitCode``)
-    STOPPED = "stopped"  #: stopped on request (archive or cancel)
-    REFUSED = "refused"  #: never started: its lineage was archived, or its host was full
-    #: (``FLEET_MAX_JOBS_PER_HOST``), when a worker took it; ``reason`` says which
-    LOST = "lost"  #: its worker vanished; the lease lapsed
-    FAILED = "failed"  #: the process could not be started
 
 
 # The job records' plain reads and idempotent writes (same value, same TTL) go through the

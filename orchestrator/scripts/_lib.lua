@@ -84,7 +84,7 @@ end
 -- turn running, so a stopped or archived turn's step lands nothing). '' guards nothing.
 local function turn_runs(tid)
   if not tid or tid == '' then return true end
-  return redis.call('HGET', K.turn(tid), 'state') == 'running'
+  return redis.call('HGET', K.turn(tid), 'state') == TURN.RUNNING
 end
 
 -- The fencing rule of a step (orchestrator/fencing.py): whether the copy of tid's current
@@ -109,6 +109,19 @@ end
 local function step_owns(tid, token)
   if not tid or tid == '' then return true end
   return turn_runs(tid) and holds_step(tid, token or '')
+end
+
+-- What a step in flight polls (turn_watch.lua, one per call of turn_watch_many.lua): the
+-- turn's state, or 'superseded' when the copy of its step that began with token no longer
+-- owns it while the turn is live; with lease_ms that copy's lease is refreshed (holds_step
+-- re-takes a lapsed one if no other copy began). Returns the state | 'superseded' |
+-- 'missing'.
+local function watch_step(tid, lease_ms, token)
+  local st = redis.call('HGET', K.turn(tid), 'state') or 'missing'
+  if st ~= TURN.RUNNING and st ~= TURN.CANCELLING then return st end
+  if not holds_step(tid, token) then return 'superseded' end
+  if lease_ms then redis.call('PEXPIRE', K.step_lease(tid), lease_ms) end
+  return st
 end
 
 -- Record activity on a session: updatedAt moves and the indexes are re-scored. An archived
@@ -315,9 +328,7 @@ end
 local function emit_archive_events(archived, turns, stream_max)
   local closed = {}
   for i = 1, #archived, 2 do
-    emit_event(string.format(
-      '{"type": "archived", "sessionId": "%s", "archived": true, "historyLength": %d}',
-      archived[i], archived[i + 1]), stream_max)
+    emit_event(event_archived(archived[i], archived[i + 1]), stream_max)
     closed[#closed + 1] = archived[i]
   end
   -- The gate's closure, for the processes that stop their work (orchestrator/gate.py).
@@ -325,13 +336,10 @@ local function emit_archive_events(archived, turns, stream_max)
   for i = 1, #turns, 6 do
     local tid, tsid, to, settlement = turns[i], turns[i + 1], turns[i + 3], turns[i + 5]
     if settlement ~= '' then
-      redis.call('PUBLISH', K.events, string.format(
-        '{"type": "update", "sessionId": "%s", "update": %s}', tsid, settlement))
+      redis.call('PUBLISH', K.events, event_update(tsid, settlement))
     end
-    if to == 'cancelled' then
-      -- stopReason as turns.STOP_REASON[cancelled]
-      emit_event(string.format('{"type": "turn", "sessionId": "%s", "turnId": "%s", '
-        .. '"state": "cancelled", "stopReason": "cancelled"}', tsid, tid), stream_max)
+    if to == TURN.CANCELLED then
+      emit_event(event_turn(tsid, tid, to, STOP_REASON[to]), stream_max)
     end
   end
 end
@@ -354,8 +362,8 @@ local function finish_turn(tid, state, reason, err, ms, iso_time, no_promote)
   touch(sid, ms, iso_time)
   if no_promote then return '' end
   for _, nxt in ipairs(redis.call('ZRANGE', K.live_turns(sid), 0, -1)) do
-    if redis.call('HGET', K.turn(nxt), 'state') == 'queued' then
-      redis.call('HSET', K.turn(nxt), 'state', 'running')
+    if redis.call('HGET', K.turn(nxt), 'state') == TURN.QUEUED then
+      redis.call('HSET', K.turn(nxt), 'state', TURN.RUNNING)
       redis.call('SET', active_key, nxt)
       redis.call('ZADD', K.turns_inflight, server_ms(), nxt)
       return nxt
@@ -402,7 +410,7 @@ end
 -- after the archive write. Appends tid, sid, previous state, new state, label, settlement (''
 -- when none) for each turn to out.
 local function stop_turns_for_archive(sid, out, by)
-  by = by or 'archive'
+  by = by or CANCELLED_BY.ARCHIVE
   local ms, now -- read once, at the first turn (most archived sessions have none)
   for _, t in ipairs(redis.call('ZRANGE', K.live_turns(sid), 0, -1)) do
     if not ms then
@@ -411,17 +419,16 @@ local function stop_turns_for_archive(sid, out, by)
     end
     local h = redis.call('HMGET', K.turn(t), 'state', 'label')
     local to = nil
-    if h[1] == 'running' and redis.call('EXISTS', K.step_lease(t)) == 1 then
-      to = 'cancelling'
+    if h[1] == TURN.RUNNING and redis.call('EXISTS', K.step_lease(t)) == 1 then
+      to = TURN.CANCELLING
       redis.call('HSET', K.turn(t), 'state', to, 'cancelledBy', by)
-    elseif h[1] == 'queued' or h[1] == 'running' then
-      to = 'cancelled'
+    elseif h[1] == TURN.QUEUED or h[1] == TURN.RUNNING then
+      to = TURN.CANCELLED
       redis.call('HSET', K.turn(t), 'cancelledBy', by)
-      -- stopReason as turns.STOP_REASON[cancelled]
-      finish_turn(t, to, 'cancelled', 'archived', ms, now, true)
+      finish_turn(t, to, STOP_REASON[to], 'archived', ms, now, true)
     end
     if to then
-      local settlement = settle_open_call(t, sid, 'cancelled', 'stopped by the archive')
+      local settlement = settle_open_call(t, sid, CALL.CANCELLED, 'stopped by the archive')
       out[#out + 1] = t; out[#out + 1] = sid; out[#out + 1] = h[1]; out[#out + 1] = to
       out[#out + 1] = h[2] or ''; out[#out + 1] = settlement
     end
@@ -577,9 +584,7 @@ end
 
 -- The detail of the entry an ancestor's transition leaves in a descendant's trail
 -- (audit.detail_json's form).
-local function ancestor_detail(ancestor)
-  return string.format('{"ancestorId":"%s"}', ancestor)
-end
+local function ancestor_detail(ancestor) return detail_ancestor(ancestor) end
 
 -- Records in the trail of each session of descendants (a list of ids), and there only, that
 -- the transition of ancestor whose entry is id (record_in_script's reply) archived or restored

@@ -16,11 +16,11 @@ for i = 5, #ARGV do
   local st = h[1]
   if h[2] ~= sid then
     out[#out + 1] = tid; out[#out + 1] = 'missing'
-  elseif st == 'queued' then
-    finish_turn(tid, 'cancelled', 'cancelled', '', ms, now)
-    out[#out + 1] = tid; out[#out + 1] = 'cancelled'
+  elseif st == TURN.QUEUED then
+    finish_turn(tid, TURN.CANCELLED, STOP_REASON[TURN.CANCELLED], '', ms, now)
+    out[#out + 1] = tid; out[#out + 1] = TURN.CANCELLED
     ended[#ended + 1] = tid
-  elseif st == 'running' then
+  elseif st == TURN.RUNNING then
     running[#running + 1] = tid
   else
     out[#out + 1] = tid; out[#out + 1] = st or 'missing'
@@ -28,11 +28,11 @@ for i = 5, #ARGV do
 end
 for _, tid in ipairs(running) do
   if redis.call('EXISTS', K.step_lease(tid)) == 1 then
-    redis.call('HSET', K.turn(tid), 'state', 'cancelling')
-    out[#out + 1] = tid; out[#out + 1] = 'cancelling'
+    redis.call('HSET', K.turn(tid), 'state', TURN.CANCELLING)
+    out[#out + 1] = tid; out[#out + 1] = TURN.CANCELLING
   else
-    local nxt = finish_turn(tid, 'cancelled', 'cancelled', '', ms, now)
-    out[#out + 1] = tid; out[#out + 1] = 'cancelled'
+    local nxt = finish_turn(tid, TURN.CANCELLED, STOP_REASON[TURN.CANCELLED], '', ms, now)
+    out[#out + 1] = tid; out[#out + 1] = TURN.CANCELLED
     ended[#ended + 1] = tid
     if nxt ~= '' then promoted[#promoted + 1] = nxt end
   end
