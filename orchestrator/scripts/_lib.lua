@@ -400,15 +400,36 @@ local function settle_open_call(tid, sid, status, text)
   return settlement
 end
 
+-- The cancel rule of a turn, the one place it is written (a user's stop, turn_cancel.lua; an
+-- archive's, stop_turns_for_archive): a queued turn ends cancelled; a running one with a step
+-- in flight (its lease held) becomes cancelling and the step settles it; a running one
+-- between steps ends cancelled. st is its state as the caller read it; by, when given, is
+-- recorded as its cancelledBy; err and no_promote are finish_turn's for a turn that ends.
+-- Returns the state it moved to (nil: st is neither queued nor running, nothing changed) and
+-- the turn promoted in its place ('' when none).
+local function cancel_turn(tid, st, ms, now, by, err, no_promote)
+  local tk = K.turn(tid)
+  if st == TURN.RUNNING and redis.call('EXISTS', K.step_lease(tid)) == 1 then
+    if by then
+      redis.call('HSET', tk, 'state', TURN.CANCELLING, 'cancelledBy', by)
+    else
+      redis.call('HSET', tk, 'state', TURN.CANCELLING)
+    end
+    return TURN.CANCELLING, ''
+  end
+  if st ~= TURN.QUEUED and st ~= TURN.RUNNING then return nil, '' end
+  if by then redis.call('HSET', tk, 'cancelledBy', by) end
+  local to = TURN.CANCELLED
+  return to, finish_turn(tid, to, STOP_REASON[to], err, ms, now, no_promote)
+end
+
 -- An archive stops the live turns of sid in its own script, so nothing a step of them does
--- can land after the archive commits (every step write is conditional on 'running'):
--- queued -> cancelled (nothing is promoted), running with a step in flight -> cancelling (the
--- step settles it), running between steps -> cancelled; an open tool call is settled
--- (settle_open_call). Each turn it stops is marked cancelledBy `by` ('archive' unless given:
--- turns.CANCELLED_BY_ARCHIVE, or 'delete' for a delete's archive), which the paths that later
--- settle a cancelling one keep, so the turn says why it ended whoever finishes it. Call it
--- after the archive write. Appends tid, sid, previous state, new state, label, settlement (''
--- when none) for each turn to out.
+-- can land after the archive commits (every step write is conditional on running): each by
+-- cancel_turn, nothing promoted, an open tool call settled (settle_open_call). Each turn it
+-- stops is marked cancelledBy `by` (CANCELLED_BY.ARCHIVE unless given, CANCELLED_BY.DELETE
+-- for a delete's archive), which the paths that later settle a cancelling one keep, so the
+-- turn says why it ended whoever finishes it. Call it after the archive write. Appends tid,
+-- sid, previous state, new state, label, settlement ('' when none) for each turn to out.
 local function stop_turns_for_archive(sid, out, by)
   by = by or CANCELLED_BY.ARCHIVE
   local ms, now -- read once, at the first turn (most archived sessions have none)
@@ -418,15 +439,7 @@ local function stop_turns_for_archive(sid, out, by)
       now = iso_ms(ms)
     end
     local h = redis.call('HMGET', K.turn(t), 'state', 'label')
-    local to = nil
-    if h[1] == TURN.RUNNING and redis.call('EXISTS', K.step_lease(t)) == 1 then
-      to = TURN.CANCELLING
-      redis.call('HSET', K.turn(t), 'state', to, 'cancelledBy', by)
-    elseif h[1] == TURN.QUEUED or h[1] == TURN.RUNNING then
-      to = TURN.CANCELLED
-      redis.call('HSET', K.turn(t), 'cancelledBy', by)
-      finish_turn(t, to, STOP_REASON[to], 'archived', ms, now, true)
-    end
+    local to = cancel_turn(t, h[1], ms, now, by, 'archived', true)
     if to then
       local settlement = settle_open_call(t, sid, CALL.CANCELLED, 'stopped by the archive')
       out[#out + 1] = t; out[#out + 1] = sid; out[#out + 1] = h[1]; out[#out + 1] = to
