@@ -137,18 +137,28 @@ local function touch(sid, ms, iso_time)
   redis.call('ZADD', idx('active', h[1]), ms, sid)
 end
 
--- The session and every descendant that is not deleted, breadth first.
-local function subtree(sid)
+-- The one walk of a session's subtree: sid, then its descendants, breadth first, each
+-- session's children as children_of(s) lists them (default: its children set as SMEMBERS
+-- answers; sorted_members for the census's order). keep(s) says whether s is listed (default:
+-- every one); one left out is still walked through, its descendants listed by the same rule.
+-- With no_root, sid itself is not listed.
+local function walk(sid, keep, children_of, no_root)
   local out, queue, i = {}, {sid}, 1
   while queue[i] do
     local s = queue[i]
+    if (i > 1 or not no_root) and (not keep or keep(s)) then out[#out + 1] = s end
     i = i + 1
-    -- A deleted session is left out, but its descendants are still walked.
-    if redis.call('HGET', skey(s), 'deleted') == '0' then out[#out + 1] = s end
-    for _, c in ipairs(redis.call('SMEMBERS', K.children(s))) do queue[#queue + 1] = c end
+    local kids = children_of and children_of(s) or redis.call('SMEMBERS', K.children(s))
+    for _, c in ipairs(kids) do queue[#queue + 1] = c end
   end
   return out
 end
+
+local function not_deleted(s) return redis.call('HGET', skey(s), 'deleted') == '0' end
+
+-- The session and every descendant that is not deleted, breadth first (a deleted session is
+-- left out, but its descendants are still walked).
+local function subtree(sid) return walk(sid, not_deleted) end
 
 -- Marks quiet, for archive transition txn, every session of nodes archived in that same
 -- transition and not yet marked (a session archived again later has a new transition).
@@ -286,18 +296,7 @@ end
 -- Every descendant of sid, any depth, deleted ones included, breadth first with each
 -- session's children in sorted order (the order the census lists subagents in).
 local function descendants(sid)
-  local out, level = {}, {sid}
-  while #level > 0 do
-    local nxt = {}
-    for _, s in ipairs(level) do
-      for _, c in ipairs(sorted_members(K.children(s))) do
-        out[#out + 1] = c
-        nxt[#nxt + 1] = c
-      end
-    end
-    level = nxt
-  end
-  return out
+  return walk(sid, nil, function(s) return sorted_members(K.children(s)) end, true)
 end
 
 -- The census of sid and every descendant (census_rows, in the order descendants walks them)
