@@ -210,8 +210,7 @@ def write_delete(
 
 def descendants(store: Store, session_id: str) -> list[str]:
     """Ids of every descendant of the session, any depth, breadth first. A delete takes the
-    session's subtree and leaves its parent's children set, so none of these is deleted,
-    except below a session an earlier version deleted alone (it left its subtree in place)."""
+    session's subtree and leaves its parent's children set, so none of these is deleted."""
     return descendants_many(store, [session_id])[session_id]
 
 
