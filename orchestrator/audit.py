@@ -40,6 +40,7 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import Any
 
+from orchestrator import entries
 from orchestrator.errors import InvalidParams
 from orchestrator.store import Store, retried
 
@@ -101,8 +102,8 @@ def record(
 
 def detail_json(detail: dict[str, Any]) -> str:
     """An entry's ``detail`` field as stored (compact JSON, sorted keys); scripts that write
-    entries themselves (``bulk_archive.lua``) are given it."""
-    return json.dumps(detail, separators=(",", ":"), sort_keys=True)
+    entries themselves (``bulk_archive.lua``) are given it (``entries.detail_json``)."""
+    return entries.detail_json(detail)
 
 
 def script_recorder(

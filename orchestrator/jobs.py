@@ -23,29 +23,15 @@ stops on gate closures (``orchestrator/jobgatewatch.py``), stops of jobs no supe
 
 from __future__ import annotations
 
-from enum import StrEnum
-
 from orchestrator import limits
 from orchestrator.errors import TurnStopped
 from orchestrator.families import Dispatcher, Family, Task, work_queue
 from orchestrator.fencing import StepGuard
+from orchestrator.states import JobState as JobState
 from orchestrator.store import Store, iso, new_id, retried
 
 #: A starting job not taken by any worker within this time stops counting as live (ms).
 START_TIMEOUT_MS = 30_000
-
-
-class JobState(StrEnum):
-    """Where a job is in its lifecycle."""
-
-    STARTING = "starting"  #: stored, waiting for a job worker to take it
-    RUNNING = "running"  #: its process runs on ``host``
-    EXITED = "exited"  #: the process ended by itself (``exitCode``)
-    STOPPED = "stopped"  #: stopped on request (archive or cancel)
-    REFUSED = "refused"  #: never started: its lineage was archived, or its host was full
-    #: (``FLEET_MAX_JOBS_PER_HOST``), when a worker took it; ``reason`` says which
-    LOST = "lost"  #: its worker vanished; the lease lapsed
-    FAILED = "failed"  #: the process could not be started
 
 
 # The job records' plain reads and idempotent writes (same value, same TTL) go through the

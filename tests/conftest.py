@@ -133,6 +133,13 @@ def _end_as_ctrl_c_does(config: pytest.Config, signum: int, frame: object) -> No
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    # The unit tier (`pytest -m unit`: no Redis, no processes) runs in this one process, before
+    # xdist (whose pytest_configure runs last) would start workers: each worker first collects
+    # the whole suite, which takes longer than the tier's tests (65.8 s against 25.6 s here).
+    if config.option.markexpr == "unit":
+        config.option.dist = "no"
+        config.option.numprocesses = 0
+        config.option.tx = []
     # In the controller and in each xdist worker (each loads this file); signal handlers can
     # only be set from the main thread.
     if threading.current_thread() is threading.main_thread():

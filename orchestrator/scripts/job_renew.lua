@@ -15,7 +15,7 @@
 local jid = ARGV[2]
 local h = redis.call('HMGET', K.job(jid), 'state', 'instance', 'sessionId', 'pid', 'pidStart')
 if not h[1] then return 'missing' end
-if h[1] ~= 'running' then return h[1] end
+if h[1] ~= JOB.RUNNING then return h[1] end
 if h[2] ~= ARGV[3] then return 'other' end
 local resume = ARGV[5] ~= nil and ARGV[5] ~= ''
 if resume then
