@@ -21,14 +21,13 @@ another worker runs it.
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from orchestrator import chat, events, metrics, stepwatch, toolbox, usage
+from orchestrator import chat, metrics, stepwatch, toolbox, usage
 from orchestrator.errors import SessionArchived, SessionNotFound, StepSuperseded, StoreUnavailable
 from orchestrator.families import Dispatcher, send_step
 from orchestrator.fencing import StepGuard, new_token
@@ -50,7 +49,6 @@ from orchestrator.turns import (
     TurnState,
     announce_end,
     finish,
-    get_turn,
     record_update,
     start_turn,
 )
@@ -246,7 +244,7 @@ def run_step(
         log.info("step %d of turn %s dropped: %s", index, turn_id, began, extra=extra)
         return began
     try:
-        return _run_begun(store, dispatcher, model, tools, guard, index, stopping)
+        return _run_begun(store, dispatcher, model, tools, guard, began, stopping)
     except StepSuperseded:
         log.warning(
             "step %d of turn %s superseded: another copy began (this worker stalled past its "
@@ -269,20 +267,18 @@ def _run_begun(
     model: Model,
     tools: ToolRunner,
     guard: StepGuard,
-    index: int,
+    began: _Began,
     stopping: threading.Event | None,
 ) -> str:
     """The step once begun: model request and tool call under a watch, then what follows.
     Raises ``StepSuperseded``, ``StoreUnavailable``."""
-    turn = get_turn(store, guard.turn_id)
-    if turn is None:
-        return "missing"
-    if index == 0 and turn.source == "prompt":
+    turn, index = began.turn, began.turn.step
+    if index == 0 and turn.source == "prompt" and not began.session_title:
         _generate_title(store, turn.session_id, turn.prompt)
     emit = _Emit(store, turn.session_id, guard, get_settings().model_text_max_bytes)
     with _StepWatch(store, guard, stopping, emit.flush, turn.session_id) as watch:
         try:
-            result = _act(store, dispatcher, model, tools, turn, emit, index, watch.cancel)
+            result = _act(store, dispatcher, model, tools, began, emit, watch.cancel)
         except ModelError as exc:
             _say(store, turn.session_id, guard, f"error: {exc}")
             finish(store, dispatcher, guard.turn_id, TurnState.FAILED, str(exc), token=guard.token)
@@ -292,12 +288,24 @@ def _run_begun(
     return _after_step(store, dispatcher, turn, guard, index, result, watch)
 
 
+class _Began(str):
+    """What ``_begin_step`` answers: ``ok`` or why the step is dropped (compared as a
+    string); once ``ok``, what the step needs, read by the script that began it: ``turn`` (as
+    it runs: its session, prompt, source and step index), the session's title
+    (``session_title``) and ``model`` (``""`` when unset)."""
+
+    turn: Turn
+    session_title: str
+    model: str
+
+
 def _begin_step(
     store: Store, dispatcher: Dispatcher, session_id: str, guard: StepGuard, index: int
-) -> str:
-    """Ask the gate and begin this copy of the step in one script (``turn_begin_step.lua``),
-    its lease holding ``guard.token``. Returns ``ok`` or why the step is dropped; raises
-    ``StepRefused`` once the refused turn has ended."""
+) -> _Began:
+    """Ask the gate and begin this copy of the step in one script (``turn_begin_step.lua``,
+    which also publishes what it writes to the conversation), its lease holding
+    ``guard.token``. Returns ``ok`` (with what the step needs) or why the step is dropped;
+    raises ``StepRefused`` once the refused turn has ended."""
     turn_id = guard.turn_id
     result = store.run("turn_begin_step", [turn_id, index, STEP_LEASE_MS, guard.token])
     if result[0] == "refused":
@@ -306,10 +314,11 @@ def _begin_step(
         if promoted:
             send_step(dispatcher, session_id, promoted, 0)
         raise refusal(session_id, str(reason))
-    for written in result[1:3] if result[0] == "ok" else ():  # the prompt, a lost call's end
-        if written:
-            events.publish(store, "update", session_id, update=json.loads(written))
-    return str(result[0])
+    began = _Began(result[0])
+    if began == "ok":
+        sid, prompt, source, began.session_title, began.model = (str(x) for x in result[1:6])
+        began.turn = Turn(turn_id, sid, TurnState.RUNNING, prompt, source, index, "", "")
+    return began
 
 
 def _say(store: Store, session_id: str, guard: StepGuard, text: str) -> bool:
@@ -326,15 +335,14 @@ def _act(
     dispatcher: Dispatcher,
     model: Model,
     tools: ToolRunner,
-    turn: Turn,
+    began: _Began,
     emit: _Emit,
-    index: int,
     cancel: threading.Event,
 ) -> _Ran | None:
     """The model request and the tool calls it asks for. Returns how the step ended, or
     ``None`` when it was aborted (``cancel``) or its turn no longer runs (its output is
     dropped). Raises ``ModelError`` (counted as a failed request)."""
-    sid, tid = turn.session_id, turn.turn_id
+    sid, tid, index = began.turn.session_id, began.turn.turn_id, began.turn.step
     guard = emit.guard
 
     def may_send() -> bool:
@@ -346,7 +354,7 @@ def _act(
         index,
         chat.conversation(store, sid),
         toolbox.offered_specs(),
-        _session_field(store, sid, "model") or "",
+        began.model,
         may_send,
     )
     started = time.monotonic()
@@ -428,11 +436,10 @@ def _advance(store: Store, guard: StepGuard, next_index: int) -> str:
 
 
 def _generate_title(store: Store, session_id: str, prompt: str) -> None:
-    """An untitled session gets a title from its first prompt. The write is discarded if a
-    client set a title meanwhile (checked atomically by ``titles.set_title``)."""
+    """An untitled session (as its step began) gets a title from its first prompt. The write
+    is discarded if a client set a title meanwhile (checked atomically by
+    ``titles.set_title``)."""
     try:
-        if _session_field(store, session_id, "title"):
-            return
         title = generated_title(prompt)
         if title:
             set_title(store, session_id, title, source="generated")

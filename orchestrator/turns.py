@@ -182,16 +182,14 @@ def record_update(
     conversation and publish it, only while that turn runs (``turn_record.lua``) and, with
     ``token`` (a step's write), while that copy of the step owns it (``orchestrator/fencing.py``).
     With ``settle`` (an in-flight tool call settling as cancelled) a ``cancelling`` turn may
-    still write, never into an archived session. Returns whether it was appended.
+    still write, never into an archived session. ``session_id`` is the turn's session: the
+    script publishes the update there as it appends it. Returns whether it was appended.
     Raises ``StepSuperseded`` (another copy of the step began), ``StoreUnavailable``."""
     tid = str(update.get("turnId", ""))
     appended = store.run("turn_record", [tid, json.dumps(update), "1" if settle else "0", token])
     if appended == -1:
         raise StepSuperseded(tid)
-    if not appended:
-        return False
-    events.publish(store, "update", session_id, update=update)
-    return True
+    return bool(appended)
 
 
 def start_turn(
@@ -236,6 +234,44 @@ def start_turn(
     ``SessionArchived``, ``TurnStopped``, ``StoreUnavailable``.
     """
     sid = check_session_id(session_id)
+    _check_prompt(prompt, source)
+    idem = idempotency.for_request(store, idempotency_key, prompt)
+    tid = new_id("turn")
+    guard_tid, guard_token = StepGuard.argv(guard)
+    with idempotency.outcome_unknown(*_OUTCOME, keyed=idem is not None):
+        # The script reads the server's clock itself ('' for nowMs and nowIso).
+        args = [sid, tid, prompt, shorten(prompt), source, "", "", guard_tid, reminder_id]
+        result = store.run("turn_create", [*args, guard_token, *idempotency.Idempotency.argv(idem)])
+    if result[0] == "key_reused":
+        raise IdempotencyKeyReused("prompt")
+    if result[0] == "replay":
+        # The first request may have lost its reply before it sent the first step.
+        with idempotency.written(*_OUTCOME, keyed=True):
+            return _send_first_step_again(store, dispatcher, sid, str(result[1]))
+    if reminder_id and result[0] in ("duplicate", "stopped"):
+        return _repeated_fire(store, dispatcher, sid, reminder_id, result)
+    _refused(store, sid, source, guard_tid, result)
+    extra = {"session_id": sid, "turn_id": tid}
+    log.info("turn %s %s (%s)", tid, result[0], source, extra=extra)
+    if result[0] == "run":
+        try:
+            send_step(dispatcher, sid, tid, 0)
+        except Exception as exc:  # the turn is stored whole; the sweeper re-sends lost steps
+            log.warning("first step of turn %s not sent: %s", tid, exc, extra=extra)
+    return tid
+
+
+#: What a prompt whose reply was lost may have done (``idempotency.outcome_unknown``).
+_OUTCOME = (
+    "prompt",
+    "the session's activity lists a turn it stored while the turn is live, and its "
+    "conversation holds the prompt once the turn began",
+)
+
+
+def _check_prompt(prompt: object, source: str) -> None:
+    """Raises ``InvalidParams`` for a prompt ``start_turn`` refuses (not a string, too long,
+    empty from a person, not UTF-8)."""
     if not isinstance(prompt, str):
         raise InvalidParams("prompt must be a string.", {"param": "prompt"})
     if len(prompt) > MAX_PROMPT:
@@ -243,40 +279,12 @@ def start_turn(
     if source == "prompt" and not prompt.strip():
         raise InvalidParams("prompt is empty: give the text of the turn.", {"param": "prompt"})
     check_utf8(prompt, "prompt")
-    idem = idempotency.for_request(store, idempotency_key, prompt)
-    tid = new_id("turn")
-    ms = store.now_ms()
-    guard_tid, guard_token = StepGuard.argv(guard)
-    outcome = (
-        "prompt",
-        "the session's activity lists a turn it stored while the turn is live, and its "
-        "conversation holds the prompt once the turn began",
-    )
-    with idempotency.outcome_unknown(*outcome, keyed=idem is not None):
-        result = store.run(
-            "turn_create",
-            [
-                sid,
-                tid,
-                prompt,
-                shorten(prompt),
-                source,
-                ms,
-                iso(ms),
-                guard_tid,
-                reminder_id,
-                guard_token,
-                *idempotency.Idempotency.argv(idem),
-            ],
-        )
-    if result[0] == "key_reused":
-        raise IdempotencyKeyReused("prompt")
-    if result[0] == "replay":
-        # The first request may have lost its reply before it sent the first step.
-        with idempotency.written(*outcome, keyed=True):
-            return _send_first_step_again(store, dispatcher, sid, str(result[1]))
-    if reminder_id and result[0] in ("duplicate", "stopped"):
-        return _repeated_fire(store, dispatcher, sid, reminder_id, result)
+
+
+def _refused(store: Store, sid: str, source: str, guard_tid: str, result: list[str]) -> None:
+    """Raises what ``turn_create``'s refusal ``result`` means (``SessionNotFound``,
+    ``TurnStopped``, ``SessionArchived``: a refused wake-up is audited and counted); returns
+    when the turn was stored."""
     if result[0] == "not_found":
         raise SessionNotFound(sid)
     if result[0] == "stopped":
@@ -286,14 +294,6 @@ def start_turn(
             metrics.incr(store, metrics.WAKEUPS_REFUSED, source)
             audit.record(store, sid, "wakeup", "refused", source=source, archivedBy=result[1])
         raise archived_refusal(store, sid)
-    extra = {"session_id": sid, "turn_id": tid}
-    log.info("turn %s %s (%s)", tid, result[0], source, extra=extra)
-    if result[0] == "run":
-        try:
-            send_step(dispatcher, sid, tid, 0)
-        except Exception as exc:  # the turn is stored whole; the sweeper re-sends lost steps
-            log.warning("first step of turn %s not sent: %s", tid, exc, extra=extra)
-    return tid
 
 
 def _repeated_fire(
@@ -332,9 +332,14 @@ def announce_end(
     stop_reason: str = "",
 ) -> None:
     """Publish and log that a turn ended in ``state`` (``stop_reason``: ACP's, the state's
-    own by default)."""
+    own by default): the ``turn`` event ``{"turnId", "state", "stopReason"}`` (null for a
+    failed turn)."""
     reason = None if state is TurnState.FAILED else stop_reason or STOP_REASON[state]
     events.publish(store, "turn", session_id, turnId=turn_id, state=state.value, stopReason=reason)
+    _log_end(session_id, turn_id, state, error)
+
+
+def _log_end(session_id: str, turn_id: str, state: TurnState, error: str) -> None:
     log.info(
         "turn %s ended %s%s",
         turn_id,
@@ -353,29 +358,28 @@ def finish(
     *,
     token: str = "",
     stop_reason: str = "",
+    said: str = "",
 ) -> bool:
     """Move a turn to a terminal ``state`` if the table allows it from where it is; start the
     session's next queued turn. ``stop_reason`` is the ACP ``stopReason`` stored (the
     state's own, ``STOP_REASON``, by default: a model may end a completed turn with
     ``max_tokens``, ``max_turn_requests`` or ``refusal``). With ``token`` (a step ending its
-    own turn) only the copy of the step that owns it may (``orchestrator/fencing.py``).
+    own turn) only the copy of the step that owns it may (``orchestrator/fencing.py``), and
+    ``said`` (the JSON of an update: the step's last words) lands in the conversation with
+    the end. The ``turn`` event (``announce_end``) is published by the script that ends it.
     Returns whether the turn moved.
     Raises ``StepSuperseded`` (another copy of the step began), ``StoreUnavailable``."""
-    ms = store.now_ms()
     reason = stop_reason or STOP_REASON[state]
-    result = store.run(
-        "turn_finish",
-        [turn_id, state.value, reason, error, ms, iso(ms), sources_of(state), token],
-    )
+    args = [turn_id, state.value, reason, error, "", "", sources_of(state), token]
+    result = store.run("turn_finish", [*args, events.STREAM_MAXLEN, said])
     if result[0] == "superseded":
         raise StepSuperseded(turn_id)
     if result[0] != "finished":
         return False
-    turn = get_turn(store, turn_id)
-    if turn is not None:
-        announce_end(store, turn.session_id, turn_id, state, error, reason)
-        if result[1]:
-            send_step(dispatcher, turn.session_id, result[1], 0)
+    sid = str(result[2])
+    _log_end(sid, turn_id, state, error)
+    if result[1]:
+        send_step(dispatcher, sid, result[1], 0)
     return True
 
 

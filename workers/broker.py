@@ -114,7 +114,21 @@ HELD = _Held()
 
 class QoS(kombu_redis.QoS):
     """kombu's QoS; a message whose unacked record is refused is held for re-queueing, and an
-    ack or reject that Redis refuses still frees the message's prefetch slot."""
+    ack or reject that Redis refuses still frees the message's prefetch slot. The record's
+    two writes (``ZADD`` to the index, ``HSET`` of the message) and the ack's two deletions go
+    as a plain pipeline, not ``MULTI``/``EXEC``: one socket write whose commands Redis runs
+    back to back, two commands fewer for each (half of what every task's bookkeeping cost).
+    A record missing its message is dropped by the restore that finds it (kombu reads the
+    message and removes both in one transaction), so a half-written record loses nothing the
+    transaction would have kept."""
+
+    @contextmanager
+    def pipe_or_acquire(self, pipe: Any = None, client: Any = None) -> Iterator[Any]:
+        if pipe is not None:
+            yield pipe
+            return
+        with self.channel.conn_or_acquire(client) as acquired:
+            yield acquired.pipeline(transaction=False)
 
     def append(self, message: Any, delivery_tag: str) -> None:
         try:
