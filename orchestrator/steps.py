@@ -4,8 +4,8 @@ A step asks the gate and begins in one script (``turn_begin_step.lua``: no step 
 once an archive commits; a refused step ends its turn ``blocked`` with no model request), then
 asks the model (``orchestrator/model.py``: it sees the conversation and the tools on offer,
 streams its text and answers tool calls and whether the turn ends) and runs the tool calls,
-under a ``_StepWatch``, which keeps the step's lease alive and polls the turn's state every
-``CANCEL_POLL`` s: a stop (a user cancel, an archive) is seen through the store within that
+under a ``StepWatch`` (``orchestrator/stepwatch.py``), which keeps the step's lease alive and
+polls the turn's state every ``CANCEL_POLL`` s: a stop (a user cancel, an archive) is seen through the store within that
 time, whatever message its worker consumes, the model request is aborted and its output
 dropped. The turn goes on with another step until the model ends it or it reaches
 ``FLEET_MAX_TURN_REQUESTS`` steps (stop reason ``max_turn_requests``). Every write of the
@@ -27,13 +27,12 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from orchestrator import chat, metrics, stepwatch, toolbox, usage
+from orchestrator import chat, metrics, toolbox, usage
 from orchestrator.errors import SessionArchived, SessionNotFound, StepSuperseded, StoreUnavailable
 from orchestrator.families import Dispatcher, send_step
 from orchestrator.fencing import StepGuard, new_token
 from orchestrator.gate import StepRefused, refusal
 from orchestrator.model import (
-    Cancel,
     Model,
     ModelError,
     StepAnswer,
@@ -42,6 +41,9 @@ from orchestrator.model import (
     ToolCall,
 )
 from orchestrator.settings import get_settings
+from orchestrator.stepwatch import CANCEL_POLL as CANCEL_POLL
+from orchestrator.stepwatch import STEP_LEASE_MS as STEP_LEASE_MS
+from orchestrator.stepwatch import StepWatch
 from orchestrator.store import Store, retried
 from orchestrator.titles import generated_title, set_title
 from orchestrator.turns import (
@@ -55,84 +57,8 @@ from orchestrator.turns import (
 
 log = logging.getLogger(__name__)
 
-#: A step's lease lasts this long unless refreshed (ms); refreshed every ``_REFRESH`` s.
-STEP_LEASE_MS = 5_000
-_REFRESH = 1.0
-#: How often a step in flight looks for a stop (seconds).
-CANCEL_POLL = 0.05
-
-
-class _StepWatch:
-    """Keeps this copy's lease alive, lands streamed text held back (``flush``), and sets
-    ``cancel`` once the turn stops running (``stopped``), another copy of the step began
-    (``superseded``) or the worker starts to shut down (``handed_off``), polled every
-    ``CANCEL_POLL`` s by the process's one shared watch (``orchestrator/stepwatch.py``): a stop
-    is seen through the store, whatever message its worker consumes.
-    """
-
-    def __init__(
-        self,
-        store: Store,
-        guard: StepGuard,
-        stopping: threading.Event | None,
-        flush: Callable[[], None],
-        session_id: str,
-    ) -> None:
-        self.store = store
-        self.session_id = session_id
-        self.flush = flush
-        self.guard = guard
-        self.stopping = stopping
-        self.cancel = Cancel()
-        self.stopped = False
-        self.superseded = False
-        self.handed_off = False
-        self.turn_id = guard.turn_id
-        self.token = guard.token
-        self.lease_ms = STEP_LEASE_MS
-        self._lock = threading.Lock()
-        self._closed = False
-
-    def __enter__(self) -> _StepWatch:
-        # One shared poll per process for all its steps in flight (orchestrator/stepwatch.py).
-        stepwatch.watch(self.store, self, CANCEL_POLL, _REFRESH)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        stepwatch.unwatch(self.store, self)
-        with self._lock:  # a poll still under way changes nothing from here on
-            self._closed = True
-
-    def tick(self) -> bool:
-        """Before each poll: lands the text held back, then a worker shutting down hands the
-        step on (done)."""
-        with self._lock:
-            if self._closed:
-                return True
-        try:
-            self.flush()
-        except (StepSuperseded, StoreUnavailable) as exc:  # seen by the poll that follows
-            log.debug("held-back text of %s not landed: %s", self.guard.turn_id, exc)
-        with self._lock:
-            if self._closed:
-                return True
-            if self.stopping is not None and self.stopping.is_set():
-                self.handed_off = True
-                self.cancel.set()
-                return True
-            return False
-
-    def seen(self, state: str) -> bool:
-        """The turn's state as polled: anything but running cancels the step (done)."""
-        with self._lock:
-            if self._closed:
-                return True
-            if state == TurnState.RUNNING.value:
-                return False
-            self.superseded = state == "superseded"
-            self.stopped = not self.superseded
-            self.cancel.set()
-            return True
+#: The step's watch, shared by the process's steps in flight (``orchestrator/stepwatch.py``).
+_StepWatch = StepWatch
 
 
 #: Runs a tool call: (store, dispatcher, session id, the step copy's guard, call, cancel) ->
