@@ -5,10 +5,11 @@ once an archive commits; a refused step ends its turn ``blocked`` with no model 
 asks the model (``orchestrator/model.py``: it sees the conversation and the tools on offer,
 streams its text and answers tool calls and whether the turn ends) and runs the tool calls,
 under a ``StepWatch`` (``orchestrator/stepwatch.py``), which keeps the step's lease alive and
-polls the turn's state every ``CANCEL_POLL`` s: a stop (a user cancel, an archive) is seen through the store within that
-time, whatever message its worker consumes, the model request is aborted and its output
-dropped. The turn goes on with another step until the model ends it or it reaches
-``FLEET_MAX_TURN_REQUESTS`` steps (stop reason ``max_turn_requests``). Every write of the
+polls the turn's state every ``CANCEL_POLL`` s: a stop (a user cancel, an archive) is seen
+through the store within that time, whatever message its worker consumes, the model request
+is aborted and its output dropped. The turn goes on with another step until the model ends
+it or it reaches ``FLEET_MAX_TURN_REQUESTS`` steps (stop reason ``max_turn_requests``); the
+text a step says last lands in the script that advances or ends the turn. Every write of the
 step is conditional on its turn still running (``turns.record_update``, the guarded tool
 launches, the turn's advance and end) and on this copy still owning the step: each copy
 begins with a fresh fencing token (``orchestrator/fencing.py``), so a copy whose worker froze
@@ -21,6 +22,7 @@ another worker runs it.
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import threading
 import time
@@ -69,20 +71,23 @@ ToolRunner = Callable[[Store, Dispatcher, str, StepGuard, ToolCall, threading.Ev
 
 @dataclass(frozen=True)
 class _Ran:
-    """A step that ran to its end: ``stop`` ends the turn, ``None`` asks for another step."""
+    """A step that ran to its end: ``stop`` ends the turn, ``None`` asks for another step;
+    ``said``: the JSON of its last words not landed yet (``""``: none), which land with the
+    turn's advance or end, in the same script."""
 
     stop: StopReason | None
+    said: str = ""
 
 
 class _Emit:
     """The ``emit`` a model step streams its text to. The first piece becomes an
     ``agent_message_chunk`` at once; pieces arriving faster than every ``CANCEL_POLL`` s are
     joined into one chunk, landed by the next piece after that time, the step watch's tick or
-    the step's end (``flush``), so a token stream does not cost one conversation entry and
-    one write per token. ``dropped`` once a chunk could not land (the turn stopped). The
-    step's text is bounded: the piece that passes ``max_bytes`` (UTF-8) lands cut to the
-    bound and raises ``ModelError`` (the backend stops its request; the turn ends
-    ``failed``)."""
+    the step's end (``flush``, or ``take`` for the script that advances or ends the turn), so
+    a token stream does not cost one conversation entry and one write per token. ``dropped``
+    once a chunk could not land (the turn stopped). The step's text is bounded: the piece
+    that passes ``max_bytes`` (UTF-8) lands cut to the bound and raises ``ModelError`` (the
+    backend stops its request; the turn ends ``failed``)."""
 
     def __init__(self, store: Store, session_id: str, guard: StepGuard, max_bytes: int) -> None:
         self.store, self.session_id, self.guard = store, session_id, guard
@@ -114,6 +119,15 @@ class _Emit:
         """Land the text held back, if any."""
         with self._lock:
             self._land()
+
+    def take(self) -> str:
+        """The text held back as an update's JSON (``""``: none, or the turn stopped), now
+        the caller's to land."""
+        with self._lock:
+            text, self._pending = self._pending, None
+            if text is None or self.dropped:
+                return ""
+            return json.dumps(_chunk(self.guard.turn_id, text))
 
     def _land(self) -> None:
         text, self._pending = self._pending, None
@@ -247,13 +261,17 @@ def _begin_step(
     return began
 
 
-def _say(store: Store, session_id: str, guard: StepGuard, text: str) -> bool:
-    update: dict[str, object] = {
+def _chunk(turn_id: str, text: str) -> dict[str, object]:
+    """The ``agent_message_chunk`` update of ``text``."""
+    return {
         "sessionUpdate": "agent_message_chunk",
-        "turnId": guard.turn_id,
+        "turnId": turn_id,
         "content": {"type": "text", "text": text},
     }
-    return record_update(store, session_id, update, token=guard.token)
+
+
+def _say(store: Store, session_id: str, guard: StepGuard, text: str) -> bool:
+    return record_update(store, session_id, _chunk(guard.turn_id, text), token=guard.token)
 
 
 def _act(
@@ -300,8 +318,10 @@ def _act(
         usage.record(store, sid, tid, StepAnswer().usage, "failed", time.monotonic() - started)
         emit.flush()
         raise
-    emit.flush()
-    aborted = cancel.is_set() or emit.dropped or answer.stop is StopReason.CANCELLED
+    aborted = cancel.is_set() or answer.stop is StopReason.CANCELLED
+    if aborted or answer.tool_calls:  # the text lands now, before the calls it led to
+        emit.flush()
+    aborted = aborted or emit.dropped
     outcome = "cancelled" if aborted else "ok"
     usage.record(store, sid, tid, answer.usage, outcome, time.monotonic() - started)
     if aborted:
@@ -309,7 +329,7 @@ def _act(
     for call in answer.tool_calls:
         if tools(store, dispatcher, sid, guard, call, cancel) is None:
             return None
-    return _Ran(answer.stop)
+    return _Ran(answer.stop, emit.take())
 
 
 def _after_step(
@@ -338,13 +358,15 @@ def _after_step(
     stop = result.stop
     if stop is None:
         if index + 1 < get_settings().max_turn_requests:
-            if _advance(store, guard, index + 1) == "ok":
+            if _advance(store, guard, index + 1, result.said) == "ok":
                 send_step(dispatcher, sid, tid, index + 1)
                 return "ran"
             finish(store, dispatcher, tid, TurnState.CANCELLED, token=token)
             return "cancelled"
         stop = StopReason.MAX_TURN_REQUESTS
-    ended = finish(store, dispatcher, tid, TurnState.COMPLETED, token=token, stop_reason=stop)
+    ended = finish(
+        store, dispatcher, tid, TurnState.COMPLETED, token=token, stop_reason=stop, said=result.said
+    )
     if not ended:
         finish(store, dispatcher, tid, TurnState.CANCELLED, token=token)
         return "cancelled"
@@ -352,10 +374,11 @@ def _after_step(
     return "completed"
 
 
-def _advance(store: Store, guard: StepGuard, next_index: int) -> str:
-    """Move the turn to ``next_index`` and drop this copy's lease (``turn_advance.lua``).
-    Returns ``ok`` or the turn's state; raises ``StepSuperseded``."""
-    outcome = str(store.run("turn_advance", [guard.turn_id, next_index, guard.token]))
+def _advance(store: Store, guard: StepGuard, next_index: int, said: str = "") -> str:
+    """Move the turn to ``next_index`` and drop this copy's lease (``turn_advance.lua``), with
+    ``said`` (an update's JSON: the step's last words) landed first. Returns ``ok`` or the
+    turn's state; raises ``StepSuperseded``."""
+    outcome = str(store.run("turn_advance", [guard.turn_id, next_index, guard.token, said]))
     if outcome == "superseded":
         raise StepSuperseded(guard.turn_id)
     return outcome
