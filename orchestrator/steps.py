@@ -182,7 +182,7 @@ def run_step(
         if began == TurnState.CANCELLING.value:
             finish(store, dispatcher, turn_id, TurnState.CANCELLED)
         log.info("step %d of turn %s dropped: %s", index, turn_id, began, extra=extra)
-        return began
+        return str(began)
     try:
         return _run_begun(store, dispatcher, model, tools, guard, began, stopping)
     except StepSuperseded:
