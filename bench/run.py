@@ -23,6 +23,9 @@ is used and removed afterwards. Figures are wall-clock medians and 99th percenti
 11. a shell tool call as a turn worker runs it vs the bare command (``bench/shell.py``)
 12. creating a subagent under a parent of 10, 1,000 and 12,000 children vs a walk of every
     child on each create (``bench/children.py``)
+13. Redis commands per one-step turn, the idle fleet's commands per second, and a one-step
+    turn through the fleet vs its Redis work done directly, at ``appendfsync always`` and
+    ``everysec`` (``bench/step_cost.py``; always on a private server of its own)
 """
 
 from __future__ import annotations
@@ -68,6 +71,7 @@ from bench.million import bench_million
 from bench.model import bench_model_step
 from bench.naive import bench_naive
 from bench.shell import bench_shell
+from bench.step_cost import bench_step_cost
 
 
 # --------------------------------------------------------------------------- 1
@@ -340,6 +344,7 @@ def main() -> int:
         (10, lambda u, p: bench_model_step(u, p, 50 if q else 300)),
         (11, lambda u, p: bench_shell(u, p, 20 if q else 60)),
         (12, lambda u, p: bench_children(u, p, 50 if q else 200)),
+        (13, lambda u, p: bench_step_cost(20 if q else 100)),
     ]
     plan.insert(2, (3, lambda u, p: bench_bulk(u, p, quick=q)))
     rows: list[Row] = []

@@ -124,6 +124,8 @@ SCRIPT_EVENTS: dict[str, Shape] = {
     "archived": event("archived", ("archived", True), ("historyLength", INT)),
     "update": event("update", ("update", RAW)),
     "turn": event("turn", ("turnId", STR), ("state", STR), ("stopReason", STR)),
+    #: A turn's end, whose ``stopReason`` may be null (a failed turn): given as JSON.
+    "turn_end": event("turn", ("turnId", STR), ("state", STR), ("stopReason", RAW)),
     "deleted": event("deleted"),
 }
 

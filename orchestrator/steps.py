@@ -4,11 +4,12 @@ A step asks the gate and begins in one script (``turn_begin_step.lua``: no step 
 once an archive commits; a refused step ends its turn ``blocked`` with no model request), then
 asks the model (``orchestrator/model.py``: it sees the conversation and the tools on offer,
 streams its text and answers tool calls and whether the turn ends) and runs the tool calls,
-under a ``_StepWatch``, which keeps the step's lease alive and polls the turn's state every
-``CANCEL_POLL`` s: a stop (a user cancel, an archive) is seen through the store within that
-time, whatever message its worker consumes, the model request is aborted and its output
-dropped. The turn goes on with another step until the model ends it or it reaches
-``FLEET_MAX_TURN_REQUESTS`` steps (stop reason ``max_turn_requests``). Every write of the
+under a ``StepWatch`` (``orchestrator/stepwatch.py``), which keeps the step's lease alive and
+polls the turn's state every ``CANCEL_POLL`` s: a stop (a user cancel, an archive) is seen
+through the store within that time, whatever message its worker consumes, the model request
+is aborted and its output dropped. The turn goes on with another step until the model ends
+it or it reaches ``FLEET_MAX_TURN_REQUESTS`` steps (stop reason ``max_turn_requests``); the
+text a step says last lands in the script that advances or ends the turn. Every write of the
 step is conditional on its turn still running (``turns.record_update``, the guarded tool
 launches, the turn's advance and end) and on this copy still owning the step: each copy
 begins with a fresh fencing token (``orchestrator/fencing.py``), so a copy whose worker froze
@@ -28,13 +29,12 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from orchestrator import chat, events, metrics, stepwatch, toolbox, usage
+from orchestrator import chat, metrics, toolbox, usage
 from orchestrator.errors import SessionArchived, SessionNotFound, StepSuperseded, StoreUnavailable
 from orchestrator.families import Dispatcher, send_step
 from orchestrator.fencing import StepGuard, new_token
 from orchestrator.gate import StepRefused, refusal
 from orchestrator.model import (
-    Cancel,
     Model,
     ModelError,
     StepAnswer,
@@ -43,6 +43,9 @@ from orchestrator.model import (
     ToolCall,
 )
 from orchestrator.settings import get_settings
+from orchestrator.stepwatch import CANCEL_POLL as CANCEL_POLL
+from orchestrator.stepwatch import STEP_LEASE_MS as STEP_LEASE_MS
+from orchestrator.stepwatch import StepWatch
 from orchestrator.store import Store, retried
 from orchestrator.titles import generated_title, set_title
 from orchestrator.turns import (
@@ -50,91 +53,14 @@ from orchestrator.turns import (
     TurnState,
     announce_end,
     finish,
-    get_turn,
     record_update,
     start_turn,
 )
 
 log = logging.getLogger(__name__)
 
-#: A step's lease lasts this long unless refreshed (ms); refreshed every ``_REFRESH`` s.
-STEP_LEASE_MS = 5_000
-_REFRESH = 1.0
-#: How often a step in flight looks for a stop (seconds).
-CANCEL_POLL = 0.05
-
-
-class _StepWatch:
-    """Keeps this copy's lease alive, lands streamed text held back (``flush``), and sets
-    ``cancel`` once the turn stops running (``stopped``), another copy of the step began
-    (``superseded``) or the worker starts to shut down (``handed_off``), polled every
-    ``CANCEL_POLL`` s by the process's one shared watch (``orchestrator/stepwatch.py``): a stop
-    is seen through the store, whatever message its worker consumes.
-    """
-
-    def __init__(
-        self,
-        store: Store,
-        guard: StepGuard,
-        stopping: threading.Event | None,
-        flush: Callable[[], None],
-        session_id: str,
-    ) -> None:
-        self.store = store
-        self.session_id = session_id
-        self.flush = flush
-        self.guard = guard
-        self.stopping = stopping
-        self.cancel = Cancel()
-        self.stopped = False
-        self.superseded = False
-        self.handed_off = False
-        self.turn_id = guard.turn_id
-        self.token = guard.token
-        self.lease_ms = STEP_LEASE_MS
-        self._lock = threading.Lock()
-        self._closed = False
-
-    def __enter__(self) -> _StepWatch:
-        # One shared poll per process for all its steps in flight (orchestrator/stepwatch.py).
-        stepwatch.watch(self.store, self, CANCEL_POLL, _REFRESH)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        stepwatch.unwatch(self.store, self)
-        with self._lock:  # a poll still under way changes nothing from here on
-            self._closed = True
-
-    def tick(self) -> bool:
-        """Before each poll: lands the text held back, then a worker shutting down hands the
-        step on (done)."""
-        with self._lock:
-            if self._closed:
-                return True
-        try:
-            self.flush()
-        except (StepSuperseded, StoreUnavailable) as exc:  # seen by the poll that follows
-            log.debug("held-back text of %s not landed: %s", self.guard.turn_id, exc)
-        with self._lock:
-            if self._closed:
-                return True
-            if self.stopping is not None and self.stopping.is_set():
-                self.handed_off = True
-                self.cancel.set()
-                return True
-            return False
-
-    def seen(self, state: str) -> bool:
-        """The turn's state as polled: anything but running cancels the step (done)."""
-        with self._lock:
-            if self._closed:
-                return True
-            if state == TurnState.RUNNING.value:
-                return False
-            self.superseded = state == "superseded"
-            self.stopped = not self.superseded
-            self.cancel.set()
-            return True
+#: The step's watch, shared by the process's steps in flight (``orchestrator/stepwatch.py``).
+_StepWatch = StepWatch
 
 
 #: Runs a tool call: (store, dispatcher, session id, the step copy's guard, call, cancel) ->
@@ -145,20 +71,23 @@ ToolRunner = Callable[[Store, Dispatcher, str, StepGuard, ToolCall, threading.Ev
 
 @dataclass(frozen=True)
 class _Ran:
-    """A step that ran to its end: ``stop`` ends the turn, ``None`` asks for another step."""
+    """A step that ran to its end: ``stop`` ends the turn, ``None`` asks for another step;
+    ``said``: the JSON of its last words not landed yet (``""``: none), which land with the
+    turn's advance or end, in the same script."""
 
     stop: StopReason | None
+    said: str = ""
 
 
 class _Emit:
     """The ``emit`` a model step streams its text to. The first piece becomes an
     ``agent_message_chunk`` at once; pieces arriving faster than every ``CANCEL_POLL`` s are
     joined into one chunk, landed by the next piece after that time, the step watch's tick or
-    the step's end (``flush``), so a token stream does not cost one conversation entry and
-    one write per token. ``dropped`` once a chunk could not land (the turn stopped). The
-    step's text is bounded: the piece that passes ``max_bytes`` (UTF-8) lands cut to the
-    bound and raises ``ModelError`` (the backend stops its request; the turn ends
-    ``failed``)."""
+    the step's end (``flush``, or ``take`` for the script that advances or ends the turn), so
+    a token stream does not cost one conversation entry and one write per token. ``dropped``
+    once a chunk could not land (the turn stopped). The step's text is bounded: the piece
+    that passes ``max_bytes`` (UTF-8) lands cut to the bound and raises ``ModelError`` (the
+    backend stops its request; the turn ends ``failed``)."""
 
     def __init__(self, store: Store, session_id: str, guard: StepGuard, max_bytes: int) -> None:
         self.store, self.session_id, self.guard = store, session_id, guard
@@ -190,6 +119,15 @@ class _Emit:
         """Land the text held back, if any."""
         with self._lock:
             self._land()
+
+    def take(self) -> str:
+        """The text held back as an update's JSON (``""``: none, or the turn stopped), now
+        the caller's to land."""
+        with self._lock:
+            text, self._pending = self._pending, None
+            if text is None or self.dropped:
+                return ""
+            return json.dumps(_chunk(self.guard.turn_id, text))
 
     def _land(self) -> None:
         text, self._pending = self._pending, None
@@ -244,9 +182,9 @@ def run_step(
         if began == TurnState.CANCELLING.value:
             finish(store, dispatcher, turn_id, TurnState.CANCELLED)
         log.info("step %d of turn %s dropped: %s", index, turn_id, began, extra=extra)
-        return began
+        return str(began)
     try:
-        return _run_begun(store, dispatcher, model, tools, guard, index, stopping)
+        return _run_begun(store, dispatcher, model, tools, guard, began, stopping)
     except StepSuperseded:
         log.warning(
             "step %d of turn %s superseded: another copy began (this worker stalled past its "
@@ -269,20 +207,18 @@ def _run_begun(
     model: Model,
     tools: ToolRunner,
     guard: StepGuard,
-    index: int,
+    began: _Began,
     stopping: threading.Event | None,
 ) -> str:
     """The step once begun: model request and tool call under a watch, then what follows.
     Raises ``StepSuperseded``, ``StoreUnavailable``."""
-    turn = get_turn(store, guard.turn_id)
-    if turn is None:
-        return "missing"
-    if index == 0 and turn.source == "prompt":
+    turn, index = began.turn, began.turn.step
+    if index == 0 and turn.source == "prompt" and not began.session_title:
         _generate_title(store, turn.session_id, turn.prompt)
     emit = _Emit(store, turn.session_id, guard, get_settings().model_text_max_bytes)
     with _StepWatch(store, guard, stopping, emit.flush, turn.session_id) as watch:
         try:
-            result = _act(store, dispatcher, model, tools, turn, emit, index, watch.cancel)
+            result = _act(store, dispatcher, model, tools, began, emit, watch.cancel)
         except ModelError as exc:
             _say(store, turn.session_id, guard, f"error: {exc}")
             finish(store, dispatcher, guard.turn_id, TurnState.FAILED, str(exc), token=guard.token)
@@ -292,12 +228,24 @@ def _run_begun(
     return _after_step(store, dispatcher, turn, guard, index, result, watch)
 
 
+class _Began(str):
+    """What ``_begin_step`` answers: ``ok`` or why the step is dropped (compared as a
+    string); once ``ok``, what the step needs, read by the script that began it: ``turn`` (as
+    it runs: its session, prompt, source and step index), the session's title
+    (``session_title``) and ``model`` (``""`` when unset)."""
+
+    turn: Turn
+    session_title: str
+    model: str
+
+
 def _begin_step(
     store: Store, dispatcher: Dispatcher, session_id: str, guard: StepGuard, index: int
-) -> str:
-    """Ask the gate and begin this copy of the step in one script (``turn_begin_step.lua``),
-    its lease holding ``guard.token``. Returns ``ok`` or why the step is dropped; raises
-    ``StepRefused`` once the refused turn has ended."""
+) -> _Began:
+    """Ask the gate and begin this copy of the step in one script (``turn_begin_step.lua``,
+    which also publishes what it writes to the conversation), its lease holding
+    ``guard.token``. Returns ``ok`` (with what the step needs) or why the step is dropped;
+    raises ``StepRefused`` once the refused turn has ended."""
     turn_id = guard.turn_id
     result = store.run("turn_begin_step", [turn_id, index, STEP_LEASE_MS, guard.token])
     if result[0] == "refused":
@@ -306,19 +254,24 @@ def _begin_step(
         if promoted:
             send_step(dispatcher, session_id, promoted, 0)
         raise refusal(session_id, str(reason))
-    for written in result[1:3] if result[0] == "ok" else ():  # the prompt, a lost call's end
-        if written:
-            events.publish(store, "update", session_id, update=json.loads(written))
-    return str(result[0])
+    began = _Began(result[0])
+    if began == "ok":
+        sid, prompt, source, began.session_title, began.model = (str(x) for x in result[1:6])
+        began.turn = Turn(turn_id, sid, TurnState.RUNNING, prompt, source, index, "", "")
+    return began
+
+
+def _chunk(turn_id: str, text: str) -> dict[str, object]:
+    """The ``agent_message_chunk`` update of ``text``."""
+    return {
+        "sessionUpdate": "agent_message_chunk",
+        "turnId": turn_id,
+        "content": {"type": "text", "text": text},
+    }
 
 
 def _say(store: Store, session_id: str, guard: StepGuard, text: str) -> bool:
-    update: dict[str, object] = {
-        "sessionUpdate": "agent_message_chunk",
-        "turnId": guard.turn_id,
-        "content": {"type": "text", "text": text},
-    }
-    return record_update(store, session_id, update, token=guard.token)
+    return record_update(store, session_id, _chunk(guard.turn_id, text), token=guard.token)
 
 
 def _act(
@@ -326,15 +279,14 @@ def _act(
     dispatcher: Dispatcher,
     model: Model,
     tools: ToolRunner,
-    turn: Turn,
+    began: _Began,
     emit: _Emit,
-    index: int,
     cancel: threading.Event,
 ) -> _Ran | None:
     """The model request and the tool calls it asks for. Returns how the step ended, or
     ``None`` when it was aborted (``cancel``) or its turn no longer runs (its output is
     dropped). Raises ``ModelError`` (counted as a failed request)."""
-    sid, tid = turn.session_id, turn.turn_id
+    sid, tid, index = began.turn.session_id, began.turn.turn_id, began.turn.step
     guard = emit.guard
 
     def may_send() -> bool:
@@ -346,7 +298,7 @@ def _act(
         index,
         chat.conversation(store, sid),
         toolbox.offered_specs(),
-        _session_field(store, sid, "model") or "",
+        began.model,
         may_send,
     )
     started = time.monotonic()
@@ -366,8 +318,10 @@ def _act(
         usage.record(store, sid, tid, StepAnswer().usage, "failed", time.monotonic() - started)
         emit.flush()
         raise
-    emit.flush()
-    aborted = cancel.is_set() or emit.dropped or answer.stop is StopReason.CANCELLED
+    aborted = cancel.is_set() or answer.stop is StopReason.CANCELLED
+    if aborted or answer.tool_calls:  # the text lands now, before the calls it led to
+        emit.flush()
+    aborted = aborted or emit.dropped
     outcome = "cancelled" if aborted else "ok"
     usage.record(store, sid, tid, answer.usage, outcome, time.monotonic() - started)
     if aborted:
@@ -375,7 +329,7 @@ def _act(
     for call in answer.tool_calls:
         if tools(store, dispatcher, sid, guard, call, cancel) is None:
             return None
-    return _Ran(answer.stop)
+    return _Ran(answer.stop, emit.take())
 
 
 def _after_step(
@@ -404,13 +358,15 @@ def _after_step(
     stop = result.stop
     if stop is None:
         if index + 1 < get_settings().max_turn_requests:
-            if _advance(store, guard, index + 1) == "ok":
+            if _advance(store, guard, index + 1, result.said) == "ok":
                 send_step(dispatcher, sid, tid, index + 1)
                 return "ran"
             finish(store, dispatcher, tid, TurnState.CANCELLED, token=token)
             return "cancelled"
         stop = StopReason.MAX_TURN_REQUESTS
-    ended = finish(store, dispatcher, tid, TurnState.COMPLETED, token=token, stop_reason=stop)
+    ended = finish(
+        store, dispatcher, tid, TurnState.COMPLETED, token=token, stop_reason=stop, said=result.said
+    )
     if not ended:
         finish(store, dispatcher, tid, TurnState.CANCELLED, token=token)
         return "cancelled"
@@ -418,21 +374,21 @@ def _after_step(
     return "completed"
 
 
-def _advance(store: Store, guard: StepGuard, next_index: int) -> str:
-    """Move the turn to ``next_index`` and drop this copy's lease (``turn_advance.lua``).
-    Returns ``ok`` or the turn's state; raises ``StepSuperseded``."""
-    outcome = str(store.run("turn_advance", [guard.turn_id, next_index, guard.token]))
+def _advance(store: Store, guard: StepGuard, next_index: int, said: str = "") -> str:
+    """Move the turn to ``next_index`` and drop this copy's lease (``turn_advance.lua``), with
+    ``said`` (an update's JSON: the step's last words) landed first. Returns ``ok`` or the
+    turn's state; raises ``StepSuperseded``."""
+    outcome = str(store.run("turn_advance", [guard.turn_id, next_index, guard.token, said]))
     if outcome == "superseded":
         raise StepSuperseded(guard.turn_id)
     return outcome
 
 
 def _generate_title(store: Store, session_id: str, prompt: str) -> None:
-    """An untitled session gets a title from its first prompt. The write is discarded if a
-    client set a title meanwhile (checked atomically by ``titles.set_title``)."""
+    """An untitled session (as its step began) gets a title from its first prompt. The write
+    is discarded if a client set a title meanwhile (checked atomically by
+    ``titles.set_title``)."""
     try:
-        if _session_field(store, session_id, "title"):
-            return
         title = generated_title(prompt)
         if title:
             set_title(store, session_id, title, source="generated")

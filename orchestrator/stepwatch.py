@@ -1,4 +1,4 @@
-"""One poll for every step a process has in flight (``steps._StepWatch``).
+"""One poll for every step a process has in flight, and each step's watch (``StepWatch``).
 
 A step in flight must see a stop (a cancel, an archive) within ``CANCEL_POLL`` seconds and
 keep its lease alive. Each watch polling on its own thread made, with a hundred steps in
@@ -16,12 +16,16 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from typing import Protocol
 
 from orchestrator import gate
-from orchestrator.errors import StoreUnavailable
+from orchestrator.errors import StepSuperseded, StoreUnavailable
+from orchestrator.fencing import StepGuard
+from orchestrator.model import Cancel
 from orchestrator.sharing import PerStore, Shared
 from orchestrator.store import Store
+from orchestrator.turn_state import TurnState
 
 log = logging.getLogger(__name__)
 
@@ -115,3 +119,83 @@ def unwatch(store: Store, watched: Watched) -> None:
     poll = _polls.find(store)
     if poll is not None:
         poll.remove(watched)
+
+
+#: A step's lease lasts this long unless refreshed (ms); refreshed every ``_REFRESH`` s.
+STEP_LEASE_MS = 5_000
+_REFRESH = 1.0
+#: How often a step in flight looks for a stop (seconds).
+CANCEL_POLL = 0.05
+
+
+class StepWatch:
+    """Keeps this copy's lease alive, lands streamed text held back (``flush``), and sets
+    ``cancel`` once the turn stops running (``stopped``), another copy of the step began
+    (``superseded``) or the worker starts to shut down (``handed_off``), polled every
+    ``CANCEL_POLL`` s by the process's one shared poll (``watch``): a stop
+    is seen through the store, whatever message its worker consumes.
+    """
+
+    def __init__(
+        self,
+        store: Store,
+        guard: StepGuard,
+        stopping: threading.Event | None,
+        flush: Callable[[], None],
+        session_id: str,
+    ) -> None:
+        self.store = store
+        self.session_id = session_id
+        self.flush = flush
+        self.guard = guard
+        self.stopping = stopping
+        self.cancel = Cancel()
+        self.stopped = False
+        self.superseded = False
+        self.handed_off = False
+        self.turn_id = guard.turn_id
+        self.token = guard.token
+        self.lease_ms = STEP_LEASE_MS
+        self._lock = threading.Lock()
+        self._closed = False
+
+    def __enter__(self) -> StepWatch:
+        # One shared poll per process for all its steps in flight (orchestrator/stepwatch.py).
+        watch(self.store, self, CANCEL_POLL, _REFRESH)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        unwatch(self.store, self)
+        with self._lock:  # a poll still under way changes nothing from here on
+            self._closed = True
+
+    def tick(self) -> bool:
+        """Before each poll: lands the text held back, then a worker shutting down hands the
+        step on (done)."""
+        with self._lock:
+            if self._closed:
+                return True
+        try:
+            self.flush()
+        except (StepSuperseded, StoreUnavailable) as exc:  # seen by the poll that follows
+            log.debug("held-back text of %s not landed: %s", self.guard.turn_id, exc)
+        with self._lock:
+            if self._closed:
+                return True
+            if self.stopping is not None and self.stopping.is_set():
+                self.handed_off = True
+                self.cancel.set()
+                return True
+            return False
+
+    def seen(self, state: str) -> bool:
+        """The turn's state as polled: anything but running cancels the step (done)."""
+        with self._lock:
+            if self._closed:
+                return True
+            if state == TurnState.RUNNING.value:
+                return False
+            self.superseded = state == "superseded"
+            self.stopped = not self.superseded
+            self.cancel.set()
+            return True

@@ -1,6 +1,7 @@
 """Turns: a chain of model steps, one ``turn.step`` task per step.
 
-Lifecycle (``TurnState``; ``TRANSITIONS`` is the table every write follows)::
+Lifecycle (``TurnState``; ``TRANSITIONS`` is the table every write follows; both with the
+stored ``Turn`` in ``orchestrator/turn_state.py``)::
 
     queued ──► running ──► completed | failed | blocked
        │          │
@@ -26,7 +27,6 @@ from __future__ import annotations
 
 import json
 import logging
-from dataclasses import dataclass, field
 
 from orchestrator import audit, events, idempotency, metrics
 from orchestrator.errors import (
@@ -39,92 +39,22 @@ from orchestrator.errors import (
 from orchestrator.families.base import Dispatcher, Family, send_step
 from orchestrator.fencing import StepGuard
 from orchestrator.items import ActivityItem, shorten
-from orchestrator.sessions import SESSION_ID_RE, archived_refusal, check_session_id, check_utf8
-from orchestrator.states import CANCELLED_BY_ARCHIVE as CANCELLED_BY_ARCHIVE
-from orchestrator.states import CANCELLED_BY_DELETE as CANCELLED_BY_DELETE
-from orchestrator.states import LIVE_STATES as LIVE_STATES
-from orchestrator.states import STOP_REASON as STOP_REASON
-from orchestrator.states import TRANSITIONS as TRANSITIONS
-from orchestrator.states import TurnState as TurnState
+from orchestrator.sessions import archived_refusal, check_session_id, check_utf8
 from orchestrator.store import Store, iso, new_id, retried
-from orchestrator.usage import usage_of
+from orchestrator.turn_state import CANCELLED_BY_ARCHIVE as CANCELLED_BY_ARCHIVE
+from orchestrator.turn_state import CANCELLED_BY_DELETE as CANCELLED_BY_DELETE
+from orchestrator.turn_state import LIVE_STATES as LIVE_STATES
+from orchestrator.turn_state import STOP_REASON as STOP_REASON
+from orchestrator.turn_state import TRANSITIONS as TRANSITIONS
+from orchestrator.turn_state import Turn as Turn
+from orchestrator.turn_state import TurnState as TurnState
+from orchestrator.turn_state import get_turn as get_turn
+from orchestrator.turn_state import sources_of as sources_of
 
 log = logging.getLogger(__name__)
 
 #: Largest prompt accepted, in characters.
 MAX_PROMPT = 100_000
-
-
-def sources_of(target: TurnState) -> str:
-    """Comma list of the states allowed to move to ``target`` (for the Lua scripts)."""
-    return ",".join(s.value for s, to in TRANSITIONS.items() if target in to)
-
-
-@dataclass(frozen=True)
-class Turn:
-    """A stored turn."""
-
-    turn_id: str
-    session_id: str
-    state: TurnState
-    prompt: str
-    source: str
-    step: int
-    stop_reason: str
-    error: str
-    #: Model tokens of its steps: ``{"inputTokens", "outputTokens"}``.
-    usage: dict[str, int] = field(default_factory=lambda: {"inputTokens": 0, "outputTokens": 0})
-    #: What stopped it, when not its own end or a user's cancel: ``CANCELLED_BY_ARCHIVE`` or
-    #: ``CANCELLED_BY_DELETE``.
-    cancelled_by: str = ""
-
-    def to_wire(self) -> dict[str, object]:
-        """``{"turnId", "sessionId", "state", "source", "step", "usage", "stopReason"?,
-        "error"?, "cancelledBy"?}``; ``stopReason`` is null for a failed turn;
-        ``cancelledBy`` is ``archive`` for a turn its session's (or an ancestor's) archive
-        stopped, ``delete`` when that archive was a delete's."""
-        out: dict[str, object] = {
-            "turnId": self.turn_id,
-            "sessionId": self.session_id,
-            "state": self.state.value,
-            "source": self.source,
-            "step": self.step,
-            "usage": dict(self.usage),
-        }
-        if self.state is TurnState.FAILED:
-            # ACP has no stop reason for a failure (its prompt answer says end_turn, the error
-            # in the turn's last message); on the wire a failed turn's is null, see "error".
-            out["stopReason"] = None
-        elif self.stop_reason:
-            out["stopReason"] = self.stop_reason
-        if self.error:
-            out["error"] = self.error
-        if self.cancelled_by:
-            out["cancelledBy"] = self.cancelled_by
-        return out
-
-
-@retried
-def get_turn(store: Store, turn_id: str) -> Turn | None:
-    """The stored turn, or ``None`` (also for a malformed id, which never reaches a key
-    name: turn ids share the session id alphabet)."""
-    if not isinstance(turn_id, str) or not SESSION_ID_RE.fullmatch(turn_id):
-        return None
-    h: dict[str, str] = store.redis.hgetall(store.keys.turn(turn_id))
-    if not h:
-        return None
-    return Turn(
-        h["turnId"],
-        h["sessionId"],
-        TurnState(h["state"]),
-        h.get("prompt", ""),
-        h.get("source", ""),
-        int(h.get("step", "0")),
-        h.get("stopReason", ""),
-        h.get("error", ""),
-        usage_of(h),
-        h.get("cancelledBy", ""),
-    )
 
 
 def record_update(
@@ -139,16 +69,14 @@ def record_update(
     conversation and publish it, only while that turn runs (``turn_record.lua``) and, with
     ``token`` (a step's write), while that copy of the step owns it (``orchestrator/fencing.py``).
     With ``settle`` (an in-flight tool call settling as cancelled) a ``cancelling`` turn may
-    still write, never into an archived session. Returns whether it was appended.
+    still write, never into an archived session. ``session_id`` is the turn's session: the
+    script publishes the update there as it appends it. Returns whether it was appended.
     Raises ``StepSuperseded`` (another copy of the step began), ``StoreUnavailable``."""
     tid = str(update.get("turnId", ""))
     appended = store.run("turn_record", [tid, json.dumps(update), "1" if settle else "0", token])
     if appended == -1:
         raise StepSuperseded(tid)
-    if not appended:
-        return False
-    events.publish(store, "update", session_id, update=update)
-    return True
+    return bool(appended)
 
 
 def start_turn(
@@ -193,6 +121,44 @@ def start_turn(
     ``SessionArchived``, ``TurnStopped``, ``StoreUnavailable``.
     """
     sid = check_session_id(session_id)
+    _check_prompt(prompt, source)
+    idem = idempotency.for_request(store, idempotency_key, prompt)
+    tid = new_id("turn")
+    guard_tid, guard_token = StepGuard.argv(guard)
+    with idempotency.outcome_unknown(*_OUTCOME, keyed=idem is not None):
+        # The script reads the server's clock itself ('' for nowMs and nowIso).
+        args = [sid, tid, prompt, shorten(prompt), source, "", "", guard_tid, reminder_id]
+        result = store.run("turn_create", [*args, guard_token, *idempotency.Idempotency.argv(idem)])
+    if result[0] == "key_reused":
+        raise IdempotencyKeyReused("prompt")
+    if result[0] == "replay":
+        # The first request may have lost its reply before it sent the first step.
+        with idempotency.written(*_OUTCOME, keyed=True):
+            return _send_first_step_again(store, dispatcher, sid, str(result[1]))
+    if reminder_id and result[0] in ("duplicate", "stopped"):
+        return _repeated_fire(store, dispatcher, sid, reminder_id, result)
+    _refused(store, sid, source, guard_tid, result)
+    extra = {"session_id": sid, "turn_id": tid}
+    log.info("turn %s %s (%s)", tid, result[0], source, extra=extra)
+    if result[0] == "run":
+        try:
+            send_step(dispatcher, sid, tid, 0)
+        except Exception as exc:  # the turn is stored whole; the sweeper re-sends lost steps
+            log.warning("first step of turn %s not sent: %s", tid, exc, extra=extra)
+    return tid
+
+
+#: What a prompt whose reply was lost may have done (``idempotency.outcome_unknown``).
+_OUTCOME = (
+    "prompt",
+    "the session's activity lists a turn it stored while the turn is live, and its "
+    "conversation holds the prompt once the turn began",
+)
+
+
+def _check_prompt(prompt: object, source: str) -> None:
+    """Raises ``InvalidParams`` for a prompt ``start_turn`` refuses (not a string, too long,
+    empty from a person, not UTF-8)."""
     if not isinstance(prompt, str):
         raise InvalidParams("prompt must be a string.", {"param": "prompt"})
     if len(prompt) > MAX_PROMPT:
@@ -200,40 +166,12 @@ def start_turn(
     if source == "prompt" and not prompt.strip():
         raise InvalidParams("prompt is empty: give the text of the turn.", {"param": "prompt"})
     check_utf8(prompt, "prompt")
-    idem = idempotency.for_request(store, idempotency_key, prompt)
-    tid = new_id("turn")
-    ms = store.now_ms()
-    guard_tid, guard_token = StepGuard.argv(guard)
-    outcome = (
-        "prompt",
-        "the session's activity lists a turn it stored while the turn is live, and its "
-        "conversation holds the prompt once the turn began",
-    )
-    with idempotency.outcome_unknown(*outcome, keyed=idem is not None):
-        result = store.run(
-            "turn_create",
-            [
-                sid,
-                tid,
-                prompt,
-                shorten(prompt),
-                source,
-                ms,
-                iso(ms),
-                guard_tid,
-                reminder_id,
-                guard_token,
-                *idempotency.Idempotency.argv(idem),
-            ],
-        )
-    if result[0] == "key_reused":
-        raise IdempotencyKeyReused("prompt")
-    if result[0] == "replay":
-        # The first request may have lost its reply before it sent the first step.
-        with idempotency.written(*outcome, keyed=True):
-            return _send_first_step_again(store, dispatcher, sid, str(result[1]))
-    if reminder_id and result[0] in ("duplicate", "stopped"):
-        return _repeated_fire(store, dispatcher, sid, reminder_id, result)
+
+
+def _refused(store: Store, sid: str, source: str, guard_tid: str, result: list[str]) -> None:
+    """Raises what ``turn_create``'s refusal ``result`` means (``SessionNotFound``,
+    ``TurnStopped``, ``SessionArchived``: a refused wake-up is audited and counted); returns
+    when the turn was stored."""
     if result[0] == "not_found":
         raise SessionNotFound(sid)
     if result[0] == "stopped":
@@ -243,14 +181,6 @@ def start_turn(
             metrics.incr(store, metrics.WAKEUPS_REFUSED, source)
             audit.record(store, sid, "wakeup", "refused", source=source, archivedBy=result[1])
         raise archived_refusal(store, sid)
-    extra = {"session_id": sid, "turn_id": tid}
-    log.info("turn %s %s (%s)", tid, result[0], source, extra=extra)
-    if result[0] == "run":
-        try:
-            send_step(dispatcher, sid, tid, 0)
-        except Exception as exc:  # the turn is stored whole; the sweeper re-sends lost steps
-            log.warning("first step of turn %s not sent: %s", tid, exc, extra=extra)
-    return tid
 
 
 def _repeated_fire(
@@ -289,9 +219,14 @@ def announce_end(
     stop_reason: str = "",
 ) -> None:
     """Publish and log that a turn ended in ``state`` (``stop_reason``: ACP's, the state's
-    own by default)."""
+    own by default): the ``turn`` event ``{"turnId", "state", "stopReason"}`` (null for a
+    failed turn)."""
     reason = None if state is TurnState.FAILED else stop_reason or STOP_REASON[state]
     events.publish(store, "turn", session_id, turnId=turn_id, state=state.value, stopReason=reason)
+    _log_end(session_id, turn_id, state, error)
+
+
+def _log_end(session_id: str, turn_id: str, state: TurnState, error: str) -> None:
     log.info(
         "turn %s ended %s%s",
         turn_id,
@@ -310,29 +245,28 @@ def finish(
     *,
     token: str = "",
     stop_reason: str = "",
+    said: str = "",
 ) -> bool:
     """Move a turn to a terminal ``state`` if the table allows it from where it is; start the
     session's next queued turn. ``stop_reason`` is the ACP ``stopReason`` stored (the
     state's own, ``STOP_REASON``, by default: a model may end a completed turn with
     ``max_tokens``, ``max_turn_requests`` or ``refusal``). With ``token`` (a step ending its
-    own turn) only the copy of the step that owns it may (``orchestrator/fencing.py``).
+    own turn) only the copy of the step that owns it may (``orchestrator/fencing.py``), and
+    ``said`` (the JSON of an update: the step's last words) lands in the conversation with
+    the end. The ``turn`` event (``announce_end``) is published by the script that ends it.
     Returns whether the turn moved.
     Raises ``StepSuperseded`` (another copy of the step began), ``StoreUnavailable``."""
-    ms = store.now_ms()
     reason = stop_reason or STOP_REASON[state]
-    result = store.run(
-        "turn_finish",
-        [turn_id, state.value, reason, error, ms, iso(ms), sources_of(state), token],
-    )
+    args = [turn_id, state.value, reason, error, "", "", sources_of(state), token]
+    result = store.run("turn_finish", [*args, events.STREAM_MAXLEN, said])
     if result[0] == "superseded":
         raise StepSuperseded(turn_id)
     if result[0] != "finished":
         return False
-    turn = get_turn(store, turn_id)
-    if turn is not None:
-        announce_end(store, turn.session_id, turn_id, state, error, reason)
-        if result[1]:
-            send_step(dispatcher, turn.session_id, result[1], 0)
+    sid = str(result[2])
+    _log_end(sid, turn_id, state, error)
+    if result[1]:
+        send_step(dispatcher, sid, result[1], 0)
     return True
 
 

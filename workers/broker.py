@@ -68,12 +68,14 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
 from kombu.transport import redis as kombu_redis
 from kombu.transport import virtual as kombu_virtual
+from kombu.utils.json import dumps
 from redis import exceptions as redis_errors
 
 from orchestrator.redisconn import TRANSIENT_REPLIES
@@ -124,16 +126,28 @@ HELD = _Held()
 
 class QoS(kombu_redis.QoS):
     """kombu's QoS; a message whose unacked record is refused is held for re-queueing, and an
-    ack or reject that Redis refuses still frees the message's prefetch slot."""
+    ack or reject that Redis refuses still frees the message's prefetch slot. The record's
+    two writes (``ZADD`` to the index, ``HSET`` of the message) go as a plain pipeline, not
+    ``MULTI``/``EXEC``: one socket write whose commands Redis runs back to back, two commands
+    fewer per message. On a full server both are refused (each may grow memory), as the
+    transaction was. The ack's two deletions stay a transaction: Redis refuses a transaction
+    on a full server, so the ack is refused and its record kept, as the refusal above
+    describes."""
 
     def append(self, message: Any, delivery_tag: str) -> None:
+        info = message.delivery_info
+        record = dumps([message._raw, info["exchange"], info["routing_key"]])
         try:
-            super().append(message, delivery_tag)
+            with self.channel.conn_or_acquire() as client:
+                pipe = client.pipeline(transaction=False)
+                pipe.zadd(self.unacked_index_key, {delivery_tag: time.time()})
+                pipe.hset(self.unacked_key, delivery_tag, record)
+                pipe.execute()
         except _CONNECTION_ERRORS:
-            info = message.delivery_info
             HELD.add(message._raw, info["exchange"], info["routing_key"])
             log.warning("message %s held: its unacknowledged record was refused", delivery_tag)
             raise
+        kombu_virtual.QoS.append(self, message, delivery_tag)
 
     def ack(self, delivery_tag: str) -> None:
         try:

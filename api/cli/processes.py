@@ -27,6 +27,9 @@ from api.cli.common import (
 )
 from api.cli.params import count_option, seconds_option
 
+#: Seconds between a worker's ``worker-heartbeat`` events (Flower's liveness of a worker).
+EVENT_HEARTBEAT_SECONDS = 10
+
 
 @app.command()
 def worker(
@@ -89,6 +92,10 @@ def worker(
             "-l",
             loglevel,
             "-E",
+            # Flower's worker-heartbeat events: every 10 s, not 2 (each is a PUBLISH of every
+            # worker; Flower counts a worker gone after twice the interval it announces).
+            "--heartbeat-interval",
+            str(EVENT_HEARTBEAT_SECONDS),
             "--without-gossip",
             "--without-mingle",
         ]

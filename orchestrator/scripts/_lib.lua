@@ -59,9 +59,9 @@ end
 -- The step gate's rule (orchestrator/gate.py), the one place it is written: why no model step
 -- of sid may run, or false. The archived set is materialized down the lineage, so the
 -- session's own membership covers its ancestors. Returns false | 'missing' | 'deleted' |
--- 'archived'.
-local function gate_refusal(sid)
-  local deleted = redis.call('HGET', skey(sid), 'deleted')
+-- 'archived'. deleted: the session's 'deleted' field when the caller read it already.
+local function gate_refusal(sid, deleted)
+  if deleted == nil then deleted = redis.call('HGET', skey(sid), 'deleted') end
   if not deleted then return 'missing' end
   if deleted ~= '0' then return 'deleted' end
   if redis.call('SISMEMBER', K.archived, sid) == 1 then return 'archived' end
@@ -126,9 +126,10 @@ end
 
 -- Record activity on a session: updatedAt moves and the indexes are re-scored. An archived
 -- session keeps the updatedAt its archive left (nothing that happens after it is activity).
-local function touch(sid, ms, iso_time)
+-- h: the session's {cwdHash, archived, deleted} when the caller read them already.
+local function touch(sid, ms, iso_time, h)
   local k = skey(sid)
-  local h = redis.call('HMGET', k, 'cwdHash', 'archived', 'deleted')
+  h = h or redis.call('HMGET', k, 'cwdHash', 'archived', 'deleted')
   if h[3] ~= '0' or h[2] == '1' then return end
   redis.call('HSET', k, 'updatedAt', iso_time, 'updatedMs', ms)
   redis.call('ZADD', idx('all'), ms, sid)
@@ -180,9 +181,11 @@ local function transition_root(parent, txn)
   return '1'
 end
 
--- Nearest archived session among sid and its ancestors, or false.
-local function archived_in_lineage(sid)
+-- Nearest archived session among sid and its ancestors, or false. root: the caller knows
+-- sid has no parent (its lineage is empty and is not read).
+local function archived_in_lineage(sid, root)
   if redis.call('SISMEMBER', K.archived, sid) == 1 then return sid end
+  if root then return false end
   for _, a in ipairs(redis.call('LRANGE', K.lineage(sid), 0, -1)) do
     if redis.call('SISMEMBER', K.archived, a) == 1 then return a end
   end
@@ -246,8 +249,9 @@ end
 -- Puts sid in its parent's busy_children, or takes it out, by whether it is not deleted and
 -- holds items. Every script that adds or removes an item of a session calls it after the
 -- change (create_session.lua counts live subagents among the parent's busy ones only).
-local function sync_busy(sid)
-  local h = redis.call('HMGET', skey(sid), 'parentId', 'deleted')
+-- h: the session's {parentId, deleted} when the caller read them already.
+local function sync_busy(sid, h)
+  h = h or redis.call('HMGET', skey(sid), 'parentId', 'deleted')
   if not h[1] or h[1] == '' then return end
   if h[2] == '0' and holds_items(sid) then
     redis.call('SADD', K.busy_children(h[1]), sid)
@@ -319,6 +323,12 @@ local function emit_event(payload, stream_max)
   redis.call('PUBLISH', K.events, payload)
 end
 
+-- Publish a conversation update of session sid (its JSON) as events.publish_many writes it
+-- (an update event is only published: the history list is its durable record).
+local function publish_update(sid, update_json)
+  redis.call('PUBLISH', K.events, event_update(sid, update_json))
+end
+
 -- An archive's events, as events.publish_many writes them (json.dumps of {type, sessionId,
 -- ...}): `archived` holds (sessionId, historyLength) pairs, one per session archived, the
 -- session first; `turns` holds the stopped turns as stop_turns_for_archive lists them, six
@@ -334,9 +344,7 @@ local function emit_archive_events(archived, turns, stream_max)
   if #closed > 0 then redis.call('PUBLISH', K.gate_closed, cjson.encode(closed)) end
   for i = 1, #turns, 6 do
     local tid, tsid, to, settlement = turns[i], turns[i + 1], turns[i + 3], turns[i + 5]
-    if settlement ~= '' then
-      redis.call('PUBLISH', K.events, event_update(tsid, settlement))
-    end
+    if settlement ~= '' then publish_update(tsid, settlement) end
     if to == TURN.CANCELLED then
       emit_event(event_turn(tsid, tid, to, STOP_REASON[to]), stream_max)
     end
@@ -344,21 +352,24 @@ local function emit_archive_events(archived, turns, stream_max)
 end
 
 -- Move a turn to a terminal state; if it was the session's running turn, promote the oldest
--- queued turn (unless no_promote: an archive starts nothing). Returns the promoted id or ''.
-local function finish_turn(tid, state, reason, err, ms, iso_time, no_promote)
+-- queued turn (unless no_promote: an archive starts nothing). pre: what the caller read of
+-- the turn already, {sid = its sessionId, held = whether it has a heldTag}. Returns the
+-- promoted id or ''.
+local function finish_turn(tid, state, reason, err, ms, iso_time, no_promote, pre)
   local tk = K.turn(tid)
-  local sid = redis.call('HGET', tk, 'sessionId')
+  local sid = pre and pre.sid or redis.call('HGET', tk, 'sessionId')
   redis.call('HSET', tk, 'state', state, 'stopReason', reason, 'error', err, 'endedAt', iso_time)
   -- The sweeper's note of a held delivery is about a step of a running turn: none is left.
-  redis.call('HDEL', tk, 'heldTag', 'heldMs')
+  if not pre or pre.held then redis.call('HDEL', tk, 'heldTag', 'heldMs') end
   redis.call('DEL', K.step_lease(tid))
   redis.call('ZREM', K.live_turns(sid), tid)
   redis.call('ZREM', K.turns_inflight, tid)
-  sync_busy(sid)
+  local s = redis.call('HMGET', skey(sid), 'parentId', 'deleted', 'cwdHash', 'archived')
+  sync_busy(sid, s)
   local active_key = K.active_turn(sid)
   if redis.call('GET', active_key) ~= tid then return '' end
   redis.call('DEL', active_key)
-  touch(sid, ms, iso_time)
+  touch(sid, ms, iso_time, {s[3], s[4], s[2]})
   if no_promote then return '' end
   for _, nxt in ipairs(redis.call('ZRANGE', K.live_turns(sid), 0, -1)) do
     if redis.call('HGET', K.turn(nxt), 'state') == TURN.QUEUED then
@@ -382,14 +393,23 @@ local function note_open_call(tid, update_json)
   end
 end
 
+-- Appends a step's session/update (its JSON) to the conversation of sid, notes the tool call
+-- it opens or settles (note_open_call) and publishes it (publish_update).
+local function append_update(tid, sid, update_json)
+  redis.call('RPUSH', K.history(sid), update_json)
+  note_open_call(tid, update_json)
+  publish_update(sid, update_json)
+end
+
 -- Settles the tool call the turn has open as status ('cancelled', 'failed') with text, in the
 -- caller's script: an archive settles a stopped turn's call cancelled (nothing lands after the
 -- archive: the step's own settlement is refused by then), and a step's new copy settles the
 -- call its lost copy left open failed (that copy's settlement is refused: it no longer owns
 -- the step), so the conversation never ends on a call in progress.
--- Returns the settlement written (JSON) or ''.
-local function settle_open_call(tid, sid, status, text)
-  local call = redis.call('HGET', K.turn(tid), 'openCall')
+-- call: the turn's openCall field when the caller read it already. Returns the settlement
+-- written (JSON) or ''.
+local function settle_open_call(tid, sid, status, text, call)
+  if call == nil then call = redis.call('HGET', K.turn(tid), 'openCall') end
   if not call then return '' end
   redis.call('HDEL', K.turn(tid), 'openCall')
   local settlement = cjson.encode({

@@ -7,40 +7,52 @@
 -- progress scored (Keys.turns_inflight); step 0 records the prompt (user_message_chunk)
 -- once, so a prompt that never ran never reads as said. A tool call an earlier copy left open
 -- (its worker was lost, the sweeper resumed the step) is settled failed (settle_open_call).
--- Returns {'ok', promptUpdateJson|'', settlementJson|''} | {'refused', reason, endedState, promotedTid|''} |
+-- What it writes to the conversation is published here (publish_update).
+-- Returns {'ok', sessionId, prompt, source, title, model} (what the step needs; the session's
+--   title and model are '' when unset) |
+--   {'refused', reason, endedState, promotedTid|''} |
 --   {'stale'} (a duplicate of a step already run) | {'inflight'} (a duplicate of a step
 --   running now) | {state} (the turn is no longer running) | {'missing'}
 local tid, index, lease_ms, token = ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4]), ARGV[5]
 local tk = K.turn(tid)
-local h = redis.call('HMGET', tk, 'state', 'step', 'sessionId', 'prompt', 'said')
+local h = redis.call('HMGET', tk, 'state', 'step', 'sessionId', 'prompt', 'said', 'openCall',
+  'source')
 if not h[1] then return {'missing'} end
-if h[1] ~= 'running' and h[1] ~= 'queued' and h[1] ~= 'cancelling' then return {h[1]} end
+if h[1] ~= TURN.RUNNING and h[1] ~= TURN.QUEUED and h[1] ~= TURN.CANCELLING then return {h[1]} end
+local sid = h[3]
 local ms = server_ms()
-local refusal = gate_refusal(h[3])
+local s = redis.call('HMGET', skey(sid), 'deleted', 'title', 'model')
+local refusal = gate_refusal(sid, s[1])
 if refusal then
-  local ended = (h[1] == 'cancelling') and 'cancelled' or 'blocked'
+  local ended = (h[1] == TURN.CANCELLING) and TURN.CANCELLED or TURN.BLOCKED
   -- stopReason as turns.STOP_REASON (blocked and cancelled both read 'cancelled')
-  local promoted = finish_turn(tid, ended, 'cancelled', 'gate: ' .. refusal, ms, iso_ms(ms))
+  local promoted = finish_turn(tid, ended, STOP_REASON[ended], 'gate: ' .. refusal, ms, iso_ms(ms))
   return {'refused', refusal, ended, promoted}
 end
-if h[1] ~= 'running' then return {h[1]} end
+if h[1] ~= TURN.RUNNING then return {h[1]} end
 if tonumber(h[2]) ~= index then return {'stale'} end
--- A redelivered copy of a step another worker is still running is dropped.
-if redis.call('EXISTS', K.step_lease(tid)) == 1 then return {'inflight'} end
--- A copy that began before and whose lease lapsed is superseded from here on.
-redis.call('SET', K.step_lease(tid), token, 'PX', lease_ms)
-redis.call('HSET', tk, 'stepToken', token, 'stepLeaseMs', lease_ms)
-local lost = settle_open_call(tid, h[3], 'failed',
+-- A redelivered copy of a step another worker is still running is dropped. A copy that began
+-- before and whose lease lapsed is superseded from here on.
+if not redis.call('SET', K.step_lease(tid), token, 'NX', 'PX', lease_ms) then
+  return {'inflight'}
+end
+local said = index == 0 and h[5] ~= '1'
+if said then
+  redis.call('HSET', tk, 'stepToken', token, 'stepLeaseMs', lease_ms, 'said', '1')
+else
+  redis.call('HSET', tk, 'stepToken', token, 'stepLeaseMs', lease_ms)
+end
+local lost = settle_open_call(tid, sid, CALL.FAILED,
   'no result: the copy of the step that made this call was lost (its worker stopped); '
-  .. 'the step runs again')
-redis.call('RPUSH', K.model_requests(h[3]),
+  .. 'the step runs again', h[6])
+if lost ~= '' then publish_update(sid, lost) end
+redis.call('RPUSH', K.model_requests(sid),
   cjson.encode({turnId = tid, step = index, at = iso_ms(ms)}))
 redis.call('ZADD', K.turns_inflight, ms, tid)
-local said = ''
-if index == 0 and h[5] ~= '1' then
-  said = cjson.encode({sessionUpdate = 'user_message_chunk', turnId = tid,
+if said then
+  local prompt = cjson.encode({sessionUpdate = 'user_message_chunk', turnId = tid,
     content = {type = 'text', text = h[4] or ''}})
-  redis.call('RPUSH', K.history(h[3]), said)
-  redis.call('HSET', tk, 'said', '1')
+  redis.call('RPUSH', K.history(sid), prompt)
+  publish_update(sid, prompt)
 end
-return {'ok', said, lost}
+return {'ok', sid, h[4] or '', h[7] or '', s[2] or '', s[3] or ''}

@@ -16,17 +16,6 @@ pytestmark = pytest.mark.unit
 
 PACKAGE_DIR = Path(__file__).resolve().parents[2] / "orchestrator"
 
-#: Scripts rewritten elsewhere; they may use the prelude's names but are not checked yet.
-EXEMPT = frozenset(
-    {
-        "turn_begin_step.lua",
-        "turn_advance.lua",
-        "turn_finish.lua",
-        "turn_record.lua",
-        "turn_create.lua",
-    }
-)
-
 #: State names the scripts also spell with another meaning, never as the state: ``deleted``
 #: (the session hash's field, a reply, an audit outcome), ``stopped`` (a creating script's
 #: reply), ``refused`` (an audit outcome of unarchive.lua).
@@ -60,7 +49,6 @@ def quoted_states(name: str, text: str) -> list[str]:
 def test_the_check_reads_every_script_and_finds_a_spelled_state() -> None:
     names = {p.name for p in _scripts()}
     assert {"_lib.lua", "turn_cancel.lua", "job.lua", "turn.lua"} <= names
-    assert names >= EXEMPT, "an exempt script was renamed: update EXEMPT"
     code = "if st == 'running' then -- 'queued' in a comment\nreturn \"armed\" end"
     assert quoted_states("x.lua", code) == ["1: 'running'", '2: "armed"']
     assert quoted_states("x.lua", "if st == TURN.RUNNING then return 1 end") == []
@@ -70,6 +58,5 @@ def test_no_script_spells_a_state() -> None:
     spelled = {
         str(path.relative_to(PACKAGE_DIR)): quoted_states(path.name, path.read_text("utf-8"))
         for path in _scripts()
-        if path.name not in EXEMPT
     }
     assert {name: found for name, found in spelled.items() if found} == {}
