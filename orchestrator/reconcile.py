@@ -43,6 +43,9 @@ log = logging.getLogger(__name__)
 
 #: Sessions read per batch of the archived index.
 BATCH = 500
+#: Stop re-dispatches for one archive before it is flagged with an archive hazard (and
+#: retried only every ``backoff_seconds``).
+MAX_ATTEMPTS = 5
 #: Most per-session entries a report lists (its counts cover every session).
 _LISTED = 100
 _FIELDS = (
@@ -259,7 +262,7 @@ def reconcile(
     dispatcher: Dispatcher,
     *,
     grace_seconds: float = 5.0,
-    max_attempts: int = 5,
+    max_attempts: int = MAX_ATTEMPTS,
     backoff_seconds: float = 100.0,
     dry_run: bool = False,
     include_quiet: bool = False,

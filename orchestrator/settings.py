@@ -164,9 +164,6 @@ class FleetSettings(BaseSettings):
     #: Seconds after an archive before the reconciler looks at it (the fan-out's own stops
     #: get this long to drain the work).
     reconcile_grace_seconds: Seconds = 5.0
-    #: Stop re-dispatches for one archive before it is flagged with an archive hazard (and
-    #: retried only every 10 intervals).
-    reconcile_max_attempts: int = Field(default=5, ge=1)
     #: Seconds before the broker redelivers an unacknowledged message (a step whose worker
     #: died); Celery's Redis transport ``visibility_timeout``.
     visibility_timeout_seconds: PositiveSeconds = 60.0
@@ -182,18 +179,11 @@ class FleetSettings(BaseSettings):
     #: running or cancelling turn: one whose step lease is gone is resumed (or settled),
     #: unless its step's message still waits in the broker.
     turn_stuck_seconds: PositiveSeconds = 30.0
-    #: Times the sweeper dispatches the same lost step again before it ends the turn
-    #: ``failed`` ("step N lost K times").
-    turn_max_resumes: int = Field(default=3, ge=1)
     #: Seconds between two sweeper passes in each turn worker.
     turn_sweep_interval_seconds: PositiveSeconds = 5.0
     #: Seconds a client's idempotency key (``Idempotency-Key`` on a session's creation or a
     #: prompt) is remembered: a retry with it within this time answers what the first did.
     idempotency_ttl_seconds: PositiveSeconds = 86_400.0
-    #: Seconds a delete with ``stopActivity`` (``fleet delete --stop``, ACP ``session/delete``)
-    #: waits for the stopped work to end before it deletes; work still live then refuses the
-    #: delete with 409 ``session_active`` (the session stays archived).
-    delete_stop_wait_seconds: Seconds = 20.0
     #: Log format: ``json`` (one JSON object per line) or ``text`` (for a terminal); empty
     #: picks ``text`` when stderr is a terminal and ``json`` otherwise.
     log_format: Literal["", "json", "text"] = ""
@@ -226,27 +216,16 @@ class FleetSettings(BaseSettings):
     #: Times a request that met a 429, a 5xx or a connection error is tried again (with
     #: exponential back-off from 0.2 s up to 5 s) before its turn ends ``failed``.
     openai_max_retries: int = Field(default=4, ge=0, le=20)
-    #: Seconds a request may wait for the server's next bytes before it counts as failed.
-    openai_timeout_seconds: PositiveSeconds = 600.0
     #: Model output is untrusted input (``orchestrator/untrusted.py``). Most UTF-8 bytes of
     #: text one model step may say: past them the request is stopped and the turn ends
     #: ``failed`` (what was said up to the bound is kept).
     model_text_max_bytes: int = Field(default=1_048_576, ge=1)
-    #: Most UTF-8 bytes of one tool call's name and arguments: past them the request is
-    #: stopped and the call answers a tool error the model sees in its next step.
-    model_tool_arguments_max_bytes: int = Field(default=262_144, ge=1)
-    #: Deepest nesting of a tool call's JSON arguments; deeper ones are a tool error.
-    model_json_max_depth: int = Field(default=64, ge=1, le=256)
-    #: Most tool calls one model step may make: past them the turn ends ``failed``.
-    model_max_tool_calls: int = Field(default=64, ge=1)
     #: Model steps one turn may take; the turn then ends with ``max_turn_requests``.
     max_turn_requests: int = Field(default=500, ge=1)
     #: Tools offered to models: a comma list of ``shell``, ``start_job``, ``spawn_subagent``,
     #: ``set_reminder`` (``orchestrator/toolbox.py``'s tools); empty: none. Any other name is
     #: refused at startup (exit status 2, naming it and the known ones).
     tools: str = ",".join(TOOL_NAMES)
-    #: Most bytes of a ``shell`` command's output a tool result keeps.
-    tool_output_max_bytes: int = Field(default=16_384, ge=0)
     #: How the process trees of jobs and ``shell`` tool calls are contained
     #: (``orchestrator/containment.py``): ``auto`` (the first the host allows), ``cgroup``,
     #: ``pid-namespace``, ``subreaper`` or ``process-group``.

@@ -5,7 +5,7 @@ model.py``); the turn runtime runs them (``orchestrator/tools.py``).
 ==================  ===========  =================================================================
 ``shell``           turn         a command run by ``/bin/sh`` inside the turn, in the session's
                                  cwd, as the worker's user; killed at its timeout or a stop; its
-                                 output (stdout and stderr) cut to ``FLEET_TOOL_OUTPUT_MAX_BYTES``
+                                 output (stdout and stderr) cut to ``tools.OUTPUT_MAX_BYTES``
 ``start_job``       job          a background command (a job) on a job worker, stopped at its
                                  timeout
 ``spawn_subagent``  subagent     a child session whose first turn is the prompt
@@ -16,9 +16,9 @@ Which tools are offered is ``FLEET_TOOLS`` (comma list; all four by default; ano
 refused when the settings are read, against ``settings.TOOL_NAMES``). A call of a tool not
 offered, with arguments that are not JSON or do not match the schema, is a tool error the
 model sees (``ToolArgumentsError``), never a crash. A model's arguments are untrusted input:
-parsed by ``orchestrator.untrusted.loads`` (nested at most ``FLEET_MODEL_JSON_MAX_DEPTH``
-levels), and a call whose name and arguments pass ``FLEET_MODEL_TOOL_ARGUMENTS_MAX_BYTES`` is
-a tool error too; ``stored_arguments`` is what the conversation keeps of them.
+parsed by ``orchestrator.untrusted.loads`` (nested at most ``model.TOOL_JSON_MAX_DEPTH``
+levels), and a call whose name and arguments pass ``model.TOOL_CALL_MAX_BYTES`` is a tool
+error too; ``stored_arguments`` is what the conversation keeps of them.
 """
 
 from __future__ import annotations
@@ -32,7 +32,13 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from orchestrator import untrusted
 from orchestrator.errors import InvalidParams
 from orchestrator.families import Family
-from orchestrator.model import MAX_SECONDS, ToolCall, ToolSpec
+from orchestrator.model import (
+    MAX_SECONDS,
+    TOOL_CALL_MAX_BYTES,
+    TOOL_JSON_MAX_DEPTH,
+    ToolCall,
+    ToolSpec,
+)
 from orchestrator.settings import get_settings
 
 
@@ -164,16 +170,14 @@ def _size(call: ToolCall) -> int:
 
 def _arguments(call: ToolCall) -> Any:
     """The call's arguments parsed within the model limits. Raises ``ToolArgumentsError``."""
-    settings = get_settings()
-    cap = settings.model_tool_arguments_max_bytes
-    if _size(call) > cap:
+    if _size(call) > TOOL_CALL_MAX_BYTES:
         raise ToolArgumentsError(
-            f"{shown_name(call)}: the call's name and arguments are more than {cap} bytes "
-            "(FLEET_MODEL_TOOL_ARGUMENTS_MAX_BYTES); send shorter arguments"
+            f"{shown_name(call)}: the call's name and arguments are more than "
+            f"{TOOL_CALL_MAX_BYTES} bytes; send shorter arguments"
         )
     try:
         return untrusted.loads(
-            call.arguments or "{}", param="arguments", max_depth=settings.model_json_max_depth
+            call.arguments or "{}", param="arguments", max_depth=TOOL_JSON_MAX_DEPTH
         )
     except InvalidParams as exc:  # a limit of untrusted.loads, or a key given twice
         raise ToolArgumentsError(f"{shown_name(call)}: {exc.message}") from None
@@ -191,7 +195,7 @@ def stored_arguments(call: ToolCall) -> Any:
         return _arguments(call)
     except ToolArgumentsError:
         text = call.arguments
-        if _size(call) <= get_settings().model_tool_arguments_max_bytes:
+        if _size(call) <= TOOL_CALL_MAX_BYTES:
             return text
         return f"{text[:STORED_TEXT_CHARS]}... (cut: {len(text)} characters and more)"
 

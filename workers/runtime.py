@@ -100,9 +100,6 @@ def build_model(settings: FleetSettings) -> Model:
             api_key=settings.openai_api_key,
             model=settings.openai_model,
             max_retries=settings.openai_max_retries,
-            timeout=settings.openai_timeout_seconds,
-            max_call_bytes=settings.model_tool_arguments_max_bytes,
-            max_calls=settings.model_max_tool_calls,
         )
     return ScriptedModel()
 

@@ -22,7 +22,6 @@ def sweep_turns(rt: Runtime) -> None:
         rt.store,
         rt.dispatcher,
         stuck_seconds=settings.turn_stuck_seconds,
-        max_resumes=settings.turn_max_resumes,
     )
     if any(report.totals.values()):
         log.info(

@@ -9,7 +9,7 @@ from collections.abc import Callable
 
 import pytest
 
-from orchestrator import sessions, turns
+from orchestrator import sessions, tools, turns
 from orchestrator.model import Emit, Role, StepAnswer, StepRequest, StopReason, ToolCall, Usage
 from orchestrator.settings import get_settings
 from orchestrator.store import Store
@@ -155,7 +155,7 @@ def test_a_shell_commands_output_is_cut_to_its_bound(
     [result] = _tool_results(store, sid)
     text = str(result["content"][0]["content"]["text"])  # type: ignore[index]
     assert result["status"] == "completed"
-    keep = get_settings().tool_output_max_bytes
+    keep = tools.OUTPUT_MAX_BYTES
     assert text.splitlines()[1:] == [
         "a" * keep,
         f"(output cut to its first {keep} of 100000 bytes)",

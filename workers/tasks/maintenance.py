@@ -61,7 +61,6 @@ def _reconcile(rt: Runtime, interval_seconds: float | None) -> reconcile.Report:
         rt.store,
         rt.dispatcher,
         grace_seconds=settings.reconcile_grace_seconds,
-        max_attempts=settings.reconcile_max_attempts,
         backoff_seconds=10 * interval,
     )
     if report.restopped or report.cleared:
