@@ -80,12 +80,9 @@ class FleetSettings(BaseSettings):
     #: none).
     redis_sentinel_password: str = ""
     #: Replicas that must acknowledge each lifecycle write (archive, unarchive, delete, bulk
-    #: batches, client titles, session creation) within ``FLEET_REDIS_REPLICA_ACK_TIMEOUT_MS``
-    #: (Redis ``WAIT``, after ``WAITAOF``); fewer answer 503 ``write_unconfirmed``. 0: no
-    #: replica is waited for.
+    #: batches, client titles, session creation) within a second (Redis ``WAIT``, after
+    #: ``WAITAOF``); fewer answer 503 ``write_unconfirmed``. 0: no replica is waited for.
     redis_min_replicas_ack: int = Field(default=0, ge=0)
-    #: Milliseconds a lifecycle write waits for those acknowledgements.
-    redis_replica_ack_timeout_ms: int = Field(default=1000, ge=1)
     #: Prefix of every key agent-fleet writes (state and broker), so several fleets or test
     #: runs can share one Redis database without touching each other's data.
     key_prefix: str = "fleet:"
@@ -104,8 +101,6 @@ class FleetSettings(BaseSettings):
     #: workers.main``, set it beside ``-Q <family>.ctl`` and ``-n <family>.ctl@host``); it runs
     #: no background loop and its heartbeat, its own, is not counted by ``/ready``.
     worker_control_only: bool = False
-    #: Seconds a job process gets between SIGTERM and SIGKILL when it is stopped.
-    job_kill_grace_seconds: Seconds = 2.0
     #: Seconds a job's liveness lease lasts; a job worker refreshes it while the process runs,
     #: so a job whose worker died stops counting as live once the lease runs out.
     job_lease_seconds: PositiveSeconds = 5.0
@@ -116,14 +111,10 @@ class FleetSettings(BaseSettings):
     #: archived, still this worker's); frozen longer than this, it is killed and recorded
     #: ``lost``. ``0``: never frozen, killed at once as when its worker is frozen.
     job_freeze_max_seconds: Seconds = 120.0
-    #: Seconds between two polls of the reminder poller.
-    reminder_poll_seconds: PositiveSeconds = 0.2
     #: Seconds a claimed reminder waits for its turn to be created before the poller claims
     #: it again and re-sends its fire (at-least-once delivery; the turn is created once); the
     #: wait doubles per re-claim, up to 8x.
     reminder_refire_seconds: PositiveSeconds = 30.0
-    #: Threads per family worker.
-    worker_concurrency: int = Field(default=8, ge=1)
     #: Host the HTTP API binds to.
     api_host: str = "127.0.0.1"
     #: Port the HTTP API binds to.
@@ -153,14 +144,11 @@ class FleetSettings(BaseSettings):
     #: last unarchive if later) and with no live work are archived by ``archive.auto``
     #: (scheduled by ``fleet beat``). 0 turns the policy off.
     auto_archive_idle_seconds: Seconds = 0.0
-    #: Seconds between two runs of ``archive.auto`` in ``fleet beat``'s schedule.
-    auto_archive_interval_seconds: PositiveSeconds = 300.0
-    #: Seconds between two runs of the archive reconciler (``archive.reconcile``) in ``fleet
-    #: beat``'s schedule.
-    reconcile_interval_seconds: PositiveSeconds = 10.0
-    #: Seconds between two passes of the reconciler that every reminder worker runs itself
-    #: (so archives converge with no scheduler deployed); 0 leaves it to ``fleet beat``.
-    reconcile_loop_seconds: Seconds = 10.0
+    #: Seconds between two passes of the archive reconciler: every reminder worker runs one
+    #: itself (so archives converge with no scheduler deployed) and ``fleet beat`` schedules
+    #: ``archive.reconcile`` as often; an archive hazard is retried every 10 intervals. 0: no
+    #: periodic pass (``fleet reconcile`` runs one).
+    reconcile_interval_seconds: Seconds = 10.0
     #: Seconds after an archive before the reconciler looks at it (the fan-out's own stops
     #: get this long to drain the work).
     reconcile_grace_seconds: Seconds = 5.0

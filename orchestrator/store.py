@@ -40,6 +40,9 @@ _TRANSIENT: tuple[type[Exception], ...] = (
     *TRANSIENT_REPLIES,
 )
 _SCRIPTS_DIR = Path(__file__).with_name("scripts")
+#: Milliseconds a lifecycle write waits for the ``FLEET_REDIS_MIN_REPLICAS_ACK`` replicas'
+#: acknowledgements (Redis ``WAIT``) before it answers ``write_unconfirmed``.
+REPLICA_ACK_TIMEOUT_MS = 1000
 
 
 def now_ms() -> int:
@@ -136,7 +139,7 @@ class Store:
         self.min_replicas_ack = (
             read.redis_min_replicas_ack if min_replicas_ack is None else min_replicas_ack
         )
-        self.replica_ack_timeout_ms = replica_ack_timeout_ms or read.redis_replica_ack_timeout_ms
+        self.replica_ack_timeout_ms = replica_ack_timeout_ms or REPLICA_ACK_TIMEOUT_MS
         if sentinel is None and settings is not None:
             sentinel = SentinelOptions.from_settings(settings)
         # Typed as Any: redis-py annotates replies as unions over sync/async and bytes/str

@@ -63,11 +63,9 @@ os.environ.pop("LINES", None)
 os.environ["FLEET_REDIS_URL"] = REDIS_URL
 os.environ["FLEET_KEY_PREFIX"] = _PREFIX
 os.environ.setdefault("FLEET_JOB_LEASE_SECONDS", "2")
-os.environ.setdefault("FLEET_JOB_KILL_GRACE_SECONDS", "1")
-os.environ.setdefault("FLEET_REMINDER_POLL_SECONDS", "0.1")
-# The shared workers run no reconciler of their own: tests that leave work outliving its
+# The shared workers (and a test's beat) run no reconciler: tests that leave work outliving its
 # archive on purpose call the reconciler themselves (tests/faults/test_reconciler.py).
-os.environ.setdefault("FLEET_RECONCILE_LOOP_SECONDS", "0")
+os.environ.setdefault("FLEET_RECONCILE_INTERVAL_SECONDS", "0")
 # Lineage rules are proven on chains up to 100 subagents deep (tests/orchestrator/test_gate.py),
 # deeper than the production default allows; tests of the limit set it themselves.
 os.environ.setdefault("FLEET_MAX_SUBAGENT_DEPTH", "200")

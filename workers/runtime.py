@@ -25,6 +25,9 @@ from workers.dispatch import CeleryDispatcher
 
 log = logging.getLogger(__name__)
 
+#: Seconds a job process gets between SIGTERM and SIGKILL when it is stopped.
+JOB_KILL_GRACE_SECONDS = 2.0
+
 
 @dataclass
 class Runtime:
@@ -140,7 +143,7 @@ def supervisor() -> JobSupervisor:
                 rt.store,
                 rt.host,
                 lease_ms=int(settings.job_lease_seconds * 1000),
-                grace_seconds=settings.job_kill_grace_seconds,
+                grace_seconds=JOB_KILL_GRACE_SECONDS,
                 instance=rt.host_lease.instance if rt.host_lease else None,
             )
         return rt.supervisor

@@ -22,6 +22,7 @@ def reconcile(
     """Run the archive reconciler once: stop again the work that outlived its archive, flag
     archive hazards, clear them once the work is gone (FLEET_RECONCILE_* settings)."""
     from api.context import dispatcher, store
+    from orchestrator.reconcile import hazard_backoff_seconds
     from orchestrator.reconcile import reconcile as run_reconcile
     from orchestrator.settings import get_settings
 
@@ -31,7 +32,7 @@ def reconcile(
             store(),
             dispatcher(),
             grace_seconds=settings.reconcile_grace_seconds,
-            backoff_seconds=10 * settings.reconcile_interval_seconds,
+            backoff_seconds=hazard_backoff_seconds(settings.reconcile_interval_seconds),
             dry_run=dry_run,
             include_quiet=include_quiet,
         )

@@ -27,6 +27,11 @@ from api.cli.common import (
 )
 from api.cli.params import count_option, seconds_option
 
+#: Threads of a family worker (``fleet worker --concurrency``).
+WORKER_CONCURRENCY = 8
+#: Seconds between two runs of ``archive.auto`` in ``fleet beat``'s schedule (``--interval``).
+AUTO_ARCHIVE_INTERVAL_SECONDS = 300.0
+
 
 @app.command()
 def worker(
@@ -37,7 +42,7 @@ def worker(
         "", help="Host name reported for jobs (default: FLEET_HOSTNAME or the machine's name)."
     ),
     concurrency: int = count_option(
-        0, low=0, help="Worker threads (default FLEET_WORKER_CONCURRENCY)."
+        WORKER_CONCURRENCY, low=0, help=f"Worker threads (0: {WORKER_CONCURRENCY})."
     ),
     loglevel: str = typer.Option("INFO", help="Celery log level."),
     control: bool = typer.Option(
@@ -85,7 +90,7 @@ def worker(
             "--pool",
             "threads",
             "-c",
-            str(concurrency or settings.worker_concurrency),
+            str(concurrency or WORKER_CONCURRENCY),
             "-l",
             loglevel,
             "-E",
@@ -356,8 +361,9 @@ def beat(
         help="Auto-archive idle age (default FLEET_AUTO_ARCHIVE_IDLE_SECONDS; 0: off).",
     ),
     interval: float = seconds_option(
-        0,
-        help="Seconds between runs (default FLEET_AUTO_ARCHIVE_INTERVAL_SECONDS).",
+        AUTO_ARCHIVE_INTERVAL_SECONDS,
+        help="Seconds between two runs of the auto-archive policy "
+        f"(0: {AUTO_ARCHIVE_INTERVAL_SECONDS:g}).",
     ),
     schedule_file: str = typer.Option(
         "", help="Beat's schedule state file (default FLEET_STATE_DIR/celerybeat-schedule)."
@@ -365,7 +371,7 @@ def beat(
     loglevel: str = typer.Option("INFO", help="Celery log level."),
 ) -> None:
     """Run Celery beat: schedules the archive reconciler (archive.reconcile every
-    FLEET_RECONCILE_INTERVAL_SECONDS) and, when it is on, the auto-archive policy
+    FLEET_RECONCILE_INTERVAL_SECONDS, unless 0) and, when it is on, the auto-archive policy
     (archive.auto), both on the maintenance queue (run by reminder workers). Run one beat
     per fleet."""
     from pathlib import Path
@@ -375,10 +381,7 @@ def beat(
 
     settings = settings_with_redis()
     age = idle_seconds or settings.auto_archive_idle_seconds
-    every = interval or settings.auto_archive_interval_seconds
-    if every <= 0:
-        err.print(Text.assemble(("error", "red"), ": the auto-archive interval must be positive."))
-        raise typer.Exit(2)
+    every = interval or AUTO_ARCHIVE_INTERVAL_SECONDS
     celery_app = create_app(settings)
     reconcile_every = settings.reconcile_interval_seconds
     celery_app.conf.beat_schedule = beat_schedule(age, every, reconcile_every)
@@ -391,7 +394,12 @@ def beat(
         )
     else:
         console.print("beat: auto-archive is off (FLEET_AUTO_ARCHIVE_IDLE_SECONDS=0)")
-    console.print(f"beat: archive.reconcile every {reconcile_every:g}s on the maintenance queue")
+    if reconcile_every > 0:
+        console.print(
+            f"beat: archive.reconcile every {reconcile_every:g}s on the maintenance queue"
+        )
+    else:
+        console.print("beat: the reconciler is off (FLEET_RECONCILE_INTERVAL_SECONDS=0)")
     celery_app.start(["beat", "-s", str(path), "-l", loglevel])
 
 

@@ -206,7 +206,7 @@ def test_a_bad_number_with_json_is_a_json_error() -> None:
         ("FLEET_TURN_STUCK_SECONDS", "nan"),
         ("FLEET_AUTO_ARCHIVE_IDLE_SECONDS", "1e300"),
         ("FLEET_JOB_LEASE_SECONDS", "0"),
-        ("FLEET_WORKER_CONCURRENCY", "-3"),
+        ("FLEET_MAX_JOBS_PER_HOST", "-3"),
     ],
 )
 def test_a_duration_or_count_setting_out_of_range_names_the_variable(

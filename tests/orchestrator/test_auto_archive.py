@@ -287,13 +287,12 @@ def test_fleet_beat_sends_archive_auto_to_the_maintenance_queue(
         FLEET_KEY_PREFIX=prefix,
         FLEET_STATE_DIR=str(tmp_path),
         FLEET_AUTO_ARCHIVE_IDLE_SECONDS="7200",
-        FLEET_AUTO_ARCHIVE_INTERVAL_SECONDS="0.5",
     )
     client = redis.Redis.from_url(redis_url, decode_responses=True)
     queue = f"{prefix}celery:{MAINTENANCE_QUEUE}"
     log = (tmp_path / "beat.log").open("wb")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "api.cli", "beat"],
+        [sys.executable, "-m", "api.cli", "beat", "--interval", "0.5"],
         env=env,
         stdout=log,
         stderr=subprocess.STDOUT,

@@ -46,11 +46,11 @@ def reconcile_archives(interval_seconds: float | None = None) -> dict[str, Any]:
     return _reconcile(get_runtime(), interval_seconds).to_wire()
 
 
-@every("reminder", "archive-reconciler", lambda s: s.reconcile_loop_seconds)
+@every("reminder", "archive-reconciler", lambda s: s.reconcile_interval_seconds)
 def reconcile_loop(rt: Runtime) -> None:
     """The reconciler as a loop of every reminder worker, so an archive whose stops were lost
-    converges with no scheduler deployed (``FLEET_RECONCILE_LOOP_SECONDS``; 0 leaves it to
-    ``fleet beat``)."""
+    converges with no scheduler deployed (every ``FLEET_RECONCILE_INTERVAL_SECONDS``; 0: no
+    loop)."""
     _reconcile(rt, None)
 
 
@@ -61,7 +61,7 @@ def _reconcile(rt: Runtime, interval_seconds: float | None) -> reconcile.Report:
         rt.store,
         rt.dispatcher,
         grace_seconds=settings.reconcile_grace_seconds,
-        backoff_seconds=10 * interval,
+        backoff_seconds=reconcile.hazard_backoff_seconds(interval),
     )
     if report.restopped or report.cleared:
         log.info(
