@@ -122,9 +122,6 @@ class FleetSettings(BaseSettings):
     #: Bearer token the API requires (compared in constant time); empty: none, and then
     #: ``fleet api`` binds only to loopback.
     api_token: str = ""
-    #: Largest HTTP request body the API reads, in bytes; a larger one (declared or chunked)
-    #: answers 413 ``body_too_large``.
-    api_max_body_bytes: int = Field(default=1_048_576, ge=1)
     #: Browser origins (``scheme://host:port``, comma-separated) besides the API's own that
     #: may change state (POST/PUT/PATCH/DELETE) and open ``/acp``; other origins get 403.
     api_allowed_origins: str = ""
@@ -155,8 +152,6 @@ class FleetSettings(BaseSettings):
     #: Seconds before the broker redelivers an unacknowledged message (a step whose worker
     #: died); Celery's Redis transport ``visibility_timeout``.
     visibility_timeout_seconds: PositiveSeconds = 60.0
-    #: Seconds between two heartbeat comments on an idle ``GET /events`` stream.
-    sse_heartbeat_seconds: PositiveSeconds = 15.0
     #: Most ``GET /events`` streams one API process serves at once (each holds a Redis
     #: connection); one more answers 503 ``too_many_streams`` with ``Retry-After``.
     api_max_event_streams: int = Field(default=500, ge=1)
