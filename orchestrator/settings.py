@@ -213,13 +213,6 @@ class FleetSettings(BaseSettings):
     #: (``orchestrator/containment.py``): ``auto`` (the first the host allows), ``cgroup``,
     #: ``pid-namespace``, ``subreaper`` or ``process-group``.
     containment: Literal["auto", "cgroup", "pid-namespace", "subreaper", "process-group"] = "auto"
-    #: The cgroup v2 path (inside the hierarchy) holding the trees' cgroups; empty:
-    #: ``agent-fleet`` inside the process's own cgroup.
-    containment_cgroup: str = ""
-    #: Audit entries kept per session (``fleet audit SESSION``); older ones are trimmed.
-    audit_max_per_session: int = Field(default=1000, ge=1)
-    #: Audit entries kept in the fleet-wide trail (``GET /audit``).
-    audit_max_global: int = Field(default=100_000, ge=1)
 
     _check_tools = field_validator("tools")(_known_tools)
 

@@ -22,7 +22,7 @@ from tenacity import retry, retry_if_exception_type, stop_after_delay, wait_expo
 
 from orchestrator import lualink
 from orchestrator.errors import WriteUnconfirmed
-from orchestrator.keys import Keys, lua_prelude
+from orchestrator.keys import AUDIT_MAX_GLOBAL, AUDIT_MAX_PER_SESSION, Keys, lua_prelude
 from orchestrator.redisconn import (
     TRANSIENT_REPLIES,
     SentinelOptions,
@@ -130,6 +130,8 @@ class Store:
         sentinel: SentinelOptions | None = None,
         min_replicas_ack: int | None = None,
         replica_ack_timeout_ms: int | None = None,
+        audit_max_per_session: int = AUDIT_MAX_PER_SESSION,
+        audit_max_global: int = AUDIT_MAX_GLOBAL,
     ) -> None:
         self.url = url
         self.keys = Keys(prefix)
@@ -140,6 +142,9 @@ class Store:
             read.redis_min_replicas_ack if min_replicas_ack is None else min_replicas_ack
         )
         self.replica_ack_timeout_ms = replica_ack_timeout_ms or REPLICA_ACK_TIMEOUT_MS
+        #: Audit entries kept per session and fleet-wide (older ones are trimmed).
+        self.audit_max_per_session = audit_max_per_session
+        self.audit_max_global = audit_max_global
         if sentinel is None and settings is not None:
             sentinel = SentinelOptions.from_settings(settings)
         # Typed as Any: redis-py annotates replies as unions over sync/async and bytes/str

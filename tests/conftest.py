@@ -11,6 +11,7 @@ app and the worker processes agree on the broker and the prefix.
 from __future__ import annotations
 
 import contextlib
+import inspect
 import os
 import signal
 import sys
@@ -192,15 +193,19 @@ def dispatcher() -> Any:
 @pytest.fixture
 def store_with() -> Iterator[Any]:
     """``store_with(**fields)``: a store on the test Redis and prefix whose settings are this
-    run's with ``fields`` on top (``store_with(bulk_filter_max=3)``), for one test: the domain
-    reads its settings from the store, so nothing process-wide is changed or reset."""
+    run's with ``fields`` on top (``store_with(bulk_filter_max=3)``), a field that is a
+    ``Store`` argument passed to it (``store_with(audit_max_per_session=3)``), for one test:
+    the domain reads its settings from the store, so nothing process-wide is changed or
+    reset."""
     from orchestrator.settings import FleetSettings
     from orchestrator.store import Store
 
     made: list[Store] = []
+    arguments = set(inspect.signature(Store).parameters)
 
     def make(**fields: Any) -> Store:
-        made.append(Store(REDIS_URL, _PREFIX, settings=FleetSettings(**fields)))
+        own = {name: fields.pop(name) for name in list(fields) if name in arguments}
+        made.append(Store(REDIS_URL, _PREFIX, settings=FleetSettings(**fields), **own))
         return made[-1]
 
     yield make
