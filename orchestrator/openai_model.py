@@ -254,10 +254,11 @@ def _poll(cancel: threading.Event, abort: _Abort, done: threading.Event) -> None
 
 
 class OpenAIModel:
-    """The ``openai`` backend (see the module docstring). ``model`` is the default model
-    name; a session may name its own (``StepRequest.model``). ``max_call_bytes`` bounds
-    what is read of one tool call's name and arguments (UTF-8 bytes), ``max_calls`` the
-    tool calls of one answer."""
+    """The ``openai`` backend (see the module docstring) on the server at ``base_url`` with
+    ``api_key`` (empty: the SDK's ``OPENAI_BASE_URL``, else api.openai.com, and
+    ``OPENAI_API_KEY``). ``model`` is the default model name; a session may name its own
+    (``StepRequest.model``). ``max_call_bytes`` bounds what is read of one tool call's name
+    and arguments (UTF-8 bytes), ``max_calls`` the tool calls of one answer."""
 
     def __init__(
         self,

@@ -187,13 +187,10 @@ class FleetSettings(BaseSettings):
     #: beyond is refused.
     max_subagents_per_session: int = Field(default=32, ge=0)
     #: The model backend turn workers use: ``scripted`` (deterministic, no network) or
-    #: ``openai`` (any OpenAI-compatible Chat Completions server, ``FLEET_OPENAI_*``).
+    #: ``openai`` (any OpenAI-compatible Chat Completions server, ``FLEET_OPENAI_*``; the
+    #: server and its key are the OpenAI SDK's own ``OPENAI_BASE_URL``, e.g.
+    #: ``http://127.0.0.1:11434/v1`` for Ollama, and ``OPENAI_API_KEY``; unset: api.openai.com).
     model: Literal["scripted", "openai"] = "scripted"
-    #: Base URL of the OpenAI-compatible server (``http://127.0.0.1:11434/v1`` for Ollama,
-    #: ``http://127.0.0.1:8000/v1`` for vLLM); empty: the SDK's default (api.openai.com).
-    openai_base_url: str = ""
-    #: API key sent to the server; empty falls back to ``OPENAI_API_KEY``.
-    openai_api_key: str = ""
     #: Model name asked for when a session names none (``POST /sessions`` ``model``).
     openai_model: str = ""
     #: Times a request that met a 429, a 5xx or a connection error is tried again (with

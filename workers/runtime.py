@@ -92,15 +92,14 @@ def get_runtime() -> Runtime:
 
 def build_model(settings: FleetSettings) -> Model:
     """The model backend ``FLEET_MODEL`` names: ``scripted`` or ``openai`` (configured by
-    ``FLEET_OPENAI_*``)."""
+    ``FLEET_OPENAI_*``, its server and key by the SDK's ``OPENAI_BASE_URL`` and
+    ``OPENAI_API_KEY``)."""
     if settings.model == "openai":
         # Imported here: the openai package takes most of a worker's start-up imports (0.7 of
         # 1.7 s of CPU here), and a fleet on the scripted model never needs it.
         from orchestrator.openai_model import OpenAIModel
 
         return OpenAIModel(
-            base_url=settings.openai_base_url,
-            api_key=settings.openai_api_key,
             model=settings.openai_model,
             max_retries=settings.openai_max_retries,
         )
