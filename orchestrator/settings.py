@@ -162,8 +162,6 @@ class FleetSettings(BaseSettings):
     #: running or cancelling turn: one whose step lease is gone is resumed (or settled),
     #: unless its step's message still waits in the broker.
     turn_stuck_seconds: PositiveSeconds = 30.0
-    #: Seconds between two sweeper passes in each turn worker.
-    turn_sweep_interval_seconds: PositiveSeconds = 5.0
     #: Seconds a client's idempotency key (``Idempotency-Key`` on a session's creation or a
     #: prompt) is remembered: a retry with it within this time answers what the first did.
     idempotency_ttl_seconds: PositiveSeconds = 86_400.0

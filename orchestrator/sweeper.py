@@ -64,8 +64,8 @@ A lost step is repaired by one script (``scripts/turn_sweep.lua``) per turn:
 - ``running`` with its step's message in the broker: left alone (``waiting``).
 
 It covers every session, archived or not: a resumed step of an archived lineage meets the
-gate and ends ``blocked``. Every turn worker runs a pass every
-``FLEET_TURN_SWEEP_INTERVAL_SECONDS`` (``workers/sweeper.py``), and ``fleet sweep`` runs one;
+gate and ends ``blocked``. Every turn worker runs a pass six times per
+``FLEET_TURN_STUCK_SECONDS`` (``workers/sweeper.py``), and ``fleet sweep`` runs one;
 passes that overlap are harmless, because a resume re-scores the member in the same script.
 """
 

@@ -63,7 +63,7 @@ def sweep(
     ),
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:
-    """Run the turn sweeper once (turn workers run it every FLEET_TURN_SWEEP_INTERVAL_SECONDS):
+    """Run the turn sweeper once (turn workers run it six times per FLEET_TURN_STUCK_SECONDS):
     a running turn whose step is lost is resumed (or ended failed once it was lost 4
     times), a cancelling one whose step is gone ends cancelled; one whose
     step's message still waits in the broker is left waiting."""

@@ -47,7 +47,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
 def private(
     redis_url: str, key_prefix: str, tmp_path_factory: Any, server: Served
 ) -> Iterator[PrivateFleet]:
-    env = sweeping(3, 1, FLEET_MODEL_TEXT_MAX_BYTES=str(TEXT_MAX))
+    env = sweeping(3, FLEET_MODEL_TEXT_MAX_BYTES=str(TEXT_MAX))
     with openai_fleet(redis_url, key_prefix, tmp_path_factory, "hostile", server, 3, 2, **env) as f:
         yield f
 
