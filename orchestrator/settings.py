@@ -91,16 +91,6 @@ class FleetSettings(BaseSettings):
     state_dir: Path = Field(default_factory=lambda: Path.cwd() / ".fleet")
     #: Name of this host as job workers report it; stops for a job are routed to it.
     hostname: str = Field(default_factory=socket.gethostname)
-    #: The family a worker process serves (``turn``, ``job``, ``subagent``, ``reminder``);
-    #: ``fleet worker --family`` sets it, set it for ``celery -A workers.main``; it picks the
-    #: worker's heartbeat and background loops. Empty outside workers.
-    worker_family: str = ""
-    #: A worker that consumes only its family's control queue (``<family>.ctl``: the stops),
-    #: beside the family's full workers, so a stop is taken while every thread of those is
-    #: busy with the work it stops. ``fleet worker --control`` sets it (for ``celery -A
-    #: workers.main``, set it beside ``-Q <family>.ctl`` and ``-n <family>.ctl@host``); it runs
-    #: no background loop and its heartbeat, its own, is not counted by ``/ready``.
-    worker_control_only: bool = False
     #: Seconds a job's liveness lease lasts; a job worker refreshes it while the process runs,
     #: so a job whose worker died stops counting as live once the lease runs out.
     job_lease_seconds: PositiveSeconds = 5.0

@@ -11,8 +11,10 @@ from __future__ import annotations
 import logging
 import threading
 from dataclasses import dataclass, field
+from typing import Any
 
 from celery import Celery
+from celery.signals import celeryd_init
 from tenacity import Retrying, before_sleep_log, retry_if_exception_type, wait_exponential
 
 from orchestrator.errors import StoreUnavailable
@@ -46,6 +48,36 @@ class Runtime:
     #: Set when the worker begins to shut down (``workers.heartbeat``): in-flight steps hand
     #: their turn back, the reminder poller and the heartbeat stop.
     stopping: threading.Event = field(default_factory=threading.Event)
+
+
+@dataclass(frozen=True)
+class Role:
+    """What this worker process serves, as its command line says (``--family``,
+    ``--control`` of ``fleet worker`` and of ``celery -A workers.main worker``): ``family``
+    (``turn``, ``job``, ``subagent``, ``reminder``; empty outside family workers) picks its
+    heartbeat and background loops; ``control_only``: it consumes only the family's control
+    queue (``<family>.ctl``: the stops), runs no background loop and its heartbeat is not
+    counted by ``/ready``."""
+
+    family: str = ""
+    control_only: bool = False
+
+
+_role = Role()
+
+
+def role() -> Role:
+    """This process's ``Role`` (the empty one before the worker starts, and outside workers)."""
+    return _role
+
+
+@celeryd_init.connect
+def _take_role(options: dict[str, Any] | None = None, **_: Any) -> None:
+    """Read the role from the worker's options as the worker starts, before its logging and
+    its steps are set up."""
+    global _role
+    given = options or {}
+    _role = Role(str(given.get("family") or ""), bool(given.get("control")))
 
 
 _installed: tuple[FleetSettings, Celery] | None = None

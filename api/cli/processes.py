@@ -61,13 +61,9 @@ def worker(
     from workers.runtime import install
 
     spec = family_spec(family.value)
-    settings = settings_with_redis().model_copy(
-        update={
-            "worker_family": family.value,
-            "worker_control_only": control,
-            **({"hostname": host} if host else {}),
-        }
-    )
+    settings = settings_with_redis()
+    if host:
+        settings = settings.model_copy(update={"hostname": host})
     host = settings.hostname
     try:
         queues = spec.worker_queues(host, control_only=control)
@@ -83,6 +79,9 @@ def worker(
         [
             *quiet,
             "worker",
+            "--family",
+            family.value,
+            *(["--control"] if control else []),
             "-n",
             spec.node_name(host, control_only=control),
             "-Q",
