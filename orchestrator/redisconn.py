@@ -8,7 +8,7 @@ The Sentinel form is kombu's, so the same value serves the state store and the C
 Each ``;``-separated address is one Sentinel. The credentials and the database number of the
 first address are those of the Redis primary and its replicas (as kombu reads them); the
 primary's name is ``FLEET_REDIS_SENTINEL_MASTER`` and the Sentinels' own credentials, when they
-require any, are ``FLEET_REDIS_SENTINEL_USERNAME`` / ``FLEET_REDIS_SENTINEL_PASSWORD``.
+require any, are ``FLEET_REDIS_SENTINEL_AUTH`` (``user:password``).
 
 A Sentinel-managed client asks the Sentinels for the primary's address whenever it opens a
 connection, and drops its connections when the node it reaches answers as a replica
@@ -153,12 +153,12 @@ class SentinelOptions:
 
     @classmethod
     def from_settings(cls, settings: FleetSettings) -> SentinelOptions:
-        """The options from ``FLEET_REDIS_SENTINEL_*``."""
-        return cls(
-            settings.redis_sentinel_master,
-            settings.redis_sentinel_username,
-            settings.redis_sentinel_password,
-        )
+        """The options from ``FLEET_REDIS_SENTINEL_MASTER`` and ``FLEET_REDIS_SENTINEL_AUTH``
+        (``user:password``; without a ``:``, a password alone)."""
+        user, colon, password = settings.redis_sentinel_auth.partition(":")
+        if not colon:
+            user, password = "", user
+        return cls(settings.redis_sentinel_master, user, password)
 
     def sentinel_kwargs(self, timeouts: dict[str, Any]) -> dict[str, Any]:
         """Connection arguments for the Sentinels themselves: ``timeouts`` plus credentials."""

@@ -73,12 +73,10 @@ class FleetSettings(BaseSettings):
     #: With a ``sentinel://`` URL (orchestrator/redisconn.py): the primary's name as the
     #: Sentinels monitor it.
     redis_sentinel_master: str = "mymaster"
-    #: With a ``sentinel://`` URL: the Sentinels' own user name, when they require one (empty:
-    #: none).
-    redis_sentinel_username: str = ""
-    #: With a ``sentinel://`` URL: the Sentinels' own password, when they require one (empty:
-    #: none).
-    redis_sentinel_password: str = ""
+    #: With a ``sentinel://`` URL: the Sentinels' own credentials, when they require them, as
+    #: ``user:password`` (``:password`` for a password alone, needed when it holds a ``:``;
+    #: without any ``:`` the value is the password). Empty: none.
+    redis_sentinel_auth: str = ""
     #: Replicas that must acknowledge each lifecycle write (archive, unarchive, delete, bulk
     #: batches, client titles, session creation) within a second (Redis ``WAIT``, after
     #: ``WAITAOF``); fewer answer 503 ``write_unconfirmed``. 0: no replica is waited for.
