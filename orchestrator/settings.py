@@ -125,10 +125,6 @@ class FleetSettings(BaseSettings):
     #: archive --bulk``); a filter matching more is refused. The auto-archive policy takes at
     #: most this many per run (the oldest first) and the rest on its next run.
     bulk_filter_max: int = Field(default=50_000, ge=1)
-    #: Auto-archive: sessions idle longer than this many seconds (last activity, or their
-    #: last unarchive if later) and with no live work are archived by ``archive.auto``
-    #: (scheduled by ``fleet beat``). 0 turns the policy off.
-    auto_archive_idle_seconds: Seconds = 0.0
     #: Seconds between two passes of the archive reconciler: every reminder worker runs one
     #: itself (so archives converge with no scheduler deployed) and ``fleet beat`` schedules
     #: ``archive.reconcile`` as often; an archive hazard is retried every 10 intervals. 0: no

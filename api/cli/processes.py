@@ -357,7 +357,7 @@ def serve_api(
 def beat(
     idle_seconds: float = seconds_option(
         0,
-        help="Auto-archive idle age (default FLEET_AUTO_ARCHIVE_IDLE_SECONDS; 0: off).",
+        help="Auto-archive sessions idle longer than this (0: the policy is off).",
     ),
     interval: float = seconds_option(
         AUTO_ARCHIVE_INTERVAL_SECONDS,
@@ -379,7 +379,7 @@ def beat(
     from workers.beat import beat_schedule
 
     settings = settings_with_redis()
-    age = idle_seconds or settings.auto_archive_idle_seconds
+    age = idle_seconds
     every = interval or AUTO_ARCHIVE_INTERVAL_SECONDS
     celery_app = create_app(settings)
     reconcile_every = settings.reconcile_interval_seconds
@@ -392,7 +392,7 @@ def beat(
             "maintenance queue"
         )
     else:
-        console.print("beat: auto-archive is off (FLEET_AUTO_ARCHIVE_IDLE_SECONDS=0)")
+        console.print("beat: auto-archive is off (no --idle-seconds)")
     if reconcile_every > 0:
         console.print(
             f"beat: archive.reconcile every {reconcile_every:g}s on the maintenance queue"

@@ -23,13 +23,12 @@ _LISTED = 100
 
 @shared_task(name="archive.auto", acks_late=True)
 def auto(idle_seconds: float | None = None, cwd: str | None = None) -> dict[str, Any]:
-    """Archive sessions idle longer than ``idle_seconds`` (default: this worker's
-    ``FLEET_AUTO_ARCHIVE_IDLE_SECONDS``) with no live work; ``cwd`` narrows the run to one
+    """Archive sessions idle longer than ``idle_seconds`` (``fleet beat`` passes its
+    ``--idle-seconds``; none: the run is off) with no live work; ``cwd`` narrows the run to one
     directory. Overlapping runs are harmless: each session is checked and written atomically."""
     rt = get_runtime()
     try:
-        age = rt.settings.auto_archive_idle_seconds if idle_seconds is None else idle_seconds
-        result = bulk.auto_archive(rt.store, rt.dispatcher, idle_seconds=age, cwd=cwd)
+        result = bulk.auto_archive(rt.store, rt.dispatcher, idle_seconds=idle_seconds, cwd=cwd)
     except InvalidParams as exc:
         log.info("auto-archive skipped: %s", exc.message)
         return {"outcome": "off", "message": exc.message}
