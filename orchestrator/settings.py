@@ -139,9 +139,6 @@ class FleetSettings(BaseSettings):
     #: Most ``GET /events`` streams one API process serves at once (each holds a Redis
     #: connection); one more answers 503 ``too_many_streams`` with ``Retry-After``.
     api_max_event_streams: int = Field(default=500, ge=1)
-    #: Seconds a client has to send a whole request head (request line and headers) once it
-    #: connects or its previous answer was sent; then ``fleet api`` closes the connection.
-    api_header_timeout_seconds: PositiveSeconds = 10.0
     #: Seconds without progress (no step begun, no advance) after which the sweeper looks at a
     #: running or cancelling turn: one whose step lease is gone is resumed (or settled),
     #: unless its step's message still waits in the broker.

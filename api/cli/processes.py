@@ -31,6 +31,9 @@ from api.cli.params import count_option, seconds_option
 WORKER_CONCURRENCY = 8
 #: Seconds between two runs of ``archive.auto`` in ``fleet beat``'s schedule (``--interval``).
 AUTO_ARCHIVE_INTERVAL_SECONDS = 300.0
+#: Seconds a client of ``fleet api`` has to send a whole request head once it connects or its
+#: previous answer was sent (``--head-timeout``); then the connection is closed (slowloris).
+HEAD_TIMEOUT_SECONDS = 10.0
 
 
 @app.command()
@@ -327,6 +330,13 @@ def api_bind_address(requested: str, token: str) -> str:
 def serve_api(
     host: str = typer.Option("", help="Bind address (default FLEET_API_HOST)."),
     port: int = count_option(0, low=0, high=65535, help="Port (default FLEET_API_PORT)."),
+    head_timeout: float = seconds_option(
+        HEAD_TIMEOUT_SECONDS,
+        "--head-timeout",
+        help="Seconds a client has to send a whole request head once it connects or its "
+        "previous answer was sent; then the connection is closed (0: "
+        f"{HEAD_TIMEOUT_SECONDS:g}).",
+    ),
 ) -> None:
     """Serve the HTTP API (FastAPI on uvicorn)."""
     import uvicorn
@@ -346,7 +356,7 @@ def serve_api(
         port=port,
         log_level="info",
         # A client that never finishes its request head is closed (slowloris).
-        http=head_timeout_protocol(settings.api_header_timeout_seconds),
+        http=head_timeout_protocol(head_timeout or HEAD_TIMEOUT_SECONDS),
         # uvicorn's own loggers propagate to the root handler (FLEET_LOG_FORMAT) instead of
         # getting a format of their own.
         log_config=None,
