@@ -42,7 +42,6 @@ from orchestrator.model import (
     StopReason,
     ToolCall,
 )
-from orchestrator.settings import get_settings
 from orchestrator.store import Store, retried
 from orchestrator.titles import generated_title, set_title
 from orchestrator.turns import (
@@ -279,7 +278,7 @@ def _run_begun(
         return "missing"
     if index == 0 and turn.source == "prompt":
         _generate_title(store, turn.session_id, turn.prompt)
-    emit = _Emit(store, turn.session_id, guard, get_settings().model_text_max_bytes)
+    emit = _Emit(store, turn.session_id, guard, store.settings.model_text_max_bytes)
     with _StepWatch(store, guard, stopping, emit.flush, turn.session_id) as watch:
         try:
             result = _act(store, dispatcher, model, tools, turn, emit, index, watch.cancel)
@@ -345,7 +344,7 @@ def _act(
         tid,
         index,
         chat.conversation(store, sid),
-        toolbox.offered_specs(),
+        toolbox.offered_specs(store.settings.tools),
         _session_field(store, sid, "model") or "",
         may_send,
     )
@@ -403,7 +402,7 @@ def _after_step(
         return "cancelled"
     stop = result.stop
     if stop is None:
-        if index + 1 < get_settings().max_turn_requests:
+        if index + 1 < store.settings.max_turn_requests:
             if _advance(store, guard, index + 1) == "ok":
                 send_step(dispatcher, sid, tid, index + 1)
                 return "ran"

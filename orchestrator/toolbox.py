@@ -39,7 +39,10 @@ from orchestrator.model import (
     ToolCall,
     ToolSpec,
 )
-from orchestrator.settings import get_settings
+from orchestrator.settings import TOOL_NAMES
+
+#: Every tool of the registry, as a ``FLEET_TOOLS`` comma list (its default).
+ALL_TOOLS = ",".join(TOOL_NAMES)
 
 
 class _Args(BaseModel):
@@ -137,15 +140,16 @@ class ToolArgumentsError(Exception):
     or not matching the schema. Its message is the tool error the model sees."""
 
 
-def offered() -> list[Tool]:
-    """The tools offered to models (``FLEET_TOOLS``), in registry order."""
-    names = {n.strip() for n in get_settings().tools.split(",") if n.strip()}
+def offered(tools: str = ALL_TOOLS) -> list[Tool]:
+    """The tools a comma list names (``FLEET_TOOLS``, as ``settings.tools`` holds it; empty:
+    none), in registry order."""
+    names = {n.strip() for n in tools.split(",") if n.strip()}
     return [t for name, t in TOOLS.items() if name in names]
 
 
-def offered_specs() -> list[ToolSpec]:
-    """``offered()`` as the model sees them."""
-    return [t.spec() for t in offered()]
+def offered_specs(tools: str = ALL_TOOLS) -> list[ToolSpec]:
+    """``offered(tools)`` as the model sees them."""
+    return [t.spec() for t in offered(tools)]
 
 
 #: Most characters of a tool's name a message or a stored update repeats.
@@ -200,12 +204,14 @@ def stored_arguments(call: ToolCall) -> Any:
         return f"{text[:STORED_TEXT_CHARS]}... (cut: {len(text)} characters and more)"
 
 
-def parse_call(call: ToolCall) -> tuple[Tool, Any]:
-    """The tool a call names and its validated arguments (an instance of the tool's argument
-    model). Raises ``ToolArgumentsError`` with a message the model can act on."""
-    tool = next((t for t in offered() if t.name == call.name), None)
+def parse_call(call: ToolCall, tools: str = ALL_TOOLS) -> tuple[Tool, Any]:
+    """The tool a call names among those ``tools`` offers (``offered``) and its validated
+    arguments (an instance of the tool's argument model). Raises ``ToolArgumentsError`` with a
+    message the model can act on."""
+    on_offer = offered(tools)
+    tool = next((t for t in on_offer if t.name == call.name), None)
     if tool is None:
-        names = ", ".join(t.name for t in offered()) or "none"
+        names = ", ".join(t.name for t in on_offer) or "none"
         raise ToolArgumentsError(f"unknown tool {shown_name(call)!r}; the tools on offer: {names}")
     raw = _arguments(call)
     if not isinstance(raw, dict):

@@ -178,7 +178,7 @@ def run_tool(
     turn_id, token = guard.turn_id, guard.token
     call_id = new_id("call")
     try:
-        tool, parsed = parse_call(call)
+        tool, parsed = parse_call(call, store.settings.tools)
         problem = ""
     except ToolArgumentsError as exc:
         tool, parsed, problem = None, None, str(exc)
