@@ -456,8 +456,9 @@ def acp() -> None:
 
     from api.acp_stdio import main as acp_main
     from orchestrator.logs import configure as configure_logging
+    from orchestrator.settings import get_settings
 
-    configure_logging(level=logging.WARNING)
+    configure_logging(get_settings().log_format or None, level=logging.WARNING)
     acp_main()
 
 
