@@ -38,7 +38,7 @@ from api.guards import (
 )
 from api.routes import ROUTERS
 from api.routes.events import HEARTBEAT_SECONDS
-from orchestrator import audit
+from orchestrator import audit, containment
 from orchestrator.errors import FleetError
 from orchestrator.families import Dispatcher
 from orchestrator.logs import redact_every_handler
@@ -235,6 +235,7 @@ def create_app(
     (``fleet api``, or ``uvicorn api.rest:create_app --factory`` with uvicorn's own logging)."""
     redact_every_handler()
     settings = settings if settings is not None else get_settings()
+    containment.choose(settings.containment)  # the mode /ready reports
     wiring = Wiring.build(settings, store, dispatcher)
 
     @asynccontextmanager

@@ -67,6 +67,7 @@ def own_store(name: str, family: str) -> Store:
     ``FLEET_REDIS_URL`` is not set."""
     settings = FleetSettings()  # this watchdog process's entry point: read once, passed on
     logs.configure(settings.log_format or None, filters=[logs.FixedContext(family=family)])
+    containment.choose(settings.containment)
     containment.kill_scope_on_parent_death()
     if not settings.redis_url:
         raise SystemExit(f"{name}: FLEET_REDIS_URL is not set")

@@ -17,6 +17,7 @@ from celery import Celery
 from celery.signals import celeryd_init
 from tenacity import Retrying, before_sleep_log, retry_if_exception_type, wait_exponential
 
+from orchestrator import containment
 from orchestrator.errors import StoreUnavailable
 from orchestrator.jobs import JobSupervisor
 from orchestrator.model import Model, ScriptedModel
@@ -87,8 +88,10 @@ _lock = threading.Lock()
 
 def install(settings: FleetSettings, app: Celery) -> None:
     """Hand this worker process its settings and its Celery app (built from them by
-    ``workers.app.create_app``); called once by the entry point, before the worker starts."""
+    ``workers.app.create_app``); called once by the entry point, before the worker starts.
+    The process's trees are contained as ``FLEET_CONTAINMENT`` asks (``containment.choose``)."""
     global _installed, _runtime
+    containment.choose(settings.containment)
     with _lock:
         _installed = (settings, app)
         _runtime = None
