@@ -145,13 +145,13 @@ class Store:
         #: Audit entries kept per session and fleet-wide (older ones are trimmed).
         self.audit_max_per_session = audit_max_per_session
         self.audit_max_global = audit_max_global
-        if sentinel is None and settings is not None:
-            sentinel = SentinelOptions.from_settings(settings)
+        #: The Sentinel options its clients use (``sentinel``, else from the settings).
+        self.sentinel = sentinel if sentinel is not None else SentinelOptions.from_settings(read)
         # Typed as Any: redis-py annotates replies as unions over sync/async and bytes/str
         # modes; with decode_responses=True they are str, and callers check what they read.
         self.redis: Any = sync_client(
             url,
-            sentinel,
+            self.sentinel,
             decode_responses=True,
             socket_timeout=socket_timeout,
             socket_connect_timeout=connect_timeout,
