@@ -29,7 +29,7 @@ from orchestrator.redisconn import (
     store_unavailable,
     sync_client,
 )
-from orchestrator.settings import FleetSettings, get_settings
+from orchestrator.settings import FleetSettings
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -113,10 +113,11 @@ class Store:
     """A Redis client, the key schema bound to a prefix, and the loaded Lua scripts.
 
     ``url`` is a redis://, rediss://, unix:// or sentinel:// URL (``orchestrator.redisconn``;
-    ``sentinel`` defaults to ``FLEET_REDIS_SENTINEL_*``); timeouts are seconds and bound every
-    call, so a dead server (or a connection that went silent) surfaces as ``StoreUnavailable``
-    instead of a hang; connections have TCP keepalive. With Sentinel
-    the client follows the primary through a failover.
+    ``sentinel`` defaults to ``settings``' ``FLEET_REDIS_SENTINEL_*``); timeouts are seconds
+    and bound every call, so a dead server (or a connection that went silent) surfaces as
+    ``StoreUnavailable`` instead of a hang; connections have TCP keepalive. With Sentinel the
+    client follows the primary through a failover. ``settings``: the process's, as its entry
+    point read them (none: ``FleetSettings()``, read once here).
     """
 
     def __init__(
@@ -135,8 +136,8 @@ class Store:
     ) -> None:
         self.url = url
         self.keys = Keys(prefix)
-        self._settings = settings
-        read = settings if settings is not None else get_settings()
+        read = settings if settings is not None else FleetSettings()
+        self._settings = read
         #: Replicas that must acknowledge a durable write (``WAIT``) within the timeout (ms).
         self.min_replicas_ack = (
             read.redis_min_replicas_ack if min_replicas_ack is None else min_replicas_ack
@@ -163,10 +164,10 @@ class Store:
     @property
     def settings(self) -> FleetSettings:
         """The settings of the process this store serves, as its entry point read them and
-        passed them in (``settings=``); the environment's (``get_settings``) when none was
-        given. The domain reads its limits, caps and waits here, so a process (or a test) with
-        its own settings needs no process-global reset."""
-        return self._settings if self._settings is not None else get_settings()
+        passed them in (``settings=``); when none were given, the environment's as they were
+        when the store was made. The domain reads its limits, caps and waits here, so a process
+        (or a test) with its own settings needs no process-global reset."""
+        return self._settings
 
     def now_ms(self) -> int:
         """The Redis server's clock (``TIME``) in integer epoch milliseconds: the one clock
