@@ -211,7 +211,7 @@ class FleetSettings(BaseSettings):
 
 @lru_cache(maxsize=1)
 def get_settings() -> FleetSettings:
-    """The settings of the environment, read once per process: the accessor of the modules
-    that are not handed a ``FleetSettings`` by their entry point yet (entry points build their
-    own ``FleetSettings()`` and pass it down)."""
+    """The settings of the environment, read once per process, for the entry points of
+    ``api/`` (the CLI's commands, ``create_app`` without settings); ``orchestrator/`` reads
+    none itself: it is handed the settings (``Store.settings``) or the values."""
     return FleetSettings()
