@@ -14,6 +14,7 @@ COPY pyproject.toml ./
 COPY orchestrator ./orchestrator
 COPY workers ./workers
 COPY api ./api
+COPY localfleet ./localfleet
 
 RUN pip install . \
     && useradd --create-home --uid 10001 --shell /usr/sbin/nologin fleet \

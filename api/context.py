@@ -12,8 +12,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from functools import lru_cache
 
-from api.discovery import FleetNotFound, find
 from api.wiring import CeleryDispatcher, celery_dispatcher
+from localfleet.discovery import FleetNotFound, find
 from orchestrator.errors import InvalidParams
 from orchestrator.redisconn import SCHEMES, is_sentinel, parse_sentinel_url
 from orchestrator.settings import FleetSettings, MissingRedisUrl, get_settings
@@ -37,7 +37,7 @@ def checked_redis_url(settings: FleetSettings) -> str:
 @lru_cache(maxsize=1)
 def settings() -> FleetSettings:
     """The process's settings; with ``FLEET_REDIS_URL`` unset, the Redis URL and key prefix
-    of the ``fleet up`` running with the same state directory (``api/discovery.py``), if
+    of the ``fleet up`` running with the same state directory (``localfleet/discovery.py``), if
     one does."""
     configured = get_settings()
     if configured.redis_url:

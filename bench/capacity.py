@@ -103,8 +103,8 @@ def phase(url: str, name: str, ids: list[str], seconds: float, clients: int) -> 
 
 def steps_phase(url: str, root: Path, turns_n: int = 20, steps_n: int = 50) -> dict[str, Any]:
     """Run ``turns_n`` turns of ``steps_n`` steps on one turn worker; server cost per step."""
-    from api.local import LocalFleet
     from api.wiring import celery_dispatcher
+    from localfleet.fleet import LocalFleet
     from orchestrator import sessions, turns
     from orchestrator.families import Family
     from orchestrator.settings import FleetSettings
@@ -157,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=15)
     parser.add_argument("--clients", type=int, default=4)
     args = parser.parse_args(argv)
-    from api.embedded import EmbeddedRedis
+    from localfleet.embedded import EmbeddedRedis
     from orchestrator import sessions
     from orchestrator.store import Store
 

@@ -2,9 +2,9 @@
 
 What Redis spends on one create (``create_session.lua``, ``INFO commandstats``: the script's
 own time, during which every other command of the fleet waits) and what the caller waits
-(``sessions.create_session``, wall clock, an fsynced write), beside the walk the script did
-before the busy-children index (every child's ``deleted`` and items read on each create),
-run as a script of its own over the same children. The parents' children are idle, as a
+(``sessions.create_session``, wall clock, an fsynced write), beside a walk without the
+busy-children index (every child's ``deleted`` and items read on each create), run as a
+script of its own over the same children. The parents' children are idle, as a
 fleet's finished subagents are; one more row puts 1,000 busy children (a reminder each, far
 over the cap) under the widest parent: a refused create.
 """
@@ -18,7 +18,7 @@ import redis
 
 from bench.common import Row, configure, fsync_relaxed, ms, pct, timed
 
-#: The count create_session.lua made before the index: every child read, on every create.
+#: The count without the busy-children index: every child read, on every create.
 _WALK = """
 local live = 0
 for _, c in ipairs(redis.call('SMEMBERS', K.children(ARGV[2]))) do

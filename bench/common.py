@@ -80,7 +80,7 @@ def environment(url: str | None) -> Iterator[tuple[str, str]]:
             for key in client.scan_iter(match=f"{prefix}*", count=5000):
                 client.delete(key)
         return
-    from api.embedded import EmbeddedRedis
+    from localfleet.embedded import EmbeddedRedis
 
     with EmbeddedRedis(Path(tempfile.mkdtemp(prefix="fleet-bench-"))) as server:
         embedded_urls.add(server.url)

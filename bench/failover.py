@@ -1,4 +1,4 @@
-"""Archives through a Sentinel failover (issue 15): ``python -m bench.failover [--ack N]
+"""Archives through a Sentinel failover: ``python -m bench.failover [--ack N]
 [--lag-ms MS] [--hang] [--runs R]``.
 
 Starts on loopback a primary, two replicas and three Sentinels (``bench/sentinels.py``), one
@@ -39,9 +39,9 @@ from typing import Any
 
 import httpx
 
-from api.local import LocalFleet
 from bench.common import free_port
 from bench.sentinels import SentinelGroup, sentinel_group
+from localfleet.fleet import LocalFleet
 from orchestrator import turns
 from orchestrator.errors import StoreUnavailable
 from orchestrator.processes import die_with_parent

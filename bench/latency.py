@@ -100,7 +100,7 @@ def main() -> int:
     parser.add_argument("-n", type=int, default=10, help="stops of each kind")
     parser.add_argument("--redis-url", default=None, help="use this Redis (fresh prefix)")
     args = parser.parse_args()
-    from api.local import LocalFleet
+    from localfleet.fleet import LocalFleet
     from orchestrator.families import Family
 
     with environment(args.redis_url) as (url, prefix):

@@ -322,7 +322,7 @@ def _archive_side(
 
 
 def bench_naive(url: str, prefix: str, n: int) -> list[Row]:
-    from api.local import LocalFleet
+    from localfleet.fleet import LocalFleet
 
     store, dispatcher = configure(url, prefix)
     state = Path(tempfile.mkdtemp(prefix="fleet-bench-naive-"))

@@ -21,8 +21,8 @@ is used and removed afterwards. Figures are wall-clock medians and 99th percenti
 10. a model step through the fleet vs the same request straight through the SDK
     (``bench/model.py``)
 11. a shell tool call as a turn worker runs it vs the bare command (``bench/shell.py``)
-12. creating a subagent under a parent of 10, 1,000 and 12,000 children vs the walk of every
-    child the create did before (``bench/children.py``)
+12. creating a subagent under a parent of 10, 1,000 and 12,000 children vs a walk of every
+    child on each create (``bench/children.py``)
 """
 
 from __future__ import annotations
@@ -162,8 +162,8 @@ BUSY_PROMPT = "spawn think 60|say done\nrun 60\nremind 60 say later\nthink 60"
 
 
 def bench_drain(url: str, prefix: str, n: int) -> list[Row]:
-    from api.local import LocalFleet
     from bench.hops import StopEvents, breakdown
+    from localfleet.fleet import LocalFleet
     from orchestrator import activity, archive, sessions, turns
     from orchestrator.families import Family
 
@@ -240,7 +240,7 @@ def _watch_quiet(
 
 # --------------------------------------------------------------------------- 6
 def bench_throughput(url: str, prefix: str, n: int) -> list[Row]:
-    from api.local import LocalFleet
+    from localfleet.fleet import LocalFleet
     from orchestrator import sessions
     from orchestrator.families import Family
 
@@ -281,12 +281,13 @@ def bench_throughput(url: str, prefix: str, n: int) -> list[Row]:
 
 def redis_label(url: str | None) -> str:
     """The Redis the figures were measured on: the server at ``url``, else the binary the
-    private servers run (``redis-server`` on ``PATH`` first, as ``api/embedded.py`` picks)."""
+    private servers run (``redis-server`` on ``PATH`` first, as ``localfleet/embedded.py``
+    picks)."""
     if url:
         with redis.Redis.from_url(url) as client:
             version, allocator = client.info("server")["redis_version"], client.info("memory")
         return f"Redis {version} ({allocator.get('mem_allocator', '?')}) at {url}"
-    from api.redis_binary import find_redis_server
+    from localfleet.redis_binary import find_redis_server
 
     binary = find_redis_server()
     if binary is None:
@@ -320,7 +321,7 @@ def main() -> int:
     args = parser.parse_args()
     q = args.quick
     only = {int(x) for x in args.only.split(",") if x}
-    # (sessions, idle, busy) of benchmark 9; --million for the issue's full sizes.
+    # (sessions, idle, busy) of benchmark 9; --million for its full sizes.
     million = (
         (1_000_000, 100_000, 10_000)
         if args.million

@@ -21,8 +21,8 @@ from typing import Any
 
 import redis
 
-from api.embedded import find_redis_server
 from bench.common import free_port
+from localfleet.embedded import find_redis_server
 from orchestrator.processes import die_with_parent
 
 MASTER = "mymaster"

@@ -59,7 +59,7 @@ def bench_shell(url: str, prefix: str, n: int) -> list[Row]:
         assert status == "completed", status
 
     def per_call() -> None:
-        # As each call did before: a watchdog interpreter started beside the command and
+        # The alternative measured: a watchdog interpreter started beside each command and
         # killed once the command ended (a short command ends it mid-start-up).
         proc = subprocess.Popen(  # its beats (a byte on stdout each) are not for the table
             [sys.executable, "-P", "-m", "orchestrator.execwatch"],

@@ -9,7 +9,7 @@ Two ``CeleryDispatcher``s on one app send the same batch (``turn.stop``, ``job.s
 - ``templates``: the fleet's dispatcher (after the first batch, every message is rendered
   from its pair's template, ``workers.messages``);
 - ``celery``: the same dispatcher with templates off, every message built and published by
-  Celery (``create_task_message`` and ``send_task_message``), as before templates.
+  Celery (``create_task_message`` and ``send_task_message``).
 
 Each repeat times ``--batches`` batches of one path, then of the other (the order alternates
 from repeat to repeat) with ``time.process_time``; the queues are emptied between blocks,

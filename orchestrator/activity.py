@@ -16,7 +16,7 @@ from orchestrator import families, metrics
 from orchestrator.errors import FleetError, StoreUnavailable
 from orchestrator.families import Dispatcher, Family
 from orchestrator.items import ActivityItem, shorten
-from orchestrator.sessions import check_session_id, get_session
+from orchestrator.sessions import check_session_id, descendants_many, get_session
 from orchestrator.store import Store, iso, retried
 
 log = logging.getLogger(__name__)
@@ -153,24 +153,8 @@ def note_quiet(store: Store, session_id: str) -> None:
         _quiet_recorded(store, sid, ms, archived_at, root == "1")
 
 
-@retried
-def _descendants_many(store: Store, roots: list[str]) -> dict[str, list[str]]:
-    """Every descendant of each root, any depth, breadth first (children of one session in
-    sorted order, deleted ones included): one pipelined round trip per tree level for all
-    roots together."""
-    out: dict[str, list[str]] = {root: [] for root in roots}
-    level = [(root, root) for root in dict.fromkeys(roots)]
-    while level:
-        pipe = store.redis.pipeline(transaction=False)
-        for _, sid in level:
-            pipe.smembers(store.keys.children(sid))
-        nxt: list[tuple[str, str]] = []
-        for (root, _), members in zip(level, pipe.execute(), strict=True):
-            for child in sorted(members):
-                out[root].append(child)
-                nxt.append((root, child))
-        level = nxt
-    return out
+#: ``sessions.descendants_many``, retried as a read of the census.
+_descendants_many = retried(descendants_many)
 
 
 def census_many(

@@ -1,4 +1,4 @@
-"""Archive and unarchive: the archive never hides running work (seed 004; ACP seed 000).
+"""Archive and unarchive: the archive never hides running work.
 
 - Without ``stop_activity`` a session with live work is refused with ``SessionActive``
   carrying every live item. The check and the write are one Lua script, so no work can start
@@ -235,8 +235,8 @@ def _archive(
         extra={"session_id": sid},
     )
     # Every session the transition archived was told by the script, before its work is
-    # stopped (ACP seed 000): its clients get the updates up to historyLength, archived: true,
-    # then close it; the script also emitted the events of the turns it stopped.
+    # stopped (as ACP's session/close would): its clients get the updates up to historyLength,
+    # archived: true, then close it; the script also emitted the events of the turns it stopped.
     if stop_activity:
         # The census the script read right after its write, in the same atomic step: anything
         # that started before the write is in it, and anything that starts after it is refused

@@ -6,11 +6,10 @@ entry ``{at, action, outcome, actor, sessionId, detail}`` appended to the fleet-
 (``Keys.audit_all``, capped at ``Store.audit_max_global``) and to the session's trail
 (``Keys.audit_log``, a list capped at ``Store.audit_max_per_session``), the same entry id in
 both (the stream's); the oldest entries are trimmed. Refusals are recorded too (outcome
-``refused``). A session's entries written before its trail was a list are in a stream of its
-own (``Keys.audit``), read with the list. A bulk archive leaves each session's entry in its
-batch's hash (``Keys.audit_batch``, named by the session hash) until the session's next entry
-moves it to the list, so a bulk over many sessions adds no key per session to Redis's key
-table; ``read`` merges it.
+``refused``). A bulk archive leaves each session's entry in its batch's hash
+(``Keys.audit_batch``, named by the session hash) until the session's next entry moves it to
+the list, so a bulk over many sessions adds no key per session to Redis's key table; ``read``
+merges it.
 
 An archive or unarchive reaches the descendants its transition archived or restored, a delete
 the descendants it deleted: each gets the session's entry in its own trail (same id, action,
@@ -41,6 +40,7 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import Any
 
+from orchestrator import entries
 from orchestrator.errors import InvalidParams
 from orchestrator.store import Store, retried
 
@@ -88,7 +88,7 @@ def record(
     actor: str | None = None,
     **detail: Any,
 ) -> str | None:
-    """Append one entry for ``session_id`` to its stream and to the fleet-wide stream.
+    """Append one entry for ``session_id`` to its trail and to the fleet-wide stream.
 
     ``action`` names the change (``archive``, ``unarchive``, ``set_title``, ``delete``,
     ``close``, ``bulk_archive`` ...); ``outcome`` a short word (``archived``, ``refused``,
@@ -102,8 +102,8 @@ def record(
 
 def detail_json(detail: dict[str, Any]) -> str:
     """An entry's ``detail`` field as stored (compact JSON, sorted keys); scripts that write
-    entries themselves (``bulk_archive.lua``) are given it."""
-    return json.dumps(detail, separators=(",", ":"), sort_keys=True)
+    entries themselves (``bulk_archive.lua``) are given it (``entries.detail_json``)."""
+    return entries.detail_json(detail)
 
 
 def script_recorder(
@@ -231,15 +231,11 @@ def read(
         rows = store.redis.xrevrange(store.keys.audit_all, max=top, min="-", count=count)
         return [_decode(entry_id, fields) for entry_id, fields in rows]
     # The session's trail (a list, capped, so read whole) with the entries waiting in bulk
-    # batches (the newest: the next entry moves them to the list first), in one script, and
-    # what its older stream holds (never written any more).
+    # batches (the newest: the next entry moves them to the list first), in one script.
     listed = store.run("audit_trail", [session_id])
-    streamed = store.redis.xrevrange(store.keys.audit(session_id), max=top, min="-", count=count)
-    entries = [_decode(entry_id, fields) for entry_id, fields in streamed]
     # The list and the waiting entries together keep the cap the list alone keeps.
     trail = [json.loads(raw) for raw in listed][-store.audit_max_per_session :]
-    for fields in trail:
-        entries.append(_decode(fields.pop("id"), {**fields, "sessionId": session_id}))
+    entries = [_decode(fields.pop("id"), {**fields, "sessionId": session_id}) for fields in trail]
     entries = [e for e in entries if limit is None or _id_key(e["id"]) < limit]
     entries.sort(key=lambda e: _id_key(e["id"]), reverse=True)
     return entries[:count]

@@ -32,14 +32,20 @@ DEFAULT_PARENT = "agent-fleet"
 _POLL = 0.02
 
 
+def _proc_text(path: str) -> str | None:
+    """The text of a ``/proc`` file; ``None`` when it cannot be read."""
+    try:
+        return Path(path).read_text()
+    except OSError:
+        return None
+
+
 def cgroup2_mount(mounts: str | None = None) -> str | None:
     """Where the cgroup v2 hierarchy is mounted, read from ``mounts`` (the text of
     ``/proc/self/mounts`` by default); ``None`` when it is not."""
+    mounts = _proc_text("/proc/self/mounts") if mounts is None else mounts
     if mounts is None:
-        try:
-            mounts = Path("/proc/self/mounts").read_text()
-        except OSError:
-            return None
+        return None
     for line in mounts.splitlines():
         fields = line.split()
         if len(fields) >= 3 and fields[2] == "cgroup2":
@@ -49,11 +55,9 @@ def cgroup2_mount(mounts: str | None = None) -> str | None:
 
 def own_cgroup(text: str | None = None) -> str | None:
     """This process's cgroup v2 path (``0::/path`` of ``/proc/self/cgroup``, or ``text``)."""
+    text = _proc_text("/proc/self/cgroup") if text is None else text
     if text is None:
-        try:
-            text = Path("/proc/self/cgroup").read_text()
-        except OSError:
-            return None
+        return None
     for line in text.splitlines():
         if line.startswith("0::"):
             return line[3:].strip() or "/"

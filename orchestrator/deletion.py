@@ -1,4 +1,5 @@
-"""Delete never hides running work (issue 11; the archive rule of seed 004 applied to delete).
+"""Delete never hides running work: the archive's rule (``orchestrator/archive.py``) applied to
+delete.
 
 A delete takes the session's whole subtree with it: the subagents are its work, and a
 descendant left behind would point at a parent that no longer exists. Every descendant is
@@ -202,13 +203,12 @@ def _wait_quiet(
 
 @retried
 def _bound(store: Store, session_id: str, txn: str) -> bool:
-    """Whether the session is still archived by ``txn`` (by any archive when ``txn`` is '',
-    one written before transitions were recorded; a deleted one counts as bound: the census
-    that follows says it is gone)."""
+    """Whether the session is still archived by ``txn`` (a deleted one counts as bound: the
+    census that follows says it is gone)."""
     archived, current, deleted = store.redis.hmget(
         store.keys.session(session_id), "archived", "archiveTxn", "deleted"
     )
-    return bool(deleted == "1" or (archived == "1" and (not txn or current == txn)))
+    return bool(deleted == "1" or (archived == "1" and current == txn))
 
 
 def _unarchived(store: Store, session_id: str) -> NoReturn:

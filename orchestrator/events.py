@@ -17,13 +17,12 @@ stays the source of truth).
 
 from __future__ import annotations
 
-import json
 import logging
 from typing import Any
 
 import redis
 
-from orchestrator import untrusted
+from orchestrator import entries, untrusted
 from orchestrator.store import Store, retried
 
 log = logging.getLogger(__name__)
@@ -51,7 +50,7 @@ def publish_many(store: Store, batch: list[tuple[str, str, dict[str, Any]]]) -> 
         return
     pipe = store.redis.pipeline(transaction=False)
     for kind, session_id, fields in batch:
-        payload = json.dumps({"type": kind, "sessionId": session_id, **fields})
+        payload = entries.payload(kind, session_id, fields)
         if kind in DURABLE_KINDS:
             pipe.xadd(
                 store.keys.event_stream,

@@ -33,8 +33,8 @@ start time): the script takes the lease again, even a lapsed one, only while the
 then the tree is thawed. Refused (an archive committed during the stall, the census recorded
 it ``lost``), the tree is killed frozen (SIGKILL and ``cgroup.kill`` end frozen tasks) and the
 job recorded ``lost``: nothing of an archived session runs after its archive. A job frozen
-longer than ``FLEET_JOB_FREEZE_MAX_SECONDS`` is killed and recorded ``lost`` as before
-(``0``: never frozen).
+longer than ``FLEET_JOB_FREEZE_MAX_SECONDS`` is killed and recorded ``lost`` like one past
+the margin (``0``: never frozen).
 
 Honest limits: a whole host frozen (a VM paused) freezes its jobs and this watchdog too; on
 thaw the census may already count the job ``lost``, and the watchdog (or the resuming

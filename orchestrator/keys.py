@@ -47,10 +47,8 @@ class Keys:
         outputTokens (model usage of all its turns, ``orchestrator/usage.py``); trailBatch
         and trail2Batch (while the newest one or two entries of its audit trail wait in a
         bulk archive's batch hash, ``audit_batch``, the ids of those batches, the older
-        first; the session's next entry moves them to ``audit_log``); busyIndex ('1': its
-        ``busy_children`` is kept, as it is from its creation on). The id is the
-        key's suffix, not a field (hashes written by earlier versions still hold a
-        ``sessionId`` field equal to it, which readers ignore)."""
+        first; the session's next entry moves them to ``audit_log``). The id is the key's
+        suffix, not a field."""
         return f"{self.prefix}session:{sid}"
 
     def lineage(self, sid: str) -> str:
@@ -70,7 +68,7 @@ class Keys:
         ``FLEET_MAX_SUBAGENTS_PER_SESSION`` among these, never walking the idle ones. Every
         script that adds or removes an item of a session updates it in the same script
         (``sync_busy`` in ``_lib.lua``); a delete removes the session from its parent's and
-        drops its own. Kept from the session's creation on (``busyIndex`` in its hash)."""
+        drops its own. Kept from the session's creation on."""
         return f"{self.prefix}busychildren:{sid}"
 
     @property
@@ -282,11 +280,6 @@ class Keys:
         One key per batch of up to 1,000 sessions, where a list per session would add a key
         to Redis's key table for each."""
         return f"{self.prefix}auditbatch:{batch}"
-
-    def audit(self, sid: str) -> str:
-        """STREAM: the session's lifecycle changes as recorded before ``audit_log`` held them
-        (same fields, ``sessionId`` too); read, merged with ``audit_log``, never written."""
-        return f"{self.prefix}audit:{sid}"
 
     @property
     def audit_all(self) -> str:

@@ -30,7 +30,7 @@ SEARCH_BATCH = 500
 
 
 class ArchivedFilter(StrEnum):
-    """The ``archived`` filter of ``session/list`` (ACP, seed 000)."""
+    """The ``archived`` filter of ``session/list`` (ACP)."""
 
     EXCLUDE = "exclude"  #: only sessions that are not archived (the default)
     INCLUDE = "include"  #: archived and not archived

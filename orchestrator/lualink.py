@@ -1,12 +1,13 @@
 """A script's source: its body after only the prelude definitions it reaches.
 
 Every Lua script of the store runs after a prelude: the key builders ``K``
-(``keys.lua_prelude``), ``scripts/_lib.lua`` and the families' liveness rules. Redis runs a
-script's whole source on every call, so a definition costs each call whether the script uses
-it or not: the whole prelude ahead of ``return 1`` took 20.3 us of the server's time per call
-against 3.4 us for ``return 1`` alone (``EVALSHA``, ``INFO commandstats``, Redis 7.0), the
-time of a dozen simple commands. ``link`` keeps the definitions the body reaches, directly or
-through other definitions, in their own order, and drops the rest.
+(``keys.lua_prelude``), the shared rules (``luarules.lua_rules``), ``scripts/_lib.lua`` and
+the families' liveness rules. Redis runs a script's whole source on every call, so a
+definition costs each call whether the script uses it or not: the whole prelude ahead of
+``return 1`` took 20.3 us of the server's time per call against 3.4 us for ``return 1`` alone
+(``EVALSHA``, ``INFO commandstats``, Redis 7.0), the time of a dozen simple commands.
+``link`` keeps the definitions the body reaches, directly or through other definitions, in
+their own order, and drops the rest.
 
 What the prelude may hold, one top-level statement at a time (a statement starts at column 0;
 the comment lines just before it belong to it):

@@ -66,10 +66,7 @@ class Session:
     def from_hash(cls, session_id: str, h: dict[str, str]) -> Session:
         """Build from the id (the key's suffix) and the stored hash fields.
 
-        The hash does not store the id; one written by an earlier version still has a
-        ``sessionId`` field, equal to ``session_id`` and not read. Rolling back to a version
-        that reads that field needs it written back first (``HSET <key> sessionId <id>``
-        over every ``session:*`` key), or its reads of newer sessions fail."""
+        The hash does not store the id."""
         return cls(
             session_id=session_id,
             cwd=h["cwd"],

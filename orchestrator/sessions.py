@@ -210,18 +210,26 @@ def write_delete(
 
 def descendants(store: Store, session_id: str) -> list[str]:
     """Ids of every descendant of the session, any depth, breadth first. A delete takes the
-    session's subtree and leaves its parent's children set, so none of these is deleted,
-    except below a session an earlier version deleted alone (it left its subtree in place)."""
-    out: list[str] = []
-    level = [session_id]
+    session's subtree and leaves its parent's children set, so none of these is deleted."""
+    return descendants_many(store, [session_id])[session_id]
+
+
+def descendants_many(store: Store, roots: list[str]) -> dict[str, list[str]]:
+    """The one walk of subtrees in Python: every descendant of each root, any depth, breadth
+    first, the children of one session in sorted order, deleted ones included (the order of
+    ``descendants`` in ``_lib.lua``): one pipelined round trip per tree level for all roots
+    together. Raises redis-py's errors as they come (callers retry or translate)."""
+    out: dict[str, list[str]] = {root: [] for root in roots}
+    level = [(root, root) for root in dict.fromkeys(roots)]
     while level:
         pipe = store.redis.pipeline(transaction=False)
-        for sid in level:
+        for _, sid in level:
             pipe.smembers(store.keys.children(sid))
-        nxt: list[str] = []
-        for members in pipe.execute():
-            nxt.extend(sorted(members))
-        out.extend(nxt)
+        nxt: list[tuple[str, str]] = []
+        for (root, _), members in zip(level, pipe.execute(), strict=True):
+            for child in sorted(members):
+                out[root].append(child)
+                nxt.append((root, child))
         level = nxt
     return out
 

@@ -1,11 +1,12 @@
 """The stop fan-out: one stop request per family (jobs: per owning host), sent and never
 awaited. Each dispatch is contained: a failure is logged as a warning and reported, and never
-keeps the other families from being asked (seed 004: stops are requested, not waited for).
+keeps the other families from being asked (stops are requested, not waited for).
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -96,16 +97,9 @@ def dispatch_stops(
     Each request is counted (``fleet_stop_dispatches``/``fleet_stop_failures`` by family):
     with ``store`` in one round trip, else left in the report's ``counts`` for the caller."""
     report = StopReport()
-    messages = stop_messages(session_id, items)
-    errors = send_all(dispatcher, [(m.task, m.args, m.queue) for m in messages])
-    counts = report.counts
-    for message, error in zip(messages, errors, strict=True):
+
+    def failed(message: StopMessage, error: Exception) -> None:
         family = str(message.family)
-        if error is None:
-            report.sent[family] = report.sent.get(family, 0) + message.count
-            counts.append((metrics.STOP_DISPATCHES, (family,), 1))
-            continue
-        report.failed.append((family, f"{type(error).__name__}: {error}"))
         extra = {"session_id": session_id, "family": family}
         # One line per failure: a broker outage fails every family at once, and a traceback
         # each would bury the archive that succeeded. The traceback is logged at debug.
@@ -117,10 +111,37 @@ def dispatch_stops(
             extra=extra,
         )
         log.debug("stop dispatch for %s failed", family, exc_info=error, extra=extra)
-        counts.append((metrics.STOP_FAILURES, (family,), 1))
+
+    report.counts.extend(
+        _send_counted(dispatcher, stop_messages(session_id, items), report, failed)
+    )
     if store is not None:
-        metrics.incr_many(store, counts)
+        metrics.incr_many(store, report.counts)
     return report
+
+
+def _send_counted(
+    dispatcher: Dispatcher,
+    messages: list[StopMessage],
+    report: StopReport,
+    failed: Callable[[StopMessage, Exception], None],
+) -> list[tuple[metrics.Counter, tuple[str, ...], int]]:
+    """Send ``messages`` (one failure never keeps the others from being sent), adding each to
+    ``report`` (``sent`` by family, or ``failed`` with its error, after ``failed`` is told).
+    Returns the metric increments: one ``fleet_stop_dispatches`` or ``fleet_stop_failures``
+    per message, by family."""
+    errors = send_all(dispatcher, [(m.task, m.args, m.queue) for m in messages])
+    counts: list[tuple[metrics.Counter, tuple[str, ...], int]] = []
+    for message, error in zip(messages, errors, strict=True):
+        family = str(message.family)
+        if error is None:
+            report.sent[family] = report.sent.get(family, 0) + message.count
+            counts.append((metrics.STOP_DISPATCHES, (family,), 1))
+            continue
+        report.failed.append((family, f"{type(error).__name__}: {error}"))
+        failed(message, error)
+        counts.append((metrics.STOP_FAILURES, (family,), 1))
+    return counts
 
 
 def stop_messages_many(items_by_session: dict[str, list[ActivityItem]]) -> list[StopMessage]:
@@ -156,16 +177,9 @@ def dispatch_stops_many(
     With ``store``, the messages are counted as ``dispatch_stops`` counts them, in one round
     trip."""
     report = report if report is not None else StopReport()
-    messages = stop_messages_many(items_by_session)
-    errors = send_all(dispatcher, [(m.task, m.args, m.queue) for m in messages])
-    counts: list[tuple[metrics.Counter, tuple[str, ...], int]] = []
-    for message, error in zip(messages, errors, strict=True):
+
+    def failed(message: StopMessage, error: Exception) -> None:
         family = str(message.family)
-        if error is None:
-            report.sent[family] = report.sent.get(family, 0) + message.count
-            counts.append((metrics.STOP_DISPATCHES, (family,), 1))
-            continue
-        report.failed.append((family, f"{type(error).__name__}: {error}"))
         log.warning(
             "bulk stop dispatch for %s (%d item(s) of %d session(s)) failed: %s: %s",
             family,
@@ -175,7 +189,9 @@ def dispatch_stops_many(
             error,
             extra={"family": family},
         )
-        counts.append((metrics.STOP_FAILURES, (family,), 1))
+
+    messages = stop_messages_many(items_by_session)
+    counts = _send_counted(dispatcher, messages, report, failed)
     if store is not None:
         metrics.incr_many(store, counts)
     return report

@@ -20,7 +20,7 @@ import redis
 from redis.commands.core import Script
 from tenacity import retry, retry_if_exception_type, stop_after_delay, wait_exponential
 
-from orchestrator import lualink
+from orchestrator import lualink, luarules
 from orchestrator.errors import WriteUnconfirmed
 from orchestrator.keys import AUDIT_MAX_GLOBAL, AUDIT_MAX_PER_SESSION, Keys, lua_prelude
 from orchestrator.redisconn import (
@@ -96,11 +96,13 @@ def retried(fn: Callable[P, T]) -> Callable[P, T]:
 @functools.lru_cache(maxsize=4)
 def _prelude(version: int) -> list[lualink.Statement]:
     """The statements of every script's prelude for the families' registry ``version``: the
-    key builders, ``_lib.lua``, the families' liveness rules."""
+    key builders, the shared rules (``orchestrator/luarules.py``), ``_lib.lua``, the families'
+    liveness rules."""
     from orchestrator.families import registry
 
     lib = (_SCRIPTS_DIR / "_lib.lua").read_text(encoding="utf-8")
-    return lualink.statements("\n".join([lua_prelude(), lib, registry.lua_rules(), ""]))
+    parts = [lua_prelude(), luarules.lua_rules(), lib, registry.lua_rules(), ""]
+    return lualink.statements("\n".join(parts))
 
 
 @retried
@@ -178,9 +180,10 @@ class Store:
 
     def script(self, name: str) -> Script:
         """Return the Lua script ``orchestrator/scripts/<name>.lua`` registered on the client,
-        after its prelude: the key builders ``K`` (``keys.lua_prelude``), ``_lib.lua`` and each
-        registered family's liveness rule (``orchestrator.families``), so every script reads
-        key names from ``orchestrator/keys.py`` and one liveness rule per family. Only the
+        after its prelude: the key builders ``K`` (``keys.lua_prelude``), the shared states and
+        entry builders (``luarules.lua_rules``), ``_lib.lua`` and each registered family's
+        liveness rule (``orchestrator.families``), so every script reads key names from
+        ``orchestrator/keys.py`` and one liveness rule per family. Only the
         prelude's definitions the script reaches are put before it (``lualink``): Redis runs
         the whole source on every call."""
         from orchestrator.families import registry

@@ -48,16 +48,7 @@ def stop_subagents(
 ) -> dict[str, str]:
     """Stop, in each named descendant of ``session_id``, exactly the items of its plan:
     ``{descendantId: {"turns": [...], "jobs": [[jobId, host], ...], "reminders": [...]}}``.
-    Returns ``{descendantId: outcome}``. A plan in the old form (a bare list of descendant
-    ids, which meant "everything they run") is ignored with a warning: it cannot say what
-    existed at its archive, and the reconciler stops again what is still live."""
-    if not isinstance(plans, dict):
-        log.warning(
-            "subagent stop of %s ignored: it names no items (old message form)",
-            session_id,
-            extra={"session_id": session_id, "family": "subagent"},
-        )
-        return {}
+    Returns ``{descendantId: outcome}``."""
     outcomes: dict[str, str] = {}
     for child, plan in plans.items():
         extra = {"session_id": child, "family": "subagent"}

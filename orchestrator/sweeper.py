@@ -32,26 +32,25 @@ begins it at once (it takes its lease), so a delivery still held without its ste
 ``FLEET_TURN_STUCK_SECONDS`` after the sweeper first saw it (noted on the turn: ``heldTag``,
 ``heldMs``) is held by a dead worker (kombu would hand it back only after the visibility
 timeout) and the step is lost; before that it is ``waiting``. A held step that began (the
-turn's ``stepToken``) and lost its lease is lost at once, as before the broker was asked: the
+turn's ``stepToken``) and lost its lease is lost at once, without waiting out the grace: the
 worker that began it died with it (kombu keeps a killed worker's step in the hash until the
 visibility timeout), or froze past its lease (fencing drops what it writes late). (A step
 retried after a store failure waits out its back-off, at most
 ``workers.retry.RETRY_BACKOFF_MAX``, in the unacked hash of a live worker: past the grace the
-sweeper resends it, as it did before, and the later copy is dropped.)
+sweeper resends it, and the later copy is dropped.)
 
 A step found in neither is lost. A suspect the bounded scan could not rule on (the queue or
 the hash is longer than ``SCAN_LIMIT``) waits for a later pass rather than being resent on a
 guess. Suspects only are looked for, and one scan serves them all, so a pass costs no scan
 while every running turn holds its lease.
 
-Two things stay as they were before the broker was asked. A ``cancelling`` turn whose step
+Two things do not depend on the broker. A ``cancelling`` turn whose step
 holds no lease is settled wherever its message is: no copy of its step would settle it
 (``turn_begin_step`` drops one). And the scan is not atomic with the message's moves: kombu
 takes a message from its list and records it in the unacked hash in two commands, so a scan
 between them finds it nowhere and resends the step; the copy is dropped by
-``turn_begin_step`` and the loss counts once against ``MAX_RESUMES``, as every
-loss did before. Messages sent without the step's task id (by an older version) are never
-found, and their steps are judged as before: lost once the lease is gone.
+``turn_begin_step`` and the loss counts once against ``MAX_RESUMES``, as any loss
+does.
 
 A lost step is repaired by one script (``scripts/turn_sweep.lua``) per turn:
 

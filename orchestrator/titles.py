@@ -1,5 +1,5 @@
-"""Session titles: one normalizer for every path, and an atomic write (ACP session/set_title;
-seed 001).
+"""Session titles: one normalizer for every path, and an atomic write (ACP
+session/set_title).
 
 - ``normalize_title`` is the only place a title is cleaned. ACP ``session/set_title``, the REST
   API and generated titles all go through it, so a title reads the same whichever way it came.
@@ -99,7 +99,7 @@ def normalize_title(raw: object) -> str:
 
     Raises ``InvalidTitle`` ("Title must not be empty.") for ``None`` or a title empty after
     normalization; ``InvalidParams`` when ``raw`` is not a string or is longer than
-    ``MAX_TITLE_INPUT`` code points. ACP session/set_title (seed 001): -32602 for both.
+    ``MAX_TITLE_INPUT`` code points. ACP session/set_title: -32602 for both.
     """
     if raw is None:
         raise InvalidTitle(EMPTY_TITLE_MESSAGE, {"param": "title"})
@@ -149,7 +149,7 @@ def set_title(
 
     Raises ``InvalidTitle``/``InvalidParams`` (see ``normalize_title``; also a non-string
     ``session_id``), ``SessionNotFound`` (unknown, malformed or deleted session),
-    ``StoreUnavailable``. ACP session/set_title (seed 001).
+    ``StoreUnavailable``. ACP session/set_title.
     """
     if source not in ("client", "generated"):
         raise ValueError(f"unknown title source {source!r}")

@@ -118,7 +118,7 @@ def _run_shell(
     try:
         try:
             watch = warden.watch(guard.turn_id, guard.token, STEP_LEASE_MS, proc.pid, tree.handle)
-        except OSError as exc:  # the command runs on, watched only by the step as before
+        except OSError as exc:  # the command runs on, watched only by the step
             log.warning("exec warden of turn %s not started: %s", guard.turn_id, exc)
         while True:
             try:

@@ -27,7 +27,6 @@ from __future__ import annotations
 import json
 import logging
 from dataclasses import dataclass, field
-from enum import StrEnum
 
 from orchestrator import audit, events, idempotency, metrics
 from orchestrator.errors import (
@@ -41,6 +40,12 @@ from orchestrator.families.base import Dispatcher, Family, send_step
 from orchestrator.fencing import StepGuard
 from orchestrator.items import ActivityItem, shorten
 from orchestrator.sessions import SESSION_ID_RE, archived_refusal, check_session_id, check_utf8
+from orchestrator.states import CANCELLED_BY_ARCHIVE as CANCELLED_BY_ARCHIVE
+from orchestrator.states import CANCELLED_BY_DELETE as CANCELLED_BY_DELETE
+from orchestrator.states import LIVE_STATES as LIVE_STATES
+from orchestrator.states import STOP_REASON as STOP_REASON
+from orchestrator.states import TRANSITIONS as TRANSITIONS
+from orchestrator.states import TurnState as TurnState
 from orchestrator.store import Store, iso, new_id, retried
 from orchestrator.usage import usage_of
 
@@ -48,54 +53,6 @@ log = logging.getLogger(__name__)
 
 #: Largest prompt accepted, in characters.
 MAX_PROMPT = 100_000
-
-
-class TurnState(StrEnum):
-    """Where a turn is in its lifecycle."""
-
-    QUEUED = "queued"  #: waiting behind the session's running turn
-    RUNNING = "running"  #: its steps are being dispatched and run
-    CANCELLING = "cancelling"  #: stopped while a step was in flight; the step settles it
-    COMPLETED = "completed"  #: the model ended it (stopReason end_turn, max_tokens, ...)
-    CANCELLED = "cancelled"  #: stopped by a user cancel or an archive
-    BLOCKED = "blocked"  #: a step was refused by the gate; no model request was made
-    FAILED = "failed"  #: the model or a tool failed
-
-
-TRANSITIONS: dict[TurnState, frozenset[TurnState]] = {
-    TurnState.QUEUED: frozenset({TurnState.RUNNING, TurnState.CANCELLED, TurnState.BLOCKED}),
-    TurnState.RUNNING: frozenset(
-        {
-            TurnState.CANCELLING,
-            TurnState.CANCELLED,
-            TurnState.COMPLETED,
-            TurnState.BLOCKED,
-            TurnState.FAILED,
-        }
-    ),
-    TurnState.CANCELLING: frozenset({TurnState.CANCELLED}),
-    TurnState.COMPLETED: frozenset(),
-    TurnState.CANCELLED: frozenset(),
-    TurnState.BLOCKED: frozenset(),
-    TurnState.FAILED: frozenset(),
-}
-
-LIVE_STATES = frozenset({TurnState.QUEUED, TurnState.RUNNING, TurnState.CANCELLING})
-
-#: A turn's ``cancelledBy`` when an archive of its session (or of an ancestor) stopped it
-#: (written by ``stop_turns_for_archive`` in ``_lib.lua``). ACP's ``stopReason`` stays
-#: ``cancelled``: this says why, for clients that show it (``fleet prompt``).
-CANCELLED_BY_ARCHIVE = "archive"
-#: ... when the archive was a delete's (``deletion.delete`` with ``stop_activity``).
-CANCELLED_BY_DELETE = "delete"
-
-#: ACP ``stopReason`` for each terminal state.
-STOP_REASON = {
-    TurnState.COMPLETED: "end_turn",
-    TurnState.CANCELLED: "cancelled",
-    TurnState.BLOCKED: "cancelled",
-    TurnState.FAILED: "end_turn",  # the error is in the turn's last message
-}
 
 
 def sources_of(target: TurnState) -> str:

@@ -38,7 +38,7 @@ class WorkerRestarted(UserWarning):
     """A worker a test relied on had died and was started again (the warning says which)."""
 
 
-#: The worker fleets (``api.local.LocalFleet``) the running test relies on, with a label
+#: The worker fleets (``localfleet.fleet.LocalFleet``) the running test relies on, with a label
 #: (``"shared"``, a private fleet's name): ``wait_for`` checks their processes while it waits.
 _WATCHED: dict[int, tuple[str, Any]] = {}
 #: PIDs of workers a test stopped on purpose (their exit is what the test waits for).

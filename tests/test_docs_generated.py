@@ -15,6 +15,8 @@ from pydantic_settings import BaseSettings
 from api import docs_gen
 from orchestrator.settings import FleetSettings
 
+pytestmark = pytest.mark.unit
+
 ROOT = Path(__file__).resolve().parent.parent
 
 

@@ -14,8 +14,8 @@ import psutil
 import pytest
 import redis
 
-from api import embedded, redis_binary
-from api.embedded import EmbeddedRedis, find_redis_server, resolve_redis_url
+from localfleet import embedded, redis_binary
+from localfleet.embedded import EmbeddedRedis, find_redis_server, resolve_redis_url
 from orchestrator.settings import FleetSettings
 
 pytestmark = pytest.mark.timeout(60)

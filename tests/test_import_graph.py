@@ -1,7 +1,9 @@
-"""Imports run one way: the import graph of ``orchestrator``, ``workers``, ``api`` and ``bench``
-has no cycle, and the interface layer reaches the workers only where the diagram of
-``docs/architecture.md`` says (``api -> orchestrator <- workers``; the entry points wire a
-dispatcher in).
+"""Imports run one way: the import graph of ``orchestrator``, ``workers``, ``api``,
+``localfleet`` and ``bench`` has no cycle, and the interface layer reaches the workers only where
+the diagram of ``docs/architecture.md`` says (``api -> orchestrator <- workers``; the entry
+points wire a dispatcher in). The local runners (``localfleet``) sit beside the entry points:
+they may import ``orchestrator`` and ``workers`` (as ``api.cli.processes`` does), never ``api``,
+and only ``api``, ``bench`` and the tests import them.
 
 The graph is read from the source with ``ast``, so it holds every import: at module level,
 inside functions and under ``if TYPE_CHECKING:`` alike.
@@ -14,7 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("orchestrator", "workers", "api", "bench")
+PACKAGES = ("orchestrator", "workers", "api", "localfleet", "bench")
 
 #: The only ``api`` modules that may import ``workers``: the entry points that start workers,
 #: beat or Flower, and the one factory that builds the Celery dispatcher for the interfaces.
@@ -107,7 +109,13 @@ def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 def test_the_graph_sees_the_packages() -> None:
     graph = _graph()
-    assert {"orchestrator.errors", "workers.app", "api.cli", "bench.run"} <= set(graph)
+    assert {
+        "orchestrator.errors",
+        "workers.app",
+        "api.cli",
+        "localfleet.fleet",
+        "bench.run",
+    } <= set(graph)
     assert "orchestrator.errors" in graph["orchestrator.store"]
 
 
@@ -115,28 +123,35 @@ def test_the_import_graph_has_no_cycle() -> None:
     assert _cycles(_graph()) == []
 
 
-def test_the_domain_imports_no_interface_or_worker_module() -> None:
-    graph = _graph()
-    outward = {
+def _edges(
+    sources: tuple[str, ...], targets: tuple[str, ...], exempt: set[str] | None = None
+) -> set[tuple[str, str]]:
+    """``(module, imported)`` for every import from a module of the packages ``sources``
+    (modules in ``exempt`` left out) of a module of the packages ``targets``."""
+    return {
         (module, target)
-        for module, targets in graph.items()
-        if module.startswith("orchestrator")
-        for target in targets
-        if not target.startswith("orchestrator")
+        for module, imported in _graph().items()
+        if module.split(".")[0] in sources and module not in (exempt or set())
+        for target in imported
+        if target.split(".")[0] in targets
     }
-    assert outward == set()
+
+
+def test_the_domain_imports_no_interface_or_worker_module() -> None:
+    others = tuple(p for p in PACKAGES if p != "orchestrator")
+    assert _edges(("orchestrator",), others) == set()
 
 
 def test_the_api_reaches_workers_only_through_its_entry_points_and_the_dispatcher() -> None:
-    graph = _graph()
-    to_workers = {
-        (module, target)
-        for module, targets in graph.items()
-        if module.startswith("api") and module not in API_MAY_IMPORT_WORKERS
-        for target in targets
-        if target.startswith("workers")
-    }
-    assert to_workers == set()
+    assert _edges(("api",), ("workers",), API_MAY_IMPORT_WORKERS) == set()
+
+
+def test_the_local_runners_import_no_interface_module() -> None:
+    assert _edges(("localfleet",), ("api",)) == set()
+
+
+def test_only_the_interfaces_and_the_benchmarks_import_the_local_runners() -> None:
+    assert _edges(("orchestrator", "workers"), ("localfleet",)) == set()
 
 
 def test_a_worker_on_the_scripted_model_starts_without_importing_the_openai_package() -> None:

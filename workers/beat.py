@@ -10,12 +10,18 @@ from typing import Any
 from orchestrator.families import MAINTENANCE_QUEUE, Task
 
 
-def _options(interval_seconds: float) -> dict[str, Any]:
+def _entry(task: str, interval_seconds: float, arg: float) -> dict[str, Any]:
+    """A schedule entry: ``task(arg)`` every ``interval_seconds`` on the maintenance queue."""
     return {
-        "queue": MAINTENANCE_QUEUE,
-        "routing_key": MAINTENANCE_QUEUE,
-        # A run that waited longer than one interval is superseded by the next one.
-        "expires": float(interval_seconds),
+        "task": task,
+        "schedule": float(interval_seconds),
+        "args": (float(arg),),
+        "options": {
+            "queue": MAINTENANCE_QUEUE,
+            "routing_key": MAINTENANCE_QUEUE,
+            # A run that waited longer than one interval is superseded by the next one.
+            "expires": float(interval_seconds),
+        },
     }
 
 
@@ -28,17 +34,9 @@ def beat_schedule(
     given its interval so hazards back off by 10 intervals. Both go to ``maintenance``."""
     schedule: dict[str, Any] = {}
     if idle_seconds > 0:
-        schedule["archive-auto"] = {
-            "task": Task.ARCHIVE_AUTO,
-            "schedule": float(interval_seconds),
-            "args": (float(idle_seconds),),
-            "options": _options(interval_seconds),
-        }
+        schedule["archive-auto"] = _entry(Task.ARCHIVE_AUTO, interval_seconds, idle_seconds)
     if reconcile_seconds > 0:
-        schedule["archive-reconcile"] = {
-            "task": Task.ARCHIVE_RECONCILE,
-            "schedule": float(reconcile_seconds),
-            "args": (float(reconcile_seconds),),
-            "options": _options(reconcile_seconds),
-        }
+        schedule["archive-reconcile"] = _entry(
+            Task.ARCHIVE_RECONCILE, reconcile_seconds, reconcile_seconds
+        )
     return schedule

@@ -4,8 +4,8 @@ and a full server instead of ending the worker.
 ``workers.app`` selects it with ``broker_transport = "workers.broker:Transport"`` (the URL stays
 ``redis://``), or ``"workers.broker:SentinelTransport"`` for a ``sentinel://`` URL (kombu's
 Sentinel transport with the same changes). Four differences from
-``kombu.transport.redis.Transport``, each for a failure seen with real processes (issue 10,
-fault 5; the fault soak):
+``kombu.transport.redis.Transport``, each for a failure seen with real processes (the
+worker-broker fault tests, the fault soak):
 
 * **More replies count as a lost connection.** Celery's consumer restarts (reconnects with
   back-off) only on the transport's ``connection_errors``; anything else is "Unrecoverable"
@@ -51,7 +51,17 @@ Two more, for speed:
   publish batch (an archive's four stops and their events are about 8 kB) is joined into one
   write, up to ``ONE_WRITE_MAX`` bytes, so it costs one fsync.
 
-Nothing here patches kombu: these are subclasses wired in by configuration.
+Nothing here patches kombu: these are subclasses wired in by configuration. They override or
+call private parts of ``kombu.transport.redis``, which is why ``pyproject.toml`` pins ``kombu``
+(and ``celery``) below their next minor, to be checked again on each upgrade:
+
+- ``Channel._connparams`` (overridden), ``Channel._create_client`` and
+  ``Channel._do_restore_message`` (called), ``Channel.conn_or_acquire`` (overridden),
+  ``Channel.pool`` (read) and ``Channel.create_publish_batch`` (overridden);
+- ``QoS.append``, ``QoS.ack`` and ``QoS.reject`` (overridden), with the slot bookkeeping of
+  ``kombu.transport.virtual.QoS.ack`` called past the Redis QoS, and a message's ``_raw``;
+- ``PublishBatch.publish`` and ``PublishBatch.add`` (overridden) and its ``_buffered``,
+  ``_failed``, ``max_size`` and ``pipeline``.
 """
 
 from __future__ import annotations

@@ -253,7 +253,7 @@ class CeleryDispatcher:
                 )
                 # Bound once: kombu then checks its per-connection declaration cache without
                 # binding a fresh copy of the queue for each message (the declaration itself
-                # is made on the publishing channel, as before).
+                # is made on the publishing channel).
                 options["queue"] = options["queue"].bind(producer.channel)
                 self._routes[key] = options
         return self._routes[key]

@@ -19,7 +19,7 @@ from tenacity import Retrying, before_sleep_log, retry_if_exception_type, wait_e
 
 from orchestrator import containment
 from orchestrator.errors import StoreUnavailable
-from orchestrator.jobs import JobSupervisor
+from orchestrator.jobsupervisor import JobSupervisor
 from orchestrator.model import Model, ScriptedModel
 from orchestrator.ownership import HostLease
 from orchestrator.settings import FleetSettings

@@ -7,8 +7,8 @@ is read from the history after the cursor, so a late or lost event never drops o
 update, and a ``session/load`` replay joins the live stream exactly. A ``turn`` event that
 ends a turn settles the prompt waiting on it (``Prompts``), after the turn's updates.
 
-An archive frees the session on every connection that has it open, as ``session/close`` would
-(ACP seed 000): the connection is sent the updates recorded up to the archive, then
+An archive frees the session on every connection that has it open, as ``session/close`` would:
+the connection is sent the updates recorded up to the archive, then
 ``session_info_update`` with ``archived: true``, then nothing more of the session, except the
 ``archived: false`` of its unarchive. After that, nothing flows until a client loads or
 resumes it again. A delete (ACP has no notification for it) closes the session on every

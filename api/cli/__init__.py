@@ -2,7 +2,7 @@
 
 ``fleet up`` and ``fleet demo`` start an embedded Redis when ``FLEET_REDIS_URL`` is unset;
 every other command uses ``FLEET_REDIS_URL`` or, unset, the ``fleet up`` published in its state
-directory (``api/discovery.py``). Exit status and the JSON error shape: ``api.cli.common``.
+directory (``localfleet/discovery.py``). Exit status and the JSON error shape: ``api.cli.common``.
 
 - ``sessions``: ``sessions ls|show|new``, ``activity``, ``audit``;
 - ``turns``: ``prompt`` (follows the turn unless ``--detach``);

@@ -79,7 +79,7 @@ def archive_ids(
     """Archive ``session_ids`` (any number; duplicates once) in requests of at most
     ``orchestrator.bulk.MAX_IDS``, with one ``progress(done, total)`` over all of them.
 
-    A single request raises what ``bulk_archive`` raises, as before; with several, a failing
+    A single request raises what ``bulk_archive`` raises; with several, a failing
     request is returned as ``Split.unfinished`` with what the earlier ones did."""
     given = list(dict.fromkeys(session_ids))
     cap = bulk.MAX_IDS  # read now: the cap the server checks

@@ -126,25 +126,15 @@ def up(
     it publishes where it runs in FLEET_STATE_DIR/fleet.json, so other fleet commands started
     with the same state directory (the same working directory by default) find it without
     FLEET_REDIS_URL."""
-    from api import discovery
-    from api.embedded import resolve_redis_url
-    from api.local import LocalFleet
+    from localfleet import discovery
+    from localfleet.embedded import resolve_redis_url
+    from localfleet.fleet import LocalFleet
     from orchestrator.logs import configure as configure_logging
     from orchestrator.settings import FleetSettings
 
     settings = FleetSettings()
     configure_logging(settings.log_format or None)
-    running = discovery.find(settings.state_dir)
-    if running is not None:
-        err.print(
-            Text.assemble(
-                ("error", "red"),
-                f": `fleet up` already runs with the state directory {settings.state_dir} "
-                f"(pid {running.pid}, {running.redis_url}); stop it first or use another "
-                "FLEET_STATE_DIR.",
-            )
-        )
-        raise typer.Exit(2)
+    _refuse_a_second_up(settings.state_dir)
     if api:  # before anything starts: its API could not serve, and would be restarted
         bind = _api_host(settings.api_host, settings.api_token)
         free_to_listen(bind, settings.api_port, "set FLEET_API_PORT to another (or --no-api)")
@@ -161,20 +151,11 @@ def up(
     try:
         fleet.start()
         fleet.wait_ready()
-        console.print(
-            Text.assemble(
-                ("fleet up", "green"),
-                f" on {url} (prefix {settings.key_prefix!r}); "
-                f"{len(fleet.workers)} workers, logs in {settings.state_dir / 'logs'}",
-            )
-        )
-        console.print(f"workers: {', '.join(w.node for w in fleet.workers)}", highlight=False)
-        console.print(f"job workers on {', '.join(fleet.job_host_names())}")
+        _say_workers(fleet)
         api_url = f"http://{settings.api_host}:{settings.api_port}" if api else None
         if api_url:
-            api_log = _api_log(settings.state_dir)
-            api_proc = _start_api(url, api_log)
-            console.print(f"API on {api_url} (log {api_log})")
+            api_proc = fleet.start_api()
+            console.print(f"API on {api_url} (log {fleet.api_log})")
         published = discovery.publish(settings.state_dir, url, settings.key_prefix, api_url)
         console.print(
             f"published in {published}: fleet commands run with this state directory find "
@@ -185,7 +166,7 @@ def up(
         while True:
             time.sleep(1)
             _restart_redis(embedded)
-            api_proc = _restart_dead(fleet, api_proc, url)
+            api_proc = _restart_dead(fleet, api_proc)
     except KeyboardInterrupt:
         pass
     finally:
@@ -197,6 +178,36 @@ def up(
         fleet.stop()
         if embedded is not None:
             embedded.stop()
+
+
+def _refuse_a_second_up(state_dir: Path) -> None:
+    """Exit 2 when a ``fleet up`` already runs with ``state_dir`` (``localfleet/discovery.py``)."""
+    from localfleet import discovery
+
+    running = discovery.find(state_dir)
+    if running is not None:
+        err.print(
+            Text.assemble(
+                ("error", "red"),
+                f": `fleet up` already runs with the state directory {state_dir} "
+                f"(pid {running.pid}, {running.redis_url}); stop it first or use another "
+                "FLEET_STATE_DIR.",
+            )
+        )
+        raise typer.Exit(2)
+
+
+def _say_workers(fleet: Any) -> None:
+    """Print where a started local fleet runs: its Redis, its workers, its job hosts."""
+    console.print(
+        Text.assemble(
+            ("fleet up", "green"),
+            f" on {fleet.redis_url} (prefix {fleet.key_prefix!r}); "
+            f"{len(fleet.workers)} workers, logs in {fleet.state_dir / 'logs'}",
+        )
+    )
+    console.print(f"workers: {', '.join(w.node for w in fleet.workers)}", highlight=False)
+    console.print(f"job workers on {', '.join(fleet.job_host_names())}")
 
 
 def _exit_status(code: int) -> str:
@@ -231,7 +242,7 @@ def _restart_redis(embedded: Any) -> None:
     )
 
 
-def _restart_dead(fleet: Any, api_proc: Any, url: str) -> Any:
+def _restart_dead(fleet: Any, api_proc: Any) -> Any:
     """Replace every child of ``fleet up`` that exited, saying so on stderr; returns the API
     process (a new one if the old one had exited, ``None`` without an API).
 
@@ -245,42 +256,15 @@ def _restart_dead(fleet: Any, api_proc: Any, url: str) -> Any:
         )
     if api_proc is not None and api_proc.poll() is not None:
         old, code = api_proc.pid, api_proc.returncode
-        api_log = _api_log(fleet.state_dir)
-        api_proc = _start_api(url, api_log)
+        api_proc = fleet.start_api()
         err.print(
             Text(
                 f"API (pid {old}) had exited ({_exit_status(code)}); restarted as pid "
-                f"{api_proc.pid} (log {api_log})",
+                f"{api_proc.pid} (log {fleet.api_log})",
                 "yellow",
             )
         )
     return api_proc
-
-
-def _api_log(state_dir: Path) -> Path:
-    """Where ``fleet up`` appends its API's output: beside the workers' logs."""
-    return state_dir / "logs" / "api.log"
-
-
-def _start_api(url: str, log_path: Path) -> Any:
-    """Start ``fleet api`` on ``url`` as a child process that dies with this one, its output
-    (the access log among it) appended to ``log_path``, as each worker's is to its own."""
-    import subprocess
-
-    from orchestrator.processes import die_with_parent
-
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    with open(log_path, "ab") as log_file:
-        # -P: the working directory is not put first on sys.path (an ``acp.py`` there would
-        # be imported in place of the ACP library).
-        return subprocess.Popen(
-            [sys.executable, "-P", "-m", "api.cli", "api"],
-            env=dict(os.environ, FLEET_REDIS_URL=url),
-            preexec_fn=die_with_parent(signal.SIGTERM, new_session=False),
-            stdout=log_file,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-        )
 
 
 def _api_host(requested: str, token: str) -> str:
@@ -466,6 +450,6 @@ def acp() -> None:
 def demo() -> None:
     """Run a real fleet scenario end to end and print its timeline; exit 0 only if every
     expectation held."""
-    from api.demo import run_demo
+    from localfleet.demo import run_demo
 
     raise typer.Exit(run_demo(console))

@@ -25,8 +25,8 @@ per stream, so an API process serves at most ``FLEET_API_MAX_EVENT_STREAMS`` (50
 once: one more answers 503 ``too_many_streams`` (``Retry-After``) before it touches Redis, and
 never exhausts Redis's ``maxclients`` for the whole fleet. Each read blocks at most
 ``MAX_BLOCK_MS``, well inside the connection's socket timeout ``SOCKET_TIMEOUT``, so an idle
-stream on a healthy Redis never times out on its own block (issue 13, item 19), while a frozen
-Redis is still noticed. When Redis fails mid-stream
+stream on a healthy Redis never times out on its own block, while a frozen Redis is still
+noticed. When Redis fails mid-stream
 the client gets ``: store unavailable, retrying`` and the read is retried every second.
 """
 

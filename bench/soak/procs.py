@@ -25,9 +25,9 @@ from pathlib import Path
 
 import httpx
 
-from api.embedded import EmbeddedRedis
-from api.local import LocalFleet, WorkerProcess
 from bench.common import free_port
+from localfleet.embedded import EmbeddedRedis
+from localfleet.fleet import LocalFleet, WorkerProcess
 from orchestrator.families import names as family_names
 from orchestrator.processes import die_with_parent
 from tests.tcp_proxy import TcpProxy

@@ -2,7 +2,7 @@
 -- vanished stops counting once the lease lapses: 'stale').
 local function job_verdict(jid)
   local st = redis.call('HGET', K.job(jid), 'state')
-  if st ~= 'starting' and st ~= 'running' then return false end
+  if st ~= JOB.STARTING and st ~= JOB.RUNNING then return false end
   return redis.call('EXISTS', K.job_lease(jid)) == 1 and 'live' or 'stale'
 end
 

@@ -3,8 +3,8 @@
 -- its worker is gone, 'stale'.
 local function turn_verdict(tid)
   local st = redis.call('HGET', K.turn(tid), 'state')
-  if st == 'queued' or st == 'running' then return 'live' end
-  if st == 'cancelling' then
+  if st == TURN.QUEUED or st == TURN.RUNNING then return 'live' end
+  if st == TURN.CANCELLING then
     return redis.call('EXISTS', K.step_lease(tid)) == 1 and 'live' or 'stale'
   end
   return false

@@ -84,7 +84,7 @@ end
 -- turn running, so a stopped or archived turn's step lands nothing). '' guards nothing.
 local function turn_runs(tid)
   if not tid or tid == '' then return true end
-  return redis.call('HGET', K.turn(tid), 'state') == 'running'
+  return redis.call('HGET', K.turn(tid), 'state') == TURN.RUNNING
 end
 
 -- The fencing rule of a step (orchestrator/fencing.py): whether the copy of tid's current
@@ -111,6 +111,19 @@ local function step_owns(tid, token)
   return turn_runs(tid) and holds_step(tid, token or '')
 end
 
+-- What a step in flight polls (turn_watch.lua, one per call of turn_watch_many.lua): the
+-- turn's state, or 'superseded' when the copy of its step that began with token no longer
+-- owns it while the turn is live; with lease_ms that copy's lease is refreshed (holds_step
+-- re-takes a lapsed one if no other copy began). Returns the state | 'superseded' |
+-- 'missing'.
+local function watch_step(tid, lease_ms, token)
+  local st = redis.call('HGET', K.turn(tid), 'state') or 'missing'
+  if st ~= TURN.RUNNING and st ~= TURN.CANCELLING then return st end
+  if not holds_step(tid, token) then return 'superseded' end
+  if lease_ms then redis.call('PEXPIRE', K.step_lease(tid), lease_ms) end
+  return st
+end
+
 -- Record activity on a session: updatedAt moves and the indexes are re-scored. An archived
 -- session keeps the updatedAt its archive left (nothing that happens after it is activity).
 local function touch(sid, ms, iso_time)
@@ -124,18 +137,28 @@ local function touch(sid, ms, iso_time)
   redis.call('ZADD', idx('active', h[1]), ms, sid)
 end
 
--- The session and every descendant that is not deleted, breadth first.
-local function subtree(sid)
+-- The one walk of a session's subtree: sid, then its descendants, breadth first, each
+-- session's children as children_of(s) lists them (default: its children set as SMEMBERS
+-- answers; sorted_members for the census's order). keep(s) says whether s is listed (default:
+-- every one); one left out is still walked through, its descendants listed by the same rule.
+-- With no_root, sid itself is not listed.
+local function walk(sid, keep, children_of, no_root)
   local out, queue, i = {}, {sid}, 1
   while queue[i] do
     local s = queue[i]
+    if (i > 1 or not no_root) and (not keep or keep(s)) then out[#out + 1] = s end
     i = i + 1
-    -- A deleted session is left out, but its descendants are still walked.
-    if redis.call('HGET', skey(s), 'deleted') == '0' then out[#out + 1] = s end
-    for _, c in ipairs(redis.call('SMEMBERS', K.children(s))) do queue[#queue + 1] = c end
+    local kids = children_of and children_of(s) or redis.call('SMEMBERS', K.children(s))
+    for _, c in ipairs(kids) do queue[#queue + 1] = c end
   end
   return out
 end
+
+local function not_deleted(s) return redis.call('HGET', skey(s), 'deleted') == '0' end
+
+-- The session and every descendant that is not deleted, breadth first (a deleted session is
+-- left out, but its descendants are still walked).
+local function subtree(sid) return walk(sid, not_deleted) end
 
 -- Marks quiet, for archive transition txn, every session of nodes archived in that same
 -- transition and not yet marked (a session archived again later has a new transition).
@@ -273,18 +296,7 @@ end
 -- Every descendant of sid, any depth, deleted ones included, breadth first with each
 -- session's children in sorted order (the order the census lists subagents in).
 local function descendants(sid)
-  local out, level = {}, {sid}
-  while #level > 0 do
-    local nxt = {}
-    for _, s in ipairs(level) do
-      for _, c in ipairs(sorted_members(K.children(s))) do
-        out[#out + 1] = c
-        nxt[#nxt + 1] = c
-      end
-    end
-    level = nxt
-  end
-  return out
+  return walk(sid, nil, function(s) return sorted_members(K.children(s)) end, true)
 end
 
 -- The census of sid and every descendant (census_rows, in the order descendants walks them)
@@ -315,9 +327,7 @@ end
 local function emit_archive_events(archived, turns, stream_max)
   local closed = {}
   for i = 1, #archived, 2 do
-    emit_event(string.format(
-      '{"type": "archived", "sessionId": "%s", "archived": true, "historyLength": %d}',
-      archived[i], archived[i + 1]), stream_max)
+    emit_event(event_archived(archived[i], archived[i + 1]), stream_max)
     closed[#closed + 1] = archived[i]
   end
   -- The gate's closure, for the processes that stop their work (orchestrator/gate.py).
@@ -325,13 +335,10 @@ local function emit_archive_events(archived, turns, stream_max)
   for i = 1, #turns, 6 do
     local tid, tsid, to, settlement = turns[i], turns[i + 1], turns[i + 3], turns[i + 5]
     if settlement ~= '' then
-      redis.call('PUBLISH', K.events, string.format(
-        '{"type": "update", "sessionId": "%s", "update": %s}', tsid, settlement))
+      redis.call('PUBLISH', K.events, event_update(tsid, settlement))
     end
-    if to == 'cancelled' then
-      -- stopReason as turns.STOP_REASON[cancelled]
-      emit_event(string.format('{"type": "turn", "sessionId": "%s", "turnId": "%s", '
-        .. '"state": "cancelled", "stopReason": "cancelled"}', tsid, tid), stream_max)
+    if to == TURN.CANCELLED then
+      emit_event(event_turn(tsid, tid, to, STOP_REASON[to]), stream_max)
     end
   end
 end
@@ -354,8 +361,8 @@ local function finish_turn(tid, state, reason, err, ms, iso_time, no_promote)
   touch(sid, ms, iso_time)
   if no_promote then return '' end
   for _, nxt in ipairs(redis.call('ZRANGE', K.live_turns(sid), 0, -1)) do
-    if redis.call('HGET', K.turn(nxt), 'state') == 'queued' then
-      redis.call('HSET', K.turn(nxt), 'state', 'running')
+    if redis.call('HGET', K.turn(nxt), 'state') == TURN.QUEUED then
+      redis.call('HSET', K.turn(nxt), 'state', TURN.RUNNING)
       redis.call('SET', active_key, nxt)
       redis.call('ZADD', K.turns_inflight, server_ms(), nxt)
       return nxt
@@ -392,17 +399,38 @@ local function settle_open_call(tid, sid, status, text)
   return settlement
 end
 
+-- The cancel rule of a turn, the one place it is written (a user's stop, turn_cancel.lua; an
+-- archive's, stop_turns_for_archive): a queued turn ends cancelled; a running one with a step
+-- in flight (its lease held) becomes cancelling and the step settles it; a running one
+-- between steps ends cancelled. st is its state as the caller read it; by, when given, is
+-- recorded as its cancelledBy; err and no_promote are finish_turn's for a turn that ends.
+-- Returns the state it moved to (nil: st is neither queued nor running, nothing changed) and
+-- the turn promoted in its place ('' when none).
+local function cancel_turn(tid, st, ms, now, by, err, no_promote)
+  local tk = K.turn(tid)
+  if st == TURN.RUNNING and redis.call('EXISTS', K.step_lease(tid)) == 1 then
+    if by then
+      redis.call('HSET', tk, 'state', TURN.CANCELLING, 'cancelledBy', by)
+    else
+      redis.call('HSET', tk, 'state', TURN.CANCELLING)
+    end
+    return TURN.CANCELLING, ''
+  end
+  if st ~= TURN.QUEUED and st ~= TURN.RUNNING then return nil, '' end
+  if by then redis.call('HSET', tk, 'cancelledBy', by) end
+  local to = TURN.CANCELLED
+  return to, finish_turn(tid, to, STOP_REASON[to], err, ms, now, no_promote)
+end
+
 -- An archive stops the live turns of sid in its own script, so nothing a step of them does
--- can land after the archive commits (every step write is conditional on 'running'):
--- queued -> cancelled (nothing is promoted), running with a step in flight -> cancelling (the
--- step settles it), running between steps -> cancelled; an open tool call is settled
--- (settle_open_call). Each turn it stops is marked cancelledBy `by` ('archive' unless given:
--- turns.CANCELLED_BY_ARCHIVE, or 'delete' for a delete's archive), which the paths that later
--- settle a cancelling one keep, so the turn says why it ended whoever finishes it. Call it
--- after the archive write. Appends tid, sid, previous state, new state, label, settlement (''
--- when none) for each turn to out.
+-- can land after the archive commits (every step write is conditional on running): each by
+-- cancel_turn, nothing promoted, an open tool call settled (settle_open_call). Each turn it
+-- stops is marked cancelledBy `by` (CANCELLED_BY.ARCHIVE unless given, CANCELLED_BY.DELETE
+-- for a delete's archive), which the paths that later settle a cancelling one keep, so the
+-- turn says why it ended whoever finishes it. Call it after the archive write. Appends tid,
+-- sid, previous state, new state, label, settlement ('' when none) for each turn to out.
 local function stop_turns_for_archive(sid, out, by)
-  by = by or 'archive'
+  by = by or CANCELLED_BY.ARCHIVE
   local ms, now -- read once, at the first turn (most archived sessions have none)
   for _, t in ipairs(redis.call('ZRANGE', K.live_turns(sid), 0, -1)) do
     if not ms then
@@ -410,18 +438,9 @@ local function stop_turns_for_archive(sid, out, by)
       now = iso_ms(ms)
     end
     local h = redis.call('HMGET', K.turn(t), 'state', 'label')
-    local to = nil
-    if h[1] == 'running' and redis.call('EXISTS', K.step_lease(t)) == 1 then
-      to = 'cancelling'
-      redis.call('HSET', K.turn(t), 'state', to, 'cancelledBy', by)
-    elseif h[1] == 'queued' or h[1] == 'running' then
-      to = 'cancelled'
-      redis.call('HSET', K.turn(t), 'cancelledBy', by)
-      -- stopReason as turns.STOP_REASON[cancelled]
-      finish_turn(t, to, 'cancelled', 'archived', ms, now, true)
-    end
+    local to = cancel_turn(t, h[1], ms, now, by, 'archived', true)
     if to then
-      local settlement = settle_open_call(t, sid, 'cancelled', 'stopped by the archive')
+      local settlement = settle_open_call(t, sid, CALL.CANCELLED, 'stopped by the archive')
       out[#out + 1] = t; out[#out + 1] = sid; out[#out + 1] = h[1]; out[#out + 1] = to
       out[#out + 1] = h[2] or ''; out[#out + 1] = settlement
     end
@@ -577,9 +596,7 @@ end
 
 -- The detail of the entry an ancestor's transition leaves in a descendant's trail
 -- (audit.detail_json's form).
-local function ancestor_detail(ancestor)
-  return string.format('{"ancestorId":"%s"}', ancestor)
-end
+local function ancestor_detail(ancestor) return detail_ancestor(ancestor) end
 
 -- Records in the trail of each session of descendants (a list of ids), and there only, that
 -- the transition of ancestor whose entry is id (record_in_script's reply) archived or restored

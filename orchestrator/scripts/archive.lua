@@ -31,7 +31,6 @@
 local sid, stop, now, txn = ARGV[2], ARGV[3], ARGV[4], ARGV[5]
 if now == '' then now = iso_ms(server_ms()) end
 local rec = cjson.decode(ARGV[6])
-local stop_json = (stop == '1') and 'true' or 'false'
 local k = skey(sid)
 if redis.call('EXISTS', k) == 0 or redis.call('HGET', k, 'deleted') ~= '0' then
   return {'not_found'}
@@ -43,7 +42,7 @@ local function census_of_subtree()
   return {}
 end
 if redis.call('HGET', k, 'archived') == '1' then
-  record_in_script(rec, sid, 'already_archived', now, '{"stopActivity":' .. stop_json .. '}')
+  record_in_script(rec, sid, 'already_archived', now, detail_already_archived(stop == '1'))
   redis.call('HINCRBY', rec.metric, 'already_archived', 1)
   return {'already', redis.call('HGET', k, 'archiveTxn') or '', census_of_subtree()}
 end
@@ -74,9 +73,8 @@ for _, s in ipairs(nodes) do
     archived[#archived + 1] = redis.call('LLEN', K.history(s))
   end
 end
--- The detail in audit.detail_json's form (compact, keys sorted).
-local id = record_in_script(rec, sid, 'archived', now, string.format(
-  '{"archivedCount":%d,"stopActivity":%s,"stoppedTurns":%d}', n, stop_json, #turns / 6))
+local id = record_in_script(rec, sid, 'archived', now,
+  detail_archived(n, stop == '1', #turns / 6))
 -- Each descendant archived here (every second item of archived after the session's pair).
 local below = {}
 for i = 3, #archived, 2 do below[#below + 1] = archived[i] end

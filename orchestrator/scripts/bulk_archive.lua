@@ -74,33 +74,31 @@ local bare = {}
 -- descendant met later in the batch is known idle without reading its records again.
 local idle = {}
 
+-- s's children, read once for the batch.
+local function children_of(s)
+  local c = kids[s]
+  if not c then
+    -- Most sessions have no children and no items: one EXISTS over the children set and
+    -- every family's item key says so, instead of a read of each.
+    local keys = item_keys(s, {K.children(s)})
+    if redis.call('EXISTS', unpack(keys)) == 0 then
+      c = {}
+      bare[s] = true
+    else
+      c = redis.call('SMEMBERS', K.children(s))
+      -- No children: what exists is an item key. Children: it may be theirs only.
+      if #c == 0 and #keys > 1 then bare[s] = false end
+    end
+    kids[s] = c
+  end
+  return c
+end
+
+local function cached_not_deleted(s) return read(s)[1] == '0' end
+
 -- The session and every descendant that is not deleted, breadth first (subtree in _lib.lua,
 -- reading each hash and children set through the caches).
-local function tree(sid)
-  local out, queue, i = {}, {sid}, 1
-  while queue[i] do
-    local s = queue[i]
-    i = i + 1
-    if read(s)[1] == '0' then out[#out + 1] = s end
-    local c = kids[s]
-    if not c then
-      -- Most sessions have no children and no items: one EXISTS over the children set and
-      -- every family's item key says so, instead of a read of each.
-      local keys = item_keys(s, {K.children(s)})
-      if redis.call('EXISTS', unpack(keys)) == 0 then
-        c = {}
-        bare[s] = true
-      else
-        c = redis.call('SMEMBERS', K.children(s))
-        -- No children: what exists is an item key. Children: it may be theirs only.
-        if #c == 0 and #keys > 1 then bare[s] = false end
-      end
-      kids[s] = c
-    end
-    for _, child in ipairs(c) do queue[#queue + 1] = child end
-  end
-  return out
-end
+local function tree(sid) return walk(sid, cached_not_deleted, children_of) end
 
 local function any_live(nodes)
   for _, s in ipairs(nodes) do

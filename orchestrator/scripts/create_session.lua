@@ -28,16 +28,9 @@ if not step_owns(ARGV[8], ARGV[9]) then return {'stopped'} end
 local archived, txn, archived_at = '0', '', ''
 if parent ~= '' then
   local pk = skey(parent)
-  local ph = redis.call('HMGET', pk, 'deleted', 'busyIndex')
-  if ph[1] ~= '0' then return {'parent_not_found'} end
+  if redis.call('HGET', pk, 'deleted') ~= '0' then return {'parent_not_found'} end
   local depth = redis.call('LLEN', K.lineage(parent))
   if depth + 1 > tonumber(ARGV[10]) then return {'limit', 'depth', depth} end
-  -- A parent whose hash has no busyIndex was written before busy_children was kept: its
-  -- first create builds that index from its children, once.
-  if ph[2] ~= '1' then
-    for _, c in ipairs(redis.call('SMEMBERS', K.children(parent))) do sync_busy(c) end
-    redis.call('HSET', pk, 'busyIndex', '1')
-  end
   -- Fewer busy children than the cap: fewer live ones too. Else they are read a page at a
   -- time until the cap's worth is found live (stale ones do not count).
   local cap, live = tonumber(ARGV[11]), 0
@@ -68,12 +61,11 @@ if parent ~= '' then
     archived_at = now
   end
 end
--- The id is the key's suffix, so the hash does not store it (hashes written before this
--- still hold a sessionId field; readers ignore it).
+-- The id is the key's suffix, so the hash does not store it.
 redis.call('HSET', k, 'cwd', cwd, 'cwdHash', cwd_hash, 'parentId', parent,
   'title', '', 'titleSource', '', 'createdAt', now, 'updatedAt', now, 'updatedMs', ms,
   'archived', archived, 'archivedAt', archived_at, 'archiveTxn', txn, 'deleted', '0',
-  'model', model, 'busyIndex', '1')
+  'model', model)
 local state = 'active'
 if archived == '1' then
   state = 'archived'

@@ -50,13 +50,11 @@ for _, s in ipairs(nodes) do
   redis.call('DEL', K.lineage(s), K.children(s), K.busy_children(s))
 end
 local rec = cjson.decode(ARGV[5])
--- The detail in audit.detail_json's form.
-local id = record_in_script(rec, sid, 'deleted', now, string.format(
-  '{"deletedCount":%d}', #nodes))
+local id = record_in_script(rec, sid, 'deleted', now, detail_deleted(#nodes))
 local below = {}
 for i = 2, #nodes do below[#below + 1] = nodes[i] end
 record_descendants(rec, id, sid, below, 'deleted', now)
 for _, s in ipairs(nodes) do
-  emit_event(string.format('{"type": "deleted", "sessionId": "%s"}', s), rec.eventsMax or 10000)
+  emit_event(event_deleted(s), rec.eventsMax or 10000)
 end
 return {'deleted', below}

@@ -10,7 +10,7 @@ local jid, host, lease_ms, now = ARGV[2], ARGV[3], ARGV[4], ARGV[5]
 local jk = K.job(jid)
 local h = redis.call('HMGET', jk, 'state', 'sessionId')
 if not h[1] then return 'missing' end
-if h[1] ~= 'starting' then return h[1] end
+if h[1] ~= JOB.STARTING then return h[1] end
 local reason, answer = false, false
 local holder = archived_in_lineage(h[2])
 if holder or redis.call('HGET', skey(h[2]), 'deleted') ~= '0' then
@@ -28,13 +28,13 @@ else
   end
 end
 if reason then
-  redis.call('HSET', jk, 'state', 'refused', 'endedAt', now, 'reason', reason)
+  redis.call('HSET', jk, 'state', JOB.REFUSED, 'endedAt', now, 'reason', reason)
   redis.call('SREM', K.live_jobs(h[2]), jid)
   sync_busy(h[2])
   redis.call('DEL', K.job_lease(jid))
   return 'refused:' .. answer
 end
-redis.call('HSET', jk, 'state', 'running', 'host', host, 'instance', ARGV[6] or '', 'startedAt', now)
+redis.call('HSET', jk, 'state', JOB.RUNNING, 'host', host, 'instance', ARGV[6] or '', 'startedAt', now)
 redis.call('SET', K.job_lease(jid), host, 'PX', lease_ms)
 redis.call('SADD', K.host_jobs(host), jid)
 return 'ok'

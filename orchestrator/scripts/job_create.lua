@@ -9,9 +9,9 @@ if not step_owns(ARGV[8], ARGV[9]) then return 'stopped' end
 local live = count_live_jobs(K.live_jobs(sid))
 if live >= tonumber(ARGV[10]) then return 'limit:' .. live end
 redis.call('HSET', K.job(jid), 'jobId', jid, 'sessionId', sid, 'label', ARGV[4],
-  'seconds', ARGV[5], 'state', 'starting', 'host', '', 'instance', '', 'pid', '', 'pidStart', '',
+  'seconds', ARGV[5], 'state', JOB.STARTING, 'host', '', 'instance', '', 'pid', '', 'pidStart', '',
   'createdAt', ARGV[6], 'startedAt', '', 'endedAt', '', 'exitCode', '', 'command', ARGV[11] or '')
 redis.call('SADD', K.live_jobs(sid), jid)
 sync_busy(sid)
-redis.call('SET', K.job_lease(jid), 'starting', 'PX', ARGV[7])
+redis.call('SET', K.job_lease(jid), JOB.STARTING, 'PX', ARGV[7])
 return 'ok'

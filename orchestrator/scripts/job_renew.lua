@@ -1,5 +1,5 @@
 -- ARGV: prefix, jid, instance, leaseMs[, pid, pidStart]
--- The owning worker renews a running job's lease (orchestrator/jobs.py, every quarter lease),
+-- The owning worker renews a running job's lease (orchestrator/jobsupervisor.py, every quarter lease),
 -- only while the job is still running, claimed by this worker instance, and its lease has
 -- not lapsed: a lapsed lease means the job counts as lost (the census may have recorded it
 -- so already), and a worker that resumes from a freeze must kill it, never revive it.
@@ -15,7 +15,7 @@
 local jid = ARGV[2]
 local h = redis.call('HMGET', K.job(jid), 'state', 'instance', 'sessionId', 'pid', 'pidStart')
 if not h[1] then return 'missing' end
-if h[1] ~= 'running' then return h[1] end
+if h[1] ~= JOB.RUNNING then return h[1] end
 if h[2] ~= ARGV[3] then return 'other' end
 local resume = ARGV[5] ~= nil and ARGV[5] ~= ''
 if resume then

@@ -16,8 +16,8 @@ local function take(set, n)
     redis.call('ZREM', set, rid)
     local rk = K.reminder(rid)
     local h = redis.call('HMGET', rk, 'sessionId', 'prompt', 'state')
-    if h[1] and (h[3] == 'armed' or h[3] == 'firing') then
-      redis.call('HSET', rk, 'state', 'firing')
+    if h[1] and (h[3] == REMINDER.ARMED or h[3] == REMINDER.FIRING) then
+      redis.call('HSET', rk, 'state', REMINDER.FIRING)
       local claims = redis.call('HINCRBY', rk, 'claims', 1)
       redis.call('ZADD', firing, now + refire * math.min(2 ^ (claims - 1), 8), rid)
       out[#out + 1] = rid; out[#out + 1] = h[1]; out[#out + 1] = h[2]

@@ -12,7 +12,7 @@ local live = redis.call('SCARD', K.live_reminders(sid))
 if live >= tonumber(ARGV[11]) then return 'limit:' .. live end
 local due = server_ms() + tonumber(ARGV[6])
 redis.call('HSET', K.reminder(rid), 'reminderId', rid, 'sessionId', sid,
-  'prompt', ARGV[4], 'label', ARGV[5], 'dueAt', ARGV[7], 'createdAt', ARGV[8], 'state', 'armed')
+  'prompt', ARGV[4], 'label', ARGV[5], 'dueAt', ARGV[7], 'createdAt', ARGV[8], 'state', REMINDER.ARMED)
 redis.call('ZADD', K.reminders_due, due, rid)
 redis.call('SADD', K.live_reminders(sid), rid)
 sync_busy(sid)

@@ -8,11 +8,11 @@ for i = 3, #ARGV do
   local rid = ARGV[i]
   local rk = K.reminder(rid)
   local h = redis.call('HMGET', rk, 'sessionId', 'state')
-  if h[1] == sid and (h[2] == 'armed' or h[2] == 'firing') then
+  if h[1] == sid and (h[2] == REMINDER.ARMED or h[2] == REMINDER.FIRING) then
     redis.call('ZREM', K.reminders_due, rid)
     redis.call('ZREM', K.reminders_firing, rid)
     redis.call('SREM', K.live_reminders(sid), rid)
-    redis.call('HSET', rk, 'state', 'deleted')
+    redis.call('HSET', rk, 'state', REMINDER.DELETED)
     deleted = deleted + 1
   end
 end

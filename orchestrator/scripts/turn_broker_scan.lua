@@ -22,7 +22,7 @@ local out, wanted, any = {}, {}, false
 for i = 4, #ARGV do
   local tid = ARGV[i]
   local h = redis.call('HMGET', K.turn(tid), 'state', 'step')
-  if h[1] == 'running' and redis.call('EXISTS', K.step_lease(tid)) == 0 then
+  if h[1] == TURN.RUNNING and redis.call('EXISTS', K.step_lease(tid)) == 0 then
     local step = h[2] or '0'
     out[i] = {'absent', step, ''}
     wanted[tid .. '.step.' .. step] = i

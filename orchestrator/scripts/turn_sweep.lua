@@ -37,7 +37,7 @@ if not score then return {'gone'} end
 local h = redis.call('HMGET', tk, 'state', 'step', 'sessionId', 'resumes', 'resumeStep',
   'heldTag', 'heldMs', 'stepToken')
 local state = h[1]
-if state ~= 'running' and state ~= 'cancelling' then
+if state ~= TURN.RUNNING and state ~= TURN.CANCELLING then
   redis.call('ZREM', inflight, tid)
   return {'removed', state or 'missing'}
 end
@@ -46,16 +46,16 @@ if now - tonumber(score) < stuck_ms then return {'fresh'} end
 if redis.call('EXISTS', K.step_lease(tid)) == 1 then return {'leased'} end
 local sid, step = h[3], h[2] or '0'
 
-if state == 'cancelling' then
+if state == TURN.CANCELLING then
   -- The step that was to settle the stop is gone (its worker died, or its redelivered copy
   -- was refused): settle it here, as the step would have.
   local settled = ''
   if not archived_in_lineage(sid) then
-    settled = settle_open_call(tid, sid, 'cancelled', 'cancelled: its step was lost')
+    settled = settle_open_call(tid, sid, CALL.CANCELLED, 'cancelled: its step was lost')
   end
-  local nxt = finish_turn(tid, 'cancelled', cancelled_reason, '', now, iso_ms(now))
+  local nxt = finish_turn(tid, TURN.CANCELLED, cancelled_reason, '', now, iso_ms(now))
   redis.call('ZREM', inflight, tid)
-  return {'cancelled', sid, nxt, settled}
+  return {TURN.CANCELLED, sid, nxt, settled}
 end
 
 if seen ~= '' then
@@ -87,16 +87,16 @@ if losses > max_resumes then
   -- The error is the turn's last message, as for a model failure; never in an archived
   -- lineage's conversation, which stays as its archive left it.
   if not archived_in_lineage(sid) then
-    settled = settle_open_call(tid, sid, 'failed', 'no result: ' .. err)
+    settled = settle_open_call(tid, sid, CALL.FAILED, 'no result: ' .. err)
     redis.call('RPUSH', K.history(sid), cjson.encode({
       sessionUpdate = 'agent_message_chunk', turnId = tid,
       content = {type = 'text', text = 'error: ' .. err}}))
     wrote = '1'
   end
   redis.call('HSET', tk, 'resumes', losses, 'resumeStep', step)
-  local nxt = finish_turn(tid, 'failed', failed_reason, err, now, iso_ms(now))
+  local nxt = finish_turn(tid, TURN.FAILED, failed_reason, err, now, iso_ms(now))
   redis.call('ZREM', inflight, tid)
-  return {'failed', sid, nxt, losses, err, wrote, settled}
+  return {TURN.FAILED, sid, nxt, losses, err, wrote, settled}
 end
 redis.call('HSET', tk, 'resumes', losses, 'resumeStep', step)
 redis.call('ZADD', inflight, now, tid)

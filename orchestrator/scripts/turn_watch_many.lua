@@ -6,15 +6,6 @@
 -- Returns a list of state | 'superseded' | 'missing', in ARGV order.
 local out = {}
 for i = 2, #ARGV, 3 do
-  local tid, lease_ms, token = ARGV[i], tonumber(ARGV[i + 1]), ARGV[i + 2] or ''
-  local st = redis.call('HGET', K.turn(tid), 'state') or 'missing'
-  if st == 'running' or st == 'cancelling' then
-    if not holds_step(tid, token) then
-      st = 'superseded'
-    elseif lease_ms then
-      redis.call('PEXPIRE', K.step_lease(tid), lease_ms)
-    end
-  end
-  out[#out + 1] = st
+  out[#out + 1] = watch_step(ARGV[i], tonumber(ARGV[i + 1]), ARGV[i + 2] or '')
 end
 return out

@@ -40,8 +40,7 @@ for _, a in ipairs(redis.call('LRANGE', K.lineage(sid), 0, -1)) do
   if redis.call('SISMEMBER', K.archived, a) == 1 then topmost = a end
 end
 if topmost then
-  record_in_script(rec, sid, 'refused', now_iso, string.format(
-    '{"archivedAncestor":"%s"}', topmost))
+  record_in_script(rec, sid, 'refused', now_iso, detail_refused_ancestor(topmost))
   return {'ancestor', topmost}
 end
 local txn = redis.call('HGET', k, 'archiveTxn')
@@ -58,8 +57,6 @@ for _, s in ipairs(subtree(sid)) do
     if n > 1 then below[n - 1] = s end
   end
 end
--- The detail in audit.detail_json's form.
-local id = record_in_script(rec, sid, 'unarchived', now_iso, string.format(
-  '{"restoredCount":%d}', n))
+local id = record_in_script(rec, sid, 'unarchived', now_iso, detail_unarchived(n))
 record_descendants(rec, id, sid, below, 'unarchived', now_iso)
 return {'unarchived', n, restored}

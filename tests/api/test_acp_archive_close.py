@@ -3,10 +3,10 @@
 
 - Every session an archive transition changes gets its ``session_info_update`` and its event:
   archiving a parent tells a client that has its child open, on archive and on unarchive,
-  and ``/events?sessionId=<child>`` shows the child's events (issue 13, item 1).
+  and ``/events?sessionId=<child>`` shows the child's events.
 - Archive closes the session on every connection that had it open, "as if session/close had
-  been called" (seed 000): after the archive and a later unarchive, a turn prompted from REST
-  sends those clients nothing, until a client loads or resumes it (issue 13, item 2).
+  been called": after the archive and a later unarchive, a turn prompted from REST
+  sends those clients nothing, until a client loads or resumes it.
 
 Absence is checked against a sentinel: a connection handles its events in publish order, so
 once a later event of another session has reached it, nothing of the session came before.

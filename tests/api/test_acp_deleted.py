@@ -7,8 +7,12 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import pytest
+
 from api.acp.prompts import Prompts
 from api.acp.stream import Streams
+
+pytestmark = pytest.mark.unit
 
 
 class _Hub:

@@ -6,6 +6,8 @@ import pytest
 
 from api.cli import api_bind_address
 
+pytestmark = pytest.mark.unit
+
 
 @pytest.mark.parametrize("host", ["0.0.0.0", "10.1.2.3", "::"])
 def test_without_a_token_the_api_binds_to_loopback_and_says_so(

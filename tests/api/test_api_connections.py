@@ -19,7 +19,7 @@ import pytest
 import redis
 from websockets.sync.client import connect
 
-from api.embedded import EmbeddedRedis
+from localfleet.embedded import EmbeddedRedis
 from tests.api_process import ApiProcess, api_process
 from tests.helpers import wait_for
 

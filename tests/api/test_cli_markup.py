@@ -1,7 +1,7 @@
 """What people type shows as they typed it: a title, a directory, a session id or a prompt
 holding Rich markup (``[/b]``, ``[bold red]x[/]``) or an emoji code (``:x:``) is printed
-literally by every ``fleet`` command, never read as markup (a stray closing tag used to end
-the command with a traceback, for every user of the fleet) nor turned into an emoji
+literally by every ``fleet`` command, never read as markup (a stray closing tag would end the
+command with a traceback) nor turned into an emoji
 (``root:x:0:0`` came out as ``root❌0:0``). In process with typer's ``CliRunner`` against the
 real test Redis, and the shared fleet where live work is needed."""
 

@@ -1,4 +1,4 @@
-"""What the ``fleet`` command line prints (issue 13, items 7, 11, 12, 13, 15, 16): tables that
+"""What the ``fleet`` command line prints: tables that
 fit the terminal, times people read, errors as JSON under ``--json``, the CLI's own words,
 help without type noise, and the bulk quirks. In process with typer's ``CliRunner`` against
 the real test Redis, and as a real ``fleet`` process where a pipe matters."""

@@ -1,5 +1,5 @@
-"""``fleet prompt`` follows its turn and ``fleet sessions show`` shows one session (issue 13,
-item 14). In process with typer's ``CliRunner`` against the real test Redis and the shared
+"""``fleet prompt`` follows its turn and ``fleet sessions show`` shows one session. In
+process with typer's ``CliRunner`` against the real test Redis and the shared
 real workers."""
 
 from __future__ import annotations

@@ -11,6 +11,8 @@ import pytest
 
 from api import deps
 
+pytestmark = pytest.mark.unit
+
 
 def _call(annotated: Any) -> Any:
     return get_args(annotated)[1].dependency

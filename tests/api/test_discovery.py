@@ -1,4 +1,4 @@
-"""Where a local fleet runs (``api/discovery.py``): a published ``fleet.json`` counts only
+"""Where a local fleet runs (``localfleet/discovery.py``): a published ``fleet.json`` counts only
 while its ``fleet up`` runs (``tests/api/test_up.py`` finds a real one)."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from api import discovery
+from localfleet import discovery
 
 
 def test_publish_writes_where_the_fleet_runs_readable_by_its_owner_only(tmp_path: Path) -> None:

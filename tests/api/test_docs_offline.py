@@ -1,4 +1,4 @@
-"""The API's doors (issue 13, item 17): ``/docs`` works offline, its page referring only to
+"""The API's doors: ``/docs`` works offline, its page referring only to
 assets the API serves itself, and ``/`` leads to the console."""
 
 from __future__ import annotations

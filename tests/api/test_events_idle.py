@@ -1,4 +1,4 @@
-"""An idle ``GET /events`` client against a healthy Redis (issue 13, item 19): the blocking
+"""An idle ``GET /events`` client against a healthy Redis: the blocking
 ``XREAD`` must not time out on its own ``BLOCK``, so the stream carries no "store
 unavailable" comment and the API logs no warning while nothing happens.
 

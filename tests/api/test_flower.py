@@ -1,4 +1,4 @@
-"""``fleet flower`` (issue 13, item 18): on loopback its API answers without auth, a busy port
+"""``fleet flower``: on loopback its API answers without auth, a busy port
 is a one-line error, and every task it lists has a name; without auth no page of another
 origin may read it (no CORS header) and a rebound ``Host`` is refused. A real Flower process
 on a free loopback port, beside the shared real workers."""
@@ -139,7 +139,7 @@ def test_without_auth_no_page_of_another_origin_may_read_flower(tmp_path: Path) 
                 },
                 timeout=10,
             )
-            # Then Flower answers its own clients (no Origin: curl, its UI) as before, with no
+            # Then Flower still answers (as it answers its own clients: curl, its UI), with no
             # header that lets the browser hand the answer to that page
             assert got.status_code == 200, (path, got.status_code, got.text[:200])
             for response in (got, asked):

@@ -1,4 +1,4 @@
-"""A stop request stands for an intent (issue 11, items 1-3): an archive with stop is bound to
+"""A stop request stands for an intent: an archive with stop is bound to
 the list the user confirmed, a cancel to the turns it names (or the ones live when it
 arrives), and a delete never hides running work. In process (TestClient) against the real test
 Redis; turns started through a ``RecordingDispatcher`` run nowhere, so their states move only

@@ -93,24 +93,6 @@ def test_create_session_returns_session_info(client: TestClient) -> None:
     assert got.json() == info
 
 
-def test_a_session_stored_by_an_earlier_version_reads_the_same(
-    client: TestClient, store: Any
-) -> None:
-    # Given a session whose hash also holds the sessionId field earlier versions stored
-    cwd = _cwd()
-    info = _new(client, cwd)
-    sid = info["sessionId"]
-    key = store.keys.session(sid)
-    assert not store.redis.hexists(key, "sessionId")  # new hashes do not store the id
-    store.redis.hset(key, "sessionId", sid)
-
-    # Then it is got and listed as it was, by its id
-    assert client.get(f"/sessions/{sid}").json() == info
-    assert _list_ids(client, cwd=cwd) == [sid]
-    assert client.post(f"/sessions/{sid}/archive", json={}).status_code == 200
-    assert _list_ids(client, cwd=cwd, archived="only") == [sid]
-
-
 def test_create_child_session_names_its_parent(client: TestClient) -> None:
     parent = _new(client)
     child = _new(client, parentId=parent["sessionId"])

@@ -7,6 +7,8 @@ import pytest
 
 from bench.memory import Step, Table, dict_slots, per_session
 
+pytestmark = pytest.mark.unit
+
 MIB = 1 << 20
 
 

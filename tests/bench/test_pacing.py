@@ -18,6 +18,8 @@ import pytest
 
 from bench.pacing import Paced, climb, paced_rows, run_paced, schedule, sustainable
 
+pytestmark = pytest.mark.unit
+
 SERVICE = 0.05  # seconds the fake server takes per request
 
 

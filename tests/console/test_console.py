@@ -518,7 +518,7 @@ def test_refusal_dialog_asks_again_when_the_work_changed_before_confirming(
     assert server.ok("GET", f"/turns/{t2}")["state"] == "cancelled"
 
 
-# ------------------------------------------------------------------ issue 13, items 3-8
+# ------------------------------------------------------------------ the list and the session view
 
 
 def test_list_header_holds_three_equal_pills_and_new_asks_for_the_cwd(

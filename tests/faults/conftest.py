@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from api.embedded import EmbeddedRedis
+from localfleet.embedded import EmbeddedRedis
 from orchestrator.store import Store
 
 

@@ -25,7 +25,7 @@ from typing import Any
 
 from celery import Celery
 
-from api.local import LocalFleet, WorkerProcess
+from localfleet.fleet import LocalFleet, WorkerProcess
 from orchestrator.families import Family
 from orchestrator.settings import FleetSettings
 from orchestrator.store import Store

@@ -1,7 +1,7 @@
-"""No step after an acknowledged archive (issue 10, faults 1, 6 and 7), on a turn worker of this
-module's own (run prefix + ``faults-steps:``), so stopping it with SIGSTOP or SIGTERM never
-disturbs the shared ``fleet``. There is no subagent worker: a subagent's turn is stopped by the
-archive's own script or not at all.
+"""No step after an acknowledged archive, on a turn worker of this module's own (run prefix +
+``faults-steps:``), so stopping it with SIGSTOP or SIGTERM never disturbs the shared ``fleet``.
+There is no subagent worker: a subagent's turn is stopped by the archive's own script or not at
+all.
 
 The claims are read from the store: a model request is recorded by the script that admits its
 step, and the conversation is the history list, so "nothing after the archive" is "the lists
@@ -100,7 +100,7 @@ def test_a_worker_stopped_mid_turn_lands_nothing_after_an_archive_with_stop(
 def test_a_step_begun_after_the_archive_committed_is_refused_in_the_same_script(
     store: Store,
 ) -> None:
-    # Given a running turn whose step passed the gate (what used to be a separate round trip)
+    # Given a running turn whose step passed the gate
     recorder = RecordingDispatcher()
     sid = create_session(store, "/tmp/faults-steps").session_id
     tid = start_turn(store, recorder, sid, "say hi\nsay again")

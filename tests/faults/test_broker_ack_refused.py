@@ -13,7 +13,7 @@ import pytest
 import redis
 from kombu import Connection, Exchange, Queue
 
-from api.embedded import EmbeddedRedis
+from localfleet.embedded import EmbeddedRedis
 
 pytestmark = pytest.mark.redis
 

@@ -1,4 +1,4 @@
-"""Issue fault 9: a bulk archive killed mid-run leaves no archive unaudited or uncounted.
+"""A bulk archive killed mid-run leaves no archive unaudited or uncounted.
 
 A real ``fleet api`` process (on a key prefix of this test alone) runs a bulk archive of a few
 thousand sessions and is SIGKILLed by PID in the middle. The kill is aimed: the test watches

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from api.local import LocalFleet, WorkerProcess
+from localfleet.fleet import LocalFleet, WorkerProcess
 from orchestrator.activity import census
 from orchestrator.archive import archive
 from orchestrator.families import Family, Task, control_queue

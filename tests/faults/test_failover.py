@@ -1,4 +1,4 @@
-"""Not one acknowledged archive lost through a Sentinel failover (issue 15).
+"""Not one acknowledged archive lost through a Sentinel failover.
 
 On loopback: a primary, two replicas and three Sentinels (``redis-server`` processes of the
 test), one real worker per family, ``fleet beat`` and the API, all pointed at the Sentinels,

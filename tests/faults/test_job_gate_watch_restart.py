@@ -12,9 +12,10 @@ from collections.abc import Iterator
 
 import pytest
 
-from api.embedded import EmbeddedRedis
+from localfleet.embedded import EmbeddedRedis
 from orchestrator import archive, gate, jobs, sessions
 from orchestrator.jobs import JobState
+from orchestrator.jobsupervisor import JobSupervisor
 from orchestrator.store import Store
 from tests.faults.test_redis_durability import crash_and_restart
 from tests.helpers import RecordingDispatcher, wait_for
@@ -32,13 +33,13 @@ def store(private_redis: EmbeddedRedis) -> Iterator[Store]:
 
 
 @pytest.fixture
-def supervisor(store: Store) -> Iterator[jobs.JobSupervisor]:
-    sup = jobs.JobSupervisor(store, "host-restart", lease_ms=20_000, grace_seconds=1)
+def supervisor(store: Store) -> Iterator[JobSupervisor]:
+    sup = JobSupervisor(store, "host-restart", lease_ms=20_000, grace_seconds=1)
     yield sup
     sup.shutdown()
 
 
-def running_job(store: Store, sup: jobs.JobSupervisor) -> tuple[str, str, int]:
+def running_job(store: Store, sup: JobSupervisor) -> tuple[str, str, int]:
     """A new session's job running under ``sup``: ``(sid, jid, pid)``."""
     sid = sessions.create_session(store, "/tmp/gate-watch").session_id
     jid = jobs.create_job(store, RecordingDispatcher(), sid, 60, "sleep 60")
@@ -63,7 +64,7 @@ def stopped(store: Store, jid: str, pid: int) -> None:
 def test_closures_are_heard_again_after_redis_is_killed_and_restarted(
     private_redis: EmbeddedRedis,
     store: Store,
-    supervisor: jobs.JobSupervisor,
+    supervisor: JobSupervisor,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     # Given a job running under a supervisor that hears the private Redis's closures
@@ -85,7 +86,7 @@ def test_closures_are_heard_again_after_redis_is_killed_and_restarted(
 
 
 def test_a_closure_lost_with_the_subscription_is_made_up_for_when_it_is_made_again(
-    store: Store, supervisor: jobs.JobSupervisor, monkeypatch: pytest.MonkeyPatch
+    store: Store, supervisor: JobSupervisor, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Given a job running here, and the closure of its archive lost on the way (dropped as it
     # is read, and the subscription's connection killed right after)
@@ -119,7 +120,7 @@ def test_a_closure_is_heard_although_the_subscriptions_connection_went_silent(
     # Given a job host whose store reaches Redis through a proxy, running a job
     with TcpProxy(private_redis.port) as proxy:
         host_store = Store(proxy.url, "gatewatch:")
-        sup = jobs.JobSupervisor(host_store, "host-silent", lease_ms=20_000, grace_seconds=1)
+        sup = JobSupervisor(host_store, "host-silent", lease_ms=20_000, grace_seconds=1)
         try:
             sid, jid, pid = running_job(host_store, sup)
             wait_for(lambda: subscribed(host_store), 10, message="the subscription")

@@ -21,8 +21,8 @@ import pytest
 import redis
 from celery import Celery
 
-from api.embedded import EmbeddedRedis
-from api.local import LocalFleet
+from localfleet.embedded import EmbeddedRedis
+from localfleet.fleet import LocalFleet
 from orchestrator.sessions import create_session
 from orchestrator.settings import FleetSettings
 from orchestrator.store import Store

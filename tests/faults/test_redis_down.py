@@ -24,7 +24,7 @@ from fastapi.testclient import TestClient
 
 import api.rest
 from api.acp import AcpConnection, EventHub
-from api.embedded import EmbeddedRedis
+from localfleet.embedded import EmbeddedRedis
 from orchestrator import archive, gate, sessions, steps, titles, tools, turns
 from orchestrator.errors import FleetError, StoreUnavailable
 from orchestrator.model import Emit, ScriptedModel, StepAnswer, StepRequest

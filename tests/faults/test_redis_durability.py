@@ -1,8 +1,8 @@
 """Durability of lifecycle writes across a Redis crash (docs/configuration.md, "Durability").
 
-Redis runs with ``appendonly yes`` and ``appendfsync always`` (``api/embedded.py``), so a write
-the server acknowledged is on disk. Each test here makes writes through the orchestrator, kills
-the server with SIGKILL (no chance to flush anything) right after the last call returned,
+Redis runs with ``appendonly yes`` and ``appendfsync always`` (``localfleet/embedded.py``), so a
+write the server acknowledged is on disk. Each test here makes writes through the orchestrator,
+kills the server with SIGKILL (no chance to flush anything) right after the last call returned,
 restarts it on the same state directory and port, and reads everything back through the same
 ``Store`` object: the archive, its gate, a refusal, a title and an unarchive all survived.
 """
@@ -15,7 +15,7 @@ import uuid
 
 import pytest
 
-from api.embedded import EmbeddedRedis
+from localfleet.embedded import EmbeddedRedis
 from orchestrator import archive, audit, gate, reminders, sessions, titles
 from orchestrator.errors import SessionActive
 from orchestrator.gate import StepRefused

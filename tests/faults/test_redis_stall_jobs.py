@@ -15,10 +15,11 @@ from pathlib import Path
 
 import pytest
 
-from api.embedded import EmbeddedRedis
+from localfleet.embedded import EmbeddedRedis
 from orchestrator import jobs, sessions, watchdogs
 from orchestrator.activity import census
 from orchestrator.archive import archive
+from orchestrator.jobsupervisor import JobSupervisor
 from orchestrator.store import Store
 from tests.helpers import RecordingDispatcher, wait_for
 from tests.workers.support import process_alive
@@ -42,8 +43,8 @@ def freeze_max() -> float:
 
 
 @pytest.fixture
-def supervisor(store: Store, freeze_max: float) -> Iterator[jobs.JobSupervisor]:
-    sup = jobs.JobSupervisor(
+def supervisor(store: Store, freeze_max: float) -> Iterator[JobSupervisor]:
+    sup = JobSupervisor(
         store, "host-stall", lease_ms=LEASE_MS, grace_seconds=1, freeze_max_seconds=freeze_max
     )
     yield sup
@@ -59,7 +60,7 @@ def redis_pid(private_redis: EmbeddedRedis) -> Iterator[int]:
     os.kill(pid, signal.SIGCONT)
 
 
-def watched_job(store: Store, sup: jobs.JobSupervisor) -> tuple[str, str, int, str]:
+def watched_job(store: Store, sup: JobSupervisor) -> tuple[str, str, int, str]:
     """A new session's running job under ``sup``, counted and read by its watchdog (two of
     its reads of a lease since the job's record): ``(sid, jid, pid, tree handle)``."""
     sid = sessions.create_session(store, "/tmp/redis-stall").session_id
@@ -114,7 +115,7 @@ def frozen_past_its_lapse(redis_pid: int, pid: int, tree: str) -> float:
 
 
 def test_a_job_survives_a_redis_stall_frozen_and_runs_on_with_its_lease_taken_again(
-    redis_pid: int, store: Store, supervisor: jobs.JobSupervisor
+    redis_pid: int, store: Store, supervisor: JobSupervisor
 ) -> None:
     # Given a running job, counted by the census and read by its watchdog
     sid, jid, pid, tree = watched_job(store, supervisor)
@@ -145,7 +146,7 @@ def test_a_job_survives_a_redis_stall_frozen_and_runs_on_with_its_lease_taken_ag
 
 
 def test_a_frozen_job_whose_session_is_archived_as_redis_returns_dies_never_thawed(
-    redis_pid: int, store: Store, supervisor: jobs.JobSupervisor
+    redis_pid: int, store: Store, supervisor: JobSupervisor
 ) -> None:
     # Given a running job frozen through a Redis stall until its lease lapsed
     sid, jid, pid, tree = watched_job(store, supervisor)
@@ -173,7 +174,7 @@ def test_a_frozen_job_whose_session_is_archived_as_redis_returns_dies_never_thaw
 
 @pytest.mark.parametrize("freeze_max", [2.0])
 def test_a_job_frozen_longer_than_the_freeze_bound_is_killed_and_counted_lost(
-    redis_pid: int, store: Store, supervisor: jobs.JobSupervisor
+    redis_pid: int, store: Store, supervisor: JobSupervisor
 ) -> None:
     # Given a running job, its worker's watchdog freezing a job for at most 2 s
     sid, jid, pid, tree = watched_job(store, supervisor)
@@ -197,7 +198,7 @@ def test_a_job_frozen_longer_than_the_freeze_bound_is_killed_and_counted_lost(
 
 
 def test_a_frozen_job_whose_watchdog_died_is_killed_by_its_worker_once_redis_answers(
-    redis_pid: int, store: Store, supervisor: jobs.JobSupervisor
+    redis_pid: int, store: Store, supervisor: JobSupervisor
 ) -> None:
     # Given a running job frozen through a Redis stall until its lease lapsed
     sid, jid, pid, tree = watched_job(store, supervisor)

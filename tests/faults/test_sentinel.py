@@ -1,5 +1,5 @@
-"""The store and the broker transport follow a Sentinel failover without being rebuilt
-(issue 15): one primary, two replicas and three Sentinels on loopback; the primary is
+"""The store and the broker transport follow a Sentinel failover without being rebuilt:
+one primary, two replicas and three Sentinels on loopback; the primary is
 SIGKILLed and the same ``Store`` and the same kombu ``Connection`` go on against the promoted
 replica."""
 

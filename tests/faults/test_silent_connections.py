@@ -28,8 +28,8 @@ import redis.asyncio as aioredis
 from celery import Celery
 
 from api.acp.hub import EventHub
-from api.embedded import EmbeddedRedis
-from api.local import LocalFleet
+from localfleet.embedded import EmbeddedRedis
+from localfleet.fleet import LocalFleet
 from orchestrator import jobs
 from orchestrator.archive import archive
 from orchestrator.families import Family

@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 from celery import Celery
 
-from api.local import LocalFleet
+from localfleet.fleet import LocalFleet
 from orchestrator.families import Family
 from orchestrator.sessions import create_session
 from orchestrator.settings import FleetSettings

@@ -1,4 +1,4 @@
-"""Late stops, lost stops and reminder crashes (issue faults 2 and 3) on a fleet of this
+"""Late stops, lost stops and reminder crashes on a fleet of this
 module's own: real turn, subagent and reminder worker processes on a fresh key prefix (run
 prefix + ``faults23:``), so stopping and killing them never disturbs the shared ``fleet``.
 
@@ -7,7 +7,7 @@ SECONDS``) and re-claim a reminder whose turn was not created 3 s after its clai
 (``FLEET_REMINDER_REFIRE_SECONDS``), so what a killed worker left comes back within the test.
 
 The crash test's scale is a parameter: ``FLEET_FAULT_REMINDER_SESSIONS`` sessions x
-``FLEET_FAULT_REMINDERS_EACH`` reminders (40 x 5 here; the issue's case is 200 x 10).
+``FLEET_FAULT_REMINDERS_EACH`` reminders (40 x 5 here; 200 x 10 for the full case).
 """
 
 from __future__ import annotations

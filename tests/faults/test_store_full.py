@@ -1,4 +1,4 @@
-"""A full store answers 503, never 500 (issue 10, fault 8).
+"""A full store answers 503, never 500.
 
 The HTTP API runs as its own process (uvicorn, as ``fleet api`` serves it) against the test's
 own ``EmbeddedRedis``, which is squeezed with ``maxmemory`` and ``noeviction``: a write is
@@ -16,7 +16,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from api.embedded import EmbeddedRedis
+from localfleet.embedded import EmbeddedRedis
 from orchestrator.store import Store
 from tests.faults.conftest import free_port
 from tests.helpers import error_shape, wait_for

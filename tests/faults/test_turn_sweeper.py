@@ -1,4 +1,4 @@
-"""Issue fault 4 with real worker processes: a turn whose step is lost with its worker still
+"""The turn sweeper with real worker processes: a turn whose step is lost with its worker still
 reaches a final state, through the sweeper running in the surviving turn worker.
 
 The module runs turn workers of its own (run prefix + ``sweeper:``) with a visibility timeout

@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from api.embedded import EmbeddedRedis
+from localfleet.embedded import EmbeddedRedis
 from orchestrator import jobwatch, watchdogs
 from orchestrator.activity import census
 from orchestrator.archive import archive
@@ -253,7 +253,7 @@ def test_a_job_frozen_longer_than_the_freeze_bound_is_killed_and_counted_lost(
     # Then the job is killed (frozen) once frozen for the bound
     assert victim.proc.returncode == -signal.SIGKILL
     assert time.monotonic() - frozen >= 2 - watchdog.interval
-    # And once Redis answers, the census counts it lost as before
+    # And once Redis answers, the census counts it lost
     assert private_redis.pid is not None
     os.kill(private_redis.pid, signal.SIGCONT)
     assert not any(item.id == jid for item in census(store, sid))

@@ -1,5 +1,4 @@
-"""Workers ride out a restarting and a full Redis, and readiness means consuming (issue 10,
-fault 5).
+"""Workers ride out a restarting and a full Redis, and readiness means consuming.
 
 Each test runs real family workers (``LocalFleet``) against its own ``EmbeddedRedis``
 (append-only), which it SIGKILLs and restarts by PID or squeezes with ``maxmemory`` and
@@ -18,8 +17,8 @@ from pathlib import Path
 import pytest
 from celery import Celery
 
-from api.embedded import EmbeddedRedis
-from api.local import LocalFleet, WorkerProcess
+from localfleet.embedded import EmbeddedRedis
+from localfleet.fleet import LocalFleet, WorkerProcess
 from orchestrator.families import Family
 from orchestrator.heartbeats import live_workers
 from orchestrator.sessions import create_session

@@ -1,4 +1,4 @@
-"""Worker faults (issue faults 1, 2 and 5) on a fleet of this module's own: real turn and job
+"""Worker faults (killed and frozen workers) on a fleet of this module's own: real turn and job
 worker processes on a fresh key prefix (run prefix + ``faults1:``), so killing them with
 SIGKILL never disturbs the shared ``fleet``. The module drives them through its own ``Store``
 and a ``CeleryDispatcher`` on a new Celery app configured for that prefix.

@@ -1,9 +1,9 @@
 """Archives and unarchives of one lineage racing from several threads leave trails that replay:
 read in order, each entry's outcome is what the session's state then allows, and entry times
 never go back. An unarchive's no-op (``not_archived``) and refusal (``refused`` under an
-archived ancestor) were written by the caller after the script had answered, so an archive
-committed between the two could come first in the trail, and the unarchive read the time
-before its script ran, so its ``at`` could be older than the entry before it."""
+archived ancestor) are written by its script with the answer, at the script's time, so no
+archive committed in between comes first in the trail and no ``at`` is older than the entry
+before it."""
 
 from __future__ import annotations
 

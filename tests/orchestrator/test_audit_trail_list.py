@@ -1,8 +1,7 @@
 """A session's audit trail is a list (``Keys.audit_log``) holding each entry with the id the
 fleet-wide stream gave it: a stream per session cost 4.7 KB from its first entry on Redis
 >= 7.0 (its first node is preallocated at ``stream-node-max-bytes``), which every archived
-session carried. Entries a session got before (in a stream of its own, ``Keys.audit``) are
-still read, merged with the list in id order, and paged across with ``before``."""
+session carried. The trail is read newest first and paged across with ``before``."""
 
 from __future__ import annotations
 
@@ -19,25 +18,6 @@ from tests.helpers import RecordingDispatcher, count_round_trips
 pytestmark = pytest.mark.redis
 
 
-def _legacy_entry(store: Store, sid: str, title: str) -> str:
-    """An entry as the stream-per-session code wrote it, a minute before now (older code wrote
-    them before the upgrade; ids of two streams made in the same millisecond do not order the
-    entries); returns its id."""
-    fields = {
-        "at": "2026-11-01T00:00:00.000Z",
-        "action": "set_title",
-        "outcome": "set",
-        "actor": "old-api",
-        "sessionId": sid,
-        "detail": audit.detail_json({"title": title}),
-    }
-    key = store.keys.audit(sid)
-    last = store.redis.xinfo_stream(key)["last-generated-id"] if store.redis.exists(key) else ""
-    ms = store.now_ms() - 60_000
-    seq = int(last.split("-")[1]) + 1 if last.startswith(f"{ms}-") else 0
-    return str(store.redis.xadd(key, fields, id=f"{ms}-{seq}"))  # type: ignore[arg-type]
-
-
 def _titles(entries: list[dict[str, Any]]) -> list[str]:
     return [e["detail"]["title"] for e in entries]
 
@@ -50,22 +30,17 @@ def test_an_archived_sessions_trail_costs_hundreds_of_bytes_not_a_stream_node(
     archive.archive(store, recorder, sid)
     # Then its trail is one list entry, far below a stream's first node (4,736 bytes)
     assert store.redis.type(store.keys.audit_log(sid)) == "list"
-    assert not store.redis.exists(store.keys.audit(sid))
     assert store.redis.memory_usage(store.keys.audit_log(sid)) < 600
     # And the entry carries the fleet-wide stream's id for it
     (entry,) = audit.read(store, sid)
     assert store.redis.xrange(store.keys.audit_all, entry["id"], entry["id"])
 
 
-def test_entries_of_the_older_per_session_stream_are_read_with_the_list_in_id_order(
-    store: Store, tmp_path: Any
-) -> None:
-    # Given a session with two entries in its stream (older code) and two in its list
+def test_a_trail_reads_newest_first_whole_and_page_by_page(store: Store, tmp_path: Any) -> None:
+    # Given a session with four entries in its trail
     sid = sessions.create_session(store, str(tmp_path)).session_id
-    _legacy_entry(store, sid, "old 1")
-    _legacy_entry(store, sid, "old 2")
-    titles.set_title(store, sid, "new 1")
-    titles.set_title(store, sid, "new 2")
+    for title in ("one", "two", "three", "four"):
+        titles.set_title(store, sid, title)
     # When its trail is read whole, and one entry per page
     whole = audit.read(store, sid)
     pages: list[dict[str, Any]] = []
@@ -74,11 +49,10 @@ def test_entries_of_the_older_per_session_stream_are_read_with_the_list_in_id_or
         if not page:
             break
         pages += page
-    # Then both read newest first, each entry once, with its session and actor
-    assert _titles(whole) == ["new 2", "new 1", "old 2", "old 1"]
+    # Then both read newest first, each entry once, with its session
+    assert _titles(whole) == ["four", "three", "two", "one"]
     assert pages == whole
     assert {e["sessionId"] for e in whole} == {sid}
-    assert [e["actor"] for e in whole][2:] == ["old-api", "old-api"]
 
 
 def test_entries_recorded_together_are_one_round_trip_and_get_the_fleet_wide_ids(

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from api.embedded import EmbeddedRedis, find_redis_server
+from localfleet.embedded import EmbeddedRedis, find_redis_server
 from orchestrator import archive, bulk, jobs, reminders, sessions, turns
 from orchestrator.errors import FleetError, LimitReached
 from orchestrator.store import Store, iso, now_ms
@@ -318,28 +318,6 @@ def test_the_cap_refuses_the_next_live_child_however_many_idle_ones_the_parent_h
     assert sessions.delete_session(store, busy[1])
     assert busy[1] not in store.redis.smembers(store.keys.busy_children(parent))
     sessions.create_session(store, cwd, parent)
-
-
-def test_a_parent_written_without_the_index_builds_it_at_its_next_create(
-    store_with: Callable[..., Store], cwd: str
-) -> None:
-    # Given a parent with 2 busy children and 5 idle ones whose index and mark are missing
-    # (as the scripts before the index wrote it)
-    store = store_with(max_subagents_per_session=2)
-    parent = sessions.create_session(store, cwd).session_id
-    idle = [sessions.create_session(store, cwd, parent).session_id for _ in range(5)]
-    busy = [sessions.create_session(store, cwd, parent).session_id for _ in range(2)]
-    for c in busy:
-        reminders.create_reminder(store, c, 600, "later")
-    store.redis.delete(store.keys.busy_children(parent))
-    store.redis.hdel(store.keys.session(parent), "busyIndex")
-
-    # When it spawns, Then the cap is not exceeded: the index is built from its children first
-    with pytest.raises(LimitReached):
-        sessions.create_session(store, cwd, parent)
-    assert store.redis.smembers(store.keys.busy_children(parent)) == set(busy)
-    assert store.redis.hget(store.keys.session(parent), "busyIndex") == "1"
-    assert not set(idle) & store.redis.smembers(store.keys.busy_children(parent))
 
 
 # ---------------------------------------------------------------- the work of one create

@@ -23,6 +23,7 @@ import pytest
 from orchestrator import archive, cgroups, containment, jobs, sessions, turns
 from orchestrator.activity import census
 from orchestrator.jobs import JobState
+from orchestrator.jobsupervisor import JobSupervisor
 from orchestrator.model import Emit, StepAnswer, StepRequest, StopReason, ToolCall
 from orchestrator.store import Store
 from tests.helpers import RecordingDispatcher, wait_for
@@ -63,8 +64,8 @@ def leftovers_killed(*markers: str) -> Iterator[None]:
 
 
 @pytest.fixture
-def supervisor(store: Store) -> Iterator[jobs.JobSupervisor]:
-    sup = jobs.JobSupervisor(store, "host-contain", lease_ms=10_000, grace_seconds=1)
+def supervisor(store: Store) -> Iterator[JobSupervisor]:
+    sup = JobSupervisor(store, "host-contain", lease_ms=10_000, grace_seconds=1)
     yield sup
     sup.shutdown()
 
@@ -178,7 +179,7 @@ def test_a_handle_outside_the_fleets_scopes_is_never_killed() -> None:
 # ----------------------------------------------------------------------------------- jobs
 
 
-def escaping_job(store: Store, sup: jobs.JobSupervisor, sid: str, command: str) -> tuple[str, int]:
+def escaping_job(store: Store, sup: JobSupervisor, sid: str, command: str) -> tuple[str, int]:
     """A job of ``sid`` running ``command`` under ``sup``, the duration of the command's
     first ``sleep`` marking the process it leaves: ``(job id, that process's pid)``."""
     marker = command.split("sleep ")[1].split()[0]
@@ -189,7 +190,7 @@ def escaping_job(store: Store, sup: jobs.JobSupervisor, sid: str, command: str) 
 
 
 def test_an_archived_jobs_setsid_process_dies_and_activity_is_empty_only_once_it_is_gone(
-    store: Store, sid: str, supervisor: jobs.JobSupervisor
+    store: Store, sid: str, supervisor: JobSupervisor
 ) -> None:
     marker = "777.123"
     with leftovers_killed(marker):
@@ -211,7 +212,7 @@ def test_an_archived_jobs_setsid_process_dies_and_activity_is_empty_only_once_it
 
 
 def test_a_job_whose_command_ended_runs_while_the_process_it_left_runs(
-    store: Store, sid: str, supervisor: jobs.JobSupervisor
+    store: Store, sid: str, supervisor: JobSupervisor
 ) -> None:
     if containment.mode() is not containment.Mode.CGROUP:
         pytest.skip("only a cgroup outlives the command's first process")

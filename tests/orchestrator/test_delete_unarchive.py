@@ -152,14 +152,3 @@ def test_over_http_the_refusal_is_409_session_unarchived_and_the_session_stays(
         assert error["data"] == {"sessionId": sid}
         assert "Delete it again" in error["message"]
         assert client.get(f"/sessions/{sid}").json()["archived"] is False
-
-
-def test_a_session_archived_before_transitions_were_recorded_is_still_deleted(
-    store: Store, recorder: RecordingDispatcher, cwd: str
-) -> None:
-    # Given an archived session whose record names no archive transition (an older write)
-    sid = sessions.create_session(store, cwd).session_id
-    archive.archive(store, recorder, sid)
-    store.redis.hdel(store.keys.session(sid), "archiveTxn")
-    # When it is deleted with stopActivity, then it is deleted (bound to "still archived")
-    assert deletion.delete(store, recorder, sid, stop_activity=True, wait_seconds=1.0).deleted

@@ -1,5 +1,5 @@
 """A job host stops the jobs of an archived session by itself (``JobSupervisor``,
-``orchestrator/jobs.py``): it hears the gate's closure the archive script announces
+``orchestrator/jobgatewatch.py``): it hears the gate's closure the archive script announces
 (``gate.listen``) and asks the gate, so a job ends although its ``job.stop`` request is never
 delivered. Run in-process with a real ``JobSupervisor`` (real ``sleep`` processes) against
 real Redis; the dispatcher records the stop requests and delivers none. A closure missed while
@@ -16,6 +16,7 @@ import pytest
 from orchestrator import archive, gate, jobs, sessions
 from orchestrator.activity import census
 from orchestrator.jobs import JobState
+from orchestrator.jobsupervisor import JobSupervisor
 from orchestrator.store import Store
 from tests.helpers import RecordingDispatcher, wait_for
 from tests.workers.support import process_alive
@@ -24,13 +25,13 @@ pytestmark = pytest.mark.timeout(60)
 
 
 @pytest.fixture
-def supervisor(store: Store) -> Iterator[jobs.JobSupervisor]:
-    sup = jobs.JobSupervisor(store, "host-gate-watch", lease_ms=10_000, grace_seconds=1)
+def supervisor(store: Store) -> Iterator[JobSupervisor]:
+    sup = JobSupervisor(store, "host-gate-watch", lease_ms=10_000, grace_seconds=1)
     yield sup
     sup.shutdown()
 
 
-def running_job(store: Store, sup: jobs.JobSupervisor, sid: str) -> tuple[str, int]:
+def running_job(store: Store, sup: JobSupervisor, sid: str) -> tuple[str, int]:
     """A job of ``sid`` running under ``sup``: ``(job id, pid)``."""
     jid = jobs.create_job(store, RecordingDispatcher(), sid, 60, "sleep 60")
     assert sup.start(sid, jid) == "running"
@@ -43,7 +44,7 @@ def state(store: Store, jid: str) -> str | None:
 
 
 def test_an_archived_sessions_job_ends_although_its_stop_request_is_never_delivered(
-    store: Store, cwd: str, supervisor: jobs.JobSupervisor
+    store: Store, cwd: str, supervisor: JobSupervisor
 ) -> None:
     # Given a session whose job runs here, and another session whose job runs here too
     sid = sessions.create_session(store, cwd).session_id
@@ -73,7 +74,7 @@ def test_an_archived_sessions_job_ends_although_its_stop_request_is_never_delive
 
 
 def test_a_subagents_job_ends_when_its_parent_is_archived(
-    store: Store, cwd: str, supervisor: jobs.JobSupervisor
+    store: Store, cwd: str, supervisor: JobSupervisor
 ) -> None:
     # Given a job of a subagent
     parent = sessions.create_session(store, cwd).session_id
@@ -87,7 +88,7 @@ def test_a_subagents_job_ends_when_its_parent_is_archived(
 
 
 def test_a_closure_heard_late_spares_a_job_started_after_the_unarchive(
-    store: Store, cwd: str, supervisor: jobs.JobSupervisor, monkeypatch: pytest.MonkeyPatch
+    store: Store, cwd: str, supervisor: JobSupervisor, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Given a host whose hearing of the next archive of `sid` is held back until the test
     # lets it go (the process's closure feed reads it, then waits)
@@ -137,7 +138,7 @@ def test_a_supervisor_whose_thread_runs_before_its_constructor_returns_still_for
                 time.sleep(0.3)
 
     monkeypatch.setattr(threading, "Thread", EagerThread)
-    sup = jobs.JobSupervisor(store, "host-eager", lease_ms=10_000, grace_seconds=1)
+    sup = JobSupervisor(store, "host-eager", lease_ms=10_000, grace_seconds=1)
     monkeypatch.undo()
     try:
         # Then its thread is alive, and a job it takes gets its process

@@ -15,6 +15,7 @@ import pytest
 from orchestrator import jobs, jobwatch, sessions
 from orchestrator.activity import census
 from orchestrator.jobs import JobState
+from orchestrator.jobsupervisor import JobSupervisor
 from orchestrator.jobwatch import REASON, Watchdog
 from orchestrator.ownership import process_start
 from orchestrator.processes import die_with_parent
@@ -114,7 +115,7 @@ def test_a_supervisor_that_may_not_renew_a_jobs_lease_kills_it_and_stops_trackin
     store: Store, cwd: str
 ) -> None:
     # Given a supervisor running a job, its watchdog frozen (SIGSTOP by PID)
-    sup = jobs.JobSupervisor(store, "hostW", lease_ms=2000, grace_seconds=1)
+    sup = JobSupervisor(store, "hostW", lease_ms=2000, grace_seconds=1)
     try:
         wait_for(lambda: sup._watchdog is not None, 10, message="the watchdog to start")
         assert sup._watchdog is not None

@@ -122,3 +122,21 @@ def test_the_gate_script_holds_only_the_gate_rule(store: Store) -> None:
         assert unrelated not in source, unrelated
     # And it runs: an unknown session is 'missing'
     assert store.run("gate_admit", ["sess_" + "0" * 32]) == "missing"
+
+
+def test_the_generated_rules_run_and_build_what_python_builds(store: Store) -> None:
+    from orchestrator import entries, luarules
+
+    lua = luarules.lua_rules() + (
+        "return {event_archived('s1', 3), detail_archived(2, true, 1), event_deleted('s2'),"
+        " tostring(turn_may(TURN.QUEUED, TURN.RUNNING)),"
+        " tostring(turn_may(TURN.CANCELLED, TURN.RUNNING)), STOP_REASON[TURN.COMPLETED]}"
+    )
+    assert store.redis.eval(lua, 0) == [
+        entries.SCRIPT_EVENTS["archived"].render("s1", 3),
+        entries.SCRIPT_DETAILS["archived"].render(2, True, 1),
+        entries.SCRIPT_EVENTS["deleted"].render("s2"),
+        "true",
+        "false",
+        "end_turn",
+    ]

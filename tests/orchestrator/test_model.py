@@ -22,6 +22,8 @@ from orchestrator.model import (
     prompt_lines,
 )
 
+pytestmark = pytest.mark.unit
+
 
 @pytest.mark.parametrize(
     ("line", "expected"),

@@ -17,6 +17,8 @@ from orchestrator.model import Cancel, StepAnswer, StepRequest, StopReason
 from orchestrator.openai_model import OpenAIModel
 from tests.helpers import wait_for
 
+pytestmark = pytest.mark.unit
+
 SYN_SENT = "02"
 
 

@@ -1,4 +1,4 @@
-"""Parsing ``sentinel://`` URLs (issue 15) and choosing the broker transport for them."""
+"""Parsing ``sentinel://`` URLs and choosing the broker transport for them."""
 
 from __future__ import annotations
 

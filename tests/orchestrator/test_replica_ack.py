@@ -1,5 +1,5 @@
 """Lifecycle writes that fewer replicas acknowledged than ``FLEET_REDIS_MIN_REPLICAS_ACK``
-answer ``WriteUnconfirmed``, never a silent success (issue 15).
+answer ``WriteUnconfirmed``, never a silent success.
 
 The test Redis has no replica, so a store that requires one sees every ``WAIT`` time out with
 0 acknowledgements; the write itself is applied on the primary, as the error says. A real

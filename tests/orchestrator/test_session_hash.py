@@ -1,10 +1,9 @@
-"""The stored session hash: the id is its key's suffix, not a field; hashes written by earlier
-versions (which held a ``sessionId`` field) still read the same."""
+"""The stored session hash: the id is its key's suffix, not a field, and every read names the
+session by it."""
 
 from __future__ import annotations
 
 from orchestrator import archive, sessions, titles
-from orchestrator.sessions import Session
 from orchestrator.store import Store
 from tests.helpers import RecordingDispatcher
 from tests.orchestrator.support import chain, unique_cwd
@@ -38,35 +37,3 @@ def test_every_read_of_a_new_session_returns_its_id(store: Store) -> None:
     assert set(_listed(store, cwd=cwd, archived="include")) == {gone.session_id, active.session_id}
     assert _listed(store, cwd=cwd, archived="include", q="findable") == [gone.session_id]
     assert gone.session_id in _listed(store, archived="only")
-
-
-def test_a_hash_written_with_a_session_id_field_still_reads(store: Store) -> None:
-    # Given sessions whose hashes hold the sessionId field, as earlier versions wrote them
-    cwd = unique_cwd()
-    root, child = chain(store, 1, cwd)
-    titles.set_title(store, child.session_id, "older hash")
-    for s in (root, child):
-        store.redis.hset(store.keys.session(s.session_id), "sessionId", s.session_id)
-
-    # Then reads, lists and searches return them as before, and writes still apply
-    got = sessions.get_session(store, child.session_id)
-    assert (got.session_id, got.parent_id, got.title) == (
-        child.session_id,
-        root.session_id,
-        "older hash",
-    )
-    assert set(_listed(store, cwd=cwd)) == {child.session_id, root.session_id}
-    assert _listed(store, cwd=cwd, q="older") == [child.session_id]
-    archive.archive(store, RecordingDispatcher(), root.session_id)
-    assert set(_listed(store, cwd=cwd, archived="only")) == {root.session_id, child.session_id}
-    assert sessions.get_session(store, root.session_id).to_info()["sessionId"] == root.session_id
-
-
-def test_the_id_comes_from_the_key_not_from_a_stored_field() -> None:
-    # An older hash's field is ignored: the id passed (the key's suffix) is the one used.
-    h = {"cwd": "/x", "createdAt": "t", "updatedAt": "t", "sessionId": "sess_other"}
-
-    assert Session.from_hash("sess_key", h).session_id == "sess_key"
-    assert Session.from_hash("sess_key", {k: v for k, v in h.items() if k != "sessionId"}) == (
-        Session.from_hash("sess_key", h)
-    )

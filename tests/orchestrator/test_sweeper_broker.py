@@ -147,5 +147,5 @@ def test_a_held_step_that_began_and_lost_its_lease_is_lost_at_once(
     # message is still held unacknowledged: its worker died mid-step
     store.redis.hset(store.keys.turn(stale), "stepToken", "t1")
     take(store, message(step_message_id(stale, 0)))
-    # Then the first pass resumes it, as before the broker was asked
+    # Then the first pass resumes it, without waiting out the grace
     assert run(store, recorder).turns["resumed"] == [stale]

@@ -1,4 +1,4 @@
-"""Session titles: normalization and the atomic write (ACP session/set_title; seed 001)."""
+"""Session titles: normalization and the atomic write (ACP session/set_title)."""
 
 from __future__ import annotations
 

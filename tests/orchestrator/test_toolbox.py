@@ -10,6 +10,8 @@ from orchestrator import chat, toolbox
 from orchestrator.families import Family
 from orchestrator.model import Message, Role, ToolCall
 
+pytestmark = pytest.mark.unit
+
 
 def test_every_tool_names_its_family_and_an_object_schema() -> None:
     families = {t.name: t.family for t in toolbox.TOOLS.values()}

@@ -9,6 +9,8 @@ import pytest
 
 from orchestrator import untrusted
 
+pytestmark = pytest.mark.unit
+
 DEPTH = untrusted.STORED_MAX_DEPTH
 
 

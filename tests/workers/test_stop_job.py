@@ -39,7 +39,7 @@ def _held_supervisor(store: Any, rt: Any) -> Iterator[tuple[Any, threading.Event
     """This process acting as a job worker: a real ``JobSupervisor`` installed as the
     runtime's (so the real ``job.stop`` task code uses it), whose every fork is held back
     until the event it yields with is set. Restored and shut down after the block."""
-    from orchestrator.jobs import JobSupervisor
+    from orchestrator.jobsupervisor import JobSupervisor
 
     release = threading.Event()
 

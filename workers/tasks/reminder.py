@@ -54,17 +54,10 @@ def fire(session_id: str, reminder_id: str, prompt: str) -> dict[str, Any]:
 
 
 @shared_task(name="reminder.stop", acks_late=True)
-def stop(session_id: str, reminder_ids: list[str] | None = None) -> dict[str, Any]:
-    """Delete exactly the named reminders of the session (those still armed or firing). A
-    message of the old form names none and deletes nothing: the reconciler stops again what
-    an archive left live."""
+def stop(session_id: str, reminder_ids: list[str]) -> dict[str, Any]:
+    """Delete exactly the named reminders of the session (those still armed or firing).
+    Returns ``{"sessionId", "deleted"}`` (how many were deleted)."""
     rt = get_runtime()
-    if reminder_ids is None:
-        log.warning(
-            "reminder stop ignored: it names no reminders (old message form)",
-            extra={"session_id": session_id, "family": "reminder"},
-        )
-        return {"sessionId": session_id, "deleted": 0}
     deleted = reminders.stop_reminders(rt.store, session_id, list(reminder_ids))
     activity.note_quiet(rt.store, session_id)
     return {"sessionId": session_id, "deleted": deleted}

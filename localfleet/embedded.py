@@ -38,7 +38,7 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 from tenacity import RetryCallState, Retrying, retry_if_result, stop_after_delay, wait_fixed
 
-from api.redis_binary import find_redis_server
+from localfleet.redis_binary import find_redis_server
 from orchestrator.processes import die_with_parent
 
 if TYPE_CHECKING:

@@ -119,9 +119,6 @@ class LocalFleet:
         control-only)."""
         node = family_spec(family).node_name(host, control_only=control)
         log_path = self.state_dir / "logs" / f"{node}.log"
-        log_path.parent.mkdir(parents=True, exist_ok=True)
-        # -P: no working directory first on sys.path, so a file there named like one of
-        # the project's modules (acp.py, orchestrator.py) is never imported in its place.
         cmd = [
             sys.executable,
             "-P",
@@ -136,21 +133,26 @@ class LocalFleet:
             str(self.concurrency),
             *(["--control"] if control else []),
         ]
-        with open(log_path, "ab") as log_file:
-            proc = subprocess.Popen(
-                cmd,
-                # A runner killed with SIGKILL takes its workers (and, through theirs, their
-                # jobs and exec children) with it.
-                preexec_fn=die_with_parent(signal.SIGKILL, new_session=False),
-                env=self.env(host, family),
-                stdout=log_file,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-            )
+        # A runner killed with SIGKILL takes its workers (and, through theirs, their jobs and
+        # exec children) with it.
+        proc = _start_logged(cmd, self.env(host, family), log_path, signal.SIGKILL)
         worker = WorkerProcess(family, host, proc, log_path, control)
         if append:
             self.workers.append(worker)
         return worker
+
+    @property
+    def api_log(self) -> Path:
+        """Where ``fleet up`` appends its API's output: beside the workers' logs."""
+        return self.state_dir / "logs" / "api.log"
+
+    def start_api(self) -> subprocess.Popen[bytes]:
+        """Start ``fleet api`` on this fleet's Redis as a child process that dies (SIGTERM)
+        with this one, its output (the access log among it) appended to ``api_log``, as each
+        worker's is to its own."""
+        argv = [sys.executable, "-P", "-m", "api.cli", "api"]
+        env = dict(os.environ, FLEET_REDIS_URL=self.redis_url)
+        return _start_logged(argv, env, self.api_log, signal.SIGTERM)
 
     def restart_dead(self) -> list[tuple[WorkerProcess, WorkerProcess]]:
         """Start a replacement for every worker that exited; return (dead worker, its
@@ -227,3 +229,22 @@ class LocalFleet:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def _start_logged(
+    argv: list[str], env: dict[str, str], log_path: Path, death_signal: int
+) -> subprocess.Popen[bytes]:
+    """Start a child process that gets ``death_signal`` when this one dies, its stdout and
+    stderr appended to ``log_path`` (its directory made if missing), no stdin. The ``-P`` in
+    its argv keeps the working directory off ``sys.path``: a file there named like one of the
+    project's modules (``acp.py``, ``orchestrator.py``) is never imported in its place."""
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_path, "ab") as log_file:
+        return subprocess.Popen(
+            argv,
+            preexec_fn=die_with_parent(death_signal, new_session=False),
+            env=env,
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+        )

