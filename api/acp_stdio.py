@@ -106,7 +106,9 @@ async def serve_stdio() -> None:
         out.write(encode_message(message).encode("utf-8") + b"\n")
         out.flush()
 
-    conn = AcpConnection(send, st, dispatcher(), shared_hub(redis_url(), st.keys.events))
+    conn = AcpConnection(
+        send, st, dispatcher(), shared_hub(redis_url(), st.keys.events, st.sentinel)
+    )
 
     try:
         reader = await _stdin_reader()

@@ -21,6 +21,8 @@ from orchestrator.errors import DuplicateKey, InputRejected
 #: HTTP methods that change state: a browser page of another origin may not send them.
 STATE_CHANGING = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 _DEFAULT_PORTS = {"http": 80, "https": 443, "ws": 80, "wss": 443}
+#: Largest HTTP request body the API reads, in bytes (1 MiB); ``BodyGuard``'s default.
+MAX_BODY_BYTES = 1_048_576
 #: A bracketed IPv6 ``Host``: after ``]`` nothing but an optional ``:<digits>`` port.
 _BRACKETED = re.compile(r"\[[^\[\]]*\](?::[0-9]*)?")
 #: Headers a request may give at most once: a server and a proxy (or the guards and the
@@ -72,7 +74,7 @@ def is_json_type(content_type: str | None) -> bool:
 
 
 class BodyGuard:
-    """A request body larger than ``FLEET_API_MAX_BODY_BYTES`` (default 1 MiB) answers 413
+    """A request body larger than ``max_bytes`` (``MAX_BODY_BYTES``, 1 MiB) answers 413
     ``body_too_large``: a declared ``Content-Length`` over the cap is refused before anything
     is read; a body without one (chunked) is read up to the cap and refused as soon as it goes
     past it. A body FastAPI will read as JSON (``is_json_type``) is then parsed by
@@ -163,7 +165,7 @@ class BodyGuard:
     async def _too_large(send: Any, cap: int) -> None:
         body = error_body(
             "body_too_large",
-            f"Request body is larger than {cap} bytes (FLEET_API_MAX_BODY_BYTES).",
+            f"Request body is larger than {cap} bytes.",
             {"maxBytes": cap},
         )
         await _answer(send, 413, body, close=True)

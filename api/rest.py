@@ -28,6 +28,7 @@ from api.errors import (
     translate,
 )
 from api.guards import (
+    MAX_BODY_BYTES,
     BodyGuard,
     HostGuard,
     OriginGuard,
@@ -36,7 +37,8 @@ from api.guards import (
     origin_text,
 )
 from api.routes import ROUTERS
-from orchestrator import audit
+from api.routes.events import HEARTBEAT_SECONDS
+from orchestrator import audit, containment
 from orchestrator.errors import FleetError
 from orchestrator.families import Dispatcher
 from orchestrator.logs import redact_every_handler
@@ -192,11 +194,11 @@ def _add_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(UnsupportedMediaType, _unsupported)
 
 
-def _add_middleware(app: FastAPI, settings: FleetSettings) -> None:
+def _add_middleware(app: FastAPI, settings: FleetSettings, max_body_bytes: int) -> None:
     """The guards, outermost last: host (no token), origin, CORS (when origins are allowed),
-    body, actor."""
+    body (at most ``max_body_bytes``), actor."""
     app.add_middleware(_Actor)
-    app.add_middleware(BodyGuard, max_bytes=settings.api_max_body_bytes)
+    app.add_middleware(BodyGuard, max_bytes=max_body_bytes)
     allowed = allowed_origins(settings.api_allowed_origins)
     if allowed:  # pages of an allowed origin may also read answers and send JSON
         app.add_middleware(
@@ -218,17 +220,22 @@ def create_app(
     *,
     store: Store | None = None,
     dispatcher: Dispatcher | None = None,
+    max_body_bytes: int = MAX_BODY_BYTES,
+    sse_heartbeat_seconds: float = HEARTBEAT_SECONDS,
 ) -> FastAPI:
     """Build the API application for ``settings`` (default: the process's, read from
     ``FLEET_*``), on ``store`` and ``dispatcher`` when given, else on ones made from the
-    settings and closed at the application's shutdown. Raises ``SystemExit`` with a hint when
-    one must be made and ``FLEET_REDIS_URL`` is missing or invalid.
+    settings and closed at the application's shutdown. A request body over ``max_body_bytes``
+    answers 413; an idle ``GET /events`` stream gets a heartbeat every
+    ``sse_heartbeat_seconds``. Raises ``SystemExit`` with a hint when one must be made and
+    ``FLEET_REDIS_URL`` is missing or invalid.
 
     Every log handler of the process gets ``RedactSecrets`` (``orchestrator.logs``), so no
     token reaches a log line, the access log included, however the server was started
     (``fleet api``, or ``uvicorn api.rest:create_app --factory`` with uvicorn's own logging)."""
     redact_every_handler()
     settings = settings if settings is not None else get_settings()
+    containment.choose(settings.containment)  # the mode /ready reports
     wiring = Wiring.build(settings, store, dispatcher)
 
     @asynccontextmanager
@@ -245,9 +252,10 @@ def create_app(
         lifespan=lifespan,
     )
     app.state.fleet = wiring
+    app.state.sse_heartbeat_seconds = sse_heartbeat_seconds
     _add_error_handlers(app)
     _document_errors(app)
-    _add_middleware(app, settings)
+    _add_middleware(app, settings, max_body_bytes)
     for router in ROUTERS:
         app.include_router(router)
     docs.mount(app)

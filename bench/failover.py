@@ -335,12 +335,10 @@ def run(
     saw."""
     env = {
         "FLEET_REDIS_MIN_REPLICAS_ACK": str(ack),
-        "FLEET_REDIS_REPLICA_ACK_TIMEOUT_MS": "1000",
         "FLEET_VISIBILITY_TIMEOUT_SECONDS": "10",
         "FLEET_TURN_STUCK_SECONDS": "5",
-        "FLEET_TURN_SWEEP_INTERVAL_SECONDS": "1",
         "FLEET_RECONCILE_GRACE_SECONDS": "1",
-        "FLEET_RECONCILE_LOOP_SECONDS": "2",
+        "FLEET_RECONCILE_INTERVAL_SECONDS": "2",
         "FLEET_LOG_FORMAT": "text",
     }
     out = Outcome()

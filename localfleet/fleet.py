@@ -21,7 +21,8 @@ from orchestrator.families import get as family_spec
 from orchestrator.families import names as family_names
 from orchestrator.keys import Keys
 from orchestrator.processes import die_with_parent
-from orchestrator.redisconn import sync_client
+from orchestrator.redisconn import SentinelOptions, sync_client
+from orchestrator.settings import get_settings
 
 
 @dataclass
@@ -168,7 +169,9 @@ class LocalFleet:
     def wait_ready(self, timeout: float = 60.0) -> None:
         """Block until every started worker has a heartbeat in Redis. Raises
         ``RuntimeError`` with the log tail of a worker that died or never got ready."""
-        client = sync_client(self.redis_url, decode_responses=True)
+        client = sync_client(
+            self.redis_url, SentinelOptions.from_settings(get_settings()), decode_responses=True
+        )
         keys = Keys(self.key_prefix)
 
         def missing() -> list[WorkerProcess]:

@@ -3,8 +3,8 @@ stream and a list per session).
 
 Each change (archive, unarchive, set_title, delete, close, and the bulk forms of these) is one
 entry ``{at, action, outcome, actor, sessionId, detail}`` appended to the fleet-wide stream
-(``Keys.audit_all``, capped at ``FLEET_AUDIT_MAX_GLOBAL``) and to the session's trail
-(``Keys.audit_log``, a list capped at ``FLEET_AUDIT_MAX_PER_SESSION``), the same entry id in
+(``Keys.audit_all``, capped at ``Store.audit_max_global``) and to the session's trail
+(``Keys.audit_log``, a list capped at ``Store.audit_max_per_session``), the same entry id in
 both (the stream's); the oldest entries are trimmed. Refusals are recorded too (outcome
 ``refused``). A bulk archive leaves each session's entry in its batch's hash
 (``Keys.audit_batch``, named by the session hash) until the session's next entry moves it to
@@ -118,14 +118,13 @@ def script_recorder(
     ``_lib.lua``): ``{auditAll, auditSession (per-session key prefix), maxSession, maxGlobal,
     action, actor (``current_actor()`` unless given), detail (stored form), **extra}``. The
     entry then commits with the change, with the fields and trimming of ``record``."""
-    settings = store.settings
     k = store.keys
     return json.dumps(
         {
             "auditAll": k.audit_all,
             "auditSession": k.audit_log(""),
-            "maxSession": settings.audit_max_per_session,
-            "maxGlobal": settings.audit_max_global,
+            "maxSession": store.audit_max_per_session,
+            "maxGlobal": store.audit_max_global,
             "action": action,
             "actor": actor or current_actor(),
             "detail": detail_json(detail),
@@ -235,7 +234,7 @@ def read(
     # batches (the newest: the next entry moves them to the list first), in one script.
     listed = store.run("audit_trail", [session_id])
     # The list and the waiting entries together keep the cap the list alone keeps.
-    trail = [json.loads(raw) for raw in listed][-store.settings.audit_max_per_session :]
+    trail = [json.loads(raw) for raw in listed][-store.audit_max_per_session :]
     entries = [_decode(fields.pop("id"), {**fields, "sessionId": session_id}) for fields in trail]
     entries = [e for e in entries if limit is None or _id_key(e["id"]) < limit]
     entries.sort(key=lambda e: _id_key(e["id"]), reverse=True)

@@ -31,7 +31,8 @@ A filter's selection is archived ancestors first (by lineage depth, then oldest 
 first), so a selected subtree is archived in its root's transition and restored with it.
 
 The auto-archive policy (``auto_archive``) archives sessions whose idle clock,
-max(``updatedAt``, ``unarchivedAt``), is older than ``FLEET_AUTO_ARCHIVE_IDLE_SECONDS`` and
+max(``updatedAt``, ``unarchivedAt``), is older than the given idle age (``fleet beat
+--idle-seconds``) and
 that have no live work (it never stops anything: busy sessions are refused and left alone).
 The clock is checked again in the script that writes, so a session unarchived by hand while a
 run was under way is not archived again.
@@ -417,14 +418,14 @@ def auto_archive(
     progress: Progress | None = None,
 ) -> BulkResult:
     """One run of the auto-archive policy: archive the sessions ``auto_candidates`` finds
-    (idle longer than ``idle_seconds``, default ``FLEET_AUTO_ARCHIVE_IDLE_SECONDS``) that have
+    (idle longer than ``idle_seconds``; ``None`` or 0: the policy is off) that have
     no live work; busy ones come back ``refused`` and are left alone (nothing is stopped).
     ``cwd`` narrows the run to one directory. Raises ``InvalidParams`` when the policy is off
     (0 seconds); ``StoreUnavailable``."""
-    age = store.settings.auto_archive_idle_seconds if idle_seconds is None else idle_seconds
+    age = idle_seconds
     if not age or age <= 0:
         raise InvalidParams(
-            "Auto-archive is off: set FLEET_AUTO_ARCHIVE_IDLE_SECONDS to an age in seconds.",
+            "Auto-archive is off: give an idle age in seconds (--idle-seconds).",
             {"param": "idleSeconds"},
         )
     ids, cutoff = auto_candidates(store, idle_seconds=age, now=now, cwd=cwd, limit=limit)

@@ -5,9 +5,9 @@ pids, killing it (``cgroup.kill``) and removing it.
 The hierarchy is found in the mount table (the ``cgroup2`` entry of ``/proc/self/mounts``):
 at ``/sys/fs/cgroup`` alone, or at ``/sys/fs/cgroup/unified`` in the hybrid layout beside the
 v1 controllers; its place is never assumed. Each fleet process has a scope
-``w<pid>-<start time>`` under ``FLEET_CONTAINMENT_CGROUP`` or, by default, under
-``agent-fleet`` in its own cgroup; its trees' cgroups (``t-<random>``) are made in it. The
-first process to make its scope kills and removes the scopes of processes that are gone.
+``w<pid>-<start time>`` under ``agent-fleet`` in its own cgroup; its trees' cgroups
+(``t-<random>``) are made in it. The first process to make its scope kills and removes the
+scopes of processes that are gone.
 """
 
 from __future__ import annotations
@@ -22,11 +22,11 @@ from pathlib import Path
 import psutil
 
 from orchestrator.ownership import is_process, process_start
-from orchestrator.settings import get_settings
 
 log = logging.getLogger(__name__)
 
-#: The directory, under this process's own cgroup, holding the scopes by default.
+#: The directory, under this process's own cgroup, holding the scopes (a process may only
+#: make cgroups inside its own, delegated one).
 DEFAULT_PARENT = "agent-fleet"
 #: Seconds between two looks at whether a cgroup emptied.
 _POLL = 0.02
@@ -69,8 +69,7 @@ def _parent_dir() -> Path | None:
     mount = cgroup2_mount()
     if mount is None:
         return None
-    configured = get_settings().containment_cgroup
-    relative = configured or f"{own_cgroup() or '/'}/{DEFAULT_PARENT}"
+    relative = f"{own_cgroup() or '/'}/{DEFAULT_PARENT}"
     return Path(mount) / relative.strip("/")
 
 

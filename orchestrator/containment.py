@@ -48,7 +48,6 @@ import psutil
 from orchestrator import cgroups, subreaper
 from orchestrator.ownership import is_process, kill_if_ours
 from orchestrator.processes import die_with_parent
-from orchestrator.settings import get_settings
 
 log = logging.getLogger(__name__)
 
@@ -172,14 +171,30 @@ def _pid_namespace_works() -> bool:
 _UNSHARE = ["--pid", "--fork", "--kill-child", "--mount-proc", "--"]
 
 
+#: The mode ``choose`` was given (``FLEET_CONTAINMENT``'s value): ``auto`` until then.
+_wanted: dict[str, str] = {"mode": "auto"}
+
+
+def choose(wanted: str) -> None:
+    """Set the containment mode this process asks for, ``FLEET_CONTAINMENT``'s value
+    (``auto``, ``cgroup``, ``pid-namespace``, ``subreaper`` or ``process-group``): called by
+    each entry point with its settings before a tree starts; ``mode()`` decides again on its
+    next call when the value changed. Raises ``ValueError`` for another name."""
+    if wanted != "auto":
+        Mode(wanted)
+    if _wanted["mode"] != wanted:
+        _wanted["mode"] = wanted
+        _mode.clear()
+
+
 def mode() -> Mode:
-    """The containment mode in force in this process (detected once; ``FLEET_CONTAINMENT``
-    names one, ``auto`` the first the host allows: ``cgroup``, ``pid-namespace``,
-    ``subreaper``, ``process-group``)."""
+    """The containment mode in force in this process (detected once; ``choose`` names one,
+    ``auto`` the first the host allows: ``cgroup``, ``pid-namespace``, ``subreaper``,
+    ``process-group``)."""
     found = _mode.get("mode")
     if found is not None:
         return found
-    wanted = get_settings().containment
+    wanted = _wanted["mode"]
     if wanted != "auto":
         found = Mode(wanted)
     elif cgroups.scope() is not None:

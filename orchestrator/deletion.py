@@ -16,7 +16,7 @@ running under it could no longer be seen or stopped. Hence:
 - With ``stop_activity`` it is first archived with stop (``archive.archive``: the flag is
   written, the lineage's turns stopped in that script, stops fanned out; ``confirmed`` binds
   it to what the user saw), then the census is polled until the subtree is quiet for at most
-  ``delete_stop_wait_seconds``, then deleted by the same checked script. Work still live
+  ``STOP_WAIT_SECONDS``, then deleted by the same checked script. Work still live
   after the wait refuses the delete with ``SessionActive``: the session stays archived (not
   deleted), so the reconciler keeps stopping its work and a later delete can finish. The
   delete is bound to the archive transition it made (or found): a session unarchived while
@@ -55,6 +55,9 @@ from orchestrator.turns import CANCELLED_BY_DELETE
 
 log = logging.getLogger(__name__)
 
+#: Seconds a delete with ``stop_activity`` waits for the stopped work to end before it deletes;
+#: work still live then refuses the delete (``SessionActive``; the session stays archived).
+STOP_WAIT_SECONDS = 20.0
 #: Seconds between two census reads while a delete waits for its stopped work to end.
 _POLL_SECONDS = 0.1
 #: How often a refusal is re-checked when the census found nothing (the work ended between
@@ -105,7 +108,7 @@ def delete(
 ) -> DeleteResult:
     """Delete a session and its subtree unless that would hide live work (see the module
     docstring). Idempotent: an unknown, malformed or deleted id answers ``deleted=False``.
-    ``wait_seconds`` overrides ``delete_stop_wait_seconds``.
+    ``wait_seconds`` overrides ``STOP_WAIT_SECONDS``.
 
     Raises ``SessionActive`` (live work in the subtree: without ``stop_activity``, or still
     live after the wait), ``ActivityChanged`` (live work beyond ``confirmed``; nothing
@@ -131,7 +134,7 @@ def delete(
             return result
         result.stopped, result.stop_report = archived.stopped, archived.stop_report
         txn = archived.txn
-        wait = store.settings.delete_stop_wait_seconds if wait_seconds is None else wait_seconds
+        wait = STOP_WAIT_SECONDS if wait_seconds is None else wait_seconds
         waited = _wait_quiet(store, dispatcher, session_id, wait, txn)
         if waited == "gone":
             return result  # deleted by another delete while this one waited

@@ -284,7 +284,7 @@ class StoreUnavailable(FleetError):
 class WriteUnconfirmed(StoreUnavailable):
     """Raised when a lifecycle write (archive, unarchive, delete, a bulk batch, a client
     title) was applied on the Redis primary but fewer than ``FLEET_REDIS_MIN_REPLICAS_ACK``
-    replicas acknowledged it within ``FLEET_REDIS_REPLICA_ACK_TIMEOUT_MS``: it may or may not
+    replicas acknowledged it within ``store.REPLICA_ACK_TIMEOUT_MS``: it may or may not
     survive a failover. Retrying is safe (archive, unarchive and delete are idempotent; a
     retried archive answers only once replicas hold it). ``data``: ``{"replicasAcked",
     "replicasRequired"}``."""

@@ -60,7 +60,6 @@ from dataclasses import dataclass, field
 from orchestrator import containment, watchdogs
 from orchestrator.containment import kill_tree_if_ours
 from orchestrator.errors import StoreUnavailable
-from orchestrator.settings import get_settings
 from orchestrator.store import Store, iso, translated
 
 #: Named, not ``__name__``: run with ``-m`` this module is ``__main__``.
@@ -138,7 +137,7 @@ class Watchdog:
         self.instance = instance
         self.lease_ms = lease_ms
         self.freeze_max = (
-            get_settings().job_freeze_max_seconds if freeze_max is None else freeze_max
+            store.settings.job_freeze_max_seconds if freeze_max is None else freeze_max
         )
         self.margin = watchdogs.kill_margin(lease_ms)
         self.interval = watchdogs.poll_interval(lease_ms)
@@ -289,7 +288,7 @@ def main(argv: list[str]) -> None:
     until killed."""
     store = watchdogs.own_store("jobwatch", "job")
     host, instance = argv[:2]
-    default = int(get_settings().job_lease_seconds * 1000)
+    default = int(store.settings.job_lease_seconds * 1000)
     lease_ms = int(argv[2]) if len(argv) > 2 else default
     freeze_max = float(argv[3]) if len(argv) > 3 else None
     Watchdog(store, host, instance, lease_ms, freeze_max).run_forever()

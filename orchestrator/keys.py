@@ -22,6 +22,10 @@ BROKER_UNACKED = "unacked"
 
 #: Session states an index is kept for.
 INDEX_STATES = ("all", "active", "archived")
+#: Audit entries kept per session (``Keys.audit_log``); older ones are trimmed.
+AUDIT_MAX_PER_SESSION = 1000
+#: Audit entries kept in the fleet-wide trail (``Keys.audit_all``).
+AUDIT_MAX_GLOBAL = 100_000
 
 
 @dataclass(frozen=True)
@@ -257,12 +261,12 @@ class Keys:
 
     def audit_log(self, sid: str) -> str:
         """LIST: the session's lifecycle changes (``orchestrator/audit.py``), oldest first,
-        capped at ``FLEET_AUDIT_MAX_PER_SESSION`` entries; each a JSON object ``{id, at,
-        action, outcome, actor, detail}`` whose ``id`` is the same entry's id in ``audit_all``
-        (an ancestor's entry, for an archive, unarchive or delete that reached the session
-        through it: ``detail`` ``{ancestorId}``). A bulk archive's entry waits in its batch's
-        hash (``audit_batch``) until the session's next entry, so the bulk adds no key per
-        session.
+        capped at ``Store.audit_max_per_session`` (``AUDIT_MAX_PER_SESSION``) entries; each a
+        JSON object ``{id, at, action, outcome, actor, detail}`` whose ``id`` is the same
+        entry's id in ``audit_all`` (an ancestor's entry, for an archive, unarchive or delete
+        that reached the session through it: ``detail`` ``{ancestorId}``). A bulk archive's
+        entry waits in its batch's hash (``audit_batch``) until the session's next entry, so
+        the bulk adds no key per session.
         A list, not a stream: a stream's first node takes 4 KB on Redis >= 7.0 (it is
         preallocated), a list with one entry a few hundred bytes."""
         return f"{self.prefix}auditlog:{sid}"
@@ -279,7 +283,8 @@ class Keys:
 
     @property
     def audit_all(self) -> str:
-        """STREAM: every session's lifecycle changes, capped at ``FLEET_AUDIT_MAX_GLOBAL``."""
+        """STREAM: every session's lifecycle changes, capped at ``Store.audit_max_global``
+        (``AUDIT_MAX_GLOBAL``)."""
         return f"{self.prefix}audit"
 
 

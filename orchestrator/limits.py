@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from orchestrator.errors import LimitReached
-from orchestrator.settings import FleetSettings, get_settings
+from orchestrator.settings import FleetSettings
 
 
 @dataclass(frozen=True)
@@ -26,10 +26,9 @@ class Limit:
     field: str
     what: str
 
-    def maximum(self, settings: FleetSettings | None = None) -> int:
-        """The configured value in ``settings`` (a ``Store.settings``; the environment's
-        settings when None)."""
-        return int(getattr(settings if settings is not None else get_settings(), self.field))
+    def maximum(self, settings: FleetSettings) -> int:
+        """The configured value in ``settings`` (a ``Store.settings``)."""
+        return int(getattr(settings, self.field))
 
     def reached(self, maximum: int, count: int) -> LimitReached:
         """The error for a refusal at ``count`` with the limit at ``maximum``; its message is

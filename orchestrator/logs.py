@@ -27,7 +27,6 @@ import sys
 from collections.abc import Iterable
 from typing import Any, TextIO
 
-from orchestrator.settings import get_settings
 from orchestrator.store import iso
 
 #: Context fields a record may carry through ``extra``; ``session_id`` is always written.
@@ -232,15 +231,13 @@ def configure(
     filters: Iterable[logging.Filter] = (),
 ) -> logging.Handler:
     """Log every record of ``level`` and above to ``stream`` (stderr) in format ``fmt``
-    (``json``, ``text``, or ``None``: from ``FLEET_LOG_FORMAT``, else by terminal).
+    (``json``, ``text``, or ``None``: by terminal; entry points pass ``FLEET_LOG_FORMAT``).
 
     Replaces the handler an earlier call installed and leaves other handlers alone (a test's
     log capture keeps working; it gets ``RedactSecrets`` too, as the new handler does).
     ``filters`` are added to the handler, e.g. one filling ``task_id`` from the running
     Celery task. Returns the handler.
     """
-    if fmt is None:
-        fmt = get_settings().log_format or None
     out = stream if stream is not None else sys.stderr
     handler = logging.StreamHandler(out) if stream is not None else _Stderr()
     handler.setFormatter(formatter(resolve_format(fmt, out)))

@@ -81,13 +81,13 @@ WAKEUPS_REFUSED = Counter(
 ARCHIVE_HAZARDS = Counter(
     "fleet_archive_hazards",
     "Archives flagged with an archive hazard by the reconciler (live work still there after "
-    "FLEET_RECONCILE_MAX_ATTEMPTS stop re-dispatches), once per family of the live items.",
+    "5 stop re-dispatches), once per family of the live items.",
     ("family",),
 )
 TURN_SWEEPS = Counter(
     "fleet_turn_sweeps",
     "Turns the sweeper repaired, by action: resumed (a lost step dispatched again), failed "
-    "(lost FLEET_TURN_MAX_RESUMES+1 times), settled (cancelling with its step gone, now "
+    "(lost 4 times), settled (cancelling with its step gone, now "
     "cancelled), removed (an index entry of a turn no longer running).",
     ("action",),
 )

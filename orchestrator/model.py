@@ -140,6 +140,16 @@ class StepAnswer:
     usage: Usage = field(default_factory=Usage)
 
 
+#: Model output is untrusted input (``orchestrator/untrusted.py``). Most UTF-8 bytes of one
+#: tool call's name and arguments: past them the request is stopped and the call answers a
+#: tool error the model sees in its next step.
+TOOL_CALL_MAX_BYTES = 262_144
+#: Deepest nesting of a tool call's JSON arguments; deeper ones are a tool error.
+TOOL_JSON_MAX_DEPTH = 64
+#: Most tool calls one model step may make: past them the turn ends ``failed``.
+MAX_TOOL_CALLS = 64
+
+
 #: Receives the text a step says, as it arrives (each piece becomes an
 #: ``agent_message_chunk``). It raises ``ModelError`` once the step's text passes
 #: ``FLEET_MODEL_TEXT_MAX_BYTES`` (model output is untrusted: an endless answer ends its turn

@@ -19,9 +19,9 @@ store, so no request (first or retry) starts once a stop has committed.
 The answer is untrusted input: a stream the SDK cannot decode (``data: {not json``, a chunk
 nested too deep) or whose chunks are not of the shapes Chat Completions sends ends the step
 with ``ModelError`` naming what was wrong (one request, never retried); a tool call whose name
-and arguments pass ``FLEET_MODEL_TOOL_ARGUMENTS_MAX_BYTES``, or more tool calls than
-``FLEET_MODEL_MAX_TOOL_CALLS``, stop the request there (the runtime answers the over-long
-call with a tool error, ``orchestrator/toolbox.py``; too many calls fail the turn).
+and arguments pass ``max_call_bytes`` (``model.TOOL_CALL_MAX_BYTES``), or more tool calls
+than ``max_calls`` (``model.MAX_TOOL_CALLS``), stop the request there (the runtime answers the
+over-long call with a tool error, ``orchestrator/toolbox.py``; too many calls fail the turn).
 
 A 429, a 5xx or a connection error before any text was streamed is tried again, at most
 ``FLEET_OPENAI_MAX_RETRIES`` times, with exponential back-off (tenacity) that a stop cuts
@@ -49,6 +49,8 @@ from httpcore2._backends.sync import SyncStream
 from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait_exponential
 
 from orchestrator.model import (
+    MAX_TOOL_CALLS,
+    TOOL_CALL_MAX_BYTES,
     Cancel,
     Emit,
     Message,
@@ -61,6 +63,9 @@ from orchestrator.model import (
     ToolSpec,
     Usage,
 )
+
+#: Seconds a request may wait for the server's next bytes before it counts as failed.
+TIMEOUT_SECONDS = 600.0
 
 _FINISH = {
     "stop": StopReason.END_TURN,
@@ -249,10 +254,11 @@ def _poll(cancel: threading.Event, abort: _Abort, done: threading.Event) -> None
 
 
 class OpenAIModel:
-    """The ``openai`` backend (see the module docstring). ``model`` is the default model
-    name; a session may name its own (``StepRequest.model``). ``max_call_bytes`` bounds
-    what is read of one tool call's name and arguments (UTF-8 bytes), ``max_calls`` the
-    tool calls of one answer."""
+    """The ``openai`` backend (see the module docstring) on the server at ``base_url`` with
+    ``api_key`` (empty: the SDK's ``OPENAI_BASE_URL``, else api.openai.com, and
+    ``OPENAI_API_KEY``). ``model`` is the default model name; a session may name its own
+    (``StepRequest.model``). ``max_call_bytes`` bounds what is read of one tool call's name
+    and arguments (UTF-8 bytes), ``max_calls`` the tool calls of one answer."""
 
     def __init__(
         self,
@@ -261,9 +267,9 @@ class OpenAIModel:
         api_key: str = "",
         model: str = "",
         max_retries: int = 4,
-        timeout: float = 600.0,
-        max_call_bytes: int = 262_144,
-        max_calls: int = 64,
+        timeout: float = TIMEOUT_SECONDS,
+        max_call_bytes: int = TOOL_CALL_MAX_BYTES,
+        max_calls: int = MAX_TOOL_CALLS,
     ) -> None:
         key = api_key or os.environ.get("OPENAI_API_KEY") or "unset"
         self.client = openai.OpenAI(
@@ -414,8 +420,7 @@ class _Reader:
         if slot is None:
             if len(self.calls) >= self.max_calls:
                 raise ModelError(
-                    f"the model answered more than {self.max_calls} tool calls in one step "
-                    "(FLEET_MODEL_MAX_TOOL_CALLS)"
+                    f"the model answered more than {self.max_calls} tool calls in one step"
                 )
             slot = self.calls[index] = ["", ""]
             self.sizes[index] = 0

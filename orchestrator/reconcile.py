@@ -43,6 +43,13 @@ log = logging.getLogger(__name__)
 
 #: Sessions read per batch of the archived index.
 BATCH = 500
+#: Intervals between two retries of an archive flagged with a hazard.
+HAZARD_BACKOFF_INTERVALS = 10
+#: The interval those retries count in when no periodic pass runs (an interval of 0).
+_UNSCHEDULED_INTERVAL_SECONDS = 10.0
+#: Stop re-dispatches for one archive before it is flagged with an archive hazard (and
+#: retried only every ``backoff_seconds``).
+MAX_ATTEMPTS = 5
 #: Most per-session entries a report lists (its counts cover every session).
 _LISTED = 100
 _FIELDS = (
@@ -254,12 +261,18 @@ def _restop(
     report._note(entry)
 
 
+def hazard_backoff_seconds(interval_seconds: float) -> float:
+    """Seconds between two retries of a hazard for a reconciler passing every
+    ``interval_seconds`` (0: no periodic pass; the retries then count 10 s intervals)."""
+    return HAZARD_BACKOFF_INTERVALS * (interval_seconds or _UNSCHEDULED_INTERVAL_SECONDS)
+
+
 def reconcile(
     store: Store,
     dispatcher: Dispatcher,
     *,
     grace_seconds: float = 5.0,
-    max_attempts: int = 5,
+    max_attempts: int = MAX_ATTEMPTS,
     backoff_seconds: float = 100.0,
     dry_run: bool = False,
     include_quiet: bool = False,

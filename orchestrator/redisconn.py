@@ -8,7 +8,7 @@ The Sentinel form is kombu's, so the same value serves the state store and the C
 Each ``;``-separated address is one Sentinel. The credentials and the database number of the
 first address are those of the Redis primary and its replicas (as kombu reads them); the
 primary's name is ``FLEET_REDIS_SENTINEL_MASTER`` and the Sentinels' own credentials, when they
-require any, are ``FLEET_REDIS_SENTINEL_USERNAME`` / ``FLEET_REDIS_SENTINEL_PASSWORD``.
+require any, are ``FLEET_REDIS_SENTINEL_AUTH`` (``user:password``).
 
 A Sentinel-managed client asks the Sentinels for the primary's address whenever it opens a
 connection, and drops its connections when the node it reaches answers as a replica
@@ -39,7 +39,7 @@ from redis.asyncio.sentinel import Sentinel as AsyncSentinel
 from redis.sentinel import MasterNotFoundError, Sentinel
 
 from orchestrator.errors import StoreUnavailable
-from orchestrator.settings import REDIS_SCHEMES, FleetSettings, get_settings
+from orchestrator.settings import REDIS_SCHEMES, FleetSettings
 
 #: URL schemes ``FLEET_REDIS_URL`` accepts.
 SCHEMES = REDIS_SCHEMES
@@ -153,12 +153,12 @@ class SentinelOptions:
 
     @classmethod
     def from_settings(cls, settings: FleetSettings) -> SentinelOptions:
-        """The options from ``FLEET_REDIS_SENTINEL_*``."""
-        return cls(
-            settings.redis_sentinel_master,
-            settings.redis_sentinel_username,
-            settings.redis_sentinel_password,
-        )
+        """The options from ``FLEET_REDIS_SENTINEL_MASTER`` and ``FLEET_REDIS_SENTINEL_AUTH``
+        (``user:password``; without a ``:``, a password alone)."""
+        user, colon, password = settings.redis_sentinel_auth.partition(":")
+        if not colon:
+            user, password = "", user
+        return cls(settings.redis_sentinel_master, user, password)
 
     def sentinel_kwargs(self, timeouts: dict[str, Any]) -> dict[str, Any]:
         """Connection arguments for the Sentinels themselves: ``timeouts`` plus credentials."""
@@ -231,8 +231,9 @@ def sync_client(url: str, options: SentinelOptions | None = None, **kwargs: Any)
     """A redis-py client for ``url`` with ``kwargs`` (``decode_responses``, timeouts...) and
     TCP keepalive (``KEEPALIVE_OPTIONS``, unless ``kwargs`` say otherwise):
     ``Redis.from_url`` for one server, or the Sentinel-managed primary of
-    ``options.master`` (default: from ``FLEET_REDIS_SENTINEL_*``). Raises ``ValueError`` for
-    a malformed Sentinel URL."""
+    ``options.master`` (``options``: the caller's, from its settings' ``FLEET_REDIS_SENTINEL_*``
+    by ``SentinelOptions.from_settings``; none: ``SentinelOptions()``'s defaults). Raises
+    ``ValueError`` for a malformed Sentinel URL."""
     kwargs = _with_keepalive(url, kwargs)
     if not is_sentinel(url):
         return redis.Redis.from_url(url, **kwargs)
@@ -263,7 +264,7 @@ def _primary(
     kwargs: dict[str, Any],
 ) -> Any:
     """The client of the primary the Sentinels of ``url`` name (sync or asyncio classes)."""
-    opts = options or SentinelOptions.from_settings(get_settings())
+    opts = options or SentinelOptions()
     address = parse_sentinel_url(url)
     timeouts = {k: v for k, v in kwargs.items() if k.startswith("socket_")}
     sentinel = sentinel_class(

@@ -55,7 +55,7 @@ class Session:
     #: after its current archive; ``None`` until then and for sessions not archived.
     quiet_at: str | None = None
     #: The reconciler's archive hazard (``{since, attempts, families}``): live work it could
-    #: not stop after ``FLEET_RECONCILE_MAX_ATTEMPTS`` re-dispatches; ``None`` otherwise.
+    #: not stop after ``reconcile.MAX_ATTEMPTS`` re-dispatches; ``None`` otherwise.
     archive_hazard: dict[str, Any] | None = None
     #: The model name the session asked for (``""``: the backend's default).
     model: str = ""

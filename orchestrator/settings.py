@@ -73,19 +73,14 @@ class FleetSettings(BaseSettings):
     #: With a ``sentinel://`` URL (orchestrator/redisconn.py): the primary's name as the
     #: Sentinels monitor it.
     redis_sentinel_master: str = "mymaster"
-    #: With a ``sentinel://`` URL: the Sentinels' own user name, when they require one (empty:
-    #: none).
-    redis_sentinel_username: str = ""
-    #: With a ``sentinel://`` URL: the Sentinels' own password, when they require one (empty:
-    #: none).
-    redis_sentinel_password: str = ""
+    #: With a ``sentinel://`` URL: the Sentinels' own credentials, when they require them, as
+    #: ``user:password`` (``:password`` for a password alone, needed when it holds a ``:``;
+    #: without any ``:`` the value is the password). Empty: none.
+    redis_sentinel_auth: str = ""
     #: Replicas that must acknowledge each lifecycle write (archive, unarchive, delete, bulk
-    #: batches, client titles, session creation) within ``FLEET_REDIS_REPLICA_ACK_TIMEOUT_MS``
-    #: (Redis ``WAIT``, after ``WAITAOF``); fewer answer 503 ``write_unconfirmed``. 0: no
-    #: replica is waited for.
+    #: batches, client titles, session creation) within a second (Redis ``WAIT``, after
+    #: ``WAITAOF``); fewer answer 503 ``write_unconfirmed``. 0: no replica is waited for.
     redis_min_replicas_ack: int = Field(default=0, ge=0)
-    #: Milliseconds a lifecycle write waits for those acknowledgements.
-    redis_replica_ack_timeout_ms: int = Field(default=1000, ge=1)
     #: Prefix of every key agent-fleet writes (state and broker), so several fleets or test
     #: runs can share one Redis database without touching each other's data.
     key_prefix: str = "fleet:"
@@ -94,18 +89,6 @@ class FleetSettings(BaseSettings):
     state_dir: Path = Field(default_factory=lambda: Path.cwd() / ".fleet")
     #: Name of this host as job workers report it; stops for a job are routed to it.
     hostname: str = Field(default_factory=socket.gethostname)
-    #: The family a worker process serves (``turn``, ``job``, ``subagent``, ``reminder``);
-    #: ``fleet worker --family`` sets it, set it for ``celery -A workers.main``; it picks the
-    #: worker's heartbeat and background loops. Empty outside workers.
-    worker_family: str = ""
-    #: A worker that consumes only its family's control queue (``<family>.ctl``: the stops),
-    #: beside the family's full workers, so a stop is taken while every thread of those is
-    #: busy with the work it stops. ``fleet worker --control`` sets it (for ``celery -A
-    #: workers.main``, set it beside ``-Q <family>.ctl`` and ``-n <family>.ctl@host``); it runs
-    #: no background loop and its heartbeat, its own, is not counted by ``/ready``.
-    worker_control_only: bool = False
-    #: Seconds a job process gets between SIGTERM and SIGKILL when it is stopped.
-    job_kill_grace_seconds: Seconds = 2.0
     #: Seconds a job's liveness lease lasts; a job worker refreshes it while the process runs,
     #: so a job whose worker died stops counting as live once the lease runs out.
     job_lease_seconds: PositiveSeconds = 5.0
@@ -116,14 +99,10 @@ class FleetSettings(BaseSettings):
     #: archived, still this worker's); frozen longer than this, it is killed and recorded
     #: ``lost``. ``0``: never frozen, killed at once as when its worker is frozen.
     job_freeze_max_seconds: Seconds = 120.0
-    #: Seconds between two polls of the reminder poller.
-    reminder_poll_seconds: PositiveSeconds = 0.2
     #: Seconds a claimed reminder waits for its turn to be created before the poller claims
     #: it again and re-sends its fire (at-least-once delivery; the turn is created once); the
     #: wait doubles per re-claim, up to 8x.
     reminder_refire_seconds: PositiveSeconds = 30.0
-    #: Threads per family worker.
-    worker_concurrency: int = Field(default=8, ge=1)
     #: Host the HTTP API binds to.
     api_host: str = "127.0.0.1"
     #: Port the HTTP API binds to.
@@ -131,9 +110,6 @@ class FleetSettings(BaseSettings):
     #: Bearer token the API requires (compared in constant time); empty: none, and then
     #: ``fleet api`` binds only to loopback.
     api_token: str = ""
-    #: Largest HTTP request body the API reads, in bytes; a larger one (declared or chunked)
-    #: answers 413 ``body_too_large``.
-    api_max_body_bytes: int = Field(default=1_048_576, ge=1)
     #: Browser origins (``scheme://host:port``, comma-separated) besides the API's own that
     #: may change state (POST/PUT/PATCH/DELETE) and open ``/acp``; other origins get 403.
     api_allowed_origins: str = ""
@@ -149,51 +125,27 @@ class FleetSettings(BaseSettings):
     #: archive --bulk``); a filter matching more is refused. The auto-archive policy takes at
     #: most this many per run (the oldest first) and the rest on its next run.
     bulk_filter_max: int = Field(default=50_000, ge=1)
-    #: Auto-archive: sessions idle longer than this many seconds (last activity, or their
-    #: last unarchive if later) and with no live work are archived by ``archive.auto``
-    #: (scheduled by ``fleet beat``). 0 turns the policy off.
-    auto_archive_idle_seconds: Seconds = 0.0
-    #: Seconds between two runs of ``archive.auto`` in ``fleet beat``'s schedule.
-    auto_archive_interval_seconds: PositiveSeconds = 300.0
-    #: Seconds between two runs of the archive reconciler (``archive.reconcile``) in ``fleet
-    #: beat``'s schedule.
-    reconcile_interval_seconds: PositiveSeconds = 10.0
-    #: Seconds between two passes of the reconciler that every reminder worker runs itself
-    #: (so archives converge with no scheduler deployed); 0 leaves it to ``fleet beat``.
-    reconcile_loop_seconds: Seconds = 10.0
+    #: Seconds between two passes of the archive reconciler: every reminder worker runs one
+    #: itself (so archives converge with no scheduler deployed) and ``fleet beat`` schedules
+    #: ``archive.reconcile`` as often; an archive hazard is retried every 10 intervals. 0: no
+    #: periodic pass (``fleet reconcile`` runs one).
+    reconcile_interval_seconds: Seconds = 10.0
     #: Seconds after an archive before the reconciler looks at it (the fan-out's own stops
     #: get this long to drain the work).
     reconcile_grace_seconds: Seconds = 5.0
-    #: Stop re-dispatches for one archive before it is flagged with an archive hazard (and
-    #: retried only every 10 intervals).
-    reconcile_max_attempts: int = Field(default=5, ge=1)
     #: Seconds before the broker redelivers an unacknowledged message (a step whose worker
     #: died); Celery's Redis transport ``visibility_timeout``.
     visibility_timeout_seconds: PositiveSeconds = 60.0
-    #: Seconds between two heartbeat comments on an idle ``GET /events`` stream.
-    sse_heartbeat_seconds: PositiveSeconds = 15.0
     #: Most ``GET /events`` streams one API process serves at once (each holds a Redis
     #: connection); one more answers 503 ``too_many_streams`` with ``Retry-After``.
     api_max_event_streams: int = Field(default=500, ge=1)
-    #: Seconds a client has to send a whole request head (request line and headers) once it
-    #: connects or its previous answer was sent; then ``fleet api`` closes the connection.
-    api_header_timeout_seconds: PositiveSeconds = 10.0
     #: Seconds without progress (no step begun, no advance) after which the sweeper looks at a
     #: running or cancelling turn: one whose step lease is gone is resumed (or settled),
     #: unless its step's message still waits in the broker.
     turn_stuck_seconds: PositiveSeconds = 30.0
-    #: Times the sweeper dispatches the same lost step again before it ends the turn
-    #: ``failed`` ("step N lost K times").
-    turn_max_resumes: int = Field(default=3, ge=1)
-    #: Seconds between two sweeper passes in each turn worker.
-    turn_sweep_interval_seconds: PositiveSeconds = 5.0
     #: Seconds a client's idempotency key (``Idempotency-Key`` on a session's creation or a
     #: prompt) is remembered: a retry with it within this time answers what the first did.
     idempotency_ttl_seconds: PositiveSeconds = 86_400.0
-    #: Seconds a delete with ``stopActivity`` (``fleet delete --stop``, ACP ``session/delete``)
-    #: waits for the stopped work to end before it deletes; work still live then refuses the
-    #: delete with 409 ``session_active`` (the session stays archived).
-    delete_stop_wait_seconds: Seconds = 20.0
     #: Log format: ``json`` (one JSON object per line) or ``text`` (for a terminal); empty
     #: picks ``text`` when stderr is a terminal and ``json`` otherwise.
     log_format: Literal["", "json", "text"] = ""
@@ -214,50 +166,29 @@ class FleetSettings(BaseSettings):
     #: beyond is refused.
     max_subagents_per_session: int = Field(default=32, ge=0)
     #: The model backend turn workers use: ``scripted`` (deterministic, no network) or
-    #: ``openai`` (any OpenAI-compatible Chat Completions server, ``FLEET_OPENAI_*``).
+    #: ``openai`` (any OpenAI-compatible Chat Completions server, ``FLEET_OPENAI_*``; the
+    #: server and its key are the OpenAI SDK's own ``OPENAI_BASE_URL``, e.g.
+    #: ``http://127.0.0.1:11434/v1`` for Ollama, and ``OPENAI_API_KEY``; unset: api.openai.com).
     model: Literal["scripted", "openai"] = "scripted"
-    #: Base URL of the OpenAI-compatible server (``http://127.0.0.1:11434/v1`` for Ollama,
-    #: ``http://127.0.0.1:8000/v1`` for vLLM); empty: the SDK's default (api.openai.com).
-    openai_base_url: str = ""
-    #: API key sent to the server; empty falls back to ``OPENAI_API_KEY``.
-    openai_api_key: str = ""
     #: Model name asked for when a session names none (``POST /sessions`` ``model``).
     openai_model: str = ""
     #: Times a request that met a 429, a 5xx or a connection error is tried again (with
     #: exponential back-off from 0.2 s up to 5 s) before its turn ends ``failed``.
     openai_max_retries: int = Field(default=4, ge=0, le=20)
-    #: Seconds a request may wait for the server's next bytes before it counts as failed.
-    openai_timeout_seconds: PositiveSeconds = 600.0
     #: Model output is untrusted input (``orchestrator/untrusted.py``). Most UTF-8 bytes of
     #: text one model step may say: past them the request is stopped and the turn ends
     #: ``failed`` (what was said up to the bound is kept).
     model_text_max_bytes: int = Field(default=1_048_576, ge=1)
-    #: Most UTF-8 bytes of one tool call's name and arguments: past them the request is
-    #: stopped and the call answers a tool error the model sees in its next step.
-    model_tool_arguments_max_bytes: int = Field(default=262_144, ge=1)
-    #: Deepest nesting of a tool call's JSON arguments; deeper ones are a tool error.
-    model_json_max_depth: int = Field(default=64, ge=1, le=256)
-    #: Most tool calls one model step may make: past them the turn ends ``failed``.
-    model_max_tool_calls: int = Field(default=64, ge=1)
     #: Model steps one turn may take; the turn then ends with ``max_turn_requests``.
     max_turn_requests: int = Field(default=500, ge=1)
     #: Tools offered to models: a comma list of ``shell``, ``start_job``, ``spawn_subagent``,
     #: ``set_reminder`` (``orchestrator/toolbox.py``'s tools); empty: none. Any other name is
     #: refused at startup (exit status 2, naming it and the known ones).
     tools: str = ",".join(TOOL_NAMES)
-    #: Most bytes of a ``shell`` command's output a tool result keeps.
-    tool_output_max_bytes: int = Field(default=16_384, ge=0)
     #: How the process trees of jobs and ``shell`` tool calls are contained
     #: (``orchestrator/containment.py``): ``auto`` (the first the host allows), ``cgroup``,
     #: ``pid-namespace``, ``subreaper`` or ``process-group``.
     containment: Literal["auto", "cgroup", "pid-namespace", "subreaper", "process-group"] = "auto"
-    #: The cgroup v2 path (inside the hierarchy) holding the trees' cgroups; empty:
-    #: ``agent-fleet`` inside the process's own cgroup.
-    containment_cgroup: str = ""
-    #: Audit entries kept per session (``fleet audit SESSION``); older ones are trimmed.
-    audit_max_per_session: int = Field(default=1000, ge=1)
-    #: Audit entries kept in the fleet-wide trail (``GET /audit``).
-    audit_max_global: int = Field(default=100_000, ge=1)
 
     _check_tools = field_validator("tools")(_known_tools)
 
@@ -280,7 +211,7 @@ class FleetSettings(BaseSettings):
 
 @lru_cache(maxsize=1)
 def get_settings() -> FleetSettings:
-    """The settings of the environment, read once per process: the accessor of the modules
-    that are not handed a ``FleetSettings`` by their entry point yet (entry points build their
-    own ``FleetSettings()`` and pass it down)."""
+    """The settings of the environment, read once per process, for the entry points of
+    ``api/`` (the CLI's commands, ``create_app`` without settings); ``orchestrator/`` reads
+    none itself: it is handed the settings (``Store.settings``) or the values."""
     return FleetSettings()

@@ -42,7 +42,6 @@ from orchestrator.model import (
     StopReason,
     ToolCall,
 )
-from orchestrator.settings import get_settings
 from orchestrator.stepwatch import CANCEL_POLL as CANCEL_POLL
 from orchestrator.stepwatch import STEP_LEASE_MS as STEP_LEASE_MS
 from orchestrator.stepwatch import StepWatch
@@ -215,7 +214,7 @@ def _run_begun(
     turn, index = began.turn, began.turn.step
     if index == 0 and turn.source == "prompt" and not began.session_title:
         _generate_title(store, turn.session_id, turn.prompt)
-    emit = _Emit(store, turn.session_id, guard, get_settings().model_text_max_bytes)
+    emit = _Emit(store, turn.session_id, guard, store.settings.model_text_max_bytes)
     with _StepWatch(store, guard, stopping, emit.flush, turn.session_id) as watch:
         try:
             result = _act(store, dispatcher, model, tools, began, emit, watch.cancel)
@@ -297,7 +296,7 @@ def _act(
         tid,
         index,
         chat.conversation(store, sid),
-        toolbox.offered_specs(),
+        toolbox.offered_specs(store.settings.tools),
         began.model,
         may_send,
     )
@@ -357,7 +356,7 @@ def _after_step(
         return "cancelled"
     stop = result.stop
     if stop is None:
-        if index + 1 < get_settings().max_turn_requests:
+        if index + 1 < store.settings.max_turn_requests:
             if _advance(store, guard, index + 1, result.said) == "ok":
                 send_step(dispatcher, sid, tid, index + 1)
                 return "ran"

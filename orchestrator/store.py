@@ -22,14 +22,14 @@ from tenacity import retry, retry_if_exception_type, stop_after_delay, wait_expo
 
 from orchestrator import lualink, luarules
 from orchestrator.errors import WriteUnconfirmed
-from orchestrator.keys import Keys, lua_prelude
+from orchestrator.keys import AUDIT_MAX_GLOBAL, AUDIT_MAX_PER_SESSION, Keys, lua_prelude
 from orchestrator.redisconn import (
     TRANSIENT_REPLIES,
     SentinelOptions,
     store_unavailable,
     sync_client,
 )
-from orchestrator.settings import FleetSettings, get_settings
+from orchestrator.settings import FleetSettings
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -40,6 +40,9 @@ _TRANSIENT: tuple[type[Exception], ...] = (
     *TRANSIENT_REPLIES,
 )
 _SCRIPTS_DIR = Path(__file__).with_name("scripts")
+#: Milliseconds a lifecycle write waits for the ``FLEET_REDIS_MIN_REPLICAS_ACK`` replicas'
+#: acknowledgements (Redis ``WAIT``) before it answers ``write_unconfirmed``.
+REPLICA_ACK_TIMEOUT_MS = 1000
 
 
 def now_ms() -> int:
@@ -112,10 +115,11 @@ class Store:
     """A Redis client, the key schema bound to a prefix, and the loaded Lua scripts.
 
     ``url`` is a redis://, rediss://, unix:// or sentinel:// URL (``orchestrator.redisconn``;
-    ``sentinel`` defaults to ``FLEET_REDIS_SENTINEL_*``); timeouts are seconds and bound every
-    call, so a dead server (or a connection that went silent) surfaces as ``StoreUnavailable``
-    instead of a hang; connections have TCP keepalive. With Sentinel
-    the client follows the primary through a failover.
+    ``sentinel`` defaults to ``settings``' ``FLEET_REDIS_SENTINEL_*``); timeouts are seconds
+    and bound every call, so a dead server (or a connection that went silent) surfaces as
+    ``StoreUnavailable`` instead of a hang; connections have TCP keepalive. With Sentinel the
+    client follows the primary through a failover. ``settings``: the process's, as its entry
+    point read them (none: ``FleetSettings()``, read once here).
     """
 
     def __init__(
@@ -129,23 +133,28 @@ class Store:
         sentinel: SentinelOptions | None = None,
         min_replicas_ack: int | None = None,
         replica_ack_timeout_ms: int | None = None,
+        audit_max_per_session: int = AUDIT_MAX_PER_SESSION,
+        audit_max_global: int = AUDIT_MAX_GLOBAL,
     ) -> None:
         self.url = url
         self.keys = Keys(prefix)
-        self._settings = settings
-        read = settings if settings is not None else get_settings()
+        read = settings if settings is not None else FleetSettings()
+        self._settings = read
         #: Replicas that must acknowledge a durable write (``WAIT``) within the timeout (ms).
         self.min_replicas_ack = (
             read.redis_min_replicas_ack if min_replicas_ack is None else min_replicas_ack
         )
-        self.replica_ack_timeout_ms = replica_ack_timeout_ms or read.redis_replica_ack_timeout_ms
-        if sentinel is None and settings is not None:
-            sentinel = SentinelOptions.from_settings(settings)
+        self.replica_ack_timeout_ms = replica_ack_timeout_ms or REPLICA_ACK_TIMEOUT_MS
+        #: Audit entries kept per session and fleet-wide (older ones are trimmed).
+        self.audit_max_per_session = audit_max_per_session
+        self.audit_max_global = audit_max_global
+        #: The Sentinel options its clients use (``sentinel``, else from the settings).
+        self.sentinel = sentinel if sentinel is not None else SentinelOptions.from_settings(read)
         # Typed as Any: redis-py annotates replies as unions over sync/async and bytes/str
         # modes; with decode_responses=True they are str, and callers check what they read.
         self.redis: Any = sync_client(
             url,
-            sentinel,
+            self.sentinel,
             decode_responses=True,
             socket_timeout=socket_timeout,
             socket_connect_timeout=connect_timeout,
@@ -157,10 +166,10 @@ class Store:
     @property
     def settings(self) -> FleetSettings:
         """The settings of the process this store serves, as its entry point read them and
-        passed them in (``settings=``); the environment's (``get_settings``) when none was
-        given. The domain reads its limits, caps and waits here, so a process (or a test) with
-        its own settings needs no process-global reset."""
-        return self._settings if self._settings is not None else get_settings()
+        passed them in (``settings=``); when none were given, the environment's as they were
+        when the store was made. The domain reads its limits, caps and waits here, so a process
+        (or a test) with its own settings needs no process-global reset."""
+        return self._settings
 
     def now_ms(self) -> int:
         """The Redis server's clock (``TIME``) in integer epoch milliseconds: the one clock

@@ -11,9 +11,9 @@ The sweeper finds them through the running-turn index (``Keys.turns_inflight``: 
 no progress for ``FLEET_TURN_STUCK_SECONDS`` whose step holds no lease is a suspect, but not
 yet lost: a step also makes no progress and holds no lease while its message waits in the
 broker for a free worker thread, and a turn worker with every thread on a long step (an
-``openai`` request may take ``FLEET_OPENAI_TIMEOUT_SECONDS``) leaves the steps queued behind it
+``openai`` request may take ``openai_model.TIMEOUT_SECONDS``) leaves the steps queued behind it
 waiting for minutes. Resending such a step only adds another copy to the queue it waits in,
-and failing it after ``FLEET_TURN_MAX_RESUMES`` resends fails a healthy turn. So the sweeper
+and failing it after ``MAX_RESUMES`` resends fails a healthy turn. So the sweeper
 asks the broker (``scripts/turn_broker_scan.lua``, once per pass for all suspects):
 
 - every message of step N of turn T has the task id ``T.step.N`` (``step_message_id``; the
@@ -49,13 +49,13 @@ holds no lease is settled wherever its message is: no copy of its step would set
 (``turn_begin_step`` drops one). And the scan is not atomic with the message's moves: kombu
 takes a message from its list and records it in the unacked hash in two commands, so a scan
 between them finds it nowhere and resends the step; the copy is dropped by
-``turn_begin_step`` and the loss counts once against ``FLEET_TURN_MAX_RESUMES``, as any loss
+``turn_begin_step`` and the loss counts once against ``MAX_RESUMES``, as any loss
 does.
 
 A lost step is repaired by one script (``scripts/turn_sweep.lua``) per turn:
 
 - ``running``: its current step is dispatched again (``resumed``); a duplicate is harmless,
-  ``turn_begin_step`` drops a stale or in-flight copy. After ``FLEET_TURN_MAX_RESUMES``
+  ``turn_begin_step`` drops a stale or in-flight copy. After ``MAX_RESUMES``
   resumes of the same step it ends ``failed`` ("step N lost K times").
 - ``cancelling``: it ends ``cancelled`` (``settled``), and its turn event resolves any pending
   ACP ``session/prompt``.
@@ -63,8 +63,8 @@ A lost step is repaired by one script (``scripts/turn_sweep.lua``) per turn:
 - ``running`` with its step's message in the broker: left alone (``waiting``).
 
 It covers every session, archived or not: a resumed step of an archived lineage meets the
-gate and ends ``blocked``. Every turn worker runs a pass every
-``FLEET_TURN_SWEEP_INTERVAL_SECONDS`` (``workers/sweeper.py``), and ``fleet sweep`` runs one;
+gate and ends ``blocked``. Every turn worker runs a pass six times per
+``FLEET_TURN_STUCK_SECONDS`` (``workers/sweeper.py``), and ``fleet sweep`` runs one;
 passes that overlap are harmless, because a resume re-scores the member in the same script.
 """
 
@@ -82,6 +82,10 @@ from orchestrator.store import Store, retried
 from orchestrator.turns import STOP_REASON, TurnState
 
 log = logging.getLogger(__name__)
+
+#: Times the sweeper dispatches the same lost step again before it ends the turn ``failed``
+#: ("step N lost K times").
+MAX_RESUMES = 3
 
 #: Index members examined per pass at most (the oldest first); the rest wait for the next.
 PASS_LIMIT = 1_000
@@ -272,7 +276,7 @@ def sweep(
     failure keep what was done to them)."""
     settings = store.settings
     stuck_ms = int(1000 * (settings.turn_stuck_seconds if stuck_seconds is None else stuck_seconds))
-    most = settings.turn_max_resumes if max_resumes is None else max_resumes
+    most = MAX_RESUMES if max_resumes is None else max_resumes
     report = SweepReport()
     stale = _stale(store, stuck_ms, limit)
     seen = _scan(store, stale, scan_limit)

@@ -5,7 +5,7 @@ model.py``); the turn runtime runs them (``orchestrator/tools.py``).
 ==================  ===========  =================================================================
 ``shell``           turn         a command run by ``/bin/sh`` inside the turn, in the session's
                                  cwd, as the worker's user; killed at its timeout or a stop; its
-                                 output (stdout and stderr) cut to ``FLEET_TOOL_OUTPUT_MAX_BYTES``
+                                 output (stdout and stderr) cut to ``tools.OUTPUT_MAX_BYTES``
 ``start_job``       job          a background command (a job) on a job worker, stopped at its
                                  timeout
 ``spawn_subagent``  subagent     a child session whose first turn is the prompt
@@ -16,9 +16,9 @@ Which tools are offered is ``FLEET_TOOLS`` (comma list; all four by default; ano
 refused when the settings are read, against ``settings.TOOL_NAMES``). A call of a tool not
 offered, with arguments that are not JSON or do not match the schema, is a tool error the
 model sees (``ToolArgumentsError``), never a crash. A model's arguments are untrusted input:
-parsed by ``orchestrator.untrusted.loads`` (nested at most ``FLEET_MODEL_JSON_MAX_DEPTH``
-levels), and a call whose name and arguments pass ``FLEET_MODEL_TOOL_ARGUMENTS_MAX_BYTES`` is
-a tool error too; ``stored_arguments`` is what the conversation keeps of them.
+parsed by ``orchestrator.untrusted.loads`` (nested at most ``model.TOOL_JSON_MAX_DEPTH``
+levels), and a call whose name and arguments pass ``model.TOOL_CALL_MAX_BYTES`` is a tool
+error too; ``stored_arguments`` is what the conversation keeps of them.
 """
 
 from __future__ import annotations
@@ -32,8 +32,17 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from orchestrator import untrusted
 from orchestrator.errors import InvalidParams
 from orchestrator.families import Family
-from orchestrator.model import MAX_SECONDS, ToolCall, ToolSpec
-from orchestrator.settings import get_settings
+from orchestrator.model import (
+    MAX_SECONDS,
+    TOOL_CALL_MAX_BYTES,
+    TOOL_JSON_MAX_DEPTH,
+    ToolCall,
+    ToolSpec,
+)
+from orchestrator.settings import TOOL_NAMES
+
+#: Every tool of the registry, as a ``FLEET_TOOLS`` comma list (its default).
+ALL_TOOLS = ",".join(TOOL_NAMES)
 
 
 class _Args(BaseModel):
@@ -131,15 +140,16 @@ class ToolArgumentsError(Exception):
     or not matching the schema. Its message is the tool error the model sees."""
 
 
-def offered() -> list[Tool]:
-    """The tools offered to models (``FLEET_TOOLS``), in registry order."""
-    names = {n.strip() for n in get_settings().tools.split(",") if n.strip()}
+def offered(tools: str = ALL_TOOLS) -> list[Tool]:
+    """The tools a comma list names (``FLEET_TOOLS``, as ``settings.tools`` holds it; empty:
+    none), in registry order."""
+    names = {n.strip() for n in tools.split(",") if n.strip()}
     return [t for name, t in TOOLS.items() if name in names]
 
 
-def offered_specs() -> list[ToolSpec]:
-    """``offered()`` as the model sees them."""
-    return [t.spec() for t in offered()]
+def offered_specs(tools: str = ALL_TOOLS) -> list[ToolSpec]:
+    """``offered(tools)`` as the model sees them."""
+    return [t.spec() for t in offered(tools)]
 
 
 #: Most characters of a tool's name a message or a stored update repeats.
@@ -164,16 +174,14 @@ def _size(call: ToolCall) -> int:
 
 def _arguments(call: ToolCall) -> Any:
     """The call's arguments parsed within the model limits. Raises ``ToolArgumentsError``."""
-    settings = get_settings()
-    cap = settings.model_tool_arguments_max_bytes
-    if _size(call) > cap:
+    if _size(call) > TOOL_CALL_MAX_BYTES:
         raise ToolArgumentsError(
-            f"{shown_name(call)}: the call's name and arguments are more than {cap} bytes "
-            "(FLEET_MODEL_TOOL_ARGUMENTS_MAX_BYTES); send shorter arguments"
+            f"{shown_name(call)}: the call's name and arguments are more than "
+            f"{TOOL_CALL_MAX_BYTES} bytes; send shorter arguments"
         )
     try:
         return untrusted.loads(
-            call.arguments or "{}", param="arguments", max_depth=settings.model_json_max_depth
+            call.arguments or "{}", param="arguments", max_depth=TOOL_JSON_MAX_DEPTH
         )
     except InvalidParams as exc:  # a limit of untrusted.loads, or a key given twice
         raise ToolArgumentsError(f"{shown_name(call)}: {exc.message}") from None
@@ -191,17 +199,19 @@ def stored_arguments(call: ToolCall) -> Any:
         return _arguments(call)
     except ToolArgumentsError:
         text = call.arguments
-        if _size(call) <= get_settings().model_tool_arguments_max_bytes:
+        if _size(call) <= TOOL_CALL_MAX_BYTES:
             return text
         return f"{text[:STORED_TEXT_CHARS]}... (cut: {len(text)} characters and more)"
 
 
-def parse_call(call: ToolCall) -> tuple[Tool, Any]:
-    """The tool a call names and its validated arguments (an instance of the tool's argument
-    model). Raises ``ToolArgumentsError`` with a message the model can act on."""
-    tool = next((t for t in offered() if t.name == call.name), None)
+def parse_call(call: ToolCall, tools: str = ALL_TOOLS) -> tuple[Tool, Any]:
+    """The tool a call names among those ``tools`` offers (``offered``) and its validated
+    arguments (an instance of the tool's argument model). Raises ``ToolArgumentsError`` with a
+    message the model can act on."""
+    on_offer = offered(tools)
+    tool = next((t for t in on_offer if t.name == call.name), None)
     if tool is None:
-        names = ", ".join(t.name for t in offered()) or "none"
+        names = ", ".join(t.name for t in on_offer) or "none"
         raise ToolArgumentsError(f"unknown tool {shown_name(call)!r}; the tools on offer: {names}")
     raw = _arguments(call)
     if not isinstance(raw, dict):

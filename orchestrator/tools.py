@@ -41,7 +41,6 @@ from orchestrator.model import ToolCall
 from orchestrator.processes import under_timeout
 from orchestrator.reminders import create_reminder
 from orchestrator.sessions import create_session, get_session
-from orchestrator.settings import get_settings
 from orchestrator.steps import CANCEL_POLL, STEP_LEASE_MS
 from orchestrator.store import Store, new_id
 from orchestrator.toolbox import (
@@ -57,6 +56,9 @@ from orchestrator.toolbox import (
 from orchestrator.turns import record_update, start_turn
 
 log = logging.getLogger(__name__)
+
+#: Most bytes of a ``shell`` command's output (stdout and stderr) its tool result keeps.
+OUTPUT_MAX_BYTES = 16_384
 
 
 def _drain(pipe: IO[bytes], keep: int, box: bytearray, total: list[int]) -> None:
@@ -90,8 +92,8 @@ def _run_shell(
     CMD &``) does not outlive its tool call. This process's exec warden
     (``orchestrator/execwatch.py``) kills the tree if the step's lease runs out (a frozen
     worker). Returns (status, text): the exit status and the first
-    ``FLEET_TOOL_OUTPUT_MAX_BYTES`` of its output (stdout and stderr), after ``note``."""
-    keep = get_settings().tool_output_max_bytes
+    ``OUTPUT_MAX_BYTES`` of its output (stdout and stderr), after ``note``."""
+    keep = OUTPUT_MAX_BYTES
     # Under timeout (no time limit of its own: this loop keeps it), leading its own process
     # group, which dies whole with the worker thread running the step (SIGTERM, then SIGKILL
     # after KILL_GRACE_SECONDS), before the step's lease lapses and a resumed copy runs it;
@@ -176,7 +178,7 @@ def run_tool(
     turn_id, token = guard.turn_id, guard.token
     call_id = new_id("call")
     try:
-        tool, parsed = parse_call(call)
+        tool, parsed = parse_call(call, store.settings.tools)
         problem = ""
     except ToolArgumentsError as exc:
         tool, parsed, problem = None, None, str(exc)

@@ -27,7 +27,7 @@ through ``lone_surrogate``), since its answers echo what was sent.
 Invalid JSON raises ``json.JSONDecodeError`` as ``json.loads`` does.
 
 A model's output is untrusted too: a tool call's arguments are parsed by ``loads`` (with the
-depth ``FLEET_MODEL_JSON_MAX_DEPTH``), and what the fleet stored before it bounded them, or
+depth ``model.TOOL_JSON_MAX_DEPTH``), and what the fleet stored before it bounded them, or
 stored from any other source, is read back by ``stored``, which cuts what is nested deeper than
 ``STORED_MAX_DEPTH`` (a read of a conversation never fails on what a model once sent).
 """

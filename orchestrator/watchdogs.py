@@ -26,7 +26,7 @@ import sys
 from typing import Any
 
 from orchestrator import containment, logs
-from orchestrator.settings import get_settings
+from orchestrator.settings import FleetSettings
 from orchestrator.store import Store
 
 #: Seconds one read may take in a watchdog (its store's socket timeouts).
@@ -65,9 +65,10 @@ def own_store(name: str, family: str) -> Store:
     """In watchdog ``name`` of a ``family`` worker: configure logging and return its store
     (``READ_TIMEOUT``), and kill its worker's process trees when it dies. Exits when
     ``FLEET_REDIS_URL`` is not set."""
-    logs.configure(filters=[logs.FixedContext(family=family)])
+    settings = FleetSettings()  # this watchdog process's entry point: read once, passed on
+    logs.configure(settings.log_format or None, filters=[logs.FixedContext(family=family)])
+    containment.choose(settings.containment)
     containment.kill_scope_on_parent_death()
-    settings = get_settings()
     if not settings.redis_url:
         raise SystemExit(f"{name}: FLEET_REDIS_URL is not set")
     return Store(
@@ -75,4 +76,5 @@ def own_store(name: str, family: str) -> Store:
         settings.key_prefix,
         socket_timeout=READ_TIMEOUT,
         connect_timeout=READ_TIMEOUT,
+        settings=settings,
     )

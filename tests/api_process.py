@@ -9,7 +9,7 @@ import os
 import socket
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -69,18 +69,21 @@ COMMANDS = {
 
 
 @contextlib.contextmanager
-def api_process(log_path: Path, command: str = "fleet api", **env: str) -> Iterator[ApiProcess]:
-    """Start the API (``command``, a key of ``COMMANDS``) on a free loopback port with this
-    run's Redis and key prefix (conftest's environment), no token unless ``env`` sets one, and
-    ``env`` applied; wait for ``/health``; stop it (SIGTERM, then SIGKILL) when the block
-    ends (the wait fails at once if it exits). Its stdout and stderr go to ``log_path``."""
+def api_process(
+    log_path: Path, command: str = "fleet api", args: Sequence[str] = (), **env: str
+) -> Iterator[ApiProcess]:
+    """Start the API (``command``, a key of ``COMMANDS``, ``args`` after it) on a free loopback
+    port with this run's Redis and key prefix (conftest's environment), no token unless ``env``
+    sets one, and ``env`` applied; wait for ``/health``; stop it (SIGTERM, then SIGKILL) when
+    the block ends (the wait fails at once if it exits). Its stdout and stderr go to
+    ``log_path``."""
     port = free_port()
     full = dict(os.environ)
     full.pop("FLEET_API_TOKEN", None)
     full.update(env)
     with log_path.open("wb") as out:
         proc = subprocess.Popen(
-            [sys.executable, *COMMANDS[command], str(port)],
+            [sys.executable, *COMMANDS[command], str(port), *args],
             stdout=out,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,

@@ -11,6 +11,7 @@ app and the worker processes agree on the broker and the prefix.
 from __future__ import annotations
 
 import contextlib
+import inspect
 import os
 import signal
 import sys
@@ -63,11 +64,9 @@ os.environ.pop("LINES", None)
 os.environ["FLEET_REDIS_URL"] = REDIS_URL
 os.environ["FLEET_KEY_PREFIX"] = _PREFIX
 os.environ.setdefault("FLEET_JOB_LEASE_SECONDS", "2")
-os.environ.setdefault("FLEET_JOB_KILL_GRACE_SECONDS", "1")
-os.environ.setdefault("FLEET_REMINDER_POLL_SECONDS", "0.1")
-# The shared workers run no reconciler of their own: tests that leave work outliving its
+# The shared workers (and a test's beat) run no reconciler: tests that leave work outliving its
 # archive on purpose call the reconciler themselves (tests/faults/test_reconciler.py).
-os.environ.setdefault("FLEET_RECONCILE_LOOP_SECONDS", "0")
+os.environ.setdefault("FLEET_RECONCILE_INTERVAL_SECONDS", "0")
 # Lineage rules are proven on chains up to 100 subagents deep (tests/orchestrator/test_gate.py),
 # deeper than the production default allows; tests of the limit set it themselves.
 os.environ.setdefault("FLEET_MAX_SUBAGENT_DEPTH", "200")
@@ -201,15 +200,19 @@ def dispatcher() -> Any:
 @pytest.fixture
 def store_with() -> Iterator[Any]:
     """``store_with(**fields)``: a store on the test Redis and prefix whose settings are this
-    run's with ``fields`` on top (``store_with(bulk_filter_max=3)``), for one test: the domain
-    reads its settings from the store, so nothing process-wide is changed or reset."""
+    run's with ``fields`` on top (``store_with(bulk_filter_max=3)``), a field that is a
+    ``Store`` argument passed to it (``store_with(audit_max_per_session=3)``), for one test:
+    the domain reads its settings from the store, so nothing process-wide is changed or
+    reset."""
     from orchestrator.settings import FleetSettings
     from orchestrator.store import Store
 
     made: list[Store] = []
+    arguments = set(inspect.signature(Store).parameters)
 
     def make(**fields: Any) -> Store:
-        made.append(Store(REDIS_URL, _PREFIX, settings=FleetSettings(**fields)))
+        own = {name: fields.pop(name) for name in list(fields) if name in arguments}
+        made.append(Store(REDIS_URL, _PREFIX, settings=FleetSettings(**fields), **own))
         return made[-1]
 
     yield make

@@ -200,11 +200,13 @@ def rest_client(
     *,
     store: Any = None,
     dispatcher: Any = None,
+    sse_heartbeat_seconds: float | None = None,
     **env: str,
 ) -> Iterator[TestClient]:
     """The in-process REST app without a token (unless ``env`` sets one), built for the
     settings ``env`` makes (the domain reads them too, so they stay applied meanwhile), on
-    ``store``/``dispatcher`` when given; a ``NoServerErrors`` client."""
+    ``store``/``dispatcher`` when given, with heartbeats every ``sse_heartbeat_seconds`` when
+    given; a ``NoServerErrors`` client."""
     from api.rest import create_app
     from orchestrator.settings import FleetSettings, get_settings
 
@@ -213,7 +215,12 @@ def rest_client(
         for name, value in env.items():
             mp.setenv(name, value)
         get_settings.cache_clear()
-        app = create_app(FleetSettings(), store=store, dispatcher=dispatcher)
+        beat = (
+            {}
+            if sse_heartbeat_seconds is None
+            else {"sse_heartbeat_seconds": sse_heartbeat_seconds}
+        )
+        app = create_app(FleetSettings(), store=store, dispatcher=dispatcher, **beat)
         client = NoServerErrors(app, raise_server_exceptions=False)
         client.allowed_5xx = allowed_5xx
         with client as c:

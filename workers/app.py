@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import click
 from celery import Celery
 from kombu.entity import Queue
 
@@ -162,4 +163,20 @@ def create_app(settings: FleetSettings) -> Celery:
     configure(app, settings)
     # By name: the heartbeat module needs the worker's runtime, which needs this app.
     app.steps["consumer"].add("workers.heartbeat:Heartbeat")
+    # The worker's role (workers.runtime.Role, read as it starts): options of its command line.
+    app.user_options["worker"].add(
+        click.Option(
+            ["--family"],
+            default="",
+            help="The family this worker serves: turn, job, subagent or reminder.",
+        )
+    )
+    app.user_options["worker"].add(
+        click.Option(
+            ["--control"],
+            is_flag=True,
+            default=False,
+            help="Consume only the family's control queue (<family>.ctl, beside -Q and -n).",
+        )
+    )
     return app

@@ -1,6 +1,6 @@
 """The Celery beat schedule of ``fleet beat``: the auto-archive policy (``archive.auto``)
-every ``FLEET_AUTO_ARCHIVE_INTERVAL_SECONDS`` when it is on, and the archive reconciler
-(``archive.reconcile``) every ``FLEET_RECONCILE_INTERVAL_SECONDS``, both on the
+every ``fleet beat --interval`` seconds when it is on, and the archive reconciler
+(``archive.reconcile``) every ``FLEET_RECONCILE_INTERVAL_SECONDS`` unless 0, both on the
 ``maintenance`` queue."""
 
 from __future__ import annotations

@@ -26,7 +26,7 @@ from celery import bootsteps
 from celery.signals import worker_shutting_down
 
 from orchestrator import families
-from workers.runtime import current_runtime, get_runtime
+from workers.runtime import current_runtime, get_runtime, role
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +46,7 @@ def _delete_all(keys: list[str]) -> None:
 
 class Heartbeat(bootsteps.StartStopStep):  # type: ignore[misc]  # Celery is untyped
     """Keeps ``Keys.worker_heartbeat(family, node)`` alive while the consumer consumes
-    (family workers only: ``settings.worker_family``; ``<family>.ctl`` for a control-only
+    (family workers only: ``runtime.role().family``; ``<family>.ctl`` for a control-only
     worker, which ``/ready`` does not count; ``workers.app.create_app`` adds it to every
     consumer)."""
 
@@ -62,11 +62,11 @@ class Heartbeat(bootsteps.StartStopStep):  # type: ignore[misc]  # Celery is unt
 
     def start(self, c: Any) -> None:
         rt = get_runtime()
-        family = rt.settings.worker_family
-        if not family:
+        served = role()
+        if not served.family:
             return
         # A control-only worker beats as ``<family>.ctl``: it takes no work of the family.
-        name = families.get(family).worker_name(control_only=rt.settings.worker_control_only)
+        name = families.get(served.family).worker_name(control_only=served.control_only)
         self.key = rt.store.keys.worker_heartbeat(name, c.hostname)
         _steps.add(self)
         self.beat()

@@ -16,7 +16,7 @@ from celery.signals import setup_logging
 
 from orchestrator import audit
 from orchestrator.logs import configure
-from workers.runtime import installed_settings
+from workers.runtime import installed_settings, role
 
 
 class TaskContext(logging.Filter):
@@ -50,6 +50,6 @@ def _setup(loglevel: Any = None, **_: Any) -> None:
         configure(
             settings.log_format or None,
             level=loglevel or logging.INFO,
-            filters=[TaskContext(settings.worker_family or None)],
+            filters=[TaskContext(role().family or None)],
         )
     audit.set_default_actor("worker")

@@ -19,7 +19,7 @@ from typing import Any
 from celery.signals import worker_ready, worker_shutdown
 
 from orchestrator.settings import FleetSettings
-from workers.runtime import Runtime, get_runtime
+from workers.runtime import Runtime, get_runtime, role
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +43,7 @@ def every(
     family: str, name: str, interval: Callable[[FleetSettings], float]
 ) -> Callable[[Callable[[Runtime], None]], Callable[[Runtime], None]]:
     """Register the decorated pass to run every ``interval(settings)`` seconds in each worker
-    of ``family`` (the worker's ``settings.worker_family``)."""
+    of ``family`` (the worker's ``role().family``)."""
 
     def register(run: Callable[[Runtime], None]) -> Callable[[Runtime], None]:
         _LOOPS.append(Loop(family, name, interval, run))
@@ -63,12 +63,12 @@ def _forever(loop: Loop, rt: Runtime, period: float) -> None:
 @worker_ready.connect
 def _start(**_: Any) -> None:
     rt = get_runtime()
-    settings = rt.settings
+    served = role()
     for loop in _LOOPS:
         # A control-only worker takes stops and nothing else: the family's loops run in its
         # full workers.
-        ours = loop.family == settings.worker_family and not settings.worker_control_only
-        period = loop.interval(settings) if ours else 0
+        ours = loop.family == served.family and not served.control_only
+        period = loop.interval(rt.settings) if ours else 0
         if period > 0:
             threading.Thread(
                 target=_forever, args=(loop, rt, period), name=loop.name, daemon=True

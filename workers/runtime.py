@@ -11,10 +11,13 @@ from __future__ import annotations
 import logging
 import threading
 from dataclasses import dataclass, field
+from typing import Any
 
 from celery import Celery
+from celery.signals import celeryd_init
 from tenacity import Retrying, before_sleep_log, retry_if_exception_type, wait_exponential
 
+from orchestrator import containment
 from orchestrator.errors import StoreUnavailable
 from orchestrator.jobsupervisor import JobSupervisor
 from orchestrator.model import Model, ScriptedModel
@@ -24,6 +27,9 @@ from orchestrator.store import Store
 from workers.dispatch import CeleryDispatcher
 
 log = logging.getLogger(__name__)
+
+#: Seconds a job process gets between SIGTERM and SIGKILL when it is stopped.
+JOB_KILL_GRACE_SECONDS = 2.0
 
 
 @dataclass
@@ -45,6 +51,36 @@ class Runtime:
     stopping: threading.Event = field(default_factory=threading.Event)
 
 
+@dataclass(frozen=True)
+class Role:
+    """What this worker process serves, as its command line says (``--family``,
+    ``--control`` of ``fleet worker`` and of ``celery -A workers.main worker``): ``family``
+    (``turn``, ``job``, ``subagent``, ``reminder``; empty outside family workers) picks its
+    heartbeat and background loops; ``control_only``: it consumes only the family's control
+    queue (``<family>.ctl``: the stops), runs no background loop and its heartbeat is not
+    counted by ``/ready``."""
+
+    family: str = ""
+    control_only: bool = False
+
+
+_role = Role()
+
+
+def role() -> Role:
+    """This process's ``Role`` (the empty one before the worker starts, and outside workers)."""
+    return _role
+
+
+@celeryd_init.connect
+def _take_role(options: dict[str, Any] | None = None, **_: Any) -> None:
+    """Read the role from the worker's options as the worker starts, before its logging and
+    its steps are set up."""
+    global _role
+    given = options or {}
+    _role = Role(str(given.get("family") or ""), bool(given.get("control")))
+
+
 _installed: tuple[FleetSettings, Celery] | None = None
 _runtime: Runtime | None = None
 _lock = threading.Lock()
@@ -52,8 +88,10 @@ _lock = threading.Lock()
 
 def install(settings: FleetSettings, app: Celery) -> None:
     """Hand this worker process its settings and its Celery app (built from them by
-    ``workers.app.create_app``); called once by the entry point, before the worker starts."""
+    ``workers.app.create_app``); called once by the entry point, before the worker starts.
+    The process's trees are contained as ``FLEET_CONTAINMENT`` asks (``containment.choose``)."""
     global _installed, _runtime
+    containment.choose(settings.containment)
     with _lock:
         _installed = (settings, app)
         _runtime = None
@@ -89,20 +127,16 @@ def get_runtime() -> Runtime:
 
 def build_model(settings: FleetSettings) -> Model:
     """The model backend ``FLEET_MODEL`` names: ``scripted`` or ``openai`` (configured by
-    ``FLEET_OPENAI_*``)."""
+    ``FLEET_OPENAI_*``, its server and key by the SDK's ``OPENAI_BASE_URL`` and
+    ``OPENAI_API_KEY``)."""
     if settings.model == "openai":
         # Imported here: the openai package takes most of a worker's start-up imports (0.7 of
         # 1.7 s of CPU here), and a fleet on the scripted model never needs it.
         from orchestrator.openai_model import OpenAIModel
 
         return OpenAIModel(
-            base_url=settings.openai_base_url,
-            api_key=settings.openai_api_key,
             model=settings.openai_model,
             max_retries=settings.openai_max_retries,
-            timeout=settings.openai_timeout_seconds,
-            max_call_bytes=settings.model_tool_arguments_max_bytes,
-            max_calls=settings.model_max_tool_calls,
         )
     return ScriptedModel()
 
@@ -143,7 +177,7 @@ def supervisor() -> JobSupervisor:
                 rt.store,
                 rt.host,
                 lease_ms=int(settings.job_lease_seconds * 1000),
-                grace_seconds=settings.job_kill_grace_seconds,
+                grace_seconds=JOB_KILL_GRACE_SECONDS,
                 instance=rt.host_lease.instance if rt.host_lease else None,
             )
         return rt.supervisor

@@ -1,7 +1,7 @@
 """The turn sweeper in every turn worker (``workers.periodic``): ``orchestrator.sweeper.sweep``
-every ``FLEET_TURN_SWEEP_INTERVAL_SECONDS``, so a turn whose step was lost is resumed or ended
-while at least one turn worker is up. Sweepers on several workers overlap harmlessly: each
-turn is decided by one script that re-scores what it resumed."""
+``SWEEPS_PER_STUCK`` times per ``FLEET_TURN_STUCK_SECONDS``, so a turn whose step was lost is
+resumed or ended while at least one turn worker is up. Sweepers on several workers overlap
+harmlessly: each turn is decided by one script that re-scores what it resumed."""
 
 from __future__ import annotations
 
@@ -13,8 +13,12 @@ from workers.runtime import Runtime
 
 log = logging.getLogger(__name__)
 
+#: Sweeper passes per ``FLEET_TURN_STUCK_SECONDS`` (every 5 s for the default 30 s): a lost
+#: step is noticed at most a sixth of that bound late.
+SWEEPS_PER_STUCK = 6
 
-@every("turn", "turn-sweeper", lambda s: s.turn_sweep_interval_seconds)
+
+@every("turn", "turn-sweeper", lambda s: s.turn_stuck_seconds / SWEEPS_PER_STUCK)
 def sweep_turns(rt: Runtime) -> None:
     """One sweeper pass; logs what it changed."""
     settings = rt.settings
@@ -22,7 +26,6 @@ def sweep_turns(rt: Runtime) -> None:
         rt.store,
         rt.dispatcher,
         stuck_seconds=settings.turn_stuck_seconds,
-        max_resumes=settings.turn_max_resumes,
     )
     if any(report.totals.values()):
         log.info(

@@ -14,7 +14,7 @@ import weakref
 from typing import Any
 
 from orchestrator import untrusted
-from orchestrator.redisconn import SilenceProbe, async_client
+from orchestrator.redisconn import SentinelOptions, SilenceProbe, async_client
 
 log = logging.getLogger(__name__)
 
@@ -39,8 +39,8 @@ class EventHub:
     """Relays the fleet's Redis events to the connections of this process that watch a
     session. One subscription per process, started on first use."""
 
-    def __init__(self, url: str, channel: str) -> None:
-        self.url, self.channel = url, channel
+    def __init__(self, url: str, channel: str, sentinel: SentinelOptions | None = None) -> None:
+        self.url, self.channel, self.sentinel = url, channel, sentinel
         self._watchers: dict[str, set[asyncio.Queue[dict[str, Any]]]] = {}
         self._task: asyncio.Task[None] | None = None
         self._ready = asyncio.Event()  # set while subscribed
@@ -69,7 +69,7 @@ class EventHub:
         seconds."""
         delay = RETRY_MIN
         while True:
-            client = async_client(self.url, decode_responses=True)
+            client = async_client(self.url, self.sentinel, decode_responses=True)
             try:
                 pubsub = client.pubsub()
                 await pubsub.subscribe(self.channel)
@@ -140,13 +140,14 @@ class EventHub:
 _HUBS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, EventHub] = weakref.WeakKeyDictionary()
 
 
-def shared_hub(url: str, channel: str) -> EventHub:
-    """The event hub of the running event loop (one subscription per loop and channel).
+def shared_hub(url: str, channel: str, sentinel: SentinelOptions | None = None) -> EventHub:
+    """The event hub of the running event loop (one subscription per loop and channel), on
+    the Redis of ``url`` (with ``sentinel``, a ``Store.sentinel``, for a ``sentinel://`` one).
 
     A hub's queues belong to its loop, so connections served by different loops (a test
     client's portal beside a server) never share one: each loop relays to its own."""
     loop = asyncio.get_running_loop()
     hub = _HUBS.get(loop)
-    if hub is None or (hub.url, hub.channel) != (url, channel):
-        hub = _HUBS[loop] = EventHub(url, channel)
+    if hub is None or (hub.url, hub.channel, hub.sentinel) != (url, channel, sentinel):
+        hub = _HUBS[loop] = EventHub(url, channel, sentinel)
     return hub

@@ -187,7 +187,7 @@ def delete(
     """Delete a session and its subagents (its whole subtree). Refused, with the live items,
     while any of them has live work unless --stop is given: then the work is stopped as
     fleet archive --stop stops it (on a terminal the live items are listed and confirmed
-    first), and the session is deleted once it has ended (FLEET_DELETE_STOP_WAIT_SECONDS at
+    first), and the session is deleted once it has ended (20 seconds at
     most; work still live then refuses the delete and the session stays archived).
     Idempotent: an unknown or deleted session answers "nothing to delete". Exit status: 0
     deleted (or nothing to delete), 1 declined at the confirmation, 2 refused (with --json,

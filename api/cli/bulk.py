@@ -353,7 +353,7 @@ def auto_archive_command(
     idle_seconds: float = seconds_option(
         0,
         "--idle-seconds",
-        help="Idle age in seconds (default FLEET_AUTO_ARCHIVE_IDLE_SECONDS).",
+        help="Idle age in seconds (required: the policy has no age of its own).",
     ),
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:

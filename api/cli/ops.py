@@ -22,6 +22,7 @@ def reconcile(
     """Run the archive reconciler once: stop again the work that outlived its archive, flag
     archive hazards, clear them once the work is gone (FLEET_RECONCILE_* settings)."""
     from api.context import dispatcher, store
+    from orchestrator.reconcile import hazard_backoff_seconds
     from orchestrator.reconcile import reconcile as run_reconcile
     from orchestrator.settings import get_settings
 
@@ -31,8 +32,7 @@ def reconcile(
             store(),
             dispatcher(),
             grace_seconds=settings.reconcile_grace_seconds,
-            max_attempts=settings.reconcile_max_attempts,
-            backoff_seconds=10 * settings.reconcile_interval_seconds,
+            backoff_seconds=hazard_backoff_seconds(settings.reconcile_interval_seconds),
             dry_run=dry_run,
             include_quiet=include_quiet,
         )
@@ -63,9 +63,9 @@ def sweep(
     ),
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:
-    """Run the turn sweeper once (turn workers run it every FLEET_TURN_SWEEP_INTERVAL_SECONDS):
-    a running turn whose step is lost is resumed (or ended failed after
-    FLEET_TURN_MAX_RESUMES), a cancelling one whose step is gone ends cancelled; one whose
+    """Run the turn sweeper once (turn workers run it six times per FLEET_TURN_STUCK_SECONDS):
+    a running turn whose step is lost is resumed (or ended failed once it was lost 4
+    times), a cancelling one whose step is gone ends cancelled; one whose
     step's message still waits in the broker is left waiting."""
     from api.context import dispatcher, store
     from orchestrator.sweeper import sweep as run_sweep

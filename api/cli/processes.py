@@ -29,6 +29,13 @@ from api.cli.params import count_option, seconds_option
 
 #: Seconds between a worker's ``worker-heartbeat`` events (Flower's liveness of a worker).
 EVENT_HEARTBEAT_SECONDS = 10
+#: Threads of a family worker (``fleet worker --concurrency``).
+WORKER_CONCURRENCY = 8
+#: Seconds between two runs of ``archive.auto`` in ``fleet beat``'s schedule (``--interval``).
+AUTO_ARCHIVE_INTERVAL_SECONDS = 300.0
+#: Seconds a client of ``fleet api`` has to send a whole request head once it connects or its
+#: previous answer was sent (``--head-timeout``); then the connection is closed (slowloris).
+HEAD_TIMEOUT_SECONDS = 10.0
 
 
 @app.command()
@@ -40,7 +47,7 @@ def worker(
         "", help="Host name reported for jobs (default: FLEET_HOSTNAME or the machine's name)."
     ),
     concurrency: int = count_option(
-        0, low=0, help="Worker threads (default FLEET_WORKER_CONCURRENCY)."
+        WORKER_CONCURRENCY, low=0, help=f"Worker threads (0: {WORKER_CONCURRENCY})."
     ),
     loglevel: str = typer.Option("INFO", help="Celery log level."),
     control: bool = typer.Option(
@@ -59,13 +66,9 @@ def worker(
     from workers.runtime import install
 
     spec = family_spec(family.value)
-    settings = settings_with_redis().model_copy(
-        update={
-            "worker_family": family.value,
-            "worker_control_only": control,
-            **({"hostname": host} if host else {}),
-        }
-    )
+    settings = settings_with_redis()
+    if host:
+        settings = settings.model_copy(update={"hostname": host})
     host = settings.hostname
     try:
         queues = spec.worker_queues(host, control_only=control)
@@ -81,6 +84,9 @@ def worker(
         [
             *quiet,
             "worker",
+            "--family",
+            family.value,
+            *(["--control"] if control else []),
             "-n",
             spec.node_name(host, control_only=control),
             "-Q",
@@ -88,7 +94,7 @@ def worker(
             "--pool",
             "threads",
             "-c",
-            str(concurrency or settings.worker_concurrency),
+            str(concurrency or WORKER_CONCURRENCY),
             "-l",
             loglevel,
             "-E",
@@ -314,6 +320,13 @@ def api_bind_address(requested: str, token: str) -> str:
 def serve_api(
     host: str = typer.Option("", help="Bind address (default FLEET_API_HOST)."),
     port: int = count_option(0, low=0, high=65535, help="Port (default FLEET_API_PORT)."),
+    head_timeout: float = seconds_option(
+        HEAD_TIMEOUT_SECONDS,
+        "--head-timeout",
+        help="Seconds a client has to send a whole request head once it connects or its "
+        "previous answer was sent; then the connection is closed (0: "
+        f"{HEAD_TIMEOUT_SECONDS:g}).",
+    ),
 ) -> None:
     """Serve the HTTP API (FastAPI on uvicorn)."""
     import uvicorn
@@ -333,7 +346,7 @@ def serve_api(
         port=port,
         log_level="info",
         # A client that never finishes its request head is closed (slowloris).
-        http=head_timeout_protocol(settings.api_header_timeout_seconds),
+        http=head_timeout_protocol(head_timeout or HEAD_TIMEOUT_SECONDS),
         # uvicorn's own loggers propagate to the root handler (FLEET_LOG_FORMAT) instead of
         # getting a format of their own.
         log_config=None,
@@ -344,11 +357,12 @@ def serve_api(
 def beat(
     idle_seconds: float = seconds_option(
         0,
-        help="Auto-archive idle age (default FLEET_AUTO_ARCHIVE_IDLE_SECONDS; 0: off).",
+        help="Auto-archive sessions idle longer than this (0: the policy is off).",
     ),
     interval: float = seconds_option(
-        0,
-        help="Seconds between runs (default FLEET_AUTO_ARCHIVE_INTERVAL_SECONDS).",
+        AUTO_ARCHIVE_INTERVAL_SECONDS,
+        help="Seconds between two runs of the auto-archive policy "
+        f"(0: {AUTO_ARCHIVE_INTERVAL_SECONDS:g}).",
     ),
     schedule_file: str = typer.Option(
         "", help="Beat's schedule state file (default FLEET_STATE_DIR/celerybeat-schedule)."
@@ -356,7 +370,7 @@ def beat(
     loglevel: str = typer.Option("INFO", help="Celery log level."),
 ) -> None:
     """Run Celery beat: schedules the archive reconciler (archive.reconcile every
-    FLEET_RECONCILE_INTERVAL_SECONDS) and, when it is on, the auto-archive policy
+    FLEET_RECONCILE_INTERVAL_SECONDS, unless 0) and, when it is on, the auto-archive policy
     (archive.auto), both on the maintenance queue (run by reminder workers). Run one beat
     per fleet."""
     from pathlib import Path
@@ -365,11 +379,8 @@ def beat(
     from workers.beat import beat_schedule
 
     settings = settings_with_redis()
-    age = idle_seconds or settings.auto_archive_idle_seconds
-    every = interval or settings.auto_archive_interval_seconds
-    if every <= 0:
-        err.print(Text.assemble(("error", "red"), ": the auto-archive interval must be positive."))
-        raise typer.Exit(2)
+    age = idle_seconds
+    every = interval or AUTO_ARCHIVE_INTERVAL_SECONDS
     celery_app = create_app(settings)
     reconcile_every = settings.reconcile_interval_seconds
     celery_app.conf.beat_schedule = beat_schedule(age, every, reconcile_every)
@@ -381,8 +392,13 @@ def beat(
             "maintenance queue"
         )
     else:
-        console.print("beat: auto-archive is off (FLEET_AUTO_ARCHIVE_IDLE_SECONDS=0)")
-    console.print(f"beat: archive.reconcile every {reconcile_every:g}s on the maintenance queue")
+        console.print("beat: auto-archive is off (no --idle-seconds)")
+    if reconcile_every > 0:
+        console.print(
+            f"beat: archive.reconcile every {reconcile_every:g}s on the maintenance queue"
+        )
+    else:
+        console.print("beat: the reconciler is off (FLEET_RECONCILE_INTERVAL_SECONDS=0)")
     celery_app.start(["beat", "-s", str(path), "-l", loglevel])
 
 
@@ -430,8 +446,9 @@ def acp() -> None:
 
     from api.acp_stdio import main as acp_main
     from orchestrator.logs import configure as configure_logging
+    from orchestrator.settings import get_settings
 
-    configure_logging(level=logging.WARNING)
+    configure_logging(get_settings().log_format or None, level=logging.WARNING)
     acp_main()
 
 

@@ -19,7 +19,7 @@ constant time).
 
 Each event is ``id: <stream id>``, ``event: <type>``, ``data: <JSON>`` (``{"type", "sessionId",
 ...}``). The stream opens with the comment ``: connected`` and gets a comment ``: heartbeat``
-every ``FLEET_SSE_HEARTBEAT_SECONDS`` (15 s), which keeps proxies from closing it and lets the
+every ``HEARTBEAT_SECONDS`` (15 s), which keeps proxies from closing it and lets the
 server notice a client that left. Reads use ``redis.asyncio`` (``XREAD BLOCK``), one connection
 per stream, so an API process serves at most ``FLEET_API_MAX_EVENT_STREAMS`` (500) streams at
 once: one more answers 503 ``too_many_streams`` (``Retry-After``) before it touches Redis, and
@@ -72,6 +72,8 @@ SOCKET_TIMEOUT = 5.0
 MAX_BLOCK_MS = int((SOCKET_TIMEOUT - 2.0) * 1000)
 #: Line separator of the frames (``\n``, as the stream has always used).
 _SEP = "\n"
+#: Seconds between two heartbeat comments on an idle stream (``create_app`` may set another).
+HEARTBEAT_SECONDS = 15.0
 
 router = APIRouter(dependencies=AUTH, tags=["events"])
 
@@ -325,7 +327,7 @@ async def events(
         _stream(client, key, cursor, gap, sessionId, slot),
         background=BackgroundTask(release),
         headers={"Cache-Control": "no-cache"},
-        ping=settings.sse_heartbeat_seconds,
+        ping=request.app.state.sse_heartbeat_seconds,
         ping_message_factory=lambda: ServerSentEvent(comment="heartbeat", sep=_SEP),
         sep=_SEP,
     )

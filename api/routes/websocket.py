@@ -38,7 +38,9 @@ async def acp_socket(
     async def send(message: dict[str, Any]) -> None:
         await ws.send_text(encode_message(message))
 
-    conn = AcpConnection(send, store, dispatcher, shared_hub(store.url, store.keys.events))
+    conn = AcpConnection(
+        send, store, dispatcher, shared_hub(store.url, store.keys.events, store.sentinel)
+    )
     try:
         while True:
             frame = await ws.receive()

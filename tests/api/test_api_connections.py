@@ -3,8 +3,8 @@ over real sockets: ``GET /events`` streams (each holds a Redis connection) are c
 process by ``FLEET_API_MAX_EVENT_STREAMS``, one more answering 503 ``too_many_streams`` before
 it opens a Redis connection, so however many streams clients open, the process's Redis
 clients stay bounded and Redis's ``maxclients`` is never reached for the whole fleet; a
-connection that never finishes its request head (slowloris) is closed after
-``FLEET_API_HEADER_TIMEOUT_SECONDS``, while requests whose head came in full (a WebSocket, a
+connection that never finishes its request head (slowloris) is closed after ``fleet api
+--head-timeout`` seconds, while requests whose head came in full (a WebSocket, a
 stream) run on."""
 
 from __future__ import annotations
@@ -125,9 +125,7 @@ def _closed_within(sock: socket.socket, bound: float) -> float | None:
 
 def test_a_request_head_never_finished_is_closed_within_the_bound(tmp_path: Path) -> None:
     # Given the API with a 1 s request-head deadline
-    with api_process(
-        tmp_path / "api.log", FLEET_API_HEADER_TIMEOUT_SECONDS=str(HEAD_TIMEOUT)
-    ) as api:
+    with api_process(tmp_path / "api.log", args=["--head-timeout", str(HEAD_TIMEOUT)]) as api:
         # When a client sends part of a request line and then nothing
         partial = socket.create_connection(("127.0.0.1", api.port), timeout=10)
         partial.sendall(b"GET /sessions HTT")
@@ -151,9 +149,7 @@ def test_a_request_head_never_finished_is_closed_within_the_bound(tmp_path: Path
 
 
 def test_requests_whose_head_came_run_past_the_head_deadline(tmp_path: Path) -> None:
-    with api_process(
-        tmp_path / "api.log", FLEET_API_HEADER_TIMEOUT_SECONDS=str(HEAD_TIMEOUT)
-    ) as api:
+    with api_process(tmp_path / "api.log", args=["--head-timeout", str(HEAD_TIMEOUT)]) as api:
         # Given an /acp WebSocket and an event stream open for longer than the deadline
         stream, first = _open_stream(api)
         assert b": connected" in first, first

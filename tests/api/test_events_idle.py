@@ -32,7 +32,7 @@ def test_an_idle_event_stream_gets_heartbeats_and_no_store_warnings(
     comments: list[str] = []
     with (
         caplog.at_level(logging.WARNING),
-        rest_client(FLEET_SSE_HEARTBEAT_SECONDS=str(HEARTBEAT)) as client,
+        rest_client(sse_heartbeat_seconds=HEARTBEAT) as client,
         client.stream("GET", "/events", params={"sessionId": _idle_session(client)}) as resp,
     ):
         assert resp.status_code == 200

@@ -30,7 +30,7 @@ pytestmark = pytest.mark.timeout(120)
 
 @pytest.fixture(scope="module")
 def client() -> Iterator[TestClient]:
-    with rest_client(FLEET_SSE_HEARTBEAT_SECONDS="0.3") as c:
+    with rest_client(sse_heartbeat_seconds=0.3) as c:
         yield c
 
 
@@ -573,7 +573,7 @@ def _own_stream(store: Store) -> Iterator[tuple[TestClient, Store]]:
     prefix = f"{store.keys.prefix}gap-{uuid.uuid4().hex[:8]}:"
     own = Store(store.url, prefix)
     try:
-        with rest_client(FLEET_KEY_PREFIX=prefix, FLEET_SSE_HEARTBEAT_SECONDS="0.3") as c:
+        with rest_client(FLEET_KEY_PREFIX=prefix, sse_heartbeat_seconds=0.3) as c:
             yield c, own
     finally:
         own.close()
@@ -745,9 +745,8 @@ def server() -> Iterator[str]:
     port = sock.getsockname()[1]
     with pytest.MonkeyPatch.context() as mp:
         mp.delenv("FLEET_API_TOKEN", raising=False)
-        mp.setenv("FLEET_SSE_HEARTBEAT_SECONDS", "0.5")
         get_settings.cache_clear()
-        app = api.rest.create_app(FleetSettings())
+        app = api.rest.create_app(FleetSettings(), sse_heartbeat_seconds=0.5)
         config = uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=2)
         srv = uvicorn.Server(config)
         thread = threading.Thread(target=srv.run, kwargs={"sockets": [sock]}, daemon=True)

@@ -77,14 +77,13 @@ class PrivateFleet:
         return self.worker(family)
 
 
-def sweeping(stuck: float, every: float, **more: str) -> dict[str, str]:
-    """The environment of a fleet whose turn workers sweep every ``every`` s for turns stuck
-    ``stuck`` s, with the broker's redelivery of unacknowledged messages out of the way
-    (10 minutes), so that only the sweeper brings a lost step back; ``more`` on top."""
+def sweeping(stuck: float, **more: str) -> dict[str, str]:
+    """The environment of a fleet whose turn workers sweep for turns stuck ``stuck`` s (six
+    passes per ``stuck``), with the broker's redelivery of unacknowledged messages out of the
+    way (10 minutes), so that only the sweeper brings a lost step back; ``more`` on top."""
     return {
         "FLEET_VISIBILITY_TIMEOUT_SECONDS": "600",
         "FLEET_TURN_STUCK_SECONDS": str(stuck),
-        "FLEET_TURN_SWEEP_INTERVAL_SECONDS": str(every),
         **more,
     }
 

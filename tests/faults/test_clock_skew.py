@@ -58,7 +58,7 @@ def behind(
     """A reminder worker (it runs the reconciler loop every 0.5 s, grace 2 s) whose clock is an
     hour behind."""
     env = skew_env(tmp_path_factory.mktemp("skew"), -HOUR)
-    env.update({"FLEET_RECONCILE_LOOP_SECONDS": "0.5", "FLEET_RECONCILE_GRACE_SECONDS": "2"})
+    env.update({"FLEET_RECONCILE_INTERVAL_SECONDS": "0.5", "FLEET_RECONCILE_GRACE_SECONDS": "2"})
     with private_fleet(
         redis_url, key_prefix, tmp_path_factory, "clockskew", [Family.REMINDER], env
     ) as fleet:

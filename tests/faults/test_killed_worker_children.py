@@ -35,7 +35,7 @@ pytestmark = pytest.mark.timeout(180)
 def private(
     redis_url: str, key_prefix: str, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[PrivateFleet]:
-    env = sweeping(2, 0.5, FLEET_JOB_LEASE_SECONDS="2")
+    env = sweeping(2, FLEET_JOB_LEASE_SECONDS="2")
     families = [Family.TURN, Family.JOB]
     with private_fleet(redis_url, key_prefix, tmp_path_factory, "orphans", families, env) as fleet:
         yield fleet

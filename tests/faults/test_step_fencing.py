@@ -4,7 +4,7 @@ worker: once it resumes, its copy of the step lands nothing (fencing tokens,
 
 Each test runs turn workers of its own (run prefix + ``fencing:``) with a visibility timeout of
 10 minutes, so the frozen worker's unacknowledged step never comes back: the second copy is the
-sweeper's resume (``FLEET_TURN_STUCK_SECONDS=2``, a pass every 0.5 s). Two turn workers are up
+sweeper's resume (``FLEET_TURN_STUCK_SECONDS=2``, a pass every 2/6 s). Two turn workers are up
 before the turn starts (starting one inside the step's window would race it on a loaded
 machine); the one running the step is frozen with SIGSTOP by PID until the sweeper's copy began
 on the other (its lease of 5 s lapsed), then continued with SIGCONT. The next step outlasts
@@ -70,7 +70,6 @@ def fleet(
         extra_env={
             "FLEET_VISIBILITY_TIMEOUT_SECONDS": "600",
             "FLEET_TURN_STUCK_SECONDS": "2",
-            "FLEET_TURN_SWEEP_INTERVAL_SECONDS": "0.5",
         },
     )
     fleet.start([Family.TURN])

@@ -54,7 +54,7 @@ def private(
         "FLEET_VISIBILITY_TIMEOUT_SECONDS": "3",
         "FLEET_REMINDER_REFIRE_SECONDS": "3",
         # The reminder worker reconciles archives itself, every second, right away.
-        "FLEET_RECONCILE_LOOP_SECONDS": "1",
+        "FLEET_RECONCILE_INTERVAL_SECONDS": "1",
         "FLEET_RECONCILE_GRACE_SECONDS": "0",
     }
     families = [Family.TURN, Family.SUBAGENT, Family.REMINDER]

@@ -55,7 +55,7 @@ def kill_the_step(private: PrivateFleet, tid: str) -> None:
 def private(
     redis_url: str, key_prefix: str, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[PrivateFleet]:
-    env = sweeping(2, 0.5)
+    env = sweeping(2)
     with private_fleet(
         redis_url, key_prefix, tmp_path_factory, "sweeper", [Family.TURN], env
     ) as fleet:

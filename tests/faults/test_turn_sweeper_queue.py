@@ -2,7 +2,7 @@
 for a free turn thread is not lost, however long it waits; one whose message is gone is.
 
 The module runs one turn worker of its own (run prefix + ``sweepq:``) with one thread, so a
-``think`` step keeps every later step in the queue; its sweeper passes every 0.25 s and looks
+``think`` step keeps every later step in the queue; its sweeper passes every 1/6 s and looks
 at a turn after 1 s without progress (``FLEET_TURN_STUCK_SECONDS``), so a queued step is
 examined several times while it waits. The visibility timeout is 10 minutes, so kombu never
 hands a message back within a test."""
@@ -33,7 +33,7 @@ STUCK = 1.0
 def private(
     redis_url: str, key_prefix: str, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[PrivateFleet]:
-    env = sweeping(STUCK, 0.25)
+    env = sweeping(STUCK)
     with private_fleet(
         redis_url, key_prefix, tmp_path_factory, "sweepq", [Family.TURN], env, concurrency=1
     ) as fleet:
@@ -98,7 +98,7 @@ def test_a_step_queued_behind_a_busy_worker_is_never_resumed_or_failed_and_runs_
     sid, tid = a_queued_turn(private)
 
     # When it has waited past FLEET_TURN_STUCK_SECONDS, the worker's sweeper passing every
-    # 0.25 s, and a sweep runs here as well
+    # 1/6 s, and a sweep runs here as well
     wait_for(
         lambda: age_ms(store, tid) >= 2000 * STUCK or resumes(store, tid),
         15,

@@ -23,6 +23,7 @@ import redis
 from fastapi.testclient import TestClient
 from typer.testing import CliRunner
 
+import api.guards
 import api.rest
 from api.acp import MAX_MESSAGE
 from api.cli import app as cli_app
@@ -270,9 +271,9 @@ def small_cap() -> int:
 
 @pytest.fixture
 def capped(small_cap: int) -> Iterator[TestClient]:
-    """The app built with ``FLEET_API_MAX_BODY_BYTES`` set to ``small_cap``."""
-    settings = FleetSettings(api_token="", api_max_body_bytes=small_cap)
-    app = api.rest.create_app(settings, dispatcher=RecordingDispatcher())
+    """The app built with a body cap of ``small_cap`` bytes."""
+    settings = FleetSettings(api_token="")
+    app = api.rest.create_app(settings, dispatcher=RecordingDispatcher(), max_body_bytes=small_cap)
     with TestClient(app, raise_server_exceptions=False) as c:
         yield c
 
@@ -286,7 +287,7 @@ def _too_large(resp: httpx.Response, cap: int) -> None:
 
 
 def test_body_cap_default_is_one_mib(client: TestClient) -> None:
-    assert FleetSettings().api_max_body_bytes == 1_048_576
+    assert api.guards.MAX_BODY_BYTES == 1_048_576
     big = {"cwd": "/tmp/" + "a" * 1_048_576}
     _too_large(client.post("/sessions", json=big), 1_048_576)
 

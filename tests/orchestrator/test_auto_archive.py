@@ -193,16 +193,13 @@ def test_an_idle_subtree_is_archived_in_its_roots_transition(
     assert archive.unarchive(store, root) == 2
 
 
-def test_the_policy_is_off_at_zero(
-    store: Store, recorder: RecordingDispatcher, store_with: Any
-) -> None:
+def test_the_policy_is_off_at_zero(store: Store, recorder: RecordingDispatcher) -> None:
     with pytest.raises(InvalidParams) as caught:
         bulk.auto_archive(store, recorder, idle_seconds=0)
-    assert "FLEET_AUTO_ARCHIVE_IDLE_SECONDS" in caught.value.message
-    # The default comes from the store's settings, where it is off
-    off = store_with(auto_archive_idle_seconds=0)
+    assert "--idle-seconds" in caught.value.message
+    # Without an age it is off too
     with pytest.raises(InvalidParams):
-        bulk.auto_archive(off, recorder, cwd="/tmp/fleet-auto-off")
+        bulk.auto_archive(store, recorder, cwd="/tmp/fleet-auto-off")
 
 
 # --------------------------------------------------------------------------- scheduling
@@ -251,7 +248,7 @@ def test_fleet_archive_auto_dry_run_prints_what_would_be_archived(
     assert not any(read(store, sid).archived for sid in old)
     # Off without an age
     off = CliRunner().invoke(app, ["archive", "--auto", "--dry-run", "--cwd", cwd])
-    assert off.exit_code == 2 and "FLEET_AUTO_ARCHIVE_IDLE_SECONDS" in off.output
+    assert off.exit_code == 2 and "--idle-seconds" in off.output
     # And for real, with --json
     done = CliRunner().invoke(
         app, ["archive", "--auto", "--cwd", cwd, "--idle-seconds", "3600", "--json"]
@@ -286,14 +283,12 @@ def test_fleet_beat_sends_archive_auto_to_the_maintenance_queue(
         FLEET_REDIS_URL=redis_url,
         FLEET_KEY_PREFIX=prefix,
         FLEET_STATE_DIR=str(tmp_path),
-        FLEET_AUTO_ARCHIVE_IDLE_SECONDS="7200",
-        FLEET_AUTO_ARCHIVE_INTERVAL_SECONDS="0.5",
     )
     client = redis.Redis.from_url(redis_url, decode_responses=True)
     queue = f"{prefix}celery:{MAINTENANCE_QUEUE}"
     log = (tmp_path / "beat.log").open("wb")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "api.cli", "beat"],
+        [sys.executable, "-m", "api.cli", "beat", "--idle-seconds", "7200", "--interval", "0.5"],
         env=env,
         stdout=log,
         stderr=subprocess.STDOUT,

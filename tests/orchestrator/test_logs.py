@@ -106,19 +106,14 @@ def test_the_format_is_the_configured_one_else_text_on_a_terminal(
     assert resolve_format(value, stream) == expected
 
 
-def test_configure_reads_fleet_log_format_and_replaces_its_own_handler(
-    monkeypatch: pytest.MonkeyPatch, root_handlers: None
+def test_configure_takes_the_format_given_and_replaces_its_own_handler(
+    root_handlers: None,
 ) -> None:
-    # Given FLEET_LOG_FORMAT=json and a terminal stream
-    monkeypatch.setenv("FLEET_LOG_FORMAT", "json")
-    get_settings.cache_clear()
-    try:
-        first, second = _Tty(), _Tty()
-        configure(stream=first)
-        # When it is configured a second time
-        handler = configure(stream=second)
-    finally:
-        get_settings.cache_clear()
+    # Given the json format (as FLEET_LOG_FORMAT=json passes it) and a terminal stream
+    first, second = _Tty(), _Tty()
+    configure("json", stream=first)
+    # When it is configured a second time
+    handler = configure("json", stream=second)
     # Then only the second handler is installed, and it writes JSON despite the terminal
     assert sum(1 for h in logging.getLogger().handlers if getattr(h, "_fleet_handler", 0)) == 1
     logging.getLogger("orchestrator.test").info("hi", extra={"session_id": "sess_9"})

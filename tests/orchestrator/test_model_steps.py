@@ -6,12 +6,12 @@ from __future__ import annotations
 import json
 import threading
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 
-from orchestrator import sessions, turns
+from orchestrator import sessions, tools, turns
 from orchestrator.model import Emit, Role, StepAnswer, StepRequest, StopReason, ToolCall, Usage
-from orchestrator.settings import get_settings
 from orchestrator.store import Store
 from tests.helpers import RecordingDispatcher, wait_for
 from tests.orchestrator.support import run_turn
@@ -56,15 +56,11 @@ def test_the_model_ends_the_turn_with_its_stop_reason(
 
 
 def test_a_turn_that_never_ends_stops_at_the_step_limit(
-    store: Store, recorder: RecordingDispatcher, sid: str, monkeypatch: pytest.MonkeyPatch
+    store: Store, recorder: RecordingDispatcher, sid: str, store_with: Any
 ) -> None:
-    monkeypatch.setenv("FLEET_MAX_TURN_REQUESTS", "4")
-    get_settings.cache_clear()
-    try:
-        model = FakeModel(lambda r, c, emit: StepAnswer(stop=None))
-        tid = run_turn(store, recorder, sid, model)
-    finally:
-        get_settings.cache_clear()
+    bounded = store_with(max_turn_requests=4)
+    model = FakeModel(lambda r, c, emit: StepAnswer(stop=None))
+    tid = run_turn(bounded, recorder, sid, model)
 
     turn = turns.get_turn(store, tid)
     assert turn is not None
@@ -155,7 +151,7 @@ def test_a_shell_commands_output_is_cut_to_its_bound(
     [result] = _tool_results(store, sid)
     text = str(result["content"][0]["content"]["text"])  # type: ignore[index]
     assert result["status"] == "completed"
-    keep = get_settings().tool_output_max_bytes
+    keep = tools.OUTPUT_MAX_BYTES
     assert text.splitlines()[1:] == [
         "a" * keep,
         f"(output cut to its first {keep} of 100000 bytes)",
@@ -194,10 +190,10 @@ def test_a_model_that_breaks_fails_its_turn_once_with_what_broke(
 
 
 def test_the_text_of_a_step_is_cut_at_its_bound_and_fails_the_turn(
-    store: Store, recorder: RecordingDispatcher, sid: str, monkeypatch: pytest.MonkeyPatch
+    store: Store, recorder: RecordingDispatcher, sid: str, store_with: Any
 ) -> None:
     # Given a bound of 10 bytes of text a step and a model saying 4 bytes at a time, forever
-    monkeypatch.setattr(get_settings(), "model_text_max_bytes", 10)
+    bounded = store_with(model_text_max_bytes=10)
     said: list[str] = []
 
     def endless(r: StepRequest, c: threading.Event, emit: Emit) -> StepAnswer:
@@ -205,7 +201,7 @@ def test_the_text_of_a_step_is_cut_at_its_bound_and_fails_the_turn(
             emit("\u00e9\u00e9")  # 4 bytes of UTF-8
             said.append("\u00e9\u00e9")
 
-    tid = run_turn(store, recorder, sid, FakeModel(endless))
+    tid = run_turn(bounded, recorder, sid, FakeModel(endless))
 
     # Then what landed is the first 10 bytes (whole characters) and the turn failed saying so
     assert len(said) == 2

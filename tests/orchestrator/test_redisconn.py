@@ -38,14 +38,22 @@ def test_broker_transport_and_options_follow_the_url() -> None:
     assert is_sentinel(url) and not is_sentinel("redis://h:6379/0")
     assert broker_transport(url) == "workers.broker:SentinelTransport"
     assert broker_transport("redis://h:6379/0") == "workers.broker:Transport"
-    settings = FleetSettings(
-        redis_url=url, redis_sentinel_master="fm", redis_sentinel_password="pw"
-    )
+    settings = FleetSettings(redis_url=url, redis_sentinel_master="fm", redis_sentinel_auth="pw")
     options = sentinel_transport_options(url, settings)
     assert options["master_name"] == "fm"
     assert options["sentinel_kwargs"]["password"] == "pw"
     assert sentinel_transport_options("redis://h:6379/0", settings) == {}
     assert SentinelOptions.from_settings(settings).master == "fm"
+
+
+@pytest.mark.parametrize(
+    ("auth", "user", "password"),
+    [("", "", ""), ("pw", "", "pw"), ("u:pw", "u", "pw"), (":p:w", "", "p:w")],
+)
+def test_the_sentinel_credentials_are_one_setting(auth: str, user: str, password: str) -> None:
+    given = FleetSettings(redis_url="sentinel://h1:26379", redis_sentinel_auth=auth)
+    options = SentinelOptions.from_settings(given)
+    assert (options.username, options.password) == (user, password)
 
 
 @pytest.mark.parametrize(

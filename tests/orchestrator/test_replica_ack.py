@@ -57,10 +57,9 @@ def test_no_replica_required_writes_without_waiting(
     assert archive.archive(store, recorder, sid).outcome == "archived"
 
 
-def test_rest_answers_503_write_unconfirmed(store: Store, cwd: str) -> None:
+def test_rest_answers_503_write_unconfirmed(store: Store, strict: Store, cwd: str) -> None:
     sid = sessions.create_session(store, cwd).session_id
-    required = {"FLEET_REDIS_MIN_REPLICAS_ACK": "1", "FLEET_REDIS_REPLICA_ACK_TIMEOUT_MS": "20"}
-    with rest_client(allowed_5xx=("/sessions/",), **required) as client:
+    with rest_client(allowed_5xx=("/sessions/",), store=strict) as client:
         resp = client.post(f"/sessions/{sid}/archive")
         assert resp.status_code == 503, resp.text
         error = resp.json()["error"]

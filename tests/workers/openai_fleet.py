@@ -37,8 +37,8 @@ def openai_fleet(
     ``max_steps`` steps a turn, ``retries`` retries a request; ``env`` on top)."""
     env = {
         "FLEET_MODEL": "openai",
-        "FLEET_OPENAI_BASE_URL": server.base_url,
-        "FLEET_OPENAI_API_KEY": "test-key",
+        "OPENAI_BASE_URL": server.base_url,
+        "OPENAI_API_KEY": "test-key",
         "FLEET_OPENAI_MODEL": "plain",
         "FLEET_OPENAI_MAX_RETRIES": str(retries),
         "FLEET_MAX_TURN_REQUESTS": str(max_steps),

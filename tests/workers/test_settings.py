@@ -47,10 +47,7 @@ def test_the_runtime_is_built_from_the_installed_settings_not_the_environment(
     redis_url: str, monkeypatch: pytest.MonkeyPatch, fresh_runtime: None
 ) -> None:
     monkeypatch.setenv("FLEET_HOSTNAME", "from-the-environment")
-    monkeypatch.setenv("FLEET_WORKER_FAMILY", "turn")
-    settings = FleetSettings(
-        redis_url=redis_url, key_prefix="installed:", hostname="h1", worker_family="job"
-    )
+    settings = FleetSettings(redis_url=redis_url, key_prefix="installed:", hostname="h1")
     workers.runtime.install(settings, create_app(settings))
     rt = workers.runtime.get_runtime()
     try:

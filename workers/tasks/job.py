@@ -10,13 +10,13 @@ from celery.signals import worker_ready, worker_shutdown
 
 from orchestrator import activity, jobstops
 from workers.bulk import STOP_THREADS, each_session
-from workers.runtime import get_runtime, supervisor
+from workers.runtime import get_runtime, role, supervisor
 
 log = logging.getLogger(__name__)
 
 
 def _is_job_worker() -> bool:
-    return get_runtime().settings.worker_family == "job"
+    return role().family == "job"
 
 
 @worker_ready.connect

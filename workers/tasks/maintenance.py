@@ -23,13 +23,12 @@ _LISTED = 100
 
 @shared_task(name="archive.auto", acks_late=True)
 def auto(idle_seconds: float | None = None, cwd: str | None = None) -> dict[str, Any]:
-    """Archive sessions idle longer than ``idle_seconds`` (default: this worker's
-    ``FLEET_AUTO_ARCHIVE_IDLE_SECONDS``) with no live work; ``cwd`` narrows the run to one
+    """Archive sessions idle longer than ``idle_seconds`` (``fleet beat`` passes its
+    ``--idle-seconds``; none: the run is off) with no live work; ``cwd`` narrows the run to one
     directory. Overlapping runs are harmless: each session is checked and written atomically."""
     rt = get_runtime()
     try:
-        age = rt.settings.auto_archive_idle_seconds if idle_seconds is None else idle_seconds
-        result = bulk.auto_archive(rt.store, rt.dispatcher, idle_seconds=age, cwd=cwd)
+        result = bulk.auto_archive(rt.store, rt.dispatcher, idle_seconds=idle_seconds, cwd=cwd)
     except InvalidParams as exc:
         log.info("auto-archive skipped: %s", exc.message)
         return {"outcome": "off", "message": exc.message}
@@ -46,11 +45,11 @@ def reconcile_archives(interval_seconds: float | None = None) -> dict[str, Any]:
     return _reconcile(get_runtime(), interval_seconds).to_wire()
 
 
-@every("reminder", "archive-reconciler", lambda s: s.reconcile_loop_seconds)
+@every("reminder", "archive-reconciler", lambda s: s.reconcile_interval_seconds)
 def reconcile_loop(rt: Runtime) -> None:
     """The reconciler as a loop of every reminder worker, so an archive whose stops were lost
-    converges with no scheduler deployed (``FLEET_RECONCILE_LOOP_SECONDS``; 0 leaves it to
-    ``fleet beat``)."""
+    converges with no scheduler deployed (every ``FLEET_RECONCILE_INTERVAL_SECONDS``; 0: no
+    loop)."""
     _reconcile(rt, None)
 
 
@@ -61,8 +60,7 @@ def _reconcile(rt: Runtime, interval_seconds: float | None) -> reconcile.Report:
         rt.store,
         rt.dispatcher,
         grace_seconds=settings.reconcile_grace_seconds,
-        max_attempts=settings.reconcile_max_attempts,
-        backoff_seconds=10 * interval,
+        backoff_seconds=reconcile.hazard_backoff_seconds(interval),
     )
     if report.restopped or report.cleared:
         log.info(

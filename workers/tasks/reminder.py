@@ -16,8 +16,11 @@ from workers.runtime import Runtime, get_runtime
 
 log = logging.getLogger(__name__)
 
+#: Seconds between two polls of the reminder poller (a due reminder fires at most this late).
+POLL_SECONDS = 0.2
 
-@every("reminder", "reminder-poller", lambda s: s.reminder_poll_seconds)
+
+@every("reminder", "reminder-poller", lambda _: POLL_SECONDS)
 def poll_reminders(rt: Runtime) -> None:
     """Claim due reminders (and those whose fire was not confirmed) and send their fires."""
     reminders.poll_once(rt.store, rt.dispatcher)

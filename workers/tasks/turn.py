@@ -11,14 +11,14 @@ from celery.signals import worker_ready, worker_shutdown
 
 from orchestrator import activity, execwatch, steps, tools, turns
 from workers.bulk import each_session
-from workers.runtime import get_runtime
+from workers.runtime import get_runtime, role
 
 log = logging.getLogger(__name__)
 
 
 def _runs_steps() -> bool:
-    settings = get_runtime().settings
-    return settings.worker_family == "turn" and not settings.worker_control_only
+    served = role()
+    return served.family == "turn" and not served.control_only
 
 
 @worker_ready.connect
