@@ -10,10 +10,9 @@ A stop (``cancel``) shuts the request's socket down at once, at any point of the
 connecting, waiting for the response's headers or reading its stream, so the server sees the
 connection close and the step's thread is free. The client's network backend (``_Backend``)
 hands every socket it opens for a request to that request's ``_Abort`` before connecting it;
-the step's ``Cancel`` (``orchestrator/model.py``) calls ``_Abort.fire`` when it is set. A
-request's connection is its own (no keep-alive pool): a stop never reaches another step's
-request. Only a name lookup (``getaddrinfo``) cannot be cut short: a stop during one ends the
-request when it returns. Before each request it sends, the step's ``may_send`` reads the
+the step's ``Cancel`` (``orchestrator/model.py``) calls ``_Abort.fire`` when it is set. Each
+request has its own connection (no keep-alive pool). Only a name lookup (``getaddrinfo``)
+cannot be cut short: a stop during one ends the request when it returns. Before each request it sends, the step's ``may_send`` reads the
 store, so no request (first or retry) starts once a stop has committed.
 
 The answer is untrusted input: a stream the SDK cannot decode (``data: {not json``, a chunk
@@ -23,10 +22,9 @@ and arguments pass ``max_call_bytes`` (``model.TOOL_CALL_MAX_BYTES``), or more t
 than ``max_calls`` (``model.MAX_TOOL_CALLS``), stop the request there (the runtime answers the
 over-long call with a tool error, ``orchestrator/toolbox.py``; too many calls fail the turn).
 
-A 429, a 5xx or a connection error before any text was streamed is tried again, at most
-``FLEET_OPENAI_MAX_RETRIES`` times, with exponential back-off (tenacity) that a stop cuts
-short. Any other error status raises ``ModelError`` with the provider's message (the turn ends
-``failed``).
+A 429, a 5xx or a connection error before any text was streamed is tried again (at most
+``FLEET_OPENAI_MAX_RETRIES`` times, exponential back-off a stop cuts short); any other error
+status raises ``ModelError`` with the provider's message (the turn ends ``failed``).
 """
 
 from __future__ import annotations

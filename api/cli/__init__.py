@@ -21,7 +21,7 @@ from typing import Any
 
 from api.cli import archive, bulk, ops, processes, sessions, turns
 from api.cli.common import app
-from api.cli.processes import api_bind_address
+from api.cli.listen import api_bind_address
 
 __all__ = [
     "app",

@@ -12,6 +12,16 @@ import typer
 
 from orchestrator.settings import MAX_SECONDS
 
+#: Seconds between a worker's ``worker-heartbeat`` events (Flower's liveness of a worker).
+EVENT_HEARTBEAT_SECONDS = 10
+#: Threads of a family worker (``fleet worker --concurrency``).
+WORKER_CONCURRENCY = 8
+#: Seconds between two runs of ``archive.auto`` in ``fleet beat``'s schedule (``--interval``).
+AUTO_ARCHIVE_INTERVAL_SECONDS = 300.0
+#: Seconds a client of ``fleet api`` has to send a whole request head once it connects or its
+#: previous answer was sent (``--head-timeout``); then the connection is closed (slowloris).
+HEAD_TIMEOUT_SECONDS = 10.0
+
 _DECIMAL = re.compile(r"[0-9]+(\.[0-9]*)?|\.[0-9]+")
 
 

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import errno
 import os
 import signal
 import socket
@@ -25,17 +24,15 @@ from api.cli.common import (
     settings_with_redis,
     usage,
 )
-from api.cli.params import count_option, seconds_option
-
-#: Seconds between a worker's ``worker-heartbeat`` events (Flower's liveness of a worker).
-EVENT_HEARTBEAT_SECONDS = 10
-#: Threads of a family worker (``fleet worker --concurrency``).
-WORKER_CONCURRENCY = 8
-#: Seconds between two runs of ``archive.auto`` in ``fleet beat``'s schedule (``--interval``).
-AUTO_ARCHIVE_INTERVAL_SECONDS = 300.0
-#: Seconds a client of ``fleet api`` has to send a whole request head once it connects or its
-#: previous answer was sent (``--head-timeout``); then the connection is closed (slowloris).
-HEAD_TIMEOUT_SECONDS = 10.0
+from api.cli.listen import api_bind_address, api_host, free_to_listen
+from api.cli.params import (
+    AUTO_ARCHIVE_INTERVAL_SECONDS,
+    EVENT_HEARTBEAT_SECONDS,
+    HEAD_TIMEOUT_SECONDS,
+    WORKER_CONCURRENCY,
+    count_option,
+    seconds_option,
+)
 
 
 @app.command()
@@ -142,7 +139,7 @@ def up(
     configure_logging(settings.log_format or None)
     _refuse_a_second_up(settings.state_dir)
     if api:  # before anything starts: its API could not serve, and would be restarted
-        bind = _api_host(settings.api_host, settings.api_token)
+        bind = api_host(settings.api_host, settings.api_token)
         free_to_listen(bind, settings.api_port, "set FLEET_API_PORT to another (or --no-api)")
     try:
         url, embedded = resolve_redis_url(settings)
@@ -271,49 +268,6 @@ def _restart_dead(fleet: Any, api_proc: Any) -> Any:
             )
         )
     return api_proc
-
-
-def _api_host(requested: str, token: str) -> str:
-    """The address the API binds for ``requested``: itself with a token or on loopback, else
-    127.0.0.1 (``api_bind_address`` says why)."""
-    return requested if token or requested in LOOPBACK else "127.0.0.1"
-
-
-def free_to_listen(host: str, port: int, hint: str) -> None:
-    """Return if ``port`` on ``host`` can be listened on now, bound as uvicorn binds it (every
-    address the host resolves to, with ``SO_REUSEADDR``); else stop with a usage error (exit
-    2) saying so, ``hint`` telling what to change. Without it, uvicorn logs the bind error
-    and exits 3, after the application was built."""
-    try:
-        found = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
-    except socket.gaierror as exc:
-        usage(f"cannot listen on {host}: {exc.strerror}.")
-    for family, kind, proto, _name, address in found:
-        with socket.socket(family, kind, proto) as sock:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            if family == socket.AF_INET6:  # as asyncio binds it: not the IPv4 port too
-                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
-            try:
-                sock.bind(address)
-            except OSError as exc:
-                if exc.errno == errno.EADDRINUSE:
-                    usage(f"port {port} on {host} is in use: stop what listens there, or {hint}.")
-                usage(f"cannot listen on {host} port {port}: {exc.strerror or exc}.")
-
-
-def api_bind_address(requested: str, token: str) -> str:
-    """The address the API may bind: any with a token configured; loopback only without one
-    (said on stderr, since anyone who can reach the port could archive sessions)."""
-    if _api_host(requested, token) == requested:
-        return requested
-    err.print(
-        Text(
-            f"FLEET_API_TOKEN is not set: binding to 127.0.0.1 instead of {requested}. "
-            "Set a token to serve the API beyond this machine.",
-            "yellow",
-        )
-    )
-    return "127.0.0.1"
 
 
 @app.command("api")
