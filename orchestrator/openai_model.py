@@ -12,8 +12,8 @@ connection close and the step's thread is free. The client's network backend (``
 hands every socket it opens for a request to that request's ``_Abort`` before connecting it;
 the step's ``Cancel`` (``orchestrator/model.py``) calls ``_Abort.fire`` when it is set. Each
 request has its own connection (no keep-alive pool). Only a name lookup (``getaddrinfo``)
-cannot be cut short: a stop during one ends the request when it returns. Before each request it sends, the step's ``may_send`` reads the
-store, so no request (first or retry) starts once a stop has committed.
+cannot be cut short: a stop during one ends the request when it returns. Before each request
+it sends, the step's ``may_send`` reads the store: no request starts once a stop committed.
 
 The answer is untrusted input: a stream the SDK cannot decode (``data: {not json``, a chunk
 nested too deep) or whose chunks are not of the shapes Chat Completions sends ends the step
