@@ -38,19 +38,17 @@ SMALL = 10_000
 def seed(store: Any, count: int, cwd: str, *, archive_half: bool, batch: int = 2000) -> None:
     """``count`` sessions in ``cwd``, pipelined ``batch`` at a time: one session in ten a
     subagent of the session before it; with ``archive_half`` every second one archived."""
-    from orchestrator import audit, events, metrics
+    from orchestrator.archive import ArchiveRun
     from orchestrator.sessions import cwd_hash
     from orchestrator.store import iso, new_id, now_ms
 
     create = store.script("create_session")
     arc = store.script("archive")
-    recorder = audit.script_recorder(
-        store,
-        "archive",
-        {},
-        metric=store.keys.metric(metrics.ARCHIVES.name),
-        eventsMax=events.STREAM_MAXLEN,
-    )
+    # What a single archive's script is given (archive.archive), without a dispatcher: an
+    # archive without stopActivity sends nothing.
+    recorder = ArchiveRun(
+        store, None, stop=False, dry=False, describe_refused=True, action="archive", single=True
+    ).in_script_record()
     h = cwd_hash(cwd)
     made = 0
     while made < count:
@@ -70,7 +68,8 @@ def seed(store: Any, count: int, cwd: str, *, archive_half: bool, batch: int = 2
             for sid in ids[::2]:
                 arc(
                     keys=[],
-                    args=[store.keys.prefix, sid, "0", "", new_id("arc"), recorder, ""],
+                    args=[store.keys.prefix, "0", "0", "", new_id("arc"), "", "0", recorder]
+                    + ["", sid],
                     client=pipe,
                 )
         pipe.execute()

@@ -1,5 +1,9 @@
 """Archive and unarchive: the archive never hides running work.
 
+One transition archives one session or many: ``ArchiveRun`` drives ``scripts/archive.lua``
+over a batch of sessions; ``archive`` runs it for a batch of one, ``bulk.bulk_archive`` and
+``bulk.auto_archive`` for many (``docs/decisions/one-archive-transition.md``).
+
 - Without ``stop_activity`` a session with live work is refused with ``SessionActive``
   carrying every live item. The check and the write are one Lua script, so no work can start
   unseen between them.
@@ -31,6 +35,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -38,11 +43,12 @@ from typing import Any
 from orchestrator import audit, bookkeeping, events, metrics
 from orchestrator.activity import (
     ActivityItem,
-    census,
+    census_many,
     census_of_rows,
     mark_quiet,
     merge_items,
 )
+from orchestrator.bulk_result import BulkItem
 from orchestrator.errors import (
     ActivityChanged,
     AncestorArchived,
@@ -51,8 +57,8 @@ from orchestrator.errors import (
     SessionNotFound,
 )
 from orchestrator.families import Dispatcher
-from orchestrator.sessions import check_session_id
-from orchestrator.stops import StopReport, dispatch_stops
+from orchestrator.sessions import SESSION_ID_RE, check_session_id
+from orchestrator.stops import StopReport, dispatch_stops, dispatch_stops_many
 from orchestrator.store import Store, new_id
 from orchestrator.turns import CANCELLED_BY_ARCHIVE, stopped_by_archive
 
@@ -60,7 +66,7 @@ log = logging.getLogger(__name__)
 
 #: How often a refusal is re-checked when the census found nothing (the work ended between
 #: the atomic check and the census read).
-_REFUSAL_RECHECKS = 3
+REFUSAL_RECHECKS = 3
 #: The most items a confirmation may name (a census is far smaller; this bounds the input).
 MAX_CONFIRMED = 10_000
 
@@ -69,6 +75,30 @@ Confirmed = list[tuple[str, str]]
 #: Runs a piece of best-effort bookkeeping later, off the caller's path: given a function
 #: that queues its writes on a redis-py pipeline (``bookkeeping.Bookkeeper.submit``).
 Defer = Callable[[bookkeeping.Fill], object]
+
+#: ``archive.lua``'s outcomes as the audit trail and ``fleet_archives`` name them, for those
+#: the script records itself.
+_FROM_SCRIPT = {
+    "archived": "archived",
+    "already": "already_archived",
+    "not_found": "not_found",
+    "skipped": "skipped",
+}
+#: ``archive.lua``'s one-letter outcomes (upper case: the subtree has live work).
+_CODES = {
+    "a": "archived",
+    "l": "already_archived",
+    "n": "not_found",
+    "s": "skipped",
+    "x": "active",
+    "c": "changed",
+}
+#: Outcomes whose busy sessions the census reads after the write, with ``stopActivity``.
+_STOPPED = frozenset({"archived", "already_archived"})
+
+#: Outcomes ``archive.lua`` records (audit entry and count) in the script that writes them,
+#: so they commit with it; the others (refusals) are recorded afterwards.
+_RECORDED_IN_SCRIPT = frozenset({"archived", "already_archived", "skipped"})
 
 
 @dataclass
@@ -100,6 +130,270 @@ class ArchiveResult:
         }
 
 
+@dataclass
+class ArchiveRun:
+    """The archive transition of a list of sessions, one ``archive.lua`` batch at a time: what
+    a single archive (a batch of one) and a bulk archive share. ``batch`` writes a batch and
+    answers one ``BulkItem`` per session; ``finish`` then sends the stops of its busy
+    sessions and records its refusals.
+
+    What differs per call: ``single`` (a single archive) sends one stop message per family of
+    its session (``dispatch_stops``) instead of one per family for the whole batch
+    (``dispatch_stops_many``), and has its script write its audit entries straight into the
+    trails instead of holding them in the batch's hash; ``binding`` (a single archive with
+    confirmed items) refuses a session with live work beyond it; ``defer`` writes the stop
+    bookkeeping off the caller's path."""
+
+    store: Store
+    dispatcher: Dispatcher
+    stop: bool
+    dry: bool
+    describe_refused: bool
+    action: str
+    #: Outcomes counted and added to the audit trail (the auto policy records only what it
+    #: archived: a busy session would otherwise be recorded as refused on every run).
+    recorded: tuple[str, ...] = ("archived", "already_archived", "refused")
+    idle_before: int | None = None
+    with_unarchive: bool = False
+    #: '' or the JSON array of 'family:id' strings the user confirmed stopping.
+    binding: str = ""
+    #: What the turns it stops record as ``cancelledBy``.
+    cause: str = CANCELLED_BY_ARCHIVE
+    single: bool = False
+    defer: Defer | None = None
+    virtual: set[str] = field(default_factory=set)
+    report: StopReport = field(default_factory=StopReport)
+    #: sid -> (sessions its transition archived, the transition it is archived by), for the
+    #: sessions the script described (every one of a batch of one).
+    answers: dict[str, tuple[int, str]] = field(default_factory=dict)
+    #: sid -> the items stop requests were sent for.
+    stopped: dict[str, list[ActivityItem]] = field(default_factory=dict)
+    #: Sessions refused because live work went beyond ``binding``.
+    changed: set[str] = field(default_factory=set)
+
+    def script(self, ids: list[str]) -> tuple[str, list[Any]]:
+        argv: list[Any] = [
+            "1" if self.stop else "0",
+            "1" if self.dry else "0",
+            "",  # the script reads the server's clock: its times are its commit's, no TIME trip
+            new_id("arc"),
+            "" if self.idle_before is None else self.idle_before,
+            "1" if self.with_unarchive else "0",
+            self.in_script_record(),
+            self.binding,
+            *ids,
+        ]
+        codes, extras = self.store.run("archive", argv, durable=not self.dry)
+        return str(codes), list(extras)
+
+    def in_script_record(self) -> str:
+        """What ``archive.lua`` records with the batch it writes (JSON): the audit entry and
+        the ``fleet_archives`` count of each session it archives or finds archived (``straight``
+        into the trails for a single archive), and with ``stopActivity`` the quiet histogram it
+        observes."""
+        extra: dict[str, Any] = {"straight": True} if self.single else {}
+        if self.stop:
+            histogram = metrics.ARCHIVE_QUIET
+            bounds = [*histogram.buckets]
+            extra["quiet"] = {
+                "key": self.store.keys.metric(histogram.name),
+                "bounds": bounds,
+                "fields": [metrics.bucket_field(b) for b in bounds] + ["le=+Inf"],
+            }
+        return audit.script_recorder(
+            self.store,
+            self.action,
+            {"stopActivity": self.stop},
+            outcomes={
+                script: wire
+                for script, wire in _FROM_SCRIPT.items()
+                if wire in self.recorded and wire in _RECORDED_IN_SCRIPT
+            },
+            metric=self.store.keys.metric(metrics.ARCHIVES.name),
+            eventsMax=events.STREAM_MAXLEN,
+            cancelledBy=self.cause,
+            **extra,
+        )
+
+    def batch(self, ids: list[str]) -> tuple[list[BulkItem], Callable[[], None]]:
+        """Write one batch; returns its items in the order of ``ids`` and what is left to do
+        once it is written: read the census of its busy sessions, send their stops and record
+        the batch (``finish``, which a bulk runs while the next batch is written)."""
+        done: dict[str, BulkItem] = {}
+        pending: list[str] = []
+        for sid in ids:
+            if not SESSION_ID_RE.fullmatch(sid):
+                done[sid] = BulkItem(sid, "not_found")
+            elif sid in self.virtual:  # a dry run archived it with an earlier batch's ancestor
+                done[sid] = BulkItem(sid, "already_archived")
+            else:
+                pending.append(sid)
+        busy: dict[str, list[Any]] = {}
+        flipped: dict[str, list[ActivityItem]] = {}
+        for attempt in range(REFUSAL_RECHECKS):
+            if not pending:
+                break
+            active: list[str] = []
+            codes, extras = self.script(pending)
+            rows: dict[str, list[Any]] = {}
+            for pos in range(0, len(extras), 6):
+                sid = pending[int(extras[pos]) - 1]
+                self.virtual.update(map(str, extras[pos + 1]))
+                if extras[pos + 2]:  # stopped (and their events emitted) by the script itself
+                    flipped[sid] = stopped_by_archive(
+                        self.store, sid, list(extras[pos + 2]), publish=False
+                    )
+                rows[sid] = list(extras[pos + 3])
+                self.answers[sid] = (int(extras[pos + 4]), str(extras[pos + 5]))
+            for sid, code in zip(pending, str(codes), strict=True):
+                outcome = _CODES[code.lower()]
+                if outcome in ("active", "changed"):
+                    active.append(sid)
+                    continue
+                done[sid] = BulkItem(sid, outcome)
+                if code.isupper() and self.stop and outcome in _STOPPED and not self.dry:
+                    busy[sid] = rows[sid]
+            pending = []
+            if not active:
+                break
+            if not self.describe_refused:
+                done.update((sid, BulkItem(sid, "refused")) for sid in active)
+                break
+            last = attempt == REFUSAL_RECHECKS - 1
+            found = census_many(
+                self.store, active, None if self.dry else self.dispatcher, settle=not self.dry
+            )
+            for sid in active:
+                if self.binding:
+                    refused = _unconfirmed(found[sid], self.binding)
+                else:
+                    refused = bool(found[sid])
+                if refused or last:
+                    done[sid] = BulkItem(sid, "refused", found[sid])
+                    if self.binding:
+                        self.changed.add(sid)
+                else:
+                    pending.append(sid)  # the work ended meanwhile: try the archive again
+        items = [done[sid] for sid in ids]
+        return items, lambda: self.finish(items, busy, flipped)
+
+    def finish(
+        self,
+        items: list[BulkItem],
+        busy: dict[str, list[Any]],
+        flipped: dict[str, list[ActivityItem]],
+    ) -> None:
+        """After a batch's write: stop the live work of its ``busy`` sessions (sid -> the
+        census rows its script read right after the write, in the same atomic step: anything
+        that started before the write is in them, anything after it is refused by the gate,
+        and work created after an unarchive that came since is not; ``flipped``: the turns its
+        script stopped), then record its refusals. A busy session whose census finds nothing
+        once stale records are settled is recorded quiet here (the script records the others).
+        Every session the batch archived, descendants included, already got its event (ACP's
+        session_info_update) from the script."""
+        if self.dry:
+            return
+        if busy:
+            stops = {
+                sid: census_of_rows(self.store, sid, flat, self.dispatcher)
+                for sid, flat in busy.items()
+            }
+            for sid, items_ in stops.items():
+                if not items_:
+                    mark_quiet(self.store, sid)
+            for sid, stopped in flipped.items():
+                stops[sid] = merge_items(stopped, stops.get(sid, []))
+            sent = {sid: found for sid, found in stops.items() if found}
+            self.stopped.update(sent)
+            self.send_stops(sent)
+        self.record(items)
+
+    def send_stops(self, sent: dict[str, list[ActivityItem]]) -> None:
+        """Send the stops of ``sent`` (sid -> items), then count them and add to the audit
+        trail, per session, what was sent as a ``stop`` entry (outcome ``sent``, or
+        ``partial`` when a family's dispatch failed; detail ``{stopped, families,
+        stopFailures}``), both in one pipelined round trip (best effort, like the fan-out: a
+        failure is logged; ``bookkeeping.write``), through ``defer`` when given. The entry's
+        time is when it is written (the server's clock), so it sorts by time as by id with the
+        entries around it."""
+        if not sent:
+            return
+        if self.single:
+            counts: list[tuple[metrics.Counter, tuple[str, ...], int]] = []
+            failed: list[tuple[str, str]] = []
+            for sid, found in sent.items():
+                report = dispatch_stops(self.dispatcher, sid, found)
+                counts.extend(report.counts)
+                failed.extend(report.failed)
+                for family, n in report.sent.items():
+                    self.report.sent[family] = self.report.sent.get(family, 0) + n
+                self.report.failed.extend(report.failed)
+        else:
+            report = dispatch_stops_many(self.dispatcher, sent, report=StopReport())
+            for family, n in report.sent.items():
+                self.report.sent[family] = self.report.sent.get(family, 0) + n
+            self.report.failed.extend(report.failed)
+            failed, counts = report.failed, report.counts
+        entries: list[tuple[str, str, str, dict[str, Any]]] = []
+        for sid, found in sent.items():
+            families = sorted({str(item.family) for item in found})
+            failures = [family for family, _ in failed if family in families]
+            detail = {"stopped": len(found), "families": families, "stopFailures": failures}
+            entries.append((sid, "stop", "partial" if failures else "sent", detail))
+        actor = audit.current_actor()
+
+        def fill(pipe: Any) -> None:
+            metrics.incr_into(pipe, self.store, counts)
+            audit.record_into(pipe, self.store, entries, actor=actor)
+
+        if self.defer is None:
+            bookkeeping.write(self.store, [fill])
+        else:
+            self.defer(fill)
+
+    def record(self, items: list[BulkItem]) -> None:
+        """Count the batch's refusals and add them to the audit trail (best effort; what the
+        script wrote, ``_RECORDED_IN_SCRIPT``, it recorded itself): outcome ``refused``, or
+        ``changed`` for live work beyond ``binding``; detail ``{stopActivity, families,
+        items}``."""
+        items = [item for item in items if item.outcome not in _RECORDED_IN_SCRIPT]
+        if not items:
+            return
+        outcomes = Counter(item.outcome for item in items if item.outcome != "not_found")
+        families = Counter(
+            str(family)
+            for item in items
+            for family in {a.family for a in item.activity or []}
+            if item.outcome == "refused" and "refused" in self.recorded
+        )
+        metrics.incr_many(
+            self.store,
+            [
+                (metrics.ARCHIVES, (outcome,), n)
+                for outcome, n in outcomes.items()
+                if outcome in self.recorded
+            ]
+            + [(metrics.ARCHIVE_REFUSALS, (family,), n) for family, n in families.items()],
+        )
+        audit.record_many(
+            self.store,
+            [
+                (
+                    item.session_id,
+                    self.action,
+                    "changed" if item.session_id in self.changed else item.outcome,
+                    {
+                        "stopActivity": self.stop,
+                        "families": sorted({str(a.family) for a in item.activity or []}),
+                        "items": len(item.activity or []),
+                    },
+                )
+                for item in items
+                if item.outcome in self.recorded
+            ],
+        )
+
+
 def archive(
     store: Store,
     dispatcher: Dispatcher,
@@ -110,14 +404,14 @@ def archive(
     defer: Defer | None = None,
     cause: str = CANCELLED_BY_ARCHIVE,
 ) -> ArchiveResult:
-    """Archive a session (and its subtree). ``confirmed``: with ``stop_activity``, the
-    (family, id) pairs the user confirmed stopping (a refusal's ``activity``); ``cause``: what
-    the turns it stops record as ``cancelledBy`` (``turns.CANCELLED_BY_DELETE`` for a delete's
-    archive); anything live
-    beyond them refuses the archive with ``ActivityChanged`` and writes nothing. ``defer``:
-    given the stop fan-out's bookkeeping (its counts and ``stop`` audit entry, as a function
-    queuing them on a pipeline), writes it off the caller's path (``Bookkeeper.submit``, as
-    the HTTP API passes); it is written inline, one round trip, when ``None``.
+    """Archive a session (and its subtree): an ``ArchiveRun`` of one. ``confirmed``: with
+    ``stop_activity``, the (family, id) pairs the user confirmed stopping (a refusal's
+    ``activity``); anything live beyond them refuses the archive with ``ActivityChanged`` and
+    writes nothing. ``cause``: what the turns it stops record as ``cancelledBy``
+    (``turns.CANCELLED_BY_DELETE`` for a delete's archive). ``defer``: given the stop
+    fan-out's bookkeeping (its counts and ``stop`` audit entry, as a function queuing them on
+    a pipeline), writes it off the caller's path (``Bookkeeper.submit``, as the HTTP API
+    passes); it is written inline, one round trip, when ``None``.
 
     Every outcome, a refusal included, is counted (``fleet_archives``) and recorded in the
     audit trail; an archive's entry and count are written by its script, so they commit with
@@ -128,27 +422,44 @@ def archive(
     written).
     """
     sid = check_session_id(session_id)
-    binding = _binding(stop_activity, confirmed)
-    try:
-        result = _archive(store, dispatcher, sid, stop_activity, binding, defer, cause)
-    except SessionActive as refused:
-        families = sorted({item.family for item in refused.items})
-        metrics.incr_many(
-            store,
-            [(metrics.ARCHIVES, ("refused",), 1)]
-            + [(metrics.ARCHIVE_REFUSALS, (family,), 1) for family in families],
+    run = ArchiveRun(
+        store,
+        dispatcher,
+        stop=stop_activity,
+        dry=False,
+        describe_refused=True,
+        action="archive",
+        binding=_binding(stop_activity, confirmed),
+        cause=cause,
+        single=True,
+        defer=defer,
+    )
+    [item], finish = run.batch([sid])
+    finish()
+    if item.outcome == "not_found":
+        raise SessionNotFound(sid)
+    if item.outcome == "refused":
+        found = item.activity or []
+        if sid in run.changed:
+            raise ActivityChanged(sid, found)
+        raise SessionActive(sid, found)
+    count, txn = run.answers[sid]
+    done = ArchiveResult(
+        sid,
+        item.outcome,
+        archived_count=count,
+        stopped=run.stopped.get(sid, []),
+        stop_report=run.report,
+        txn=txn,
+    )
+    if item.outcome == "archived":
+        log.info(
+            "archived (%d in subtree, stopActivity=%s)",
+            count,
+            stop_activity,
+            extra={"session_id": sid},
         )
-        audit.record(
-            store,
-            sid,
-            "archive",
-            "changed" if isinstance(refused, ActivityChanged) else "refused",
-            stopActivity=stop_activity,
-            families=families,
-            items=len(refused.items),
-        )
-        raise
-    return result
+    return done
 
 
 def check_confirmed_count(count: int) -> None:
@@ -172,124 +483,6 @@ def _binding(stop_activity: bool, confirmed: Confirmed | None) -> str:
         )
     check_confirmed_count(len(confirmed))
     return json.dumps(sorted({f"{family}:{item_id}" for family, item_id in confirmed}))
-
-
-def _archive(
-    store: Store,
-    dispatcher: Dispatcher,
-    sid: str,
-    stop_activity: bool,
-    binding: str = "",
-    defer: Defer | None = None,
-    cause: str = CANCELLED_BY_ARCHIVE,
-) -> ArchiveResult:
-    txn = new_id("arc")
-    recorder = audit.script_recorder(
-        store,
-        "archive",
-        {},
-        metric=store.keys.metric(metrics.ARCHIVES.name),
-        eventsMax=events.STREAM_MAXLEN,
-        cancelledBy=cause,
-    )
-    for _ in range(_REFUSAL_RECHECKS):
-        # The script reads the server's clock itself ('' for nowIso): no TIME round trip.
-        result = store.run(
-            "archive",
-            [sid, "1" if stop_activity else "0", "", txn, recorder, binding],
-            durable=True,
-        )
-        outcome = result[0]
-        if outcome == "not_found":
-            raise SessionNotFound(sid)
-        if outcome == "already":
-            already = ArchiveResult(sid, "already_archived", txn=str(result[1]))
-            if stop_activity:
-                # Nothing changes in the archive state, but work that outlived an earlier
-                # stop (a lost or failed dispatch) is asked to stop again: the census the
-                # script read with the archive it found, so no stop names work created after
-                # an unarchive that came since (a late stop touches nothing created since).
-                already.stopped = census_of_rows(store, sid, list(result[2]), dispatcher)
-                if not already.stopped:
-                    mark_quiet(store, sid)
-                already.stop_report = _fan_out(store, dispatcher, sid, already.stopped, defer=defer)
-            return already
-        if outcome == "archived":
-            break
-        items = census(store, sid, dispatcher)
-        if outcome == "changed":
-            if _unconfirmed(items, binding):
-                raise ActivityChanged(sid, items)
-        elif items:
-            raise SessionActive(sid, items)
-        # The work ended between the check and the census: try the archive again.
-    else:
-        items = census(store, sid, dispatcher)
-        raise ActivityChanged(sid, items) if binding else SessionActive(sid, items)
-
-    done = ArchiveResult(sid, "archived", archived_count=int(result[1]), txn=txn)
-    log.info(
-        "archived (%d in subtree, stopActivity=%s)",
-        done.archived_count,
-        stop_activity,
-        extra={"session_id": sid},
-    )
-    # Every session the transition archived was told by the script, before its work is
-    # stopped (as ACP's session/close would): its clients get the updates up to historyLength,
-    # archived: true, then close it; the script also emitted the events of the turns it stopped.
-    if stop_activity:
-        # The census the script read right after its write, in the same atomic step: anything
-        # that started before the write is in it, and anything that starts after it is refused
-        # by the gate. An empty census records the session quiet right away. The turns the
-        # script stopped lead the list (a turn.stop for them is a harmless poke).
-        flipped = stopped_by_archive(store, sid, list(result[2]), publish=False)
-        after = census_of_rows(store, sid, list(result[4]), dispatcher)
-        if not after:
-            mark_quiet(store, sid)
-        done.stopped = merge_items(flipped, after)
-        done.stop_report = _fan_out(store, dispatcher, sid, done.stopped, defer=defer)
-    else:
-        # The script found no live work when it wrote, so the subtree is quiet already; it is
-        # marked so (not observed: there was nothing to stop and no time to measure).
-        mark_quiet(store, sid, observe=False)
-    return done
-
-
-def _fan_out(
-    store: Store,
-    dispatcher: Dispatcher,
-    sid: str,
-    items: list[ActivityItem],
-    *,
-    defer: Defer | None = None,
-) -> StopReport:
-    """Send the stops of ``items`` (``dispatch_stops``), then count them and record what was
-    sent as a ``stop`` audit entry beside the archive's, both in one pipelined round trip
-    (best effort, like the fan-out: a failure is logged; ``bookkeeping.write``), through
-    ``defer`` when given. The entry's time is when it is written (the server's clock), so it
-    sorts by time as by id with the entries around it."""
-    report = dispatch_stops(dispatcher, sid, items)
-    entry: tuple[str, str, str, dict[str, Any]] | None = None
-    if items or report.failed:
-        failures = [family for family, _ in report.failed]
-        detail = {
-            "stopped": len(items),
-            "families": sorted({item.family for item in items}),
-            "stopFailures": failures,
-        }
-        entry = (sid, "stop", "partial" if failures else "sent", detail)
-    actor = audit.current_actor()
-
-    def fill(pipe: Any) -> None:
-        metrics.incr_into(pipe, store, report.counts)
-        if entry is not None:
-            audit.record_into(pipe, store, [entry], actor=actor)
-
-    if defer is None:
-        bookkeeping.write(store, [fill])
-    else:
-        defer(fill)
-    return report
 
 
 def _unconfirmed(items: list[ActivityItem], binding: str) -> bool:

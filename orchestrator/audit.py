@@ -24,7 +24,7 @@ nobody did.
 
 Recording is best effort: a failure is logged and never fails the change it records (the
 change is already made by then, and the stores it lives in are the source of truth). Archives,
-unarchives and deletes are the exception: ``archive.lua``, ``bulk_archive.lua``,
+unarchives and deletes are the exception: ``archive.lua`` (single and bulk archives),
 ``unarchive.lua`` and ``delete_session.lua`` append their entries (same fields, same exact
 trimming; ``script_recorder``) in the script that makes the change, so it is never committed
 unaudited (nor, for an archive, uncounted).
@@ -102,7 +102,7 @@ def record(
 
 def detail_json(detail: dict[str, Any]) -> str:
     """An entry's ``detail`` field as stored (compact JSON, sorted keys); scripts that write
-    entries themselves (``bulk_archive.lua``) are given it (``entries.detail_json``)."""
+    entries themselves (``archive.lua``) are given it (``entries.detail_json``)."""
     return entries.detail_json(detail)
 
 

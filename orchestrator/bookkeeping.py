@@ -1,10 +1,10 @@
 """Best-effort bookkeeping written after a change, coalesced into shared round trips.
 
 Some writes follow a change and decide nothing: an archive's stop counts and its ``stop``
-audit entry (``archive._fan_out``). The HTTP API answers before they are written; a
-``Bookkeeper`` thread writes them. Everything queued within ``window`` seconds of the first
-pending entry goes out as ONE pipeline (one round trip, one fsync on an append-only server),
-so a stream of archives shares writes instead of paying a round trip each beside the next
+audit entries (``archive.ArchiveRun.send_stops``). The HTTP API answers before they are
+written; a ``Bookkeeper`` thread writes them. Everything queued within ``window`` seconds of
+the first pending entry goes out as ONE pipeline (one round trip, one fsync on an append-only
+server), so a stream of archives shares writes instead of paying a round trip each beside the next
 request (in process, 0.3 ms less CPU per archive than a write each; ``bench.run`` benchmark 1
 with no bookkeeping written at all spent about 0.6 ms less of the API's CPU per archive).
 

@@ -3,9 +3,9 @@
 A bulk archive names sessions (at most ``MAX_IDS``) or selects them with a filter
 (``orchestrator/bulk_select.py``: cwd, last activity older than ``idleSince``, a title
 search; at most ``FLEET_BULK_FILTER_MAX``), then archives them in batches of
-``BATCH_SIZE``. Each session gets what ``archive.archive`` gives one session (the same
-live-work check and subtree transition, written atomically by
-``scripts/bulk_archive.lua``), so the outcome of a bulk request is the outcome of that many
+``BATCH_SIZE``. Each batch is the archive transition a single archive runs for one session
+(``archive.ArchiveRun``, the same live-work check and subtree transition written atomically
+by ``scripts/archive.lua``), so the outcome of a bulk request is the outcome of that many
 single archives run in order:
 
 - ``archived``, ``already_archived``, ``not_found``;
@@ -42,14 +42,10 @@ from __future__ import annotations
 
 import contextvars
 import logging
-from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
-from typing import Any
 
-from orchestrator import audit, events, metrics
-from orchestrator.activity import ActivityItem, census_many, census_of_rows, merge_items
+from orchestrator.archive import ArchiveRun
 from orchestrator.bulk_result import OUTCOMES, BulkItem, BulkResult
 from orchestrator.bulk_select import (
     BulkFilter,
@@ -61,10 +57,7 @@ from orchestrator.bulk_select import (
 )
 from orchestrator.errors import InvalidParams, TooManySessions
 from orchestrator.families import Dispatcher
-from orchestrator.sessions import SESSION_ID_RE
-from orchestrator.stops import StopReport, dispatch_stops_many
-from orchestrator.store import Store, new_id
-from orchestrator.turns import stopped_by_archive
+from orchestrator.store import Store
 
 log = logging.getLogger(__name__)
 
@@ -86,219 +79,15 @@ __all__ = [
 MAX_IDS = 10_000
 #: Sessions per batch: one Lua script, one census round, one stop message per family.
 BATCH_SIZE = 1_000
-#: How often a refusal whose census found nothing is tried again (as ``archive.archive``).
-_REFUSAL_RECHECKS = 3
-
-_FROM_SCRIPT = {
-    "archived": "archived",
-    "already": "already_archived",
-    "not_found": "not_found",
-    "skipped": "skipped",
-}
-#: ``bulk_archive.lua``'s one-letter outcomes (upper case: the subtree has live work).
-_CODES = {
-    "a": "archived",
-    "l": "already_archived",
-    "n": "not_found",
-    "s": "skipped",
-    "x": "active",
-}
-#: Outcomes whose busy sessions the census reads after the write, with ``stopActivity``.
-_STOPPED = frozenset({"archived", "already_archived"})
-
-#: Outcomes ``bulk_archive.lua`` records (audit entry and count) in the script that writes
-#: them, so they commit with the batch; the others (refusals) are recorded afterwards.
-_RECORDED_IN_SCRIPT = frozenset({"archived", "already_archived", "skipped"})
-
 #: ``progress(done_sessions, total_sessions)``; called once before the first batch and after
 #: each batch.
 Progress = Callable[[int, int], None]
 
 
 # -- archiving ----------------------------------------------------------------------------------
-@dataclass
-class _Run:
-    store: Store
-    dispatcher: Dispatcher
-    stop: bool
-    dry: bool
-    describe_refused: bool
-    action: str
-    #: Outcomes counted and added to the audit trail (the auto policy records only what it
-    #: archived: a busy session would otherwise be recorded as refused on every run).
-    recorded: tuple[str, ...] = ("archived", "already_archived", "refused")
-    idle_before: int | None = None
-    with_unarchive: bool = False
-    virtual: set[str] = field(default_factory=set)
-    report: StopReport = field(default_factory=StopReport)
-
-    def script(self, ids: list[str]) -> tuple[str, list[Any]]:
-        argv: list[Any] = [
-            "1" if self.stop else "0",
-            "1" if self.dry else "0",
-            "",  # the script reads the server's clock: its times are its commit's, no TIME trip
-            new_id("arc"),
-            "" if self.idle_before is None else self.idle_before,
-            "1" if self.with_unarchive else "0",
-            self.in_script_record(),
-            *ids,
-        ]
-        codes, extras = self.store.run("bulk_archive", argv, durable=not self.dry)
-        return str(codes), list(extras)
-
-    def in_script_record(self) -> str:
-        """What ``bulk_archive.lua`` records with the batch it writes (JSON): the audit entry
-        and the ``fleet_archives`` count of each session it archives or finds archived."""
-        return audit.script_recorder(
-            self.store,
-            self.action,
-            {"stopActivity": self.stop},
-            outcomes={
-                script: wire
-                for script, wire in _FROM_SCRIPT.items()
-                if wire in self.recorded and wire in _RECORDED_IN_SCRIPT
-            },
-            metric=self.store.keys.metric(metrics.ARCHIVES.name),
-            eventsMax=events.STREAM_MAXLEN,
-        )
-
-    def batch(self, ids: list[str]) -> tuple[list[BulkItem], Callable[[], None]]:
-        """Write one batch; returns its items in the order of ``ids`` and what is left to do
-        once it is written: read the census of its busy sessions, send their stops and record
-        the batch (``finish``; ``_run`` runs it while the next batch is written)."""
-        done: dict[str, BulkItem] = {}
-        pending: list[str] = []
-        for sid in ids:
-            if not SESSION_ID_RE.fullmatch(sid):
-                done[sid] = BulkItem(sid, "not_found")
-            elif sid in self.virtual:  # a dry run archived it with an earlier batch's ancestor
-                done[sid] = BulkItem(sid, "already_archived")
-            else:
-                pending.append(sid)
-        busy: dict[str, list[Any]] = {}
-        flipped: dict[str, list[ActivityItem]] = {}
-        for attempt in range(_REFUSAL_RECHECKS):
-            if not pending:
-                break
-            active: list[str] = []
-            codes, extras = self.script(pending)
-            rows: dict[str, list[Any]] = {}
-            for pos in range(0, len(extras), 4):
-                sid = pending[int(extras[pos]) - 1]
-                self.virtual.update(map(str, extras[pos + 1]))
-                if extras[pos + 2]:  # stopped (and their events emitted) by the script itself
-                    flipped[sid] = stopped_by_archive(
-                        self.store, sid, list(extras[pos + 2]), publish=False
-                    )
-                rows[sid] = list(extras[pos + 3])
-            for sid, code in zip(pending, str(codes), strict=True):
-                outcome = _CODES[code.lower()]
-                if outcome == "active":
-                    active.append(sid)
-                    continue
-                done[sid] = BulkItem(sid, outcome)
-                if code.isupper() and self.stop and outcome in _STOPPED and not self.dry:
-                    busy[sid] = rows[sid]
-            pending = []
-            if not active:
-                break
-            if not self.describe_refused:
-                done.update((sid, BulkItem(sid, "refused")) for sid in active)
-                break
-            last = attempt == _REFUSAL_RECHECKS - 1
-            found = census_many(
-                self.store, active, None if self.dry else self.dispatcher, settle=not self.dry
-            )
-            for sid in active:
-                if found[sid] or last:
-                    done[sid] = BulkItem(sid, "refused", found[sid])
-                else:
-                    pending.append(sid)  # the work ended meanwhile: try the archive again
-        items = [done[sid] for sid in ids]
-        return items, lambda: self.finish(items, busy, flipped)
-
-    def finish(
-        self,
-        items: list[BulkItem],
-        busy: dict[str, list[Any]],
-        flipped: dict[str, list[ActivityItem]],
-    ) -> None:
-        """After a batch's write: stop the live work of its ``busy`` sessions (sid -> the
-        census rows its script read right after the write, in the same atomic step, as a
-        single archive reads them: anything that started before the write is in them, anything
-        after it is refused by the gate, and work created after an unarchive that came since
-        is not; ``flipped``: the turns its script stopped), then record its refusals. Every
-        session the batch archived, descendants included, already got its event (ACP's
-        session_info_update) from the script."""
-        if self.dry:
-            return
-        if busy:
-            stops = {
-                sid: census_of_rows(self.store, sid, flat, self.dispatcher)
-                for sid, flat in busy.items()
-            }
-            for sid, stopped in flipped.items():
-                stops[sid] = merge_items(stopped, stops.get(sid, []))
-            sent = {sid: items for sid, items in stops.items() if items}
-            dispatch_stops_many(self.dispatcher, sent, store=self.store, report=self.report)
-            self.record_stops(sent)
-        self.record(items)
-
-    def record_stops(self, sent: dict[str, list[ActivityItem]]) -> None:
-        """Add to the audit trail, per session archived with ``stopActivity``, the items stop
-        requests were sent for (``stop_sent``, ``{items, families}``; best effort): the
-        archive's own entry commits with its write, before the census that finds them."""
-        audit.record_many(
-            self.store,
-            [
-                (
-                    sid,
-                    self.action,
-                    "stop_sent",
-                    {"items": len(items), "families": sorted({str(i.family) for i in items})},
-                )
-                for sid, items in sent.items()
-            ],
-        )
-
-    def record(self, items: list[BulkItem]) -> None:
-        """Count the batch's refusals and add them to the audit trail (best effort; what the
-        script wrote, ``_RECORDED_IN_SCRIPT``, it recorded itself)."""
-        items = [item for item in items if item.outcome not in _RECORDED_IN_SCRIPT]
-        outcomes = Counter(item.outcome for item in items if item.outcome != "not_found")
-        families = Counter(
-            str(family)
-            for item in items
-            for family in {a.family for a in item.activity or []}
-            if item.outcome == "refused" and "refused" in self.recorded
-        )
-        metrics.incr_many(
-            self.store,
-            [
-                (metrics.ARCHIVES, (outcome,), n)
-                for outcome, n in outcomes.items()
-                if outcome in self.recorded
-            ]
-            + [(metrics.ARCHIVE_REFUSALS, (family,), n) for family, n in families.items()],
-        )
-        audit.record_many(
-            self.store,
-            [
-                (
-                    item.session_id,
-                    self.action,
-                    item.outcome,
-                    {"stopActivity": self.stop, "items": len(item.activity or [])},
-                )
-                for item in items
-                if item.outcome in self.recorded
-            ],
-        )
-
-
-def _run(run: _Run, ids: list[str], batch_size: int, progress: Progress | None) -> BulkResult:
+def _run(run: ArchiveRun, ids: list[str], batch_size: int, progress: Progress | None) -> BulkResult:
     """Write the batches in order. What follows a batch's write (its census, stops and
-    records: ``_Run.finish``) runs on a thread while the next batch is written, one batch
+    records: ``ArchiveRun.finish``) runs on a thread while the next batch is written, one batch
     behind at most, so Redis writes the next batch as this process reads and sends; a batch's
     stops still go out after its own write, and all of them before this returns."""
     batches = [ids[i : i + batch_size] for i in range(0, len(ids), batch_size)]
@@ -389,7 +178,7 @@ def bulk_archive(
         assert flt is not None
         ids = select(store, flt, limit=max_selected)
         idle_before = None if flt.idle_since is None else parse_instant(flt.idle_since, "idleSince")
-    run = _Run(
+    run = ArchiveRun(
         store,
         dispatcher,
         stop=stop_activity,
@@ -429,7 +218,7 @@ def auto_archive(
             {"param": "idleSeconds"},
         )
     ids, cutoff = auto_candidates(store, idle_seconds=age, now=now, cwd=cwd, limit=limit)
-    run = _Run(
+    run = ArchiveRun(
         store,
         dispatcher,
         stop=False,

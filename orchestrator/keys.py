@@ -272,7 +272,7 @@ class Keys:
         return f"{self.prefix}auditlog:{sid}"
 
     def audit_batch(self, batch: str) -> str:
-        """HASH: the audit trail entries one bulk archive batch (``scripts/bulk_archive.lua``,
+        """HASH: the audit trail entries one bulk archive batch (``scripts/archive.lua``,
         ``batch`` its transition base id) left waiting: field ``<session id>:<slot>`` (slot
         1 or 2, the session hash's trailBatch or trail2Batch naming this batch), value the
         entry as ``audit_log`` holds it. The session's next entry moves its own out

@@ -130,7 +130,9 @@ COUNTERS = (
 HISTOGRAMS = (ARCHIVE_QUIET, MODEL_REQUEST_SECONDS)
 
 
-def _bucket_field(bound: float) -> str:
+def bucket_field(bound: float) -> str:
+    """The hash field of a histogram bucket whose upper bound is ``bound`` (``le=<bound>``,
+    ``le=+Inf``)."""
     return "le=+Inf" if math.isinf(bound) else f"le={bound:g}"
 
 
@@ -169,7 +171,7 @@ def queue_observe(pipe: Any, store: Store, histogram: Histogram, seconds: float)
     value = max(0.0, seconds)
     bound = next((b for b in histogram.buckets if value <= b), math.inf)
     key = store.keys.metric(histogram.name)
-    pipe.hincrby(key, _bucket_field(bound), 1)
+    pipe.hincrby(key, bucket_field(bound), 1)
     pipe.hincrbyfloat(key, "sum", value)
     pipe.hincrby(key, "count", 1)
 
@@ -227,7 +229,7 @@ def _histogram(histogram: Histogram, raw: dict[str, str]) -> HistogramValue:
     running = 0
     buckets: list[tuple[float, int]] = []
     for bound in (*histogram.buckets, math.inf):
-        running += int(raw.get(_bucket_field(bound), 0))
+        running += int(raw.get(bucket_field(bound), 0))
         buckets.append((bound, running))
     return HistogramValue(buckets, float(raw.get("sum", 0.0)), int(raw.get("count", 0)))
 

@@ -174,8 +174,8 @@ def dispatch_stops_many(
     """``dispatch_stops`` for a bulk batch: one message per family (per host for jobs) for
     all the sessions in ``items_by_session``. Never waits; raises only ``UnknownFamily``
     (before anything is sent); failures are logged and reported (added to ``report`` when given).
-    With ``store``, the messages are counted as ``dispatch_stops`` counts them, in one round
-    trip."""
+    The messages are counted as ``dispatch_stops`` counts them: with ``store`` in one round
+    trip, else left in the report's ``counts`` for the caller."""
     report = report if report is not None else StopReport()
 
     def failed(message: StopMessage, error: Exception) -> None:
@@ -192,6 +192,7 @@ def dispatch_stops_many(
 
     messages = stop_messages_many(items_by_session)
     counts = _send_counted(dispatcher, messages, report, failed)
+    report.counts.extend(counts)
     if store is not None:
         metrics.incr_many(store, counts)
     return report

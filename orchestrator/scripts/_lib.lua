@@ -56,6 +56,23 @@ local function iso_ms(ms)
     rem % 1000)
 end
 
+-- ISO 8601 UTC as iso_ms writes it (milliseconds optional) in epoch milliseconds
+-- (civil-to-days, proleptic Gregorian calendar); nil for anything else.
+local function ms_of_iso(text)
+  local y, mo, d, h, mi, se, frac = string.match(text or '',
+    '^(%d+)-(%d+)-(%d+)T(%d+):(%d+):(%d+)%.?(%d*)Z$')
+  if not y then return nil end
+  y, mo = tonumber(y), tonumber(mo)
+  if mo <= 2 then y = y - 1 end
+  local era = math.floor(y / 400)
+  local yoe = y - era * 400
+  local doy = math.floor((153 * ((mo + 9) % 12) + 2) / 5) + tonumber(d) - 1
+  local days = era * 146097 + yoe * 365 + math.floor(yoe / 4) - math.floor(yoe / 100) + doy
+    - 719468
+  local ms = tonumber(string.sub(frac .. '000', 1, 3))
+  return (((days * 24 + tonumber(h)) * 60 + tonumber(mi)) * 60 + tonumber(se)) * 1000 + ms
+end
+
 -- The step gate's rule (orchestrator/gate.py), the one place it is written: why no model step
 -- of sid may run, or false. The archived set is materialized down the lineage, so the
 -- session's own membership covers its ancestors. Returns false | 'missing' | 'deleted' |

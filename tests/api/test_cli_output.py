@@ -208,7 +208,7 @@ def test_the_audit_entry_of_a_bulk_stop_counts_the_items_stopped(fleet: Any, sto
     assert archived.exit_code == 0, archived.output
     sent = sum(json.loads(archived.stdout)["stopDispatch"]["sent"].values())
     entries = json.loads(_run("audit", sid, "--json").stdout)
-    counted = [e["detail"].get("items") for e in entries if e["action"] == "bulk_archive"]
+    counted = [e["detail"].get("stopped") for e in entries if e["action"] == "stop"]
     assert sent >= 1 and sent in counted, [(e["outcome"], e["detail"]) for e in entries]
     assert 0 not in counted, entries
 

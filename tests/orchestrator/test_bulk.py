@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import redis
 
-from orchestrator import archive, audit, bulk, events, jobs, reminders, sessions, turns
+from orchestrator import archive, audit, bulk, events, jobs, metrics, reminders, sessions, turns
 from orchestrator.activity import census
 from orchestrator.errors import InvalidParams, SessionActive, StoreUnavailable, TooManySessions
 from orchestrator.families import Task
@@ -281,7 +281,7 @@ def test_sessions_are_written_in_batches_one_script_each(
     run = Store.run
 
     def counting(self: Store, name: str, args: list[Any], **kw: Any) -> Any:
-        if name == "bulk_archive":
+        if name == "archive":
             scripts.append(sum(1 for a in args if a in ids))  # the sessions of this batch
         return run(self, name, args, **kw)
 
@@ -307,7 +307,7 @@ def test_idle_sessions_cost_a_constant_number_of_round_trips_per_batch(
 ) -> None:
     # The audit trail writes one entry per session (orchestrator/audit.py); it is left out
     # here: this is about the archive itself, its census and its stops.
-    monkeypatch.setattr(bulk.audit, "record", lambda *a, **k: None)
+    monkeypatch.setattr(audit, "record", lambda *a, **k: None)
 
     def trips(count: int) -> int:
         cwd = unique_cwd()
@@ -317,7 +317,7 @@ def test_idle_sessions_cost_a_constant_number_of_round_trips_per_batch(
             store, recorder, session_ids=ids, stop_activity=True, batch_size=500
         )
         monkeypatch.undo()
-        monkeypatch.setattr(bulk.audit, "record", lambda *a, **k: None)
+        monkeypatch.setattr(audit, "record", lambda *a, **k: None)
         assert result.totals["archived"] == count
         return counter.count
 
@@ -330,8 +330,8 @@ def test_idle_sessions_cost_a_constant_number_of_round_trips_per_batch(
 def test_a_busy_batch_reads_the_census_in_a_few_pipelined_round_trips(
     store: Store, recorder: RecordingDispatcher, cwd: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(bulk.audit, "record", lambda *a, **k: None)
-    monkeypatch.setattr(bulk.metrics, "incr_many", lambda *a, **k: None)
+    monkeypatch.setattr(audit, "record", lambda *a, **k: None)
+    monkeypatch.setattr(metrics, "incr_many", lambda *a, **k: None)
     ids = [new(store, cwd) for _ in range(30)]
     for sid in ids:
         reminders.create_reminder(store, sid, 60, "later")
@@ -438,7 +438,7 @@ def test_a_batchs_stops_follow_its_own_write_and_all_are_sent_before_it_returns(
     run, send = Store.run, recorder.send
 
     def writing(self: Store, name: str, args: list[Any], **kw: Any) -> Any:
-        if name == "bulk_archive":
+        if name == "archive":
             log.append(("write", frozenset(a for a in args if isinstance(a, str))))
         return run(self, name, args, **kw)
 
@@ -471,7 +471,7 @@ def test_a_failure_after_a_batchs_write_is_raised_and_its_archives_stay(
     def down(*args: Any, **kwargs: Any) -> Any:
         raise StoreUnavailable("The session store is unavailable: test. Try again shortly.")
 
-    monkeypatch.setattr(bulk, "census_of_rows", down)
+    monkeypatch.setattr(archive, "census_of_rows", down)
     # When they are archived with stopActivity
     with pytest.raises(StoreUnavailable):
         bulk.bulk_archive(
@@ -500,7 +500,7 @@ def test_every_audit_entry_of_a_bulk_names_its_caller_also_those_written_after_a
     }
     assert entries == {
         ("archived", "rest:10.0.0.7"),
-        ("stop_sent", "rest:10.0.0.7"),
+        ("sent", "rest:10.0.0.7"),
         ("refused", "rest:10.0.0.7"),
     }
 

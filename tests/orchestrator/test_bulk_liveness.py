@@ -1,4 +1,4 @@
-"""The live-work check of a bulk archive (``bulk_archive.lua``) finds a session busy whatever
+"""The live-work check of a bulk archive (``archive.lua``) finds a session busy whatever
 family its one live item belongs to, though most sessions are known idle from one EXISTS
 over their children set and every family's item key (``item_keys``/``has_live`` in
 ``_lib.lua``): a family whose key the check missed would let its work run on after the

@@ -30,7 +30,7 @@ def _unarchived_after_already(
 
     def run(name: str, args: list[Any], **kwargs: Any) -> Any:
         result = real(name, args, **kwargs)
-        if name == "archive" and result[0] == "already" and not made:
+        if name == "archive" and result[0] in ("l", "L") and not made:
             assert archive.unarchive(store, sid) == 1
             made.append(turns.start_turn(store, recorder, sid, "say late\nthink 10"))
         return result
@@ -117,7 +117,7 @@ def test_a_bulk_archive_never_stops_work_made_after_an_unarchive_of_its_batch(
 
     def run(name: str, args: list[Any], **kwargs: Any) -> Any:
         result = real(name, args, **kwargs)
-        if name == "bulk_archive" and not made:
+        if name == "archive" and not made:
             _unarchive_with_new_turn(store, recorder, sid, made)
         return result
 
