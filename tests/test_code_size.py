@@ -16,6 +16,7 @@ PACKAGES = ("api", "orchestrator", "workers", "localfleet")
 MAX_FUNCTION_LINES = 80
 MAX_MODULE_LINES = 450
 
+
 def _modules() -> list[Path]:
     return sorted(p for package in PACKAGES for p in (ROOT / package).rglob("*.py"))
 

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from orchestrator import archive, audit, bookkeeping, metrics, sessions, titles, turns
+from orchestrator import archive, archive_run, audit, bookkeeping, metrics, sessions, titles, turns
 from orchestrator.errors import AncestorArchived, InvalidParams, SessionActive
 from orchestrator.store import Store
 from tests.helpers import RecordingDispatcher
@@ -88,7 +88,7 @@ def test_an_archive_is_audited_and_counted_even_when_its_process_dies_right_afte
     def die(*_: object, **__: object) -> None:
         raise _Killed
 
-    monkeypatch.setattr(archive, "census_of_rows", die)
+    monkeypatch.setattr(archive_run, "census_of_rows", die)
     # When it is archived with stopActivity
     with audit.acting_as("tester"), pytest.raises(_Killed):
         archive.archive(store, RecordingDispatcher(), sid, stop_activity=True)

@@ -11,7 +11,18 @@ from typing import Any
 import pytest
 import redis
 
-from orchestrator import archive, audit, bulk, events, jobs, metrics, reminders, sessions, turns
+from orchestrator import (
+    archive,
+    archive_run,
+    audit,
+    bulk,
+    events,
+    jobs,
+    metrics,
+    reminders,
+    sessions,
+    turns,
+)
 from orchestrator.activity import census
 from orchestrator.errors import InvalidParams, SessionActive, StoreUnavailable, TooManySessions
 from orchestrator.families import Task
@@ -471,7 +482,7 @@ def test_a_failure_after_a_batchs_write_is_raised_and_its_archives_stay(
     def down(*args: Any, **kwargs: Any) -> Any:
         raise StoreUnavailable("The session store is unavailable: test. Try again shortly.")
 
-    monkeypatch.setattr(archive, "census_of_rows", down)
+    monkeypatch.setattr(archive_run, "census_of_rows", down)
     # When they are archived with stopActivity
     with pytest.raises(StoreUnavailable):
         bulk.bulk_archive(

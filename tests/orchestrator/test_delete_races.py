@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from orchestrator import archive, deletion, reminders, sessions, turns
+from orchestrator import archive, archive_run, deletion, reminders, sessions, turns
 from orchestrator.activity import ActivityItem
 from orchestrator.deletion import DeleteResult
 from orchestrator.errors import SessionNotFound
@@ -82,23 +82,26 @@ def test_a_delete_whose_session_another_delete_took_answers_deleted_false_with_i
 def test_a_delete_whose_archive_finds_the_session_gone_answers_deleted_false(
     store: Store, recorder: RecordingDispatcher, cwd: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # Given a tree an ancestor's delete has archived with stop (so the child's own archive
-    # finds it already archived, its census read by that same script) ...
+    # Given a tree an ancestor's delete has archived with stop, the child's reminder not yet
+    # stopped (so the child's own archive finds it already archived with live work, and
+    # reads its census) ...
     root, child, _grand = chain(store, 2, cwd)
+    reminders.create_reminder(store, child.session_id, 3600, "later")
     archive.archive(store, recorder, root.session_id, stop_activity=True)
     # ... and whose delete of the child completes right after that script, before the
     # archive reads the census the script returned
-    real_rows = archive.census_of_rows
+    real_rows = archive_run.census_of_rows
 
     def deleting_first(store: Store, sid: str, *args: Any) -> list[ActivityItem]:
         assert sessions.write_delete(store, sid, check_live=False)[0] == "deleted"
         return real_rows(store, sid, *args)
 
-    monkeypatch.setattr(archive, "census_of_rows", deleting_first)
+    monkeypatch.setattr(archive_run, "census_of_rows", deleting_first)
 
-    # When the child is deleted with stopActivity, Then nothing is raised: deleted: false
+    # When the child is deleted with stopActivity, Then nothing is raised: deleted: false, and
+    # what its archive's script found live (the reminder) was stopped
     result = deletion.delete(store, recorder, child.session_id, stop_activity=True)
-    assert not result.deleted and result.stopped == []
+    assert not result.deleted and [i.family for i in result.stopped] == ["reminder"]
 
 
 def _race(
