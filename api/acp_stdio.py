@@ -18,7 +18,7 @@ from typing import Any
 
 from api.acp import MAX_MESSAGE, AcpConnection, encode_message, shared_hub
 from api.context import dispatcher, redis_url, store
-from orchestrator import audit
+from orchestrator.storage import audit
 
 _CHUNK = 1 << 16
 #: Seconds the requests pending at stdin EOF get to be answered before they are answered

@@ -15,9 +15,9 @@ from functools import lru_cache
 from api.wiring import CeleryDispatcher, celery_dispatcher
 from localfleet.discovery import FleetNotFound, find
 from orchestrator.errors import InvalidParams
-from orchestrator.redisconn import SCHEMES, is_sentinel, parse_sentinel_url
 from orchestrator.settings import FleetSettings, MissingRedisUrl, get_settings
-from orchestrator.store import Store
+from orchestrator.storage.redisconn import SCHEMES, is_sentinel, parse_sentinel_url
+from orchestrator.storage.store import Store
 
 #: Builds the process's dispatcher from its settings.
 DispatcherFactory = Callable[[FleetSettings], CeleryDispatcher]

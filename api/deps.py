@@ -25,11 +25,11 @@ from api.context import checked_redis_url
 from api.guards import is_json_type
 from api.wiring import celery_dispatcher
 from orchestrator import untrusted
-from orchestrator.bookkeeping import Bookkeeper
 from orchestrator.errors import InvalidParams
 from orchestrator.families import Dispatcher
 from orchestrator.settings import FleetSettings
-from orchestrator.store import Store
+from orchestrator.storage.bookkeeping import Bookkeeper
+from orchestrator.storage.store import Store
 
 
 @dataclass

@@ -24,7 +24,7 @@ from orchestrator.errors import (
     TurnNotFound,
     WriteUnconfirmed,
 )
-from orchestrator.redisconn import store_unavailable
+from orchestrator.storage.redisconn import store_unavailable
 
 #: error class -> (HTTP status, JSON-RPC code). Looked up by walking the class's MRO, so a
 #: subclass (``InvalidTitle``) maps like its parent unless listed itself.

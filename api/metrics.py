@@ -1,6 +1,7 @@
 """The Prometheus exposition of the fleet's metrics (``GET /metrics``).
 
-Metrics are counted in Redis by whichever process sees the event (``orchestrator/metrics.py``);
+Metrics are counted in Redis by whichever process sees the event
+(``orchestrator/storage/metrics.py``);
 this collector reads them at scrape time, so one scrape of any API process shows the whole
 fleet. When Redis cannot be read, only ``fleet_store_up 0`` is exposed.
 """
@@ -18,9 +19,9 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
-from orchestrator import metrics
 from orchestrator.errors import StoreUnavailable
-from orchestrator.store import Store
+from orchestrator.storage import metrics
+from orchestrator.storage.store import Store
 
 #: Content type of the text exposition format.
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"

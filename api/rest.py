@@ -38,12 +38,13 @@ from api.guards import (
 )
 from api.routes import ROUTERS
 from api.routes.events import HEARTBEAT_SECONDS
-from orchestrator import audit, containment
 from orchestrator.errors import FleetError
 from orchestrator.families import Dispatcher
 from orchestrator.logs import redact_every_handler
+from orchestrator.process import containment
 from orchestrator.settings import FleetSettings, get_settings
-from orchestrator.store import Store
+from orchestrator.storage import audit
+from orchestrator.storage.store import Store
 
 
 class _Actor:

@@ -104,7 +104,7 @@ def celery_built_dispatcher(url: str, prefix: str) -> Any:
 
 
 def run(url: str, prefix: str, n: int) -> list[str]:
-    from orchestrator import archive
+    from orchestrator.archiving import archive
 
     store, fleet = configure(url, prefix)
     dispatchers = {

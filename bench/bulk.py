@@ -19,8 +19,8 @@ SAMPLE_EVERY = 10
 
 
 def _seed_idle(store: Any, cwd: str, count: int, batch: int = 1000) -> None:
-    from orchestrator.sessions import cwd_hash
-    from orchestrator.store import iso, new_id, now_ms
+    from orchestrator.session.sessions import cwd_hash
+    from orchestrator.storage.store import iso, new_id, now_ms
 
     create = store.script("create_session")
     for start in range(0, count, batch):
@@ -96,7 +96,7 @@ def bench_bulk(url: str, prefix: str, *, quick: bool) -> list[Row]:
 
 
 def _all(store: Any, cwd: str) -> list[Any]:
-    from orchestrator import sessions
+    from orchestrator.session import sessions
 
     out, cursor = [], None
     while True:

@@ -45,8 +45,9 @@ class _Null:
 
 
 def _client(url: str, phase: str, ids: list[str], seconds: float, counter: Any) -> None:
-    from orchestrator import archive, gate
-    from orchestrator.store import Store
+    from orchestrator.archiving import archive
+    from orchestrator.session import gate
+    from orchestrator.storage.store import Store
 
     store = Store(url, PREFIX, min_replicas_ack=0)
     rng = random.Random()
@@ -105,10 +106,11 @@ def steps_phase(url: str, root: Path, turns_n: int = 20, steps_n: int = 50) -> d
     """Run ``turns_n`` turns of ``steps_n`` steps on one turn worker; server cost per step."""
     from api.wiring import celery_dispatcher
     from localfleet.fleet import LocalFleet
-    from orchestrator import sessions, turns
     from orchestrator.families import Family
+    from orchestrator.session import sessions
     from orchestrator.settings import FleetSettings
-    from orchestrator.store import Store
+    from orchestrator.storage.store import Store
+    from orchestrator.turn import turns
 
     settings = FleetSettings(redis_url=url, key_prefix=PREFIX, redis_min_replicas_ack=0)
     dispatcher = celery_dispatcher(settings)
@@ -158,8 +160,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--clients", type=int, default=4)
     args = parser.parse_args(argv)
     from localfleet.embedded import EmbeddedRedis
-    from orchestrator import sessions
-    from orchestrator.store import Store
+    from orchestrator.session import sessions
+    from orchestrator.storage.store import Store
 
     with EmbeddedRedis(Path(tempfile.mkdtemp(prefix="fleet-capacity-"))) as server:
         store = Store(server.url, PREFIX, min_replicas_ack=0)

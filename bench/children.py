@@ -40,10 +40,12 @@ def _measured(raw: redis.Redis, run: Any, n: int) -> tuple[list[float], float]:
 def bench_children(
     url: str, prefix: str, n: int, widths: tuple[int, ...] = (10, 1_000, 12_000)
 ) -> list[Row]:
-    from orchestrator import lualink, reminders, sessions
     from orchestrator.errors import LimitReached
     from orchestrator.families import registry
-    from orchestrator.store import _prelude
+    from orchestrator.reminder import reminders
+    from orchestrator.session import sessions
+    from orchestrator.storage import lualink
+    from orchestrator.storage.store import _prelude
 
     store, _ = configure(url, prefix)
     raw = redis.Redis.from_url(url)

@@ -116,7 +116,7 @@ def configure(url: str, prefix: str, **settings_fields: Any) -> tuple[Any, Any]:
     ``settings_fields`` on top of the default settings."""
     from api.wiring import celery_dispatcher
     from orchestrator.settings import FleetSettings
-    from orchestrator.store import Store
+    from orchestrator.storage.store import Store
 
     settings = FleetSettings(redis_url=url, key_prefix=prefix, **settings_fields)
     return Store(url, prefix, settings=settings), celery_dispatcher(settings)
@@ -125,8 +125,11 @@ def configure(url: str, prefix: str, **settings_fields: Any) -> tuple[Any, Any]:
 def seed_busy(store: Any, n: int, cwd: str = "/bench/busy", host: str = "bench-host") -> list[str]:
     """``n`` sessions in ``cwd`` with stored live work in all four families (no workers
     needed)."""
-    from orchestrator import jobs, reminders, sessions, turns
-    from orchestrator.store import iso, now_ms
+    from orchestrator.job import jobs
+    from orchestrator.reminder import reminders
+    from orchestrator.session import sessions
+    from orchestrator.storage.store import iso, now_ms
+    from orchestrator.turn import turns
 
     null = NullDispatcher()
     ids = []

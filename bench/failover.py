@@ -42,11 +42,11 @@ import httpx
 from bench.common import free_port
 from bench.sentinels import SentinelGroup, sentinel_group
 from localfleet.fleet import LocalFleet
-from orchestrator import turns
 from orchestrator.errors import StoreUnavailable
-from orchestrator.processes import die_with_parent
-from orchestrator.redisconn import SentinelOptions
-from orchestrator.store import Store, iso
+from orchestrator.process.processes import die_with_parent
+from orchestrator.storage.redisconn import SentinelOptions
+from orchestrator.storage.store import Store, iso
+from orchestrator.turn import turns
 
 PREFIX = "fo:"
 #: A turn that keeps its session busy for the whole run (each line is one model step).

@@ -16,7 +16,8 @@ The hops of one family's stop, each timed per session from what the fleet record
 may end an item before its stop task starts, which ``early`` counts: a turn's step in flight
 ends on its own when its watch sees the turn no longer running (``steps._StepWatch``, woken by
 the gate's closure), and a job host stops a job when it hears the closure of its session and
-the gate refuses it (``JobSupervisor``, ``orchestrator/jobgatewatch.py``). Then the stop task only
+the gate refuses it (``JobSupervisor``, ``orchestrator/job/jobgatewatch.py``). Then the stop task
+only
 finds the item ended, and ``exiting`` reads 0.
 
 Clocks: Celery's event timestamps and the stored times are this machine's wall clock (the

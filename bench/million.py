@@ -38,9 +38,9 @@ SMALL = 10_000
 def seed(store: Any, count: int, cwd: str, *, archive_half: bool, batch: int = 2000) -> None:
     """``count`` sessions in ``cwd``, pipelined ``batch`` at a time: one session in ten a
     subagent of the session before it; with ``archive_half`` every second one archived."""
-    from orchestrator.archive import ArchiveRun
-    from orchestrator.sessions import cwd_hash
-    from orchestrator.store import iso, new_id, now_ms
+    from orchestrator.archiving.archive import ArchiveRun
+    from orchestrator.session.sessions import cwd_hash
+    from orchestrator.storage.store import iso, new_id, now_ms
 
     create = store.script("create_session")
     arc = store.script("archive")
@@ -77,7 +77,7 @@ def seed(store: Any, count: int, cwd: str, *, archive_half: bool, batch: int = 2
 
 
 def _pages(store: Any, n: int) -> dict[str, list[float]]:
-    from orchestrator import sessions
+    from orchestrator.session import sessions
 
     out = {}
     for flt in ("exclude", "include", "only"):
@@ -115,7 +115,7 @@ def _script_seconds(store: Any) -> float:
 
 def _memory(store: Any, idle: int) -> Row:
     """The memory row: ``idle`` idle sessions added in ten steps (``bench/memory.py``)."""
-    from orchestrator.sessions import cwd_hash
+    from orchestrator.session.sessions import cwd_hash
 
     h = cwd_hash("/bench/bulk")
     zsets = [store.keys.index(state, c) for state in ("all", "active") for c in (None, h)]

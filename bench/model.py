@@ -42,9 +42,9 @@ def bench_model_step(url: str, prefix: str, n: int) -> list[Row]:
     """``n`` requests each way (alternating, after 10 warm-up requests)."""
     import openai
 
-    from orchestrator import steps, tools, turns
-    from orchestrator.openai_model import OpenAIModel
-    from orchestrator.sessions import create_session
+    from orchestrator.models.openai_model import OpenAIModel
+    from orchestrator.session.sessions import create_session
+    from orchestrator.turn import steps, tools, turns
     from tests.openai_server import serve
 
     store, _ = configure(url, prefix)
@@ -114,15 +114,16 @@ def bench_model_step(url: str, prefix: str, n: int) -> list[Row]:
     ]
 
 
-#: The threads one store's step watches and closure listeners share (orchestrator/sharing.py).
+#: The threads one store's step watches and closure listeners share
+# (orchestrator/storage/sharing.py).
 _SHARED_THREADS = ("step-watch", "gate-feed")
 
 
 def _stop_to_close(store: Any, model: Any, served: Any, cwd: str) -> float:
     """Seconds from an archive's answer to the server logging the held stream closed."""
-    from orchestrator import steps, tools, turns
-    from orchestrator.archive import archive
-    from orchestrator.sessions import create_session
+    from orchestrator.archiving.archive import archive
+    from orchestrator.session.sessions import create_session
+    from orchestrator.turn import steps, tools, turns
 
     null = NullDispatcher()
     sid = create_session(store, cwd).session_id

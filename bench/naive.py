@@ -73,8 +73,10 @@ def _alive(pid: int) -> bool:
 
 def _busy(store: Any, dispatcher: Any, n: int, cwd: str) -> dict[str, dict[str, Any]]:
     """``n`` sessions busy in all four families; per session its job pids and reminder ids."""
-    from orchestrator import activity, sessions, turns
+    from orchestrator.census import activity
     from orchestrator.families import Family
+    from orchestrator.session import sessions
+    from orchestrator.turn import turns
 
     ids = [sessions.create_session(store, cwd).session_id for _ in range(n)]
     for sid in ids:
@@ -100,7 +102,7 @@ def _busy(store: Any, dispatcher: Any, n: int, cwd: str) -> dict[str, dict[str, 
 
 
 def _first(store: Any, sid: str, family: str) -> str:
-    from orchestrator import activity
+    from orchestrator.census import activity
 
     return next(i.id for i in activity.own_items(store, sid) if i.family == family)
 
@@ -195,7 +197,7 @@ class _Watch:
                 self.quiet[sid] = max(now, self.last_step[sid])
 
     def _census(self, pending: list[str], now: float) -> None:
-        from orchestrator import activity
+        from orchestrator.census import activity
 
         for sid, items in activity.census_many(self.store, pending).items():
             if items:
@@ -255,8 +257,10 @@ class _Watch:
 def _offline(fleet: Any, store: Any, dispatcher: Any, k: int) -> dict[str, int]:
     """With the turn worker offline, ``k`` sessions per side get a turn (its steps wait in the
     queue) and are archived; then the worker starts. Model steps that ran anyway, per side."""
-    from orchestrator import archive, sessions, turns
+    from orchestrator.archiving import archive
     from orchestrator.families import Family
+    from orchestrator.session import sessions
+    from orchestrator.turn import turns
 
     turn_workers = [w for w in fleet.workers if w.family == Family.TURN]
     for w in turn_workers:
@@ -287,7 +291,8 @@ def _archive_side(
     """Archive ``seeded`` the ``side`` way under a watch; its figures, and for agent-fleet the
     breakdown by family and hop (``bench/hops.py``) of the same sessions."""
     from bench.hops import StopEvents, breakdown, load_probe
-    from orchestrator import activity, archive
+    from orchestrator.archiving import archive
+    from orchestrator.census import activity
 
     sids = list(seeded)
     fleet_side = side == "agent-fleet"

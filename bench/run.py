@@ -136,7 +136,7 @@ def bench_archive_http(url: str, prefix: str, n: int) -> list[Row]:
 
 # --------------------------------------------------------------------------- 2
 def bench_gate(url: str, prefix: str, n: int) -> list[Row]:
-    from orchestrator import gate, sessions
+    from orchestrator.session import gate, sessions
 
     store, _ = configure(url, prefix, max_subagent_depth=128)  # a lineage 100 deep
     chain = [sessions.create_session(store, "/bench/gate").session_id]
@@ -168,8 +168,11 @@ BUSY_PROMPT = "spawn think 60|say done\nrun 60\nremind 60 say later\nthink 60"
 def bench_drain(url: str, prefix: str, n: int) -> list[Row]:
     from bench.hops import StopEvents, breakdown
     from localfleet.fleet import LocalFleet
-    from orchestrator import activity, archive, sessions, turns
+    from orchestrator.archiving import archive
+    from orchestrator.census import activity
     from orchestrator.families import Family
+    from orchestrator.session import sessions
+    from orchestrator.turn import turns
 
     store, dispatcher = configure(url, prefix)
     state = Path(tempfile.mkdtemp(prefix="fleet-bench-workers-"))
@@ -231,7 +234,7 @@ def _watch_quiet(
 ) -> None:
     """Until every archived session of ``ids`` has an empty census (or 60 s): one census of
     every archived, not yet quiet session per sweep (a few round trips in all)."""
-    from orchestrator import activity
+    from orchestrator.census import activity
 
     deadline = time.monotonic() + 60
     while len(quiet) < len(ids) and time.monotonic() < deadline:
@@ -245,8 +248,8 @@ def _watch_quiet(
 # --------------------------------------------------------------------------- 6
 def bench_throughput(url: str, prefix: str, n: int) -> list[Row]:
     from localfleet.fleet import LocalFleet
-    from orchestrator import sessions
     from orchestrator.families import Family
+    from orchestrator.session import sessions
 
     store, dispatcher = configure(url, prefix)
     state = Path(tempfile.mkdtemp(prefix="fleet-bench-tp-"))

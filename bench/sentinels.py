@@ -23,7 +23,7 @@ import redis
 
 from bench.common import free_port
 from localfleet.embedded import find_redis_server
-from orchestrator.processes import die_with_parent
+from orchestrator.process.processes import die_with_parent
 
 MASTER = "mymaster"
 DOWN_AFTER_MS = 1000

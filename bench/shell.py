@@ -3,7 +3,7 @@
 The same command (``true``) run three ways, alternating, in this process against the same
 Redis: as a bare child process under coreutils ``timeout`` (the floor: what the tool itself
 must do); as the ``shell`` tool runs it in a turn worker (``tools._shell``: the output drain,
-the cancel loop, and the exec warden watching it, ``orchestrator/execwatch.py``, one per
+the cancel loop, and the exec warden watching it, ``orchestrator/process/execwatch.py``, one per
 process); and with a warden started for that one call, which is what every call cost before
 the warden was shared (an interpreter importing the store's modules, per call). Printed per
 way: the median wall time and the CPU seconds per call, the warden's own included.
@@ -31,10 +31,11 @@ def _cpu(warden_pid: int | None) -> float:
 
 def bench_shell(url: str, prefix: str, n: int) -> list[Row]:
     """``n`` calls each way (after 3 warm-up calls of each)."""
-    from orchestrator import execwatch, tools
-    from orchestrator.fencing import StepGuard
-    from orchestrator.processes import under_timeout
-    from orchestrator.toolbox import ShellArgs
+    from orchestrator.process import execwatch
+    from orchestrator.process.processes import under_timeout
+    from orchestrator.session.fencing import StepGuard
+    from orchestrator.turn import tools
+    from orchestrator.turn.toolbox import ShellArgs
 
     store, _ = configure(url, prefix)
     guard = StepGuard("bench-turn", "bench-token")
@@ -62,7 +63,7 @@ def bench_shell(url: str, prefix: str, n: int) -> list[Row]:
         # The alternative measured: a watchdog interpreter started beside each command and
         # killed once the command ended (a short command ends it mid-start-up).
         proc = subprocess.Popen(  # its beats (a byte on stdout each) are not for the table
-            [sys.executable, "-P", "-m", "orchestrator.execwatch"],
+            [sys.executable, "-P", "-m", "orchestrator.process.execwatch"],
             stdin=subprocess.PIPE,
             stdout=subprocess.DEVNULL,
             env=env,
@@ -76,7 +77,7 @@ def bench_shell(url: str, prefix: str, n: int) -> list[Row]:
         # it ends at once, its stdin closed).
         c0 = _cpu(None)
         subprocess.run(
-            [sys.executable, "-P", "-m", "orchestrator.execwatch"],
+            [sys.executable, "-P", "-m", "orchestrator.process.execwatch"],
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             env=env,

@@ -104,7 +104,8 @@ class TurnFleet:
 
     def turns(self, n: int) -> list[float]:
         """Run ``n`` one-step turns one after the other; each one's wall time (seconds)."""
-        from orchestrator import sessions, turns
+        from orchestrator.session import sessions
+        from orchestrator.turn import turns
 
         if not self.sid:  # one session for every turn, created before any is measured
             self.sid = sessions.create_session(self.store, "/bench/step").session_id

@@ -37,12 +37,15 @@ from tenacity import RetryCallState, Retrying, retry_if_result, stop_after_delay
 
 from localfleet.embedded import resolve_redis_url
 from localfleet.fleet import LocalFleet
-from orchestrator import activity, archive, sessions, turns
+from orchestrator.archiving import archive
+from orchestrator.census import activity
 from orchestrator.errors import SessionActive, SessionArchived
 from orchestrator.families import Family
 from orchestrator.items import ActivityItem
+from orchestrator.session import sessions
 from orchestrator.settings import FleetSettings
-from orchestrator.store import Store
+from orchestrator.storage.store import Store
+from orchestrator.turn import turns
 from workers.app import create_app
 from workers.dispatch import CeleryDispatcher
 

@@ -39,7 +39,7 @@ from redis.retry import Retry
 from tenacity import RetryCallState, Retrying, retry_if_result, stop_after_delay, wait_fixed
 
 from localfleet.redis_binary import find_redis_server
-from orchestrator.processes import die_with_parent
+from orchestrator.process.processes import die_with_parent
 
 if TYPE_CHECKING:
     from orchestrator.settings import FleetSettings

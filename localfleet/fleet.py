@@ -19,10 +19,10 @@ from tenacity import RetryError, Retrying, retry_if_result, stop_after_delay, wa
 
 from orchestrator.families import get as family_spec
 from orchestrator.families import names as family_names
-from orchestrator.keys import Keys
-from orchestrator.processes import die_with_parent
-from orchestrator.redisconn import SentinelOptions, sync_client
+from orchestrator.process.processes import die_with_parent
 from orchestrator.settings import get_settings
+from orchestrator.storage.keys import Keys
+from orchestrator.storage.redisconn import SentinelOptions, sync_client
 
 
 @dataclass

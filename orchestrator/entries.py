@@ -4,7 +4,7 @@ once: lifecycle events (``events.py``) and audit entries' ``detail`` (``audit.py
 A ``Shape`` lists an entry's fields in order, each a constant or a slot filled when the entry
 is built (``STR``, ``INT``, ``BOOL``, ``RAW``). ``Shape.render`` builds it in Python;
 ``Shape.lua_format`` gives the same text as a Lua ``string.format`` template, from which
-``orchestrator/luarules.py`` generates one Lua builder per shape (``event_archived(sid,
+``orchestrator/storage/luarules.py`` generates one Lua builder per shape (``event_archived(sid,
 n)``), so Python and the scripts cannot disagree on a shape.
 """
 

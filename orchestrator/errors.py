@@ -26,7 +26,7 @@
     TurnStopped                internal to the step runtime, never reaches an interface: a
                                step's write was refused because its turn stopped running
     StepSuperseded             internal to the step runtime: another copy of the step began
-                               (orchestrator/fencing.py), so this copy writes nothing more
+                               (orchestrator/session/fencing.py), so this copy writes nothing more
 """
 
 from __future__ import annotations
@@ -249,7 +249,7 @@ class LimitReached(FleetError):
     ``FLEET_MAX_*`` limits (nothing was written). ``limit`` is the setting's name,
     ``maximum`` its value, ``count`` the current count and ``detail`` what it counts
     (``16 live jobs in the session``). In a turn it becomes the tool call's ``failed``
-    result (``orchestrator/limits.py``)."""
+    result (``orchestrator/session/limits.py``)."""
 
     code = "limit_reached"
 
@@ -340,7 +340,7 @@ class TurnStopped(Exception):
 class StepSuperseded(Exception):
     """Raised inside a step when a write it asked for (a conversation update, the turn's
     advance or end) was refused because another copy of the same step began since this one
-    (its lease lapsed while its worker was frozen; ``orchestrator/fencing.py``); nothing was
+    (its lease lapsed while its worker was frozen; ``orchestrator/session/fencing.py``); nothing was
     written. Not a ``FleetError``: ``steps.run_step`` drops the copy (outcome ``superseded``)."""
 
     def __init__(self, turn_id: str) -> None:

@@ -27,7 +27,7 @@ import sys
 from collections.abc import Iterable
 from typing import Any, TextIO
 
-from orchestrator.store import iso
+from orchestrator.storage.store import iso
 
 #: Context fields a record may carry through ``extra``; ``session_id`` is always written.
 CONTEXT_FIELDS = ("session_id", "turn_id", "family", "task_id")

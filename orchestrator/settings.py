@@ -27,7 +27,7 @@ Seconds = Annotated[float, Field(ge=0, le=MAX_SECONDS)]
 PositiveSeconds = Annotated[float, Field(gt=0, le=MAX_SECONDS)]
 
 
-#: The tools a model may be offered (``FLEET_TOOLS``), in ``orchestrator/toolbox.py``'s order;
+#: The tools a model may be offered (``FLEET_TOOLS``), in ``orchestrator/turn/toolbox.py``'s order;
 #: named here so a setting naming another is refused when it is read (the registry imports
 #: the settings, not the other way round).
 TOOL_NAMES = ("shell", "start_job", "spawn_subagent", "set_reminder")
@@ -54,7 +54,8 @@ class MissingRedisUrl(ValueError):
     command but ``fleet up`` and ``fleet demo`` refuses to start without one."""
 
 
-#: The URL schemes ``FLEET_REDIS_URL`` may have (``sentinel://``: see ``orchestrator.redisconn``).
+#: The URL schemes ``FLEET_REDIS_URL`` may have (``sentinel://``: see
+# ``orchestrator.storage.redisconn``).
 REDIS_SCHEMES = ("redis://", "rediss://", "unix://", "sentinel://")
 
 
@@ -70,7 +71,7 @@ class FleetSettings(BaseSettings):
     #: ``fleet up`` published in ``FLEET_STATE_DIR/fleet.json``, else stop saying what to do
     #: (``fleet worker``, ``beat``, ``api`` and ``celery -A workers.main`` require it).
     redis_url: str | None = None
-    #: With a ``sentinel://`` URL (orchestrator/redisconn.py): the primary's name as the
+    #: With a ``sentinel://`` URL (orchestrator/storage/redisconn.py): the primary's name as the
     #: Sentinels monitor it.
     redis_sentinel_master: str = "mymaster"
     #: With a ``sentinel://`` URL: the Sentinels' own credentials, when they require them, as
@@ -182,11 +183,11 @@ class FleetSettings(BaseSettings):
     #: Model steps one turn may take; the turn then ends with ``max_turn_requests``.
     max_turn_requests: int = Field(default=500, ge=1)
     #: Tools offered to models: a comma list of ``shell``, ``start_job``, ``spawn_subagent``,
-    #: ``set_reminder`` (``orchestrator/toolbox.py``'s tools); empty: none. Any other name is
+    #: ``set_reminder`` (``orchestrator/turn/toolbox.py``'s tools); empty: none. Any other name is
     #: refused at startup (exit status 2, naming it and the known ones).
     tools: str = ",".join(TOOL_NAMES)
     #: How the process trees of jobs and ``shell`` tool calls are contained
-    #: (``orchestrator/containment.py``): ``auto`` (the first the host allows), ``cgroup``,
+    #: (``orchestrator/process/containment.py``): ``auto`` (the first the host allows), ``cgroup``,
     #: ``pid-namespace``, ``subreaper`` or ``process-group``.
     containment: Literal["auto", "cgroup", "pid-namespace", "subreaper", "process-group"] = "auto"
 

@@ -1,6 +1,7 @@
 """The states of turns, jobs and reminders and the rules over them, written once: Python
-reads them from here (through ``orchestrator.turns``, ``jobs`` and ``reminders``) and the Lua
-scripts from the prelude ``orchestrator/luarules.py`` generates from them. Imports nothing of
+reads them from here (through ``orchestrator.turn.turns``, ``jobs`` and ``reminders``) and the Lua
+scripts from the prelude ``orchestrator/storage/luarules.py`` generates from them. Imports nothing
+of
 the project, so the prelude's generation reaches it from the store without a cycle.
 """
 
@@ -73,7 +74,8 @@ class JobState(StrEnum):
 
 
 class ReminderState(StrEnum):
-    """Where a reminder is in its lifecycle (``orchestrator/reminders.py`` tells the moves)."""
+    """Where a reminder is in its lifecycle (``orchestrator/reminder/reminders.py`` tells the
+    moves)."""
 
     ARMED = "armed"  #: stored, waiting for its due time
     FIRING = "firing"  #: claimed by the poller, its turn not created yet

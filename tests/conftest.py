@@ -180,8 +180,8 @@ def key_prefix() -> str:
 
 @pytest.fixture(scope="session")
 def store() -> Iterator[Any]:
-    """An ``orchestrator.store.Store`` on the test Redis and prefix."""
-    from orchestrator.store import Store
+    """An ``orchestrator.storage.store.Store`` on the test Redis and prefix."""
+    from orchestrator.storage.store import Store
 
     s = Store(REDIS_URL, _PREFIX)
     yield s
@@ -205,7 +205,7 @@ def store_with() -> Iterator[Any]:
     the domain reads its settings from the store, so nothing process-wide is changed or
     reset."""
     from orchestrator.settings import FleetSettings
-    from orchestrator.store import Store
+    from orchestrator.storage.store import Store
 
     made: list[Store] = []
     arguments = set(inspect.signature(Store).parameters)
@@ -225,7 +225,7 @@ def own_store() -> Iterator[Any]:
     """A store on a prefix of this test alone (for tests whose code acts on every member of a
     fleet-wide index, as a sweep does, or that check what is left under the prefix); its keys
     are deleted after the test."""
-    from orchestrator.store import Store
+    from orchestrator.storage.store import Store
 
     prefix = f"{_PREFIX}own-{uuid.uuid4().hex[:8]}:"
     s = Store(REDIS_URL, prefix)

@@ -110,7 +110,7 @@ def revive(fleet: Any, label: str, timeout: float = STARTUP_TIMEOUT) -> list[str
     Returns the descriptions of the dead workers (empty when all were alive)."""
     import redis
 
-    from orchestrator.keys import Keys
+    from orchestrator.storage.keys import Keys
 
     dead = dead_workers(fleet)
     if not dead:

@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from orchestrator.activity import census
-from orchestrator.archive import archive
+from orchestrator.archiving.archive import archive
+from orchestrator.census.activity import census
 from tests.helpers import wait_for
 from tests.workers.support import new_session
 

@@ -66,7 +66,8 @@ SECRETS = {
     "FLEET_API_TOKEN": ("FLEET_API_TOKEN", "api"),
     "FLEET_FLOWER_BASIC_AUTH": ("FLOWER_BASIC_AUTH", "flower"),
 }
-#: The fleet's Redis: the three Sentinel services, in kombu's form (orchestrator/redisconn.py).
+#: The fleet's Redis: the three Sentinel services, in kombu's form
+# (orchestrator/storage/redisconn.py).
 SENTINEL_URL = ";".join(f"sentinel://sentinel-{i}:26379" for i in (1, 2, 3))
 #: Services reachable from outside the compose network, and their ports.
 PUBLISHED = {"api": "8765:8765", "flower": "5555:5555"}
@@ -250,7 +251,7 @@ def _sentinel_config(svc: dict[str, Any]) -> list[str]:
 def test_three_sentinels_watch_the_primary_the_fleet_names(
     services: dict[str, dict[str, Any]],
 ) -> None:
-    from orchestrator.redisconn import parse_sentinel_url
+    from orchestrator.storage.redisconn import parse_sentinel_url
 
     sentinels = {n: s for n, s in services.items() if n.startswith("sentinel-")}
     assert set(sentinels) == {"sentinel-1", "sentinel-2", "sentinel-3"}

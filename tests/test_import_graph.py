@@ -116,7 +116,7 @@ def test_the_graph_sees_the_packages() -> None:
         "localfleet.fleet",
         "bench.run",
     } <= set(graph)
-    assert "orchestrator.errors" in graph["orchestrator.store"]
+    assert "orchestrator.errors" in graph["orchestrator.storage.store"]
 
 
 def test_the_import_graph_has_no_cycle() -> None:

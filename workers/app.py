@@ -23,9 +23,9 @@ from kombu.entity import Queue
 
 from orchestrator import families
 from orchestrator.families import Family
-from orchestrator.keys import BROKER_UNACKED, Keys
-from orchestrator.redisconn import SentinelOptions, connection_options, is_sentinel
 from orchestrator.settings import FleetSettings
+from orchestrator.storage.keys import BROKER_UNACKED, Keys
+from orchestrator.storage.redisconn import SentinelOptions, connection_options, is_sentinel
 
 TASK_MODULES = [
     *(spec.task_module for spec in families.families()),
@@ -73,7 +73,7 @@ BROKER_HEALTH_CHECK_INTERVAL = 5
 def broker_connection_options() -> dict[str, Any]:
     """kombu transport options bounding every broker connection: ``BROKER_SOCKET_TIMEOUT``,
     ``BROKER_CONNECT_TIMEOUT``, TCP keepalive and ``BROKER_HEALTH_CHECK_INTERVAL``
-    (``orchestrator.redisconn.connection_options``)."""
+    (``orchestrator.storage.redisconn.connection_options``)."""
     return connection_options(
         BROKER_SOCKET_TIMEOUT, BROKER_CONNECT_TIMEOUT, BROKER_HEALTH_CHECK_INTERVAL
     )
@@ -103,7 +103,7 @@ def configure(app: Celery, settings: FleetSettings) -> None:
         broker_url=url,
         # kombu's Redis transport, made to reconnect on a restarting, failed-over or full
         # server instead of ending the worker (workers/broker.py says why); its Sentinel
-        # variant for a sentinel:// URL (orchestrator/redisconn.py).
+        # variant for a sentinel:// URL (orchestrator/storage/redisconn.py).
         broker_transport=broker_transport(url),
         broker_connection_retry_on_startup=True,
         # A worker never gives up on the broker: it reconnects with back-off for as long as
@@ -115,7 +115,7 @@ def configure(app: Celery, settings: FleetSettings) -> None:
             # bounded: a silent connection is noticed within seconds and replaced.
             **broker_connection_options(),
             # Broker keys live under the fleet's prefix, beside its state, named by
-            # orchestrator/keys.py (the turn sweeper looks for a step's message in them).
+            # orchestrator/storage/keys.py (the turn sweeper looks for a step's message in them).
             "global_keyprefix": keys.broker_prefix,
             "unacked_key": BROKER_UNACKED,
             "queue_order_strategy": "priority",

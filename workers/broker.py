@@ -15,7 +15,7 @@ worker-broker fault tests, the fault soak):
   a replica), ``MasterDownError`` or ``NoReplicasError`` (a primary with
   ``min-replicas-to-write`` whose replicas are gone refuses ``BRPOP``, a write): all pass
   once the server recovers, so they are connection errors here
-  (``orchestrator.redisconn.TRANSIENT_REPLIES``).
+  (``orchestrator.storage.redisconn.TRANSIENT_REPLIES``).
 * **A message popped but not recorded is handed back.** ``BRPOP`` is allowed on a full server
   but the write that records the message as unacknowledged is not, so the message would exist
   only in this process. It is held here and pushed back to the head of its queue before the
@@ -78,7 +78,7 @@ from kombu.transport import virtual as kombu_virtual
 from kombu.utils.json import dumps
 from redis import exceptions as redis_errors
 
-from orchestrator.redisconn import TRANSIENT_REPLIES
+from orchestrator.storage.redisconn import TRANSIENT_REPLIES
 
 log = logging.getLogger(__name__)
 

@@ -62,7 +62,7 @@ from tenacity import (
 )
 
 from orchestrator.families import Message, message_id
-from orchestrator.redisconn import TRANSIENT_REPLIES
+from orchestrator.storage.redisconn import TRANSIENT_REPLIES
 from workers import messages
 from workers.app import BROKER_SOCKET_TIMEOUT
 from workers.broker import PublishBatch

@@ -14,8 +14,8 @@ from typing import Any
 from celery import current_task
 from celery.signals import setup_logging
 
-from orchestrator import audit
 from orchestrator.logs import configure
+from orchestrator.storage import audit
 from workers.runtime import installed_settings, role
 
 

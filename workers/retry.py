@@ -22,7 +22,7 @@ from kombu.exceptions import OperationalError
 from redis import exceptions as redis_errors
 
 from orchestrator.errors import StoreUnavailable
-from orchestrator.redisconn import TRANSIENT_REPLIES
+from orchestrator.storage.redisconn import TRANSIENT_REPLIES
 
 #: Failures that pass by themselves: the store or the broker is away, loading, full,
 #: read-only or short of replicas for a while.

@@ -17,13 +17,13 @@ from celery import Celery
 from celery.signals import celeryd_init
 from tenacity import Retrying, before_sleep_log, retry_if_exception_type, wait_exponential
 
-from orchestrator import containment
 from orchestrator.errors import StoreUnavailable
-from orchestrator.jobsupervisor import JobSupervisor
-from orchestrator.model import Model, ScriptedModel
-from orchestrator.ownership import HostLease
+from orchestrator.job.jobsupervisor import JobSupervisor
+from orchestrator.models.model import Model, ScriptedModel
+from orchestrator.process import containment
+from orchestrator.process.ownership import HostLease
 from orchestrator.settings import FleetSettings
-from orchestrator.store import Store
+from orchestrator.storage.store import Store
 from workers.dispatch import CeleryDispatcher
 
 log = logging.getLogger(__name__)
@@ -132,7 +132,7 @@ def build_model(settings: FleetSettings) -> Model:
     if settings.model == "openai":
         # Imported here: the openai package takes most of a worker's start-up imports (0.7 of
         # 1.7 s of CPU here), and a fleet on the scripted model never needs it.
-        from orchestrator.openai_model import OpenAIModel
+        from orchestrator.models.openai_model import OpenAIModel
 
         return OpenAIModel(
             model=settings.openai_model,

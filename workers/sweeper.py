@@ -1,4 +1,4 @@
-"""The turn sweeper in every turn worker (``workers.periodic``): ``orchestrator.sweeper.sweep``
+"""The turn sweeper in every turn worker (``workers.periodic``): ``orchestrator.turn.sweeper.sweep``
 ``SWEEPS_PER_STUCK`` times per ``FLEET_TURN_STUCK_SECONDS``, so a turn whose step was lost is
 resumed or ended while at least one turn worker is up. Sweepers on several workers overlap
 harmlessly: each turn is decided by one script that re-scores what it resumed."""
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import logging
 
-from orchestrator import sweeper
+from orchestrator.turn import sweeper
 from workers.periodic import every
 from workers.runtime import Runtime
 

@@ -14,9 +14,9 @@ from api.acp.hub import EventHub
 from api.acp.prompts import Prompts
 from api.acp.rpc import RpcEndpoint, Send, id_key
 from api.acp.stream import Streams, call_store
-from orchestrator import turns
 from orchestrator.families import Dispatcher
-from orchestrator.store import Store
+from orchestrator.storage.store import Store
+from orchestrator.turn import turns
 
 
 class AcpConnection(RpcEndpoint):

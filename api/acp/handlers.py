@@ -13,10 +13,14 @@ from api.acp import params as p
 from api.acp.prompts import Prompts
 from api.acp.rpc import INVALID_REQUEST, Method, RpcError
 from api.acp.stream import Streams, call_store
-from orchestrator import activity, archive, audit, deletion, sessions, titles, turns
+from orchestrator.archiving import archive, deletion
+from orchestrator.census import activity
 from orchestrator.errors import InvalidParams
 from orchestrator.families import Dispatcher
-from orchestrator.store import Store
+from orchestrator.session import sessions, titles
+from orchestrator.storage import audit
+from orchestrator.storage.store import Store
+from orchestrator.turn import turns
 
 
 class AcpConnection(Protocol):

@@ -1,6 +1,6 @@
 """The relay of the fleet's Redis events to the ACP connections of one process.
 
-Domain changes are published on Redis (``orchestrator/events.py``); ``EventHub`` holds one
+Domain changes are published on Redis (``orchestrator/storage/events.py``); ``EventHub`` holds one
 subscription per event loop and puts each event into the queues of the connections that
 watch its session.
 """
@@ -14,7 +14,7 @@ import weakref
 from typing import Any
 
 from orchestrator import untrusted
-from orchestrator.redisconn import SentinelOptions, SilenceProbe, async_client
+from orchestrator.storage.redisconn import SentinelOptions, SilenceProbe, async_client
 
 log = logging.getLogger(__name__)
 

@@ -27,7 +27,7 @@ from pydantic import (
 
 from api.errors import MAX_LISTED_ERRORS, in_words
 from orchestrator.errors import InvalidParams
-from orchestrator.idempotency import check_key
+from orchestrator.storage.idempotency import check_key
 
 #: A protocol version as early clients sent it: the date of the revision they speak.
 _LEGACY_VERSION = re.compile(r"\d{4}-\d{2}-\d{2}")
@@ -95,7 +95,7 @@ class InitializeRequest(schema.InitializeRequest):
 
 class ListSessionsRequest(schema.ListSessionsRequest):
     """``session/list`` params with the unstable ``archived`` filter (``SessionArchiveFilter``:
-    unknown values are kept, and refused by ``orchestrator.sessions`` with -32602)."""
+    unknown values are kept, and refused by ``orchestrator.session.sessions`` with -32602)."""
 
     archived: Any = None
 
@@ -113,7 +113,7 @@ class ActivityRequest(_SessionRequest):
 
 def idempotency_key(meta: dict[str, Any] | None) -> str | None:
     """The client's idempotency key of a ``session/new`` or ``session/prompt``:
-    ``_meta.agentFleet.idempotencyKey`` (``orchestrator/idempotency.py``), ``None`` when
+    ``_meta.agentFleet.idempotencyKey`` (``orchestrator/storage/idempotency.py``), ``None`` when
     absent. Raises ``InvalidParams`` when ``agentFleet`` is not an object,
     ``InvalidIdempotencyKey`` for a malformed key."""
     ours = (meta or {}).get("agentFleet")

@@ -26,9 +26,10 @@ from typing import Any
 from api.acp.hub import EventHub, RelayUnavailable
 from api.acp.prompts import Prompts
 from api.acp.rpc import Send
-from orchestrator import turns, untrusted
-from orchestrator.store import Store
-from orchestrator.store import translated as translated_store
+from orchestrator import untrusted
+from orchestrator.storage.store import Store
+from orchestrator.storage.store import translated as translated_store
+from orchestrator.turn import turns
 
 log = logging.getLogger(__name__)
 

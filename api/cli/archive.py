@@ -94,7 +94,7 @@ def _archive_one(session_id: str, stop: bool, confirmed: list[str] | None, as_js
     """Archive one session (``--stop``: stop its live work, bound to what was confirmed) and
     print the outcome; a refusal exits 2."""
     from api.context import dispatcher, store
-    from orchestrator.archive import archive as do_archive
+    from orchestrator.archiving.archive import archive as do_archive
 
     try:
         binding = _confirmation(session_id, stop, confirmed, as_json, "archive")
@@ -121,7 +121,7 @@ def _confirmation(
     Raises ``InvalidParams`` for a malformed item or --confirmed without --stop,
     ``SessionNotFound``; exits 1 when the user declines."""
     from api.context import dispatcher, store
-    from orchestrator.activity import census
+    from orchestrator.census.activity import census
     from orchestrator.errors import InvalidParams
     from orchestrator.families import names
 
@@ -162,8 +162,8 @@ def unarchive(session_id: str, as_json: bool = _JSON) -> None:
     """Unarchive a session (restores nothing that was stopped). Exit status: 0 unarchived (or
     was not archived), 2 refused (with --json, as JSON on stdout)."""
     from api.context import store
-    from orchestrator.archive import unarchive as do_unarchive
-    from orchestrator.archive import unarchive_to_wire
+    from orchestrator.archiving.archive import unarchive as do_unarchive
+    from orchestrator.archiving.archive import unarchive_to_wire
 
     try:
         n = do_unarchive(store(), session_id)
@@ -194,7 +194,7 @@ def delete(
     as JSON on stdout; the deleted answer is the HTTP API's).
     """
     from api.context import dispatcher, store
-    from orchestrator.deletion import delete as do_delete
+    from orchestrator.archiving.deletion import delete as do_delete
     from orchestrator.errors import SessionNotFound
 
     try:

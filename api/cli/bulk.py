@@ -29,7 +29,7 @@ from api.cli.bulk_ids import Split
 from api.cli.common import app, cli_words, console, err, item_line, printable, shown_id, usage, when
 from api.cli.params import seconds_option
 from api.cli.tables import fitted, show
-from orchestrator.bulk import BulkResult
+from orchestrator.archiving.bulk import BulkResult
 from orchestrator.errors import FleetError
 
 #: Sessions listed by name in human output; ``--json`` lists them all.
@@ -37,7 +37,8 @@ _LISTED = 200
 
 
 #: The largest ``--ids-file`` read, in bytes: some 500,000 ids of 30 characters (50 requests
-#: of ``orchestrator.bulk.MAX_IDS``), and far below what would exhaust memory (``/dev/zero``
+#: of ``orchestrator.archiving.bulk.MAX_IDS``), and far below what would exhaust memory
+# (``/dev/zero``
 #: or a stream that never ends is refused once this much was read).
 MAX_IDS_FILE_BYTES = 16 * 1024 * 1024
 
@@ -187,7 +188,7 @@ def run_bulk(given: Selection) -> None:
     """``fleet bulk-archive`` (and ``fleet archive --bulk``)."""
     from api.cli.bulk_ids import archive_ids
     from api.context import dispatcher, store
-    from orchestrator.bulk import BulkFilter, bulk_archive
+    from orchestrator.archiving.bulk import BulkFilter, bulk_archive
 
     named = list(given.ids) + (read_ids(given.ids_file) if given.ids_file is not None else [])
     filtered = given.cwd is not None or given.idle_since is not None or given.q is not None
@@ -270,8 +271,8 @@ def run_auto(given: Selection, *, bulk: bool = False, idle_seconds: float = 0) -
     """``fleet archive --auto [--dry-run] [--cwd DIR] [--idle-seconds N]``: one run of the
     auto-archive policy; a dry run prints the sessions it would archive."""
     from api.context import dispatcher, store
-    from orchestrator.bulk import auto_archive
-    from orchestrator.sessions import get_session
+    from orchestrator.archiving.bulk import auto_archive
+    from orchestrator.session.sessions import get_session
 
     named = given.ids or given.ids_file is not None
     if bulk or named or given.idle_since is not None or given.q is not None or given.stop:

@@ -1,11 +1,11 @@
 """``fleet bulk-archive`` by ids, any number of them: the ids go out in requests of at most
-``orchestrator.bulk.MAX_IDS`` (the cap one request has, over HTTP as here) and the answers
+``orchestrator.archiving.bulk.MAX_IDS`` (the cap one request has, over HTTP as here) and the answers
 are merged into the one a single request would give: results in the order the ids were
 given, totals over all of them, the batches and stops of every request.
 
 - Duplicates are dropped before the list is split (the first kept), as one request merges
   them, so each session is counted once whichever requests its copies would have fallen in.
-- Over several requests the ids are put in write order (``orchestrator.bulk.write_order``:
+- Over several requests the ids are put in write order (``orchestrator.archiving.bulk.write_order``:
   ancestors first) before they are split, so an ancestor goes out in a request no later than
   its named descendants: it archives them in its own transition, and they answer
   ``already_archived``, as in one request. A dry run writes nothing, so a request cannot
@@ -26,13 +26,13 @@ from dataclasses import dataclass
 
 import redis
 
-from orchestrator import bulk
-from orchestrator.bulk import BulkResult
+from orchestrator.archiving import bulk
+from orchestrator.archiving.bulk import BulkResult
+from orchestrator.archiving.stops import StopReport
 from orchestrator.errors import FleetError
 from orchestrator.families import Dispatcher
-from orchestrator.redisconn import store_unavailable
-from orchestrator.stops import StopReport
-from orchestrator.store import Store
+from orchestrator.storage.redisconn import store_unavailable
+from orchestrator.storage.store import Store
 
 
 class Interrupted(FleetError):
@@ -77,7 +77,7 @@ def archive_ids(
     progress: Callable[[int, int], None] | None = None,
 ) -> Split:
     """Archive ``session_ids`` (any number; duplicates once) in requests of at most
-    ``orchestrator.bulk.MAX_IDS``, with one ``progress(done, total)`` over all of them.
+    ``orchestrator.archiving.bulk.MAX_IDS``, with one ``progress(done, total)`` over all of them.
 
     A single request raises what ``bulk_archive`` raises; with several, a failing
     request is returned as ``Split.unfinished`` with what the earlier ones did."""

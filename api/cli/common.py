@@ -114,7 +114,7 @@ class FleetCommand(typer.core.TyperCommand):
         import pydantic
         import redis
 
-        from orchestrator.redisconn import store_unavailable
+        from orchestrator.storage.redisconn import store_unavailable
 
         try:
             return super().invoke(ctx)
@@ -226,7 +226,7 @@ def interrupt(signum: int, frame: object) -> None:
 def _every_command() -> None:
     # What a command changes is audited as done by "cli" (``fleet api`` and ``fleet acp``
     # name their own actors per request or connection).
-    from orchestrator import audit
+    from orchestrator.storage import audit
 
     audit.set_default_actor("cli")
 

@@ -1,7 +1,8 @@
 """The commands whose write may lose its reply (``fleet sessions new``, ``fleet prompt``): each
 sends an idempotency key (``--idempotency-key``, a fresh UUID by default) and, while Redis is
 unavailable or the reply was lost, retries for a few seconds with the same key, so a retry
-never creates a second session or turn (``orchestrator/idempotency.py``). When it gives up it
+never creates a second session or turn (``orchestrator/storage/idempotency.py``). When it gives up
+it
 names the key, so the command can be run again with it safely."""
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from tenacity import Retrying, retry_if_exception, stop_after_delay, wait_expone
 
 from api.cli.common import err
 from orchestrator.errors import StoreUnavailable
-from orchestrator.idempotency import check_key
+from orchestrator.storage.idempotency import check_key
 
 T = TypeVar("T")
 

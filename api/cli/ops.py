@@ -22,8 +22,8 @@ def reconcile(
     """Run the archive reconciler once: stop again the work that outlived its archive, flag
     archive hazards, clear them once the work is gone (FLEET_RECONCILE_* settings)."""
     from api.context import dispatcher, store
-    from orchestrator.reconcile import hazard_backoff_seconds
-    from orchestrator.reconcile import reconcile as run_reconcile
+    from orchestrator.archiving.reconcile import hazard_backoff_seconds
+    from orchestrator.archiving.reconcile import reconcile as run_reconcile
     from orchestrator.settings import get_settings
 
     settings = get_settings()
@@ -68,7 +68,7 @@ def sweep(
     times), a cancelling one whose step is gone ends cancelled; one whose
     step's message still waits in the broker is left waiting."""
     from api.context import dispatcher, store
-    from orchestrator.sweeper import sweep as run_sweep
+    from orchestrator.turn.sweeper import sweep as run_sweep
 
     try:
         report = run_sweep(store(), dispatcher(), stuck_seconds=stuck_seconds or None)

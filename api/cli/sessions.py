@@ -25,7 +25,7 @@ from api.cli.common import (
 from api.cli.keyed import KEY_OPTION, keyed_write
 from api.cli.params import count_option
 from api.cli.tables import fitted, show
-from orchestrator.sessions import Session
+from orchestrator.session.sessions import Session
 
 
 def _sessions_table(sessions: list[Session], wide: bool, width: int) -> Table:
@@ -62,7 +62,7 @@ def sessions_ls(
 ) -> None:
     """List sessions, newest activity first (not archived ones unless --all or --archived)."""
     from api.context import store
-    from orchestrator.sessions import list_sessions
+    from orchestrator.session.sessions import list_sessions
 
     if all_ and archived:
         usage(
@@ -93,8 +93,8 @@ def sessions_show(
 ) -> None:
     """Show one session, archived or not: its details, live work and conversation."""
     from api.context import store
-    from orchestrator.activity import census
-    from orchestrator.sessions import conversation, get_session
+    from orchestrator.census.activity import census
+    from orchestrator.session.sessions import conversation, get_session
 
     s = get_session(store(), session_id)
     items = census(store(), s.session_id)
@@ -150,7 +150,7 @@ def sessions_new(
     import os
 
     from api.context import store
-    from orchestrator.sessions import create_session
+    from orchestrator.session.sessions import create_session
 
     created = keyed_write(
         lambda key: create_session(store(), cwd, parent, idempotency_key=key), idempotency_key
@@ -171,7 +171,7 @@ def activity(
 ) -> None:
     """Show a session's live work, per family."""
     from api.context import store
-    from orchestrator.activity import census
+    from orchestrator.census.activity import census
 
     items = census(store(), session_id)
     if as_json:
@@ -199,8 +199,8 @@ def audit(
     change, delete and close, with when, who and the outcome. A full page ends with the
     command that shows the entries before it (on stderr)."""
     from api.context import store
-    from orchestrator.audit import read
-    from orchestrator.sessions import get_session
+    from orchestrator.session.sessions import get_session
+    from orchestrator.storage.audit import read
 
     if session_id is not None:
         session_id = get_session(store(), session_id, include_deleted=True).session_id

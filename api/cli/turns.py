@@ -20,8 +20,8 @@ from rich.text import Text
 from api.cli.common import app, console, err
 from api.cli.keyed import KEY_OPTION, keyed_write
 from orchestrator import untrusted
-from orchestrator.store import Store
-from orchestrator.turns import (
+from orchestrator.storage.store import Store
+from orchestrator.turn.turns import (
     CANCELLED_BY_ARCHIVE,
     CANCELLED_BY_DELETE,
     LIVE_STATES,
@@ -114,7 +114,7 @@ def prompt(
     or blocked, with the reason). --detach prints the turn id and returns at once. A lost
     reply is retried with the same idempotency key: the turn runs once."""
     from api.context import dispatcher, store
-    from orchestrator.turns import start_turn
+    from orchestrator.turn.turns import start_turn
 
     start = 0 if detach else _start_index(store(), session_id)
     said = text.replace("\\n", "\n")

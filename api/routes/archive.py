@@ -10,7 +10,7 @@ from fastapi.responses import JSONResponse
 
 from api.deps import AUTH, DispatcherDep, StoreDep, WiringDep
 from api.routes.bodies import BulkArchiveBody, StopBody, UnarchiveBody
-from orchestrator import archive, bulk
+from orchestrator.archiving import archive, bulk
 
 router = APIRouter(dependencies=AUTH, tags=["archive"])
 

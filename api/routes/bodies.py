@@ -21,9 +21,11 @@ from pydantic import (
     StrictStr,
 )
 
-from orchestrator import archive, bulk, idempotency, turns
+from orchestrator.archiving import archive, bulk
 from orchestrator.errors import InvalidIdempotencyKey
 from orchestrator.families import names as family_names
+from orchestrator.storage import idempotency
+from orchestrator.turn import turns
 
 #: The most turns a cancel may name.
 MAX_TURN_IDS = 1000
@@ -43,7 +45,7 @@ QUERY_INT = BeforeValidator(_decimal_digits)
 
 
 #: The ``Idempotency-Key`` request header of the writes a client may need to retry without
-#: knowing whether the first try was applied (``orchestrator/idempotency.py``); checked by
+#: knowing whether the first try was applied (``orchestrator/storage/idempotency.py``); checked by
 #: the domain (400 ``invalid_idempotency_key``), so no constraint is declared here.
 IDEMPOTENCY_KEY = Header(
     alias="Idempotency-Key",

@@ -2,7 +2,7 @@
 ``sse-starlette``).
 
 Events (archived, unarchived, title, turn, deleted) are read from the capped Redis stream
-``Keys.event_stream`` that ``orchestrator.events`` appends to, so a client that reconnects
+``Keys.event_stream`` that ``orchestrator.storage.events`` appends to, so a client that reconnects
 misses nothing still retained: each SSE event's ``id:`` is its stream id, and a request with
 ``Last-Event-ID`` (the header browsers send on reconnect, or the ``lastEventId`` query
 parameter) resumes right after it. Without one, the stream starts at the newest event (only
@@ -50,10 +50,10 @@ from api.deps import AUTH, SettingsDep, StoreDep
 from api.errors import error_body
 from orchestrator import untrusted
 from orchestrator.errors import InvalidParams, SessionNotFound
-from orchestrator.events import deleted_after
-from orchestrator.redisconn import SentinelOptions, async_client, store_unavailable
-from orchestrator.sessions import SESSION_ID_RE, get_session
-from orchestrator.store import Store
+from orchestrator.session.sessions import SESSION_ID_RE, get_session
+from orchestrator.storage.events import deleted_after
+from orchestrator.storage.redisconn import SentinelOptions, async_client, store_unavailable
+from orchestrator.storage.store import Store
 
 log = logging.getLogger(__name__)
 

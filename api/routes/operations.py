@@ -13,10 +13,12 @@ from fastapi.responses import JSONResponse
 from api import metrics as api_metrics
 from api.deps import AUTH, DispatcherDep, StoreDep
 from api.routes.bodies import QUERY_INT
-from orchestrator import audit, containment, sessions
 from orchestrator.families import Dispatcher
-from orchestrator.heartbeats import live_workers
-from orchestrator.store import Store
+from orchestrator.process import containment
+from orchestrator.session import sessions
+from orchestrator.storage import audit
+from orchestrator.storage.heartbeats import live_workers
+from orchestrator.storage.store import Store
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +55,7 @@ def readiness(store: Store, dispatcher: Dispatcher) -> tuple[bool, dict[str, Any
     [node, ...]}, "containment"}``: ``containment`` is how this host contains the process
     trees the fleet starts (``cgroup``, ``pid-namespace``, ``subreaper``, or
     ``process-group``, where a process that leaves its group escapes;
-    ``orchestrator/containment.py``)."""
+    ``orchestrator/process/containment.py``)."""
     try:
         store.redis.ping()
         workers = live_workers(store)

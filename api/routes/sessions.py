@@ -16,7 +16,9 @@ from api.routes.bodies import (
     StopBody,
     TitleBody,
 )
-from orchestrator import activity, deletion, sessions, titles
+from orchestrator.archiving import deletion
+from orchestrator.census import activity
+from orchestrator.session import sessions, titles
 
 router = APIRouter(dependencies=AUTH)
 _TAGS: list[str | Any] = ["sessions"]

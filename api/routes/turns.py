@@ -15,10 +15,12 @@ from api.routes.bodies import (
     IdempotencyKeyDep,
     PromptBody,
 )
-from orchestrator import audit, sessions, turns
 from orchestrator.errors import InvalidParams, TurnNotFound
 from orchestrator.families import Dispatcher
-from orchestrator.store import Store
+from orchestrator.session import sessions
+from orchestrator.storage import audit
+from orchestrator.storage.store import Store
+from orchestrator.turn import turns
 
 router = APIRouter(dependencies=AUTH, tags=["turns"])
 

@@ -14,7 +14,7 @@ from typing import Any
 import httpx
 import redis
 
-from orchestrator.keys import Keys
+from orchestrator.storage.keys import Keys
 
 _STORED = re.compile(r"stored reminder (rem_[0-9a-f]+)")
 _NOT_FIRED = re.compile(r"reminder (rem_[0-9a-f]+) not fired")

@@ -29,7 +29,7 @@ from bench.common import free_port
 from localfleet.embedded import EmbeddedRedis
 from localfleet.fleet import LocalFleet, WorkerProcess
 from orchestrator.families import names as family_names
-from orchestrator.processes import die_with_parent
+from orchestrator.process.processes import die_with_parent
 from tests.tcp_proxy import TcpProxy
 
 #: Settings every soak process gets: short enough that a lost step or a dead worker is

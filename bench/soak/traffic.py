@@ -72,7 +72,7 @@ class ClientLog:
 
 
 class Scripts:
-    """Seeded scripted prompts (``orchestrator/model.py``); a unique token per reminder."""
+    """Seeded scripted prompts (``orchestrator/models/model.py``); a unique token per reminder."""
 
     def __init__(self) -> None:
         self._tokens = itertools.count(1)

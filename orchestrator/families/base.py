@@ -90,7 +90,7 @@ class BatchDispatcher(Dispatcher, Protocol):
 def step_message_id(turn_id: str, index: int) -> str:
     """The task id of every message of step ``index`` of a turn: the turn sweeper looks for
     it in the broker to tell a step waiting for a worker from a lost one
-    (``orchestrator/sweeper.py``; ``scripts/turn_broker_scan.lua`` builds the same). Copies
+    (``orchestrator/turn/sweeper.py``; ``turn/turn_broker_scan.lua`` builds the same). Copies
     of a step share it, as a retried task keeps its id."""
     return f"{turn_id}.step.{index}"
 

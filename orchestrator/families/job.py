@@ -13,7 +13,7 @@ from orchestrator.families.registry import FamilySpec, register
 from orchestrator.items import ActivityItem
 
 if TYPE_CHECKING:
-    from orchestrator.store import Store
+    from orchestrator.storage.store import Store
 
 log = logging.getLogger(__name__)
 
@@ -27,7 +27,7 @@ def _item(sid: str, jid: str, fields: list[str | None]) -> ActivityItem:
 def _settle(store: Store, dispatcher: Dispatcher | None, sid: str, jids: list[str]) -> None:
     """A job whose lease lapsed is marked ``lost``: its owning worker stopped renewing it
     (dead, frozen, or cut off from Redis; its watchdog kills the process before the lapse)."""
-    from orchestrator.store import iso
+    from orchestrator.storage.store import iso
 
     ms = store.now_ms()
     for jid in jids:

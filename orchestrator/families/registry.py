@@ -1,9 +1,10 @@
 """The family registry: each activity family declared once, by a ``FamilySpec``.
 
-The census (``orchestrator/activity.py``), the stop fan-out (``orchestrator/stops.py``), the
+The census (``orchestrator/census/activity.py``), the stop fan-out
+(``orchestrator/archiving/stops.py``), the
 worker queue lists and task modules (``workers/app.py``), the CLI's ``--family`` choices, the
 console's labels and the Lua scripts' liveness rule (``FamilySpec.lua``, put before every
-script by ``orchestrator.store``) all read it. A name that is not registered raises
+script by ``orchestrator.storage.store``) all read it. A name that is not registered raises
 ``UnknownFamily``; nothing falls through to another family.
 """
 
@@ -53,7 +54,7 @@ class FamilySpec:
       ``<name>.ctl`` (``control_queue``), per host when ``host_stops`` (a stop must reach the
       host owning the item), and ``extra_queues`` its workers also consume.
     - Census: ``lua``, the Lua file registering its liveness rule (``family(name, ...)``,
-      ``orchestrator/scripts/_lib.lua``; naming the one key that holds a session's item ids,
+      ``orchestrator/storage/_lib.lua``; naming the one key that holds a session's item ids,
       when there is one, lets the live-work checks pass an idle session with one EXISTS
       across families), ``item`` turning a live row into an
       ``ActivityItem``, ``settle`` for items whose owner vanished. A family without ``lua`` is

@@ -11,7 +11,7 @@ from orchestrator.families.registry import FamilySpec, register
 from orchestrator.items import ActivityItem, shorten
 
 if TYPE_CHECKING:
-    from orchestrator.store import Store
+    from orchestrator.storage.store import Store
 
 
 def _item(sid: str, rid: str, fields: list[str | None]) -> ActivityItem:
@@ -20,7 +20,7 @@ def _item(sid: str, rid: str, fields: list[str | None]) -> ActivityItem:
 
 
 def _stop_here(store: Store, dispatcher: Dispatcher, sid: str, entries: list[Any]) -> str:
-    from orchestrator.reminders import stop_reminders
+    from orchestrator.reminder.reminders import stop_reminders
 
     deleted = stop_reminders(store, sid, [r for r in entries if isinstance(r, str)])
     return f"{deleted} reminder(s) deleted"

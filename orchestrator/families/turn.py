@@ -11,7 +11,7 @@ from orchestrator.families.registry import FamilySpec, register
 from orchestrator.items import ActivityItem, shorten
 
 if TYPE_CHECKING:
-    from orchestrator.store import Store
+    from orchestrator.storage.store import Store
 
 log = logging.getLogger(__name__)
 
@@ -26,7 +26,7 @@ def _settle(store: Store, dispatcher: Dispatcher | None, sid: str, tids: list[st
     dispatcher, since the session's next queued turn may then start (its first step is sent)."""
     if dispatcher is None:
         return
-    from orchestrator.store import iso
+    from orchestrator.storage.store import iso
 
     ms = store.now_ms()
     for tid in tids:
@@ -43,7 +43,7 @@ def _settle(store: Store, dispatcher: Dispatcher | None, sid: str, tids: list[st
 
 
 def _stop_here(store: Store, dispatcher: Dispatcher, sid: str, entries: list[Any]) -> str:
-    from orchestrator.turns import cancel_turns
+    from orchestrator.turn.turns import cancel_turns
 
     done = cancel_turns(store, dispatcher, sid, [t for t in entries if isinstance(t, str)])
     return f"{len(done)} turn(s) cancelled"

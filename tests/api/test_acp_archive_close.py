@@ -23,7 +23,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 import api.rest
-from orchestrator import sessions as session_ops
+from orchestrator.session import sessions as session_ops
 from tests.api.test_acp_stdio import (
     PROMPT_TIMEOUT,
     RpcPeer,

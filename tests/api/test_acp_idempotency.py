@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from orchestrator import sessions
-from orchestrator.store import Store
+from orchestrator.session import sessions
+from orchestrator.storage.store import Store
 from tests.api.test_acp_stdio import (
     INVALID_PARAMS,
     PROMPT_TIMEOUT,

@@ -13,7 +13,7 @@ import pytest
 from api.acp import handlers
 from api.acp import params as p
 from api.acp.prompts import Prompts
-from orchestrator import sessions
+from orchestrator.session import sessions
 from tests.helpers import RecordingDispatcher
 
 

@@ -26,9 +26,10 @@ from typing import Any
 import pytest
 
 from api.acp import LIST_PAGE
-from orchestrator import archive as archive_ops
-from orchestrator import sessions as session_ops
-from orchestrator import titles, turns
+from orchestrator.archiving import archive as archive_ops
+from orchestrator.session import sessions as session_ops
+from orchestrator.session import titles
+from orchestrator.turn import turns
 from tests.helpers import STARTUP_TIMEOUT, RecordingDispatcher, fail_if_a_worker_died, wait_for
 from tests.workers.support import model_requests
 

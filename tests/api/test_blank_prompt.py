@@ -9,8 +9,9 @@ import pytest
 from typer.testing import CliRunner
 
 from api.cli import app
-from orchestrator import sessions, turns
 from orchestrator.errors import InvalidParams
+from orchestrator.session import sessions
+from orchestrator.turn import turns
 from tests.helpers import error_shape, rest_client
 
 BLANKS = ["", "   ", "\n\t \n"]

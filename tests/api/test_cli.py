@@ -281,7 +281,7 @@ def test_archive_live_turn_refused_then_stopped(fleet: Any) -> None:
 
 
 def test_prompt_runs_a_turn(fleet: Any, store: Any) -> None:
-    from orchestrator.turns import get_turn
+    from orchestrator.turn.turns import get_turn
 
     sid = _new()
     tid = _ok("prompt", sid, "say one\\nsay two", "--detach").strip()
@@ -381,7 +381,7 @@ def test_delete_stop_on_a_terminal_lists_the_work_and_a_no_keeps_the_session(
 ) -> None:
     from types import SimpleNamespace
 
-    from orchestrator import reminders
+    from orchestrator.reminder import reminders
 
     sid = _new()
     rid = reminders.create_reminder(store, sid, 600, "later")

@@ -18,9 +18,11 @@ from typer.testing import CliRunner
 
 import api.cli.bulk
 from api.cli import app
-from orchestrator import archive, bulk, reminders, sessions
+from orchestrator.archiving import archive, bulk
 from orchestrator.errors import StoreUnavailable
-from orchestrator.store import Store, iso, now_ms
+from orchestrator.reminder import reminders
+from orchestrator.session import sessions
+from orchestrator.storage.store import Store, iso, now_ms
 from tests.orchestrator.test_bulk import backdate
 
 runner = CliRunner()
@@ -253,7 +255,8 @@ def test_more_ids_than_one_request_takes_are_all_archived_not_refused(
 
 @pytest.fixture
 def cap(monkeypatch: pytest.MonkeyPatch) -> int:
-    """The most ids one request takes (``orchestrator.bulk.MAX_IDS``, which the server checks
+    """The most ids one request takes (``orchestrator.archiving.bulk.MAX_IDS``, which the server
+    checks
     too) lowered to 3 for one test, so a few sessions need several requests."""
     monkeypatch.setattr(bulk, "MAX_IDS", 3)
     return 3
@@ -261,7 +264,8 @@ def cap(monkeypatch: pytest.MonkeyPatch) -> int:
 
 @pytest.fixture
 def requests(monkeypatch: pytest.MonkeyPatch) -> list[list[str]]:
-    """The ids of each request the CLI sends (``orchestrator.bulk.bulk_archive`` spied on)."""
+    """The ids of each request the CLI sends (``orchestrator.archiving.bulk.bulk_archive`` spied
+    on)."""
     sent: list[list[str]] = []
     real = bulk.bulk_archive
 

@@ -18,8 +18,8 @@ from typer.testing import CliRunner
 
 from api.cli import app
 from api.cli.common import console, err
-from orchestrator import sessions, titles
-from orchestrator.store import Store
+from orchestrator.session import sessions, titles
+from orchestrator.storage.store import Store
 from tests.helpers import wait_for
 
 runner = CliRunner()

@@ -116,7 +116,7 @@ def test_a_store_error_ending_in_a_period_gets_no_second_one() -> None:
     import redis
 
     from orchestrator.errors import StoreUnavailable
-    from orchestrator.redisconn import store_unavailable
+    from orchestrator.storage.redisconn import store_unavailable
 
     refused = redis.ConnectionError("Error 111 connecting to 127.0.0.1:1. Connection refused.")
     for message in (store_unavailable(refused).message, StoreUnavailable(str(refused)).message):

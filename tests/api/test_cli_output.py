@@ -19,8 +19,8 @@ from click.testing import Result
 from typer.testing import CliRunner
 
 from api.cli import app
-from orchestrator import sessions
-from orchestrator.store import Store
+from orchestrator.session import sessions
+from orchestrator.storage.store import Store
 from tests.helpers import wait_for
 
 runner = CliRunner()

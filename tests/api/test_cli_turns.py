@@ -17,9 +17,10 @@ from click.testing import Result
 from typer.testing import CliRunner
 
 from api.cli import app
-from orchestrator import deletion, sessions
-from orchestrator.store import Store
-from orchestrator.turns import TurnState, get_turn
+from orchestrator.archiving import deletion
+from orchestrator.session import sessions
+from orchestrator.storage.store import Store
+from orchestrator.turn.turns import TurnState, get_turn
 from tests.helpers import ctrl_c_reaches_it, wait_for
 
 runner = CliRunner()

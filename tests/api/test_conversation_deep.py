@@ -14,9 +14,10 @@ import pytest
 from fastapi.testclient import TestClient
 
 import api.rest
-from orchestrator import chat, untrusted
-from orchestrator.sessions import create_session
-from orchestrator.store import Store
+from orchestrator import untrusted
+from orchestrator.models import chat
+from orchestrator.session.sessions import create_session
+from orchestrator.storage.store import Store
 from tests.api.test_acp_websocket import acp_socket
 from tests.helpers import rest_client
 

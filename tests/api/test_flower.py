@@ -17,8 +17,9 @@ from typing import Any
 import httpx
 import pytest
 
-from orchestrator import sessions, turns
-from orchestrator.store import Store
+from orchestrator.session import sessions
+from orchestrator.storage.store import Store
+from orchestrator.turn import turns
 from tests.helpers import STARTUP_TIMEOUT, http_ok, wait_for, wait_until_up
 from tests.workers.support import active_step, wait_turn_state
 

@@ -13,9 +13,9 @@ import httpx
 import pytest
 from fastapi.testclient import TestClient
 
-from orchestrator import sessions
-from orchestrator.idempotency import MAX_KEY
-from orchestrator.store import Store
+from orchestrator.session import sessions
+from orchestrator.storage.idempotency import MAX_KEY
+from orchestrator.storage.store import Store
 from tests.api_process import api_process
 from tests.helpers import RecordingDispatcher, error_shape, rest_client
 

@@ -9,11 +9,11 @@ import pytest
 from fastapi.testclient import TestClient
 
 from api.rest import create_app
-from orchestrator import audit
 from orchestrator.errors import InvalidParams
+from orchestrator.session.titles import normalize_title
 from orchestrator.settings import FleetSettings
-from orchestrator.store import Store
-from orchestrator.titles import normalize_title
+from orchestrator.storage import audit
+from orchestrator.storage.store import Store
 
 
 @pytest.fixture
@@ -154,7 +154,7 @@ def test_a_title_of_lone_surrogates_says_so() -> None:
 
 
 def test_combining_marks_cannot_inflate_a_title_past_its_code_point_cap() -> None:
-    from orchestrator.titles import MAX_TITLE_CODEPOINTS
+    from orchestrator.session.titles import MAX_TITLE_CODEPOINTS
 
     stored = normalize_title("e" + "\u0301" * 5000 + " tail")
     assert len(stored) <= MAX_TITLE_CODEPOINTS

@@ -16,8 +16,9 @@ import httpx
 import pytest
 from fastapi.testclient import TestClient
 
-from orchestrator import reminders, turns
-from orchestrator.store import Store
+from orchestrator.reminder import reminders
+from orchestrator.storage.store import Store
+from orchestrator.turn import turns
 from tests.helpers import RecordingDispatcher, rest_client, wait_for
 from tests.helpers import error_shape as _error
 

@@ -18,10 +18,12 @@ from typer.testing import CliRunner
 
 import api.metrics
 from api.cli import app as cli_app
-from orchestrator import audit, containment, turns
 from orchestrator.errors import SessionArchived
+from orchestrator.process import containment
 from orchestrator.settings import get_settings
-from orchestrator.store import Store
+from orchestrator.storage import audit
+from orchestrator.storage.store import Store
+from orchestrator.turn import turns
 from tests.api.test_acp_stdio import new_session, stdio_agent
 from tests.api.test_acp_websocket import acp_socket
 from tests.helpers import rest_client, wait_for
@@ -403,4 +405,4 @@ def test_worker_logs_are_json_lines_with_the_tasks_context(client: TestClient, f
     assert entry["family"] == "turn"
     # (a step's task id names its turn and step: families.step_message_id)
     assert re.fullmatch(rf"{re.escape(tid)}\.step\.\d+", entry["task_id"])
-    assert entry["level"] == "INFO" and entry["logger"] == "orchestrator.turns"
+    assert entry["level"] == "INFO" and entry["logger"] == "orchestrator.turn.turns"

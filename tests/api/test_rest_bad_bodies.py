@@ -15,7 +15,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from api.errors import MAX_LISTED_ERRORS
-from orchestrator import archive, bulk
+from orchestrator.archiving import archive, bulk
 from orchestrator.untrusted import MAX_NUMBER_CHARS
 from tests.helpers import error_shape, rest_client
 

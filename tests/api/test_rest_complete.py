@@ -19,9 +19,12 @@ import uvicorn
 from fastapi.testclient import TestClient
 
 import api.rest
-from orchestrator import archive, listing, reminders, titles, turns
+from orchestrator.archiving import archive
+from orchestrator.reminder import reminders
+from orchestrator.session import listing, titles
 from orchestrator.settings import FleetSettings, get_settings
-from orchestrator.store import Store
+from orchestrator.storage.store import Store
+from orchestrator.turn import turns
 from tests.helpers import RecordingDispatcher, rest_client, wait_for
 from tests.helpers import error_shape as _error
 

@@ -480,7 +480,7 @@ def test_a_refresh_of_the_list_keeps_the_rows_and_the_open_menu_under_the_pointe
 def test_refusal_dialog_asks_again_when_the_work_changed_before_confirming(
     server: Server, page: Any, store: Any
 ) -> None:
-    from orchestrator import turns
+    from orchestrator.turn import turns
     from tests.helpers import RecordingDispatcher
 
     recorder = RecordingDispatcher()  # the turns run nowhere: only this test moves them

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from localfleet.embedded import EmbeddedRedis
-from orchestrator.store import Store
+from orchestrator.storage.store import Store
 
 
 def free_port() -> int:
@@ -36,7 +36,7 @@ def private_redis(tmp_path: Path) -> Iterator[EmbeddedRedis]:
 def assert_consistent(store: Store, session_ids: Iterable[str] | None = None) -> None:
     """The archive state is whole: the ``archived`` set, each session hash's ``archived``
     flag and the listing indexes (fleet-wide and per cwd) agree, and no session with an
-    archived ancestor is itself unarchived (the gate's invariant, ``orchestrator/gate.py``).
+    archived ancestor is itself unarchived (the gate's invariant, ``orchestrator/session/gate.py``).
     Checks ``session_ids``, or every session under the store's prefix."""
     k = store.keys
     members = set(store.redis.smembers(k.archived))

@@ -28,7 +28,7 @@ from celery import Celery
 from localfleet.fleet import LocalFleet, WorkerProcess
 from orchestrator.families import Family
 from orchestrator.settings import FleetSettings
-from orchestrator.store import Store
+from orchestrator.storage.store import Store
 from tests.helpers import STARTUP_TIMEOUT, stopping_on_purpose, watching
 from workers.app import configure
 from workers.dispatch import CeleryDispatcher

@@ -17,13 +17,13 @@ from collections.abc import Iterator
 import psutil
 import pytest
 
-from orchestrator import gate
-from orchestrator.activity import census
-from orchestrator.archive import archive
+from orchestrator.archiving.archive import archive
+from orchestrator.census.activity import census
 from orchestrator.families import Family
-from orchestrator.sessions import create_session, get_session
-from orchestrator.store import Store
-from orchestrator.turns import TurnState, get_turn, start_turn
+from orchestrator.session import gate
+from orchestrator.session.sessions import create_session, get_session
+from orchestrator.storage.store import Store
+from orchestrator.turn.turns import TurnState, get_turn, start_turn
 from tests.faults.fleets import PrivateFleet, private_fleet
 from tests.helpers import RecordingDispatcher, wait_for
 from tests.workers.support import (
@@ -193,7 +193,7 @@ def test_a_subagent_finishing_after_its_parents_archive_adds_nothing_to_the_pare
 def test_a_frozen_turn_workers_shell_command_is_dead_once_its_turn_no_longer_counts(
     private: PrivateFleet,
 ) -> None:
-    # The command's exec watchdog (orchestrator/execwatch.py) kills it before its step's
+    # The command's exec watchdog (orchestrator/process/execwatch.py) kills it before its step's
     # lease lapses: when the census stops counting the turn, no process of it runs; and the
     # worker, once resumed, keeps working.
     store, dispatcher = private.store, private.dispatcher
@@ -203,7 +203,7 @@ def test_a_frozen_turn_workers_shell_command_is_dead_once_its_turn_no_longer_cou
         lambda: [
             p
             for p in psutil.Process(worker).children()
-            if "orchestrator.execwatch" in " ".join(p.cmdline())
+            if "orchestrator.process.execwatch" in " ".join(p.cmdline())
         ],
         30,
         message="the turn worker's exec warden",

@@ -22,9 +22,10 @@ from pathlib import Path
 import httpx
 import pytest
 
-from orchestrator import audit, bulk, metrics
-from orchestrator.sessions import create_session
-from orchestrator.store import Store
+from orchestrator.archiving import bulk
+from orchestrator.session.sessions import create_session
+from orchestrator.storage import audit, metrics
+from orchestrator.storage.store import Store
 from tests.helpers import RecordingDispatcher, http_ok, wait_until_up
 
 pytestmark = pytest.mark.timeout(180)

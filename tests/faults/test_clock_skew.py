@@ -18,11 +18,12 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import metrics, reminders
-from orchestrator.archive import archive
+from orchestrator.archiving.archive import archive
 from orchestrator.families import Family, Task
-from orchestrator.sessions import create_session
-from orchestrator.store import Store
+from orchestrator.reminder import reminders
+from orchestrator.session.sessions import create_session
+from orchestrator.storage import metrics
+from orchestrator.storage.store import Store
 from tests.faults.fleets import PrivateFleet, private_fleet
 from tests.helpers import FaultyDispatcher, wait_for
 

@@ -15,13 +15,13 @@ from pathlib import Path
 import pytest
 
 from localfleet.fleet import LocalFleet, WorkerProcess
-from orchestrator.activity import census
-from orchestrator.archive import archive
+from orchestrator.archiving.archive import archive
+from orchestrator.census.activity import census
 from orchestrator.families import Family, Task, control_queue
-from orchestrator.heartbeats import live_workers
-from orchestrator.reminders import create_reminder
-from orchestrator.sessions import create_session
-from orchestrator.turns import start_turn
+from orchestrator.reminder.reminders import create_reminder
+from orchestrator.session.sessions import create_session
+from orchestrator.storage.heartbeats import live_workers
+from orchestrator.turn.turns import start_turn
 from tests.faults.fleets import PrivateFleet, private_fleet
 from tests.helpers import wait_for
 from tests.workers.support import log_text, wait_log, wait_request, wait_turn_state

@@ -1,5 +1,5 @@
 """A frozen job worker (SIGSTOP by PID) does not hide running work: its jobs die before their
-leases lapse (the worker's watchdog, ``orchestrator/jobwatch.py``), so when the census stops
+leases lapse (the worker's watchdog, ``orchestrator/job/jobwatch.py``), so when the census stops
 counting a job, a plain archive records the session quiet over no running process, and the
 worker, once resumed, revives nothing and keeps working.
 
@@ -12,12 +12,12 @@ from collections.abc import Iterator
 
 import pytest
 
-from orchestrator import jobs
-from orchestrator.activity import census
-from orchestrator.archive import archive
+from orchestrator.archiving.archive import archive
+from orchestrator.census.activity import census
 from orchestrator.families import Family
-from orchestrator.ownership import is_process
-from orchestrator.sessions import create_session, get_session
+from orchestrator.job import jobs
+from orchestrator.process.ownership import is_process
+from orchestrator.session.sessions import create_session, get_session
 from tests.faults.fleets import PrivateFleet, private_fleet
 from tests.helpers import wait_for
 from tests.workers.support import job_record, process_alive, wait_gone, wait_job_pid

@@ -13,10 +13,12 @@ from collections.abc import Iterator
 import pytest
 
 from localfleet.embedded import EmbeddedRedis
-from orchestrator import archive, gate, jobs, sessions
-from orchestrator.jobs import JobState
-from orchestrator.jobsupervisor import JobSupervisor
-from orchestrator.store import Store
+from orchestrator.archiving import archive
+from orchestrator.job import jobs
+from orchestrator.job.jobs import JobState
+from orchestrator.job.jobsupervisor import JobSupervisor
+from orchestrator.session import gate, sessions
+from orchestrator.storage.store import Store
 from tests.faults.test_redis_durability import crash_and_restart
 from tests.helpers import RecordingDispatcher, wait_for
 from tests.tcp_proxy import TcpProxy
@@ -72,7 +74,7 @@ def test_closures_are_heard_again_after_redis_is_killed_and_restarted(
     wait_for(lambda: subscribed(store), 10, message="the subscription")
 
     # When Redis is SIGKILLed and restarted, and the subscription is made again
-    with caplog.at_level(logging.INFO, logger="orchestrator.gate"):
+    with caplog.at_level(logging.INFO, logger="orchestrator.session.gate"):
         crash_and_restart(private_redis)
         wait_for(lambda: "gate closures heard again" in caplog.text, 15, message="heard again")
     assert "gate closures not heard" in caplog.text  # the failure, logged once

@@ -19,11 +19,11 @@ from typing import Any
 import psutil
 import pytest
 
-from orchestrator import jobs
-from orchestrator.archive import archive
+from orchestrator.archiving.archive import archive
 from orchestrator.families import Family
-from orchestrator.sessions import create_session
-from orchestrator.turns import start_turn
+from orchestrator.job import jobs
+from orchestrator.session.sessions import create_session
+from orchestrator.turn.turns import start_turn
 from tests.faults.fleets import PrivateFleet, private_fleet, sweeping
 from tests.helpers import STARTUP_TIMEOUT, stopping_on_purpose, wait_for
 from tests.workers.support import history, requests_of, wait_job_pid
@@ -160,7 +160,9 @@ def test_a_shell_tools_process_dies_with_its_sigkilled_turn_worker_and_archive_s
         # (and the worker's exec warden, which watches it)
         [warden] = wait_for(
             lambda: [
-                p for p in worker.children() if "orchestrator.execwatch" in " ".join(p.cmdline())
+                p
+                for p in worker.children()
+                if "orchestrator.process.execwatch" in " ".join(p.cmdline())
             ],
             STARTUP_TIMEOUT,
             message="the turn worker's exec warden",

@@ -19,10 +19,10 @@ from typing import Any
 import httpx
 import pytest
 
-from orchestrator import sessions
 from orchestrator.families import Family
-from orchestrator.store import Store
-from orchestrator.turns import TurnState, get_turn
+from orchestrator.session import sessions
+from orchestrator.storage.store import Store
+from orchestrator.turn.turns import TurnState, get_turn
 from tests.api_process import ApiProcess, api_process
 from tests.faults.fleets import PrivateFleet, private_fleet
 from tests.helpers import error_shape, wait_for

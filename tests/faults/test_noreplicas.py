@@ -23,10 +23,10 @@ from celery import Celery
 
 from localfleet.embedded import EmbeddedRedis
 from localfleet.fleet import LocalFleet
-from orchestrator.sessions import create_session
+from orchestrator.session.sessions import create_session
 from orchestrator.settings import FleetSettings
-from orchestrator.store import Store
-from orchestrator.turns import start_turn
+from orchestrator.storage.store import Store
+from orchestrator.turn.turns import start_turn
 from tests.faults.conftest import free_port
 from tests.helpers import STARTUP_TIMEOUT, wait_for, watching
 from tests.workers.support import log_text, wait_turn_state

@@ -33,20 +33,15 @@ from typing import Any
 
 import pytest
 
-from orchestrator import (
-    activity,
-    archive,
-    reminders,
-    sessions,
-    steps,
-    subagents,
-    tools,
-    turns,
-)
+from orchestrator.archiving import archive, subagents
+from orchestrator.census import activity
 from orchestrator.errors import AncestorArchived, FleetError, SessionActive, SessionArchived
 from orchestrator.families import Family, Task, work_queue
-from orchestrator.model import Emit, ScriptedModel, StepAnswer, StepRequest
-from orchestrator.store import Store
+from orchestrator.models.model import Emit, ScriptedModel, StepAnswer, StepRequest
+from orchestrator.reminder import reminders
+from orchestrator.session import sessions
+from orchestrator.storage.store import Store
+from orchestrator.turn import steps, tools, turns
 from tests.faults.conftest import assert_consistent
 from tests.helpers import wait_for
 

@@ -18,12 +18,14 @@ from typing import Any
 
 import pytest
 
-from orchestrator import audit, jobs, metrics, reminders
-from orchestrator.activity import census
-from orchestrator.archive import archive
-from orchestrator.reconcile import reconcile
-from orchestrator.sessions import create_session, get_session, list_sessions
-from orchestrator.stops import dispatch_stops
+from orchestrator.archiving.archive import archive
+from orchestrator.archiving.reconcile import reconcile
+from orchestrator.archiving.stops import dispatch_stops
+from orchestrator.census.activity import census
+from orchestrator.job import jobs
+from orchestrator.reminder import reminders
+from orchestrator.session.sessions import create_session, get_session, list_sessions
+from orchestrator.storage import audit, metrics
 from tests.helpers import FaultyDispatcher, wait_for
 from tests.workers.support import (
     job_record,
@@ -252,7 +254,7 @@ def test_a_rejected_stop_dispatch_keeps_the_archive_and_the_reconciler_stops_the
     # When it is archived while the broker refuses every message
     broker = FaultyDispatcher(dispatcher)
     broker.broken = True
-    with caplog.at_level(logging.WARNING, logger="orchestrator.stops"):
+    with caplog.at_level(logging.WARNING, logger="orchestrator.archiving.stops"):
         result = archive(store, broker, sid, stop_activity=True)
 
     # Then the archive stands, the failure is reported and logged, and the reminder stays armed

@@ -25,11 +25,13 @@ from fastapi.testclient import TestClient
 import api.rest
 from api.acp import AcpConnection, EventHub
 from localfleet.embedded import EmbeddedRedis
-from orchestrator import archive, gate, sessions, steps, titles, tools, turns
+from orchestrator.archiving import archive
 from orchestrator.errors import FleetError, StoreUnavailable
-from orchestrator.model import Emit, ScriptedModel, StepAnswer, StepRequest
+from orchestrator.models.model import Emit, ScriptedModel, StepAnswer, StepRequest
+from orchestrator.session import gate, sessions, titles
 from orchestrator.settings import FleetSettings
-from orchestrator.store import Store
+from orchestrator.storage.store import Store
+from orchestrator.turn import steps, tools, turns
 from tests.faults.conftest import assert_consistent
 from tests.helpers import RecordingDispatcher, wait_for
 
@@ -37,7 +39,8 @@ pytestmark = pytest.mark.redis
 
 #: How long any call may take to report the outage (seconds): a backstop against a call that
 #: hangs (until Redis thaws, or for ever), generous enough for a loaded machine. Reads retry for
-#: up to 2 s (``orchestrator.store.retried``) on a 2 s socket timeout; writes are not retried.
+#: up to 2 s (``orchestrator.storage.store.retried``) on a 2 s socket timeout; writes are not
+# retried.
 #: The test prints the figures it saw (``pytest -s``); they are a benchmark's business.
 BOUND = 20.0
 STORE_UNAVAILABLE_RPC = -32010
@@ -57,7 +60,8 @@ def timed(fn: Callable[[], Any]) -> tuple[float, BaseException | None]:
 def at_once(calls: dict[str, Callable[[], Any]]) -> dict[str, tuple[float, Any]]:
     """Run every call at the same time, each in a thread of its own (as the API's callers
     would meet an outage): per name, the seconds it took and what it returned or raised.
-    A read reports the outage once its retries ran out (``orchestrator.store.retried``, 2 s):
+    A read reports the outage once its retries ran out (``orchestrator.storage.store.retried``, 2
+    s):
     one call after the other, those waits were most of the test's time."""
 
     def one(call: Callable[[], Any]) -> tuple[float, Any]:

@@ -16,10 +16,13 @@ import uuid
 import pytest
 
 from localfleet.embedded import EmbeddedRedis
-from orchestrator import archive, audit, gate, reminders, sessions, titles
+from orchestrator.archiving import archive
 from orchestrator.errors import SessionActive
-from orchestrator.gate import StepRefused
-from orchestrator.store import Store
+from orchestrator.reminder import reminders
+from orchestrator.session import gate, sessions, titles
+from orchestrator.session.gate import StepRefused
+from orchestrator.storage import audit
+from orchestrator.storage.store import Store
 from tests.helpers import RecordingDispatcher, wait_for
 
 pytestmark = pytest.mark.redis

@@ -16,11 +16,13 @@ from pathlib import Path
 import pytest
 
 from localfleet.embedded import EmbeddedRedis
-from orchestrator import jobs, sessions, watchdogs
-from orchestrator.activity import census
-from orchestrator.archive import archive
-from orchestrator.jobsupervisor import JobSupervisor
-from orchestrator.store import Store
+from orchestrator.archiving.archive import archive
+from orchestrator.census.activity import census
+from orchestrator.job import jobs
+from orchestrator.job.jobsupervisor import JobSupervisor
+from orchestrator.process import watchdogs
+from orchestrator.session import sessions
+from orchestrator.storage.store import Store
 from tests.helpers import RecordingDispatcher, wait_for
 from tests.workers.support import process_alive
 

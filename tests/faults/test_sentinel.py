@@ -15,12 +15,13 @@ import pytest
 from kombu import Connection
 
 from bench.sentinels import SentinelGroup, sentinel_group
-from orchestrator import sessions, steps, tools, turns
 from orchestrator.errors import StoreUnavailable
-from orchestrator.model import ScriptedModel
-from orchestrator.redisconn import SentinelOptions, async_client
+from orchestrator.models.model import ScriptedModel
+from orchestrator.session import sessions
 from orchestrator.settings import FleetSettings
-from orchestrator.store import Store
+from orchestrator.storage.redisconn import SentinelOptions, async_client
+from orchestrator.storage.store import Store
+from orchestrator.turn import steps, tools, turns
 from tests.helpers import RecordingDispatcher, wait_for
 from workers.app import sentinel_transport_options
 from workers.retry import TRANSIENT

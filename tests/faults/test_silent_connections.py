@@ -30,13 +30,13 @@ from celery import Celery
 from api.acp.hub import EventHub
 from localfleet.embedded import EmbeddedRedis
 from localfleet.fleet import LocalFleet
-from orchestrator import jobs
-from orchestrator.archive import archive
+from orchestrator.archiving.archive import archive
 from orchestrator.families import Family
-from orchestrator.sessions import create_session
+from orchestrator.job import jobs
+from orchestrator.session.sessions import create_session
 from orchestrator.settings import FleetSettings
-from orchestrator.store import Store
-from orchestrator.turns import start_turn
+from orchestrator.storage.store import Store
+from orchestrator.turn.turns import start_turn
 from tests.faults.conftest import free_port
 from tests.helpers import STARTUP_TIMEOUT, rest_client, wait_for, watching
 from tests.tcp_proxy import TcpProxy

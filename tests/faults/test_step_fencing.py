@@ -1,6 +1,6 @@
 """A turn worker frozen past its step's lease while the sweeper runs the same step on another
 worker: once it resumes, its copy of the step lands nothing (fencing tokens,
-``orchestrator/fencing.py``).
+``orchestrator/session/fencing.py``).
 
 Each test runs turn workers of its own (run prefix + ``fencing:``) with a visibility timeout of
 10 minutes, so the frozen worker's unacknowledged step never comes back: the second copy is the
@@ -23,10 +23,10 @@ from celery import Celery
 
 from localfleet.fleet import LocalFleet
 from orchestrator.families import Family
-from orchestrator.sessions import create_session
+from orchestrator.session.sessions import create_session
 from orchestrator.settings import FleetSettings
-from orchestrator.store import Store
-from orchestrator.turns import start_turn
+from orchestrator.storage.store import Store
+from orchestrator.turn.turns import start_turn
 from tests.helpers import STARTUP_TIMEOUT, wait_for
 from tests.workers.support import (
     history,

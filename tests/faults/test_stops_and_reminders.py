@@ -21,13 +21,13 @@ from collections.abc import Iterator
 
 import pytest
 
-from orchestrator import reminders
-from orchestrator.activity import census, own_items
-from orchestrator.archive import archive, unarchive
+from orchestrator.archiving.archive import archive, unarchive
+from orchestrator.census.activity import census, own_items
 from orchestrator.families import Family
-from orchestrator.sessions import create_session
-from orchestrator.store import Store
-from orchestrator.turns import get_turn, start_turn
+from orchestrator.reminder import reminders
+from orchestrator.session.sessions import create_session
+from orchestrator.storage.store import Store
+from orchestrator.turn.turns import get_turn, start_turn
 from tests.faults.fleets import PrivateFleet, private_fleet
 from tests.helpers import FaultyDispatcher, wait_for
 from tests.workers.support import (

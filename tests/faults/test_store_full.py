@@ -17,7 +17,7 @@ import httpx
 import pytest
 
 from localfleet.embedded import EmbeddedRedis
-from orchestrator.store import Store
+from orchestrator.storage.store import Store
 from tests.faults.conftest import free_port
 from tests.helpers import error_shape, wait_for
 

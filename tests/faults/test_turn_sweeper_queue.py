@@ -15,11 +15,11 @@ from collections.abc import Iterator
 
 import pytest
 
-from orchestrator import sweeper
 from orchestrator.families import Family
-from orchestrator.sessions import create_session
-from orchestrator.store import Store
-from orchestrator.turns import start_turn
+from orchestrator.session.sessions import create_session
+from orchestrator.storage.store import Store
+from orchestrator.turn import sweeper
+from orchestrator.turn.turns import start_turn
 from tests.faults.fleets import PrivateFleet, private_fleet, sweeping
 from tests.helpers import STARTUP_TIMEOUT, wait_for
 from tests.workers.support import requests_of, turn_state, wait_request, wait_turn_state

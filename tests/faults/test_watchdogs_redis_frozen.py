@@ -1,8 +1,8 @@
 """The watchdogs with their Redis frozen: the reads they cannot make must not hold up their
-decisions. A shell command (the exec warden, ``orchestrator/execwatch.py``) whose lease was
+decisions. A shell command (the exec warden, ``orchestrator/process/execwatch.py``) whose lease was
 last read is killed by that reading's lapse time, before the lease lapses in the server,
 while the server answers nothing (SIGSTOP of a private ``redis-server`` by its PID). A job
-(the job watchdog, ``orchestrator/jobwatch.py``) is frozen by that time instead (killed with
+(the job watchdog, ``orchestrator/job/jobwatch.py``) is frozen by that time instead (killed with
 ``FLEET_JOB_FREEZE_MAX_SECONDS=0``), resumed when Redis answers again and the job may still
 run, killed frozen when its session was archived meanwhile or when the stall outlasts the
 freeze bound."""
@@ -19,13 +19,14 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from localfleet.embedded import EmbeddedRedis
-from orchestrator import jobwatch, watchdogs
-from orchestrator.activity import census
-from orchestrator.archive import archive
-from orchestrator.execwatch import Warden
-from orchestrator.ownership import process_start
-from orchestrator.processes import die_with_parent
-from orchestrator.store import Store
+from orchestrator.archiving.archive import archive
+from orchestrator.census.activity import census
+from orchestrator.job import jobwatch
+from orchestrator.process import watchdogs
+from orchestrator.process.execwatch import Warden
+from orchestrator.process.ownership import process_start
+from orchestrator.process.processes import die_with_parent
+from orchestrator.storage.store import Store
 from tests.helpers import RecordingDispatcher, wait_for
 from tests.orchestrator.support import running_job
 

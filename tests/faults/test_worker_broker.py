@@ -20,11 +20,11 @@ from celery import Celery
 from localfleet.embedded import EmbeddedRedis
 from localfleet.fleet import LocalFleet, WorkerProcess
 from orchestrator.families import Family
-from orchestrator.heartbeats import live_workers
-from orchestrator.sessions import create_session
+from orchestrator.session.sessions import create_session
 from orchestrator.settings import FleetSettings
-from orchestrator.store import Store
-from orchestrator.turns import start_turn
+from orchestrator.storage.heartbeats import live_workers
+from orchestrator.storage.store import Store
+from orchestrator.turn.turns import start_turn
 from tests.helpers import STARTUP_TIMEOUT, wait_for
 from tests.workers.support import turn_state, wait_log, wait_turn_state
 from workers.app import configure

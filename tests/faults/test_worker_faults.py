@@ -13,11 +13,11 @@ from datetime import datetime
 
 import pytest
 
-from orchestrator import jobs
-from orchestrator.archive import archive
+from orchestrator.archiving.archive import archive
 from orchestrator.families import Family
-from orchestrator.sessions import create_session, get_session
-from orchestrator.turns import start_turn
+from orchestrator.job import jobs
+from orchestrator.session.sessions import create_session, get_session
+from orchestrator.turn.turns import start_turn
 from tests.faults.fleets import PrivateFleet, private_fleet
 from tests.workers.support import (
     job_record,

@@ -31,8 +31,10 @@ from hypothesis import strategies as st
 from api.acp import MAX_MESSAGE, AcpConnection, encode_message, shared_hub
 from api.acp import METHODS as _METHODS
 from api.acp import NOTIFICATIONS as _NOTIFICATIONS
-from orchestrator import archive, sessions, untrusted
+from orchestrator import untrusted
+from orchestrator.archiving import archive
 from orchestrator.errors import InputRejected
+from orchestrator.session import sessions
 from tests.helpers import RecordingDispatcher
 
 pytestmark = pytest.mark.redis

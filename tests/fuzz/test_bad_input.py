@@ -27,8 +27,9 @@ import api.guards
 import api.rest
 from api.acp import MAX_MESSAGE
 from api.cli import app as cli_app
-from orchestrator import titles, turns
+from orchestrator.session import titles
 from orchestrator.settings import FleetSettings
+from orchestrator.turn import turns
 from tests.fuzz.test_acp_fuzz import Harness
 from tests.helpers import RecordingDispatcher
 

@@ -22,8 +22,8 @@ from typing import Any
 import httpx
 import pytest
 
-from orchestrator.archive import archive
-from orchestrator.turns import start_turn
+from orchestrator.archiving.archive import archive
+from orchestrator.turn.turns import start_turn
 from tests.helpers import RecordingDispatcher, wait_for
 from tests.workers.support import (
     ALL_FAMILIES,

@@ -24,14 +24,14 @@ import pytest
 import redis
 from celery import Celery
 
-from orchestrator.activity import census
-from orchestrator.archive import archive
+from orchestrator.archiving.archive import archive
+from orchestrator.census.activity import census
 from orchestrator.families import Family
-from orchestrator.keys import Keys
-from orchestrator.sessions import create_session
+from orchestrator.session.sessions import create_session
 from orchestrator.settings import FleetSettings
-from orchestrator.store import Store
-from orchestrator.turns import start_turn
+from orchestrator.storage.keys import Keys
+from orchestrator.storage.store import Store
+from orchestrator.turn.turns import start_turn
 from tests.helpers import wait_for
 from tests.workers.support import job_record, process_alive, wait_gone, wait_job_pid
 from workers.app import configure

@@ -11,15 +11,19 @@ import subprocess
 import uuid
 from typing import Any
 
-from orchestrator import jobs, jobstops, limits, reminders, sessions, steps, subagents, tools, turns
+from orchestrator.archiving import subagents
 from orchestrator.families import Task
-from orchestrator.model import Model
-from orchestrator.sessions import Session
-from orchestrator.store import Store
+from orchestrator.job import jobs, jobstops
+from orchestrator.models.model import Model
+from orchestrator.reminder import reminders
+from orchestrator.session import limits, sessions
+from orchestrator.session.sessions import Session
+from orchestrator.storage.store import Store
+from orchestrator.turn import steps, tools, turns
 from tests.helpers import RecordingDispatcher
 
 STOP_TASKS = frozenset({Task.TURN_STOP, Task.JOB_STOP, Task.SUBAGENT_STOP, Task.REMINDER_STOP})
-#: The bulk forms, one message per family per batch (``orchestrator/bulk.py``).
+#: The bulk forms, one message per family per batch (``orchestrator/archiving/bulk.py``).
 STOP_MANY_TASKS = frozenset(
     {Task.TURN_STOP_MANY, Task.JOB_STOP_MANY, Task.SUBAGENT_STOP_MANY, Task.REMINDER_STOP_MANY}
 )

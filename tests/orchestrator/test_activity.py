@@ -6,11 +6,16 @@ import logging
 
 import pytest
 
-from orchestrator import activity, archive, deletion, jobs, reminders, sessions, turns
-from orchestrator.activity import ActivityItem, census, merge_items, shorten
+from orchestrator.archiving import archive, deletion
+from orchestrator.census import activity
+from orchestrator.census.activity import ActivityItem, census, merge_items, shorten
 from orchestrator.errors import SessionNotFound
 from orchestrator.families import Family
-from orchestrator.store import Store
+from orchestrator.job import jobs
+from orchestrator.reminder import reminders
+from orchestrator.session import sessions
+from orchestrator.storage.store import Store
+from orchestrator.turn import turns
 from tests.helpers import RecordingDispatcher
 from tests.orchestrator.support import Delivering, chain, claim_job, stop_jobs_elsewhere
 

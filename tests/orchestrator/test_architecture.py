@@ -10,7 +10,7 @@ import textwrap
 from pathlib import Path
 
 import orchestrator
-from orchestrator.store import Store
+from orchestrator.storage.store import Store, _script_paths
 
 PACKAGE_DIR = Path(orchestrator.__file__).parent
 ROOT = PACKAGE_DIR.parent
@@ -48,7 +48,7 @@ def test_importing_every_orchestrator_module_loads_no_web_or_task_framework() ->
 
 
 def test_every_lua_script_compiles_on_the_server(store: Store) -> None:
-    scripts = sorted(p.stem for p in (PACKAGE_DIR / "scripts").glob("*.lua") if p.stem != "_lib")
+    scripts = sorted(name for name in _script_paths() if name != "_lib")
     assert scripts
     for name in scripts:
         # SCRIPT LOAD compiles the script (with the shared library prepended) without running it
@@ -57,7 +57,8 @@ def test_every_lua_script_compiles_on_the_server(store: Store) -> None:
 
 
 def test_no_lua_script_spells_a_key_name() -> None:
-    # Every key a script touches comes from orchestrator/keys.py (the generated ``K`` prelude)
+    # Every key a script touches comes from orchestrator/storage/keys.py (the generated ``K``
+    # prelude)
     spelled = re.compile(r"(P|ARGV\[1\])\s*\.\.\s*'")
     found = [
         f"{path.relative_to(PACKAGE_DIR)}:{n}"
@@ -69,7 +70,7 @@ def test_no_lua_script_spells_a_key_name() -> None:
 
 
 def test_the_key_prelude_builds_the_keys_python_builds(store: Store) -> None:
-    from orchestrator.keys import lua_prelude
+    from orchestrator.storage.keys import lua_prelude
 
     lua = (
         lua_prelude() + "return {K.turn('t1'), K.archived, K.index('all'), K.index('active', 'c')}"
@@ -82,10 +83,8 @@ def test_the_key_prelude_builds_the_keys_python_builds(store: Store) -> None:
 def test_every_script_the_code_runs_exists_as_a_lua_file() -> None:
     pattern = re.compile(r"""\.run\(\s*["'](\w+)["']""")
     used: set[str] = set()
-    for source in PACKAGE_DIR.glob("*.py"):
+    for source in PACKAGE_DIR.glob("**/*.py"):
         used.update(pattern.findall(source.read_text(encoding="utf-8")))
     assert used, "no store.run calls found: the pattern is out of date"
-    missing = sorted(
-        name for name in used if not (PACKAGE_DIR / "scripts" / f"{name}.lua").exists()
-    )
+    missing = sorted(used - set(_script_paths()))
     assert missing == []

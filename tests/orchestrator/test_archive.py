@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from orchestrator import archive, gate, jobs, reminders, sessions, turns
-from orchestrator.activity import census
+from orchestrator.archiving import archive
+from orchestrator.census.activity import census
 from orchestrator.errors import (
     AncestorArchived,
     InvalidParams,
@@ -18,9 +18,13 @@ from orchestrator.errors import (
     SessionNotFound,
 )
 from orchestrator.families import Family
-from orchestrator.gate import StepRefused
-from orchestrator.sessions import Session
-from orchestrator.store import Store
+from orchestrator.job import jobs
+from orchestrator.reminder import reminders
+from orchestrator.session import gate, sessions
+from orchestrator.session.gate import StepRefused
+from orchestrator.session.sessions import Session
+from orchestrator.storage.store import Store
+from orchestrator.turn import turns
 from tests.helpers import RecordingDispatcher
 from tests.orchestrator.support import (
     FailingDispatcher,

@@ -1,4 +1,5 @@
-"""The audit trail (``orchestrator/audit.py``): every lifecycle change is recorded with when,
+"""The audit trail (``orchestrator/storage/audit.py``): every lifecycle change is recorded with
+when,
 who and the outcome, refusals included; it is bounded by configuration and never fails the
 change it records."""
 
@@ -9,9 +10,12 @@ from typing import Any
 
 import pytest
 
-from orchestrator import archive, archive_run, audit, bookkeeping, metrics, sessions, titles, turns
+from orchestrator.archiving import archive, archive_run
 from orchestrator.errors import AncestorArchived, InvalidParams, SessionActive
-from orchestrator.store import Store
+from orchestrator.session import sessions, titles
+from orchestrator.storage import audit, bookkeeping, metrics
+from orchestrator.storage.store import Store
+from orchestrator.turn import turns
 from tests.helpers import RecordingDispatcher
 
 
@@ -205,9 +209,9 @@ def test_recording_never_fails_the_change_when_redis_is_away(
     store: Store, caplog: pytest.LogCaptureFixture
 ) -> None:
     dead = Store("redis://127.0.0.1:1/0", store.keys.prefix, connect_timeout=0.2)
-    with caplog.at_level(logging.WARNING, logger="orchestrator.audit"):
+    with caplog.at_level(logging.WARNING, logger="orchestrator.storage.audit"):
         assert audit.record(dead, "sess_x", "archive", "archived") is None
-    [warning] = [r for r in caplog.records if r.name == "orchestrator.audit"]
+    [warning] = [r for r in caplog.records if r.name == "orchestrator.storage.audit"]
     assert "ConnectionError" in warning.getMessage()
     assert warning.exc_info is None  # one line, no traceback
 

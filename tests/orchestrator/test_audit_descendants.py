@@ -9,8 +9,11 @@ from typing import Any
 
 import pytest
 
-from orchestrator import archive, audit, bulk, titles, turns
-from orchestrator.store import Store
+from orchestrator.archiving import archive, bulk
+from orchestrator.session import titles
+from orchestrator.storage import audit
+from orchestrator.storage.store import Store
+from orchestrator.turn import turns
 from tests.helpers import RecordingDispatcher
 from tests.orchestrator.support import chain
 

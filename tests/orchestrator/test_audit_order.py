@@ -13,9 +13,10 @@ from typing import Any
 
 import pytest
 
-from orchestrator import archive, audit
+from orchestrator.archiving import archive
 from orchestrator.errors import AncestorArchived
-from orchestrator.store import Store
+from orchestrator.storage import audit
+from orchestrator.storage.store import Store
 from tests.helpers import RecordingDispatcher
 from tests.orchestrator.support import chain
 

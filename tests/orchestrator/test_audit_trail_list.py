@@ -10,9 +10,12 @@ from typing import Any
 
 import pytest
 
-from orchestrator import archive, audit, bookkeeping, bulk, sessions, titles, turns
-from orchestrator.bulk_select import BulkFilter
-from orchestrator.store import Store
+from orchestrator.archiving import archive, bulk
+from orchestrator.archiving.bulk_select import BulkFilter
+from orchestrator.session import sessions, titles
+from orchestrator.storage import audit, bookkeeping
+from orchestrator.storage.store import Store
+from orchestrator.turn import turns
 from tests.helpers import RecordingDispatcher, count_round_trips
 
 pytestmark = pytest.mark.redis

@@ -18,10 +18,14 @@ import pytest
 import redis
 from typer.testing import CliRunner
 
-from orchestrator import archive, audit, bulk, reminders, sessions, turns
+from orchestrator.archiving import archive, bulk
 from orchestrator.errors import InvalidParams, StoreUnavailable
 from orchestrator.families import MAINTENANCE_QUEUE, Family, Task
-from orchestrator.store import Store, iso, now_ms
+from orchestrator.reminder import reminders
+from orchestrator.session import sessions
+from orchestrator.storage import audit
+from orchestrator.storage.store import Store, iso, now_ms
+from orchestrator.turn import turns
 from tests.helpers import RecordingDispatcher, wait_for
 from tests.orchestrator.support import chain
 from tests.orchestrator.test_bulk import backdate, new, outcomes, read

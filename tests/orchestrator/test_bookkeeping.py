@@ -1,4 +1,5 @@
-"""Best-effort bookkeeping after a response (``orchestrator/bookkeeping.py``): what is queued
+"""Best-effort bookkeeping after a response (``orchestrator/storage/bookkeeping.py``): what is
+queued
 within the window is written in one round trip, in order; a failed write is logged and the
 thread goes on; ``close`` writes what is queued; after it, entries are written at once."""
 
@@ -10,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from orchestrator.bookkeeping import Bookkeeper, Fill
-from orchestrator.store import Store
+from orchestrator.storage.bookkeeping import Bookkeeper, Fill
+from orchestrator.storage.store import Store
 from tests.helpers import count_round_trips, wait_for
 
 pytestmark = pytest.mark.redis
@@ -58,7 +59,7 @@ def test_a_failed_write_is_logged_and_later_entries_are_still_written(
     keeper = Bookkeeper(store, window=0.01)
     try:
         # Given an entry whose write fails (a list command on a string)
-        with caplog.at_level(logging.WARNING, logger="orchestrator.bookkeeping"):
+        with caplog.at_level(logging.WARNING, logger="orchestrator.storage.bookkeeping"):
             keeper.submit(_append(plain, "x"))
             wait_for(lambda: "bookkeeping not written" in caplog.text, 10, message="the warning")
         # When another entry is queued after it

@@ -1,4 +1,5 @@
-"""Bulk archive (``orchestrator/bulk.py``): batching, per-session outcomes, dry runs, subtree
+"""Bulk archive (``orchestrator/archiving/bulk.py``): batching, per-session outcomes, dry runs,
+subtree
 semantics, caps, and one stop message per family per batch. No worker runs here: the
 ``recorder`` is the dispatcher and ``deliver`` plays the workers' part."""
 
@@ -11,23 +12,17 @@ from typing import Any
 import pytest
 import redis
 
-from orchestrator import (
-    archive,
-    archive_run,
-    audit,
-    bulk,
-    events,
-    jobs,
-    metrics,
-    reminders,
-    sessions,
-    turns,
-)
-from orchestrator.activity import census
+from orchestrator.archiving import archive, archive_run, bulk
+from orchestrator.census.activity import census
 from orchestrator.errors import InvalidParams, SessionActive, StoreUnavailable, TooManySessions
 from orchestrator.families import Task
-from orchestrator.sessions import Session
-from orchestrator.store import Store, iso, now_ms
+from orchestrator.job import jobs
+from orchestrator.reminder import reminders
+from orchestrator.session import sessions
+from orchestrator.session.sessions import Session
+from orchestrator.storage import audit, events, metrics
+from orchestrator.storage.store import Store, iso, now_ms
+from orchestrator.turn import turns
 from tests.helpers import RecordingDispatcher
 from tests.orchestrator.support import (
     STOP_MANY_TASKS,
@@ -316,7 +311,7 @@ def test_sessions_are_written_in_batches_one_script_each(
 def test_idle_sessions_cost_a_constant_number_of_round_trips_per_batch(
     store: Store, recorder: RecordingDispatcher, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # The audit trail writes one entry per session (orchestrator/audit.py); it is left out
+    # The audit trail writes one entry per session (orchestrator/storage/audit.py); it is left out
     # here: this is about the archive itself, its census and its stops.
     monkeypatch.setattr(audit, "record", lambda *a, **k: None)
 
@@ -617,7 +612,7 @@ def test_a_filter_archives_ancestors_first_so_subtrees_share_their_roots_transit
 ) -> None:
     # Given a chain whose deepest session is the oldest (it would be selected first), the
     # index scanned in pages of `chunk` entries (each page reads its entries' depths)
-    from orchestrator import bulk_select
+    from orchestrator.archiving import bulk_select
 
     monkeypatch.setattr(bulk_select, "_SCAN_CHUNK", chunk)
     root, child, grandchild = (s.session_id for s in chain(store, 2, cwd))
@@ -797,7 +792,7 @@ def _idle_in_order(store: Store, cwd: str, n: int) -> list[str]:
 def _archive_during_the_scan(monkeypatch: pytest.MonkeyPatch, change: Any, chunk: int = 5) -> None:
     """Scan in chunks of ``chunk`` entries and call ``change(cursor)`` after each chunk is
     read, before the next: what a concurrent request does between two round trips."""
-    from orchestrator import bulk_select
+    from orchestrator.archiving import bulk_select
 
     real = bulk_select._chunk
     monkeypatch.setattr(bulk_select, "_SCAN_CHUNK", chunk)

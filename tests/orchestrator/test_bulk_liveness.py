@@ -13,10 +13,15 @@ from typing import Any
 import pytest
 import redis
 
-from orchestrator import archive, bulk, jobs, metrics, reminders, sessions, turns
-from orchestrator.activity import census
+from orchestrator.archiving import archive, bulk
+from orchestrator.census.activity import census
 from orchestrator.errors import SessionActive
-from orchestrator.store import Store
+from orchestrator.job import jobs
+from orchestrator.reminder import reminders
+from orchestrator.session import sessions
+from orchestrator.storage import metrics
+from orchestrator.storage.store import Store
+from orchestrator.turn import turns
 from tests.helpers import RecordingDispatcher
 from tests.orchestrator.support import STOP_MANY_TASKS, claim_job, deliver
 

@@ -18,9 +18,13 @@ from typing import Any
 import pytest
 
 from localfleet.embedded import EmbeddedRedis, find_redis_server
-from orchestrator import archive, bulk, jobs, reminders, sessions, turns
+from orchestrator.archiving import archive, bulk
 from orchestrator.errors import FleetError, LimitReached
-from orchestrator.store import Store, iso, now_ms
+from orchestrator.job import jobs
+from orchestrator.reminder import reminders
+from orchestrator.session import sessions
+from orchestrator.storage.store import Store, iso, now_ms
+from orchestrator.turn import turns
 from tests.helpers import RecordingDispatcher, deleted_leftovers
 from tests.orchestrator.support import claim_job, deliver, stops, unique_cwd
 

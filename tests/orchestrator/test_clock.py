@@ -12,11 +12,14 @@ from typing import Any
 
 import pytest
 
-from orchestrator import audit, bulk, reminders, sessions
-from orchestrator.archive import archive
+from orchestrator.archiving import bulk
+from orchestrator.archiving.archive import archive
+from orchestrator.archiving.reconcile import reconcile
 from orchestrator.families import Task
-from orchestrator.reconcile import reconcile
-from orchestrator.store import Store, iso
+from orchestrator.reminder import reminders
+from orchestrator.session import sessions
+from orchestrator.storage import audit
+from orchestrator.storage.store import Store, iso
 from tests.helpers import RecordingDispatcher, wait_for
 from tests.orchestrator.support import unique_cwd
 

@@ -1,4 +1,4 @@
-"""Containment (``orchestrator/containment.py``): a process that leaves its process group
+"""Containment (``orchestrator/process/containment.py``): a process that leaves its process group
 (``setsid CMD &``, ``( (CMD &) & )``) still belongs to its job or tool call, keeps it live
 while it runs, and dies with it.
 
@@ -20,12 +20,16 @@ from collections.abc import Iterator
 import psutil
 import pytest
 
-from orchestrator import archive, cgroups, containment, jobs, sessions, turns
-from orchestrator.activity import census
-from orchestrator.jobs import JobState
-from orchestrator.jobsupervisor import JobSupervisor
-from orchestrator.model import Emit, StepAnswer, StepRequest, StopReason, ToolCall
-from orchestrator.store import Store
+from orchestrator.archiving import archive
+from orchestrator.census.activity import census
+from orchestrator.job import jobs
+from orchestrator.job.jobs import JobState
+from orchestrator.job.jobsupervisor import JobSupervisor
+from orchestrator.models.model import Emit, StepAnswer, StepRequest, StopReason, ToolCall
+from orchestrator.process import cgroups, containment
+from orchestrator.session import sessions
+from orchestrator.storage.store import Store
+from orchestrator.turn import turns
 from tests.helpers import RecordingDispatcher, wait_for
 from tests.orchestrator.support import run_turn
 
@@ -117,7 +121,7 @@ def test_a_tree_is_alive_while_an_escaped_process_is_and_its_kill_reaches_it(
 
 SUBREAPER_PROBE = """
 import json, sys, time
-from orchestrator import containment
+from orchestrator.process import containment
 mode = containment.Mode.SUBREAPER
 tree = containment.start(["/bin/sh", "-c", sys.argv[1]], using=mode)
 tree.process.wait(10)  # the command ended, its escaped processes run on

@@ -11,11 +11,14 @@ from typing import Any
 
 import pytest
 
-from orchestrator import archive, archive_run, deletion, reminders, sessions, turns
-from orchestrator.activity import ActivityItem
-from orchestrator.deletion import DeleteResult
+from orchestrator.archiving import archive, archive_run, deletion
+from orchestrator.archiving.deletion import DeleteResult
+from orchestrator.census.activity import ActivityItem
 from orchestrator.errors import SessionNotFound
-from orchestrator.store import Store
+from orchestrator.reminder import reminders
+from orchestrator.session import sessions
+from orchestrator.storage.store import Store
+from orchestrator.turn import turns
 from tests.helpers import RecordingDispatcher
 from tests.orchestrator.support import chain
 

@@ -10,10 +10,13 @@ from typing import Any
 
 import pytest
 
-from orchestrator import archive, audit, deletion, reminders, sessions
+from orchestrator.archiving import archive, deletion
 from orchestrator.errors import LimitReached, SessionActive, SessionNotFound
-from orchestrator.sessions import Session
-from orchestrator.store import Store
+from orchestrator.reminder import reminders
+from orchestrator.session import sessions
+from orchestrator.session.sessions import Session
+from orchestrator.storage import audit
+from orchestrator.storage.store import Store
 from tests.helpers import RecordingDispatcher, deleted_leftovers
 from tests.orchestrator.support import chain
 

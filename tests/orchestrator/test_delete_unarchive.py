@@ -10,11 +10,13 @@ from typing import Any
 
 import pytest
 
-from orchestrator import archive, deletion, sessions, turns
-from orchestrator.activity import ActivityItem
+from orchestrator.archiving import archive, deletion
+from orchestrator.census.activity import ActivityItem
 from orchestrator.errors import SessionUnarchived
-from orchestrator.store import Store
-from orchestrator.turns import TurnState
+from orchestrator.session import sessions
+from orchestrator.storage.store import Store
+from orchestrator.turn import turns
+from orchestrator.turn.turns import TurnState
 from tests.helpers import RecordingDispatcher
 
 pytestmark = pytest.mark.redis

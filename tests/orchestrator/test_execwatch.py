@@ -1,4 +1,5 @@
-"""The exec warden (``orchestrator/execwatch.py``) against real Redis and real processes: one
+"""The exec warden (``orchestrator/process/execwatch.py``) against real Redis and real processes:
+one
 warden process per worker process watches every shell command of its steps, kills only the
 commands whose step lease runs low or changes hands, and is started again, with what it
 watched, when it dies."""
@@ -16,9 +17,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from orchestrator.execwatch import SILENCE, Warden
-from orchestrator.processes import die_with_parent
-from orchestrator.store import Store
+from orchestrator.process.execwatch import SILENCE, Warden
+from orchestrator.process.processes import die_with_parent
+from orchestrator.storage.store import Store
 from tests.helpers import wait_for
 
 LEASE_MS = 1500  # a third (0.5 s) is the margin; polled every 0.19 s
@@ -219,7 +220,7 @@ def test_the_wardens_log_lines_follow_fleet_log_format(store: Store) -> None:
         "FLEET_LOG_FORMAT": "json",
     }
     proc = subprocess.Popen(
-        [sys.executable, "-P", "-m", "orchestrator.execwatch"],
+        [sys.executable, "-P", "-m", "orchestrator.process.execwatch"],
         stdin=subprocess.PIPE,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
@@ -230,7 +231,8 @@ def test_the_wardens_log_lines_follow_fleet_log_format(store: Store) -> None:
     [line] = [line for line in err.decode().splitlines() if line.strip()]
     record = json.loads(line)
     assert record["level"] == "WARNING" and "bad request line" in record["message"], record
-    assert (record["logger"], record["family"]) == ("orchestrator.execwatch", "turn"), record
+    logger = (record["logger"], record["family"])
+    assert logger == ("orchestrator.process.execwatch", "turn"), record
 
 
 def test_the_warden_ends_when_its_worker_closes_its_pipe(

@@ -5,11 +5,17 @@ from __future__ import annotations
 
 import pytest
 
-from orchestrator import archive, sessions
-from orchestrator.activity import ActivityItem, census
+from orchestrator.archiving import archive
+from orchestrator.archiving.stops import (
+    StopMessage,
+    dispatch_stops,
+    stop_messages,
+    stop_messages_many,
+)
+from orchestrator.census.activity import ActivityItem, census
 from orchestrator.errors import InvalidParams, SessionActive
-from orchestrator.stops import StopMessage, dispatch_stops, stop_messages, stop_messages_many
-from orchestrator.store import Store
+from orchestrator.session import sessions
+from orchestrator.storage.store import Store
 from tests.helpers import RecordingDispatcher
 
 # --------------------------------------------------------------------------- unknown families

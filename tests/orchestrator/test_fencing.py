@@ -1,4 +1,5 @@
-"""Fencing tokens (``orchestrator/fencing.py``): of two copies of the same step, only the one
+"""Fencing tokens (``orchestrator/session/fencing.py``): of two copies of the same step, only the
+one
 that began last writes.
 
 Each test drives the scripts a step runs, with the tokens two copies would carry: copy A
@@ -12,14 +13,15 @@ import json
 
 import pytest
 
-from orchestrator import sessions, steps, tools, turns
 from orchestrator.errors import StepSuperseded, TurnStopped
-from orchestrator.fencing import StepGuard
-from orchestrator.jobs import create_job
-from orchestrator.model import ScriptedModel
-from orchestrator.reminders import create_reminder
-from orchestrator.store import Store, iso, new_id, now_ms
-from orchestrator.turns import STOP_REASON, TurnState, sources_of
+from orchestrator.job.jobs import create_job
+from orchestrator.models.model import ScriptedModel
+from orchestrator.reminder.reminders import create_reminder
+from orchestrator.session import sessions
+from orchestrator.session.fencing import StepGuard
+from orchestrator.storage.store import Store, iso, new_id, now_ms
+from orchestrator.turn import steps, tools, turns
+from orchestrator.turn.turns import STOP_REASON, TurnState, sources_of
 from tests.helpers import RecordingDispatcher
 
 A, B = "token-of-copy-a", "token-of-copy-b"

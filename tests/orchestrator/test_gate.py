@@ -7,12 +7,14 @@ from collections.abc import Iterator
 
 import pytest
 
-from orchestrator import archive, gate, sessions, steps, tools, turns
+from orchestrator.archiving import archive
 from orchestrator.errors import AncestorArchived, SessionNotFound, StoreUnavailable
-from orchestrator.gate import StepRefused
-from orchestrator.model import ScriptedModel
-from orchestrator.sessions import Session
-from orchestrator.store import Store
+from orchestrator.models.model import ScriptedModel
+from orchestrator.session import gate, sessions
+from orchestrator.session.gate import StepRefused
+from orchestrator.session.sessions import Session
+from orchestrator.storage.store import Store
+from orchestrator.turn import steps, tools, turns
 from tests.helpers import RecordingDispatcher
 from tests.orchestrator.support import chain
 

@@ -1,5 +1,5 @@
 """A write whose outcome is unknown is told apart from one that was never sent
-(``orchestrator/idempotency.py``): the store's connection goes through a ``TcpProxy`` that
+(``orchestrator/storage/idempotency.py``): the store's connection goes through a ``TcpProxy`` that
 resets it after the creating script ran, or there is no server to connect to at all."""
 
 from __future__ import annotations
@@ -10,9 +10,12 @@ from collections.abc import Iterator
 
 import pytest
 
-from orchestrator import deletion, idempotency, sessions, turns
+from orchestrator.archiving import deletion
 from orchestrator.errors import SessionNotFound, StoreUnavailable, WriteOutcomeUnknown
-from orchestrator.store import Store
+from orchestrator.session import sessions
+from orchestrator.storage import idempotency
+from orchestrator.storage.store import Store
+from orchestrator.turn import turns
 from tests.helpers import RecordingDispatcher
 from tests.orchestrator.support import Delivering
 from tests.tcp_proxy import TcpProxy

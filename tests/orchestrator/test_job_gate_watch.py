@@ -1,5 +1,5 @@
 """A job host stops the jobs of an archived session by itself (``JobSupervisor``,
-``orchestrator/jobgatewatch.py``): it hears the gate's closure the archive script announces
+``orchestrator/job/jobgatewatch.py``): it hears the gate's closure the archive script announces
 (``gate.listen``) and asks the gate, so a job ends although its ``job.stop`` request is never
 delivered. Run in-process with a real ``JobSupervisor`` (real ``sleep`` processes) against
 real Redis; the dispatcher records the stop requests and delivers none. A closure missed while
@@ -13,11 +13,13 @@ from collections.abc import Iterator
 
 import pytest
 
-from orchestrator import archive, gate, jobs, sessions
-from orchestrator.activity import census
-from orchestrator.jobs import JobState
-from orchestrator.jobsupervisor import JobSupervisor
-from orchestrator.store import Store
+from orchestrator.archiving import archive
+from orchestrator.census.activity import census
+from orchestrator.job import jobs
+from orchestrator.job.jobs import JobState
+from orchestrator.job.jobsupervisor import JobSupervisor
+from orchestrator.session import gate, sessions
+from orchestrator.storage.store import Store
 from tests.helpers import RecordingDispatcher, wait_for
 from tests.workers.support import process_alive
 

@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import pytest
 
-from orchestrator import archive, jobs, sessions
-from orchestrator.activity import census
-from orchestrator.jobs import JobState
-from orchestrator.store import Store
+from orchestrator.archiving import archive
+from orchestrator.census.activity import census
+from orchestrator.job import jobs
+from orchestrator.job.jobs import JobState
+from orchestrator.session import sessions
+from orchestrator.storage.store import Store
 from tests.helpers import RecordingDispatcher
 from tests.orchestrator.support import chain, claim_job, stop_jobs_elsewhere
 

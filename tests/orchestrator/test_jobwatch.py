@@ -1,4 +1,4 @@
-"""The job watchdog's pass (``orchestrator/jobwatch.py``) against real Redis and real
+"""The job watchdog's pass (``orchestrator/job/jobwatch.py``) against real Redis and real
 processes, run in-process: it kills a job's verified process group before its lease lapses
 and never signals a process it cannot verify."""
 
@@ -12,14 +12,15 @@ from collections.abc import Iterator
 
 import pytest
 
-from orchestrator import jobs, jobwatch, sessions
-from orchestrator.activity import census
-from orchestrator.jobs import JobState
-from orchestrator.jobsupervisor import JobSupervisor
-from orchestrator.jobwatch import REASON, Watchdog
-from orchestrator.ownership import process_start
-from orchestrator.processes import die_with_parent
-from orchestrator.store import Store
+from orchestrator.census.activity import census
+from orchestrator.job import jobs, jobwatch
+from orchestrator.job.jobs import JobState
+from orchestrator.job.jobsupervisor import JobSupervisor
+from orchestrator.job.jobwatch import REASON, Watchdog
+from orchestrator.process.ownership import process_start
+from orchestrator.process.processes import die_with_parent
+from orchestrator.session import sessions
+from orchestrator.storage.store import Store
 from tests.helpers import RecordingDispatcher, wait_for
 from tests.orchestrator.support import running_job
 from tests.workers.support import process_alive

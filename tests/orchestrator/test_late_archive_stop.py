@@ -11,10 +11,13 @@ from typing import Any
 
 import pytest
 
-from orchestrator import archive, bulk, deletion, reconcile, reminders, sessions, turns
+from orchestrator.archiving import archive, bulk, deletion, reconcile
 from orchestrator.errors import SessionUnarchived
-from orchestrator.store import Store
-from orchestrator.turns import TurnState
+from orchestrator.reminder import reminders
+from orchestrator.session import sessions
+from orchestrator.storage.store import Store
+from orchestrator.turn import turns
+from orchestrator.turn.turns import TurnState
 from tests.helpers import RecordingDispatcher
 from tests.orchestrator.support import deliver, stops
 

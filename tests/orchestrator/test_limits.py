@@ -12,11 +12,13 @@ from collections.abc import Callable
 
 import pytest
 
-from orchestrator import jobs, reminders, sessions
 from orchestrator.errors import LimitReached
-from orchestrator.jobs import JobState
+from orchestrator.job import jobs
+from orchestrator.job.jobs import JobState
+from orchestrator.reminder import reminders
+from orchestrator.session import sessions
 from orchestrator.settings import FleetSettings
-from orchestrator.store import Store, iso, now_ms
+from orchestrator.storage.store import Store, iso, now_ms
 from tests.helpers import RecordingDispatcher
 from tests.orchestrator.support import chain, claim_job
 

@@ -9,10 +9,12 @@ import time
 
 import pytest
 
-from orchestrator import archive, sessions, turns
+from orchestrator.archiving import archive
 from orchestrator.errors import InputRejected, InvalidParams
-from orchestrator.sessions import Session
-from orchestrator.store import Store
+from orchestrator.session import sessions
+from orchestrator.session.sessions import Session
+from orchestrator.storage.store import Store
+from orchestrator.turn import turns
 from tests.helpers import RecordingDispatcher
 from tests.orchestrator.support import unique_cwd
 

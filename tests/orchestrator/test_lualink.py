@@ -1,4 +1,5 @@
-"""A script runs after only the prelude definitions it reaches (``orchestrator/lualink.py``)."""
+"""A script runs after only the prelude definitions it reaches
+(``orchestrator/storage/lualink.py``)."""
 
 from __future__ import annotations
 
@@ -6,9 +7,9 @@ import re
 
 import pytest
 
-from orchestrator import lualink
 from orchestrator.families import registry
-from orchestrator.store import _SCRIPTS_DIR, Store, _prelude
+from orchestrator.storage import lualink
+from orchestrator.storage.store import Store, _prelude, _script_paths
 
 PRELUDE = """\
 local P = ARGV[1]
@@ -103,7 +104,7 @@ def test_every_script_defines_every_prelude_name_it_uses() -> None:
     # it: nothing the script reaches was dropped
     names = _prelude_names()
     word = re.compile(r"\bK\.[A-Za-z_]\w*|[A-Za-z_]\w*")
-    for path in sorted(_SCRIPTS_DIR.glob("*.lua")):
+    for path in sorted(_script_paths().values()):
         if path.name.startswith("_"):
             continue
         source = lualink.link(_prelude(registry.version()), path.read_text(encoding="utf-8"))
@@ -125,7 +126,8 @@ def test_the_gate_script_holds_only_the_gate_rule(store: Store) -> None:
 
 
 def test_the_generated_rules_run_and_build_what_python_builds(store: Store) -> None:
-    from orchestrator import entries, luarules
+    from orchestrator import entries
+    from orchestrator.storage import luarules
 
     lua = luarules.lua_rules() + (
         "return {event_archived('s1', 3), detail_archived(2, true, 1), event_deleted('s2'),"

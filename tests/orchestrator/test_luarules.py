@@ -1,5 +1,6 @@
 """The rules the scripts share with Python are generated from the Python definitions
-(``orchestrator/luarules.py``, ``orchestrator/entries.py``): states, the turn transition table,
+(``orchestrator/storage/luarules.py``, ``orchestrator/entries.py``): states, the turn transition
+table,
 stop reasons and the JSON entries the scripts write."""
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ import re
 
 import pytest
 
-from orchestrator import entries, lualink, luarules
+from orchestrator import entries
 from orchestrator.states import (
     STOP_REASON,
     TRANSITIONS,
@@ -17,6 +18,7 @@ from orchestrator.states import (
     ReminderState,
     TurnState,
 )
+from orchestrator.storage import lualink, luarules
 
 pytestmark = pytest.mark.unit
 

@@ -1,4 +1,4 @@
-"""Fleet metrics counted in Redis (``orchestrator/metrics.py``) and the archive-to-quiet
+"""Fleet metrics counted in Redis (``orchestrator/storage/metrics.py``) and the archive-to-quiet
 record (``activity.mark_quiet``/``note_quiet``). Counters are shared by the whole test run, so
 every test compares a snapshot taken before with one taken after."""
 
@@ -8,11 +8,17 @@ import logging
 
 import pytest
 
-from orchestrator import activity, archive, jobs, metrics, reminders, sessions, steps, tools, turns
+from orchestrator.archiving import archive
+from orchestrator.census import activity
 from orchestrator.errors import SessionActive
-from orchestrator.metrics import Snapshot
-from orchestrator.model import ScriptedModel
-from orchestrator.store import Store
+from orchestrator.job import jobs
+from orchestrator.models.model import ScriptedModel
+from orchestrator.reminder import reminders
+from orchestrator.session import sessions
+from orchestrator.storage import metrics
+from orchestrator.storage.metrics import Snapshot
+from orchestrator.storage.store import Store
+from orchestrator.turn import steps, tools, turns
 from tests.helpers import RecordingDispatcher, count_round_trips
 from tests.orchestrator.support import FailingDispatcher, claim_job, deliver, stops
 
@@ -73,9 +79,9 @@ def test_a_stop_failure_is_one_warning_line_with_the_traceback_only_at_debug(
     failing = FailingDispatcher({"turn.stop"})
     sid = sessions.create_session(store, cwd).session_id
     turns.start_turn(store, failing, sid, "think 5")
-    with caplog.at_level(logging.DEBUG, logger="orchestrator.stops"):
+    with caplog.at_level(logging.DEBUG, logger="orchestrator.archiving.stops"):
         archive.archive(store, failing, sid, stop_activity=True)
-    records = [r for r in caplog.records if r.name == "orchestrator.stops"]
+    records = [r for r in caplog.records if r.name == "orchestrator.archiving.stops"]
     [warning] = [r for r in records if r.levelno == logging.WARNING]
     assert warning.getMessage() == "stop dispatch for turn failed: RuntimeError: broker down"
     assert warning.exc_info is None

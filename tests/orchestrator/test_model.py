@@ -6,7 +6,7 @@ import threading
 
 import pytest
 
-from orchestrator.model import (
+from orchestrator.models.model import (
     MAX_SECONDS,
     Instruction,
     Message,

@@ -10,9 +10,18 @@ from typing import Any
 
 import pytest
 
-from orchestrator import sessions, tools, turns
-from orchestrator.model import Emit, Role, StepAnswer, StepRequest, StopReason, ToolCall, Usage
-from orchestrator.store import Store
+from orchestrator.models.model import (
+    Emit,
+    Role,
+    StepAnswer,
+    StepRequest,
+    StopReason,
+    ToolCall,
+    Usage,
+)
+from orchestrator.session import sessions
+from orchestrator.storage.store import Store
+from orchestrator.turn import tools, turns
 from tests.helpers import RecordingDispatcher, wait_for
 from tests.orchestrator.support import run_turn
 

@@ -1,5 +1,6 @@
 """No Lua script spells a turn, job or reminder state: each names it through the generated
-prelude (``TURN.RUNNING``, ``JOB.STARTING``, ``REMINDER.ARMED``, ``orchestrator/luarules.py``),
+prelude (``TURN.RUNNING``, ``JOB.STARTING``, ``REMINDER.ARMED``,
+``orchestrator/storage/luarules.py``),
 so the Python enums are the one place a state is written."""
 
 from __future__ import annotations
@@ -9,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import lualink
 from orchestrator.states import JobState, ReminderState, TurnState
+from orchestrator.storage import lualink
 
 pytestmark = pytest.mark.unit
 

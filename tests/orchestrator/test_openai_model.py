@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.model import Cancel, StepAnswer, StepRequest, StopReason
-from orchestrator.openai_model import OpenAIModel
+from orchestrator.models.model import Cancel, StepAnswer, StepRequest, StopReason
+from orchestrator.models.openai_model import OpenAIModel
 from tests.helpers import wait_for
 
 pytestmark = pytest.mark.unit

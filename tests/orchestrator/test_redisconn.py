@@ -6,7 +6,8 @@ import pytest
 import redis
 from redis._parsers.base import BaseParser
 
-from orchestrator.redisconn import (
+from orchestrator.settings import FleetSettings
+from orchestrator.storage.redisconn import (
     TRANSIENT_REPLIES,
     NoReplicasError,
     SentinelOptions,
@@ -14,7 +15,6 @@ from orchestrator.redisconn import (
     is_sentinel,
     parse_sentinel_url,
 )
-from orchestrator.settings import FleetSettings
 from workers.app import broker_transport, sentinel_transport_options
 
 

@@ -8,10 +8,13 @@ from collections.abc import Iterator
 
 import pytest
 
-from orchestrator import archive, reminders, sessions, turns
-from orchestrator.activity import census
+from orchestrator.archiving import archive
+from orchestrator.census.activity import census
 from orchestrator.errors import SessionArchived
-from orchestrator.store import Store
+from orchestrator.reminder import reminders
+from orchestrator.session import sessions
+from orchestrator.storage.store import Store
+from orchestrator.turn import turns
 from tests.helpers import RecordingDispatcher, wait_for
 
 ISOLATED = "no-poller:"

@@ -11,9 +11,10 @@ from collections.abc import Iterator
 
 import pytest
 
-from orchestrator import archive, bulk, deletion, sessions, titles
+from orchestrator.archiving import archive, bulk, deletion
 from orchestrator.errors import WriteUnconfirmed
-from orchestrator.store import Store
+from orchestrator.session import sessions, titles
+from orchestrator.storage.store import Store
 from tests.helpers import RecordingDispatcher, rest_client
 
 

@@ -3,8 +3,9 @@ session by it."""
 
 from __future__ import annotations
 
-from orchestrator import archive, sessions, titles
-from orchestrator.store import Store
+from orchestrator.archiving import archive
+from orchestrator.session import sessions, titles
+from orchestrator.storage.store import Store
 from tests.helpers import RecordingDispatcher
 from tests.orchestrator.support import chain, unique_cwd
 

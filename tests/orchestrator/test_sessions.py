@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from orchestrator import sessions
 from orchestrator.errors import InvalidParams, SessionNotFound
-from orchestrator.store import Store
+from orchestrator.session import sessions
+from orchestrator.storage.store import Store
 from tests.orchestrator.support import chain
 
 UNKNOWN = "sess_" + "0" * 24

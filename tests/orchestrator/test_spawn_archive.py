@@ -10,11 +10,13 @@ from typing import Any
 
 import pytest
 
-from orchestrator import archive, bulk, sessions, steps, tools, turns
-from orchestrator.model import ScriptedModel
-from orchestrator.sessions import Session
-from orchestrator.store import Store
-from orchestrator.turns import TurnState
+from orchestrator.archiving import archive, bulk
+from orchestrator.models.model import ScriptedModel
+from orchestrator.session import sessions
+from orchestrator.session.sessions import Session
+from orchestrator.storage.store import Store
+from orchestrator.turn import steps, tools, turns
+from orchestrator.turn.turns import TurnState
 from tests.helpers import RecordingDispatcher
 
 

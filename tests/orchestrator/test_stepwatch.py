@@ -1,4 +1,4 @@
-"""The steps a process has in flight share one watch (``orchestrator/stepwatch.py``): one
+"""The steps a process has in flight share one watch (``orchestrator/turn/stepwatch.py``): one
 thread and one script call per poll for all of them, each step still told when its own turn
 stops running or another copy of it began."""
 
@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import threading
 
-from orchestrator import archive, gate, sessions, steps, stepwatch, turns
-from orchestrator.fencing import StepGuard
-from orchestrator.store import Store
+from orchestrator.archiving import archive
+from orchestrator.session import gate, sessions
+from orchestrator.session.fencing import StepGuard
+from orchestrator.storage.store import Store
+from orchestrator.turn import steps, stepwatch, turns
 from tests.helpers import RecordingDispatcher, wait_for
 
 TOKEN, OTHER = "token-of-this-copy", "token-of-another-copy"

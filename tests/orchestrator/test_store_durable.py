@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import pytest
 
-from orchestrator import usage
-from orchestrator.model import Usage
-from orchestrator.sessions import create_session, get_session
-from orchestrator.store import Store
+from orchestrator.models import usage
+from orchestrator.models.model import Usage
+from orchestrator.session.sessions import create_session, get_session
+from orchestrator.storage.store import Store
 from tests.helpers import count_round_trips
 
 #: A digest no script has: the server answers NOSCRIPT, as after losing its cache.

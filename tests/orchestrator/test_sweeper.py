@@ -1,4 +1,4 @@
-"""The turn sweeper (``orchestrator/sweeper.py``, ``scripts/turn_sweep.lua``) against real
+"""The turn sweeper (``orchestrator/turn/sweeper.py``, ``turn/turn_sweep.lua``) against real
 Redis, no worker: each stuck state is built directly in Redis (a turn started with a
 recording dispatcher has no step message anywhere and no lease; the running-turn index entry
 is written by hand with an old score), so these tests do not depend on who maintains it.
@@ -14,10 +14,12 @@ from datetime import datetime
 
 import pytest
 
-from orchestrator import archive, sessions, steps, sweeper, tools, turns
-from orchestrator.model import ScriptedModel
-from orchestrator.store import Store
-from orchestrator.turns import TurnState
+from orchestrator.archiving import archive
+from orchestrator.models.model import ScriptedModel
+from orchestrator.session import sessions
+from orchestrator.storage.store import Store
+from orchestrator.turn import steps, sweeper, tools, turns
+from orchestrator.turn.turns import TurnState
 from tests.helpers import RecordingDispatcher
 
 STUCK = 2.0

@@ -1,4 +1,4 @@
-"""What the turn sweeper reads of the broker (``scripts/turn_broker_scan.lua``) against real
+"""What the turn sweeper reads of the broker (``turn/turn_broker_scan.lua``) against real
 Redis, no worker: step messages are written by hand where kombu's Redis transport keeps them
 (``Keys.broker_queue``, ``Keys.broker_unacked``), in its shape, with the task id the
 dispatcher gives a step (``families.step_message_id``). The real transport is exercised by
@@ -11,9 +11,10 @@ import uuid
 
 import pytest
 
-from orchestrator import sessions, sweeper, turns
 from orchestrator.families import Family, step_message_id
-from orchestrator.store import Store
+from orchestrator.session import sessions
+from orchestrator.storage.store import Store
+from orchestrator.turn import sweeper, turns
 from tests.helpers import RecordingDispatcher
 
 STUCK = 2.0

@@ -13,11 +13,10 @@ from typing import Any
 import grapheme
 import pytest
 
-from orchestrator.archive import archive
+from orchestrator.archiving.archive import archive
 from orchestrator.errors import InvalidParams, InvalidTitle, SessionNotFound
-from orchestrator.sessions import create_session, delete_session, get_session
-from orchestrator.store import now_ms
-from orchestrator.titles import (
+from orchestrator.session.sessions import create_session, delete_session, get_session
+from orchestrator.session.titles import (
     GENERATED_TITLE_GRAPHEMES,
     MAX_TITLE_GRAPHEMES,
     MAX_TITLE_INPUT,
@@ -25,6 +24,7 @@ from orchestrator.titles import (
     normalize_title,
     set_title,
 )
+from orchestrator.storage.store import now_ms
 from tests.helpers import wait_for
 
 FAMILY = "\U0001f468\u200d\U0001f469\u200d\U0001f467\u200d\U0001f466"  # 👨‍👩‍👧‍👦, 7 code points
@@ -355,7 +355,7 @@ def test_a_generation_racing_a_client_rename_never_ends_with_the_generated_title
 
 def test_titles_imports_neither_fastapi_nor_celery() -> None:
     code = (
-        "import sys, orchestrator.titles; "
+        "import sys, orchestrator.session.titles; "
         "assert 'fastapi' not in sys.modules and 'celery' not in sys.modules"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)

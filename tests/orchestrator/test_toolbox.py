@@ -6,9 +6,10 @@ import json
 
 import pytest
 
-from orchestrator import chat, toolbox
 from orchestrator.families import Family
-from orchestrator.model import Message, Role, ToolCall
+from orchestrator.models import chat
+from orchestrator.models.model import Message, Role, ToolCall
+from orchestrator.turn import toolbox
 
 pytestmark = pytest.mark.unit
 

@@ -8,11 +8,14 @@ import time
 
 import pytest
 
-from orchestrator import archive, audit, deletion, metrics, sessions, steps, tools, turns
+from orchestrator.archiving import archive, deletion
 from orchestrator.errors import InvalidParams, SessionArchived, SessionNotFound
-from orchestrator.model import ScriptedModel
-from orchestrator.store import Store
-from orchestrator.turns import TurnState
+from orchestrator.models.model import ScriptedModel
+from orchestrator.session import sessions
+from orchestrator.storage import audit, metrics
+from orchestrator.storage.store import Store
+from orchestrator.turn import steps, tools, turns
+from orchestrator.turn.turns import TurnState
 from tests.helpers import RecordingDispatcher, wait_for
 from tests.orchestrator.support import chain, model_requests
 

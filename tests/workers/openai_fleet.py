@@ -12,8 +12,8 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.families import Family
-from orchestrator.sessions import create_session
-from orchestrator.turns import get_turn, start_turn
+from orchestrator.session.sessions import create_session
+from orchestrator.turn.turns import get_turn, start_turn
 from tests.faults.fleets import PrivateFleet, private_fleet
 from tests.helpers import wait_for
 from tests.openai_server import Served

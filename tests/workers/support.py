@@ -13,10 +13,10 @@ import psutil
 import pytest
 import redis
 
-from orchestrator.activity import census
+from orchestrator.census.activity import census
 from orchestrator.families import Family
-from orchestrator.sessions import create_session
-from orchestrator.turns import get_turn
+from orchestrator.session.sessions import create_session
+from orchestrator.turn.turns import get_turn
 from tests.helpers import wait_for
 
 ALL_FAMILIES = frozenset({"turn", "job", "subagent", "reminder"})

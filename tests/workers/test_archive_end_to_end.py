@@ -12,11 +12,11 @@ from typing import Any
 
 import pytest
 
-from orchestrator import reminders
-from orchestrator.archive import archive
+from orchestrator.archiving.archive import archive
 from orchestrator.errors import SessionActive
-from orchestrator.sessions import get_session
-from orchestrator.turns import start_turn
+from orchestrator.reminder import reminders
+from orchestrator.session.sessions import get_session
+from orchestrator.turn.turns import start_turn
 from tests.helpers import wait_for
 from tests.workers.support import (
     ALL_FAMILIES,

@@ -15,9 +15,14 @@ from typing import Any
 
 import pytest
 
-from orchestrator import archive, audit, jobs, reminders, sessions, turns
+from orchestrator.archiving import archive
 from orchestrator.families import Family
-from orchestrator.store import Store, iso, now_ms
+from orchestrator.job import jobs
+from orchestrator.reminder import reminders
+from orchestrator.session import sessions
+from orchestrator.storage import audit
+from orchestrator.storage.store import Store, iso, now_ms
+from orchestrator.turn import turns
 from tests.helpers import RecordingDispatcher, count_round_trips
 
 pytestmark = pytest.mark.redis

@@ -9,11 +9,11 @@ from typing import Any
 
 import pytest
 
-from orchestrator import bulk
-from orchestrator.activity import census
+from orchestrator.archiving import bulk
+from orchestrator.census.activity import census
 from orchestrator.families import Task
-from orchestrator.sessions import get_session
-from orchestrator.turns import start_turn
+from orchestrator.session.sessions import get_session
+from orchestrator.turn.turns import start_turn
 from tests.helpers import wait_for
 from tests.workers.support import (
     item_of,

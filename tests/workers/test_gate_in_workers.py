@@ -7,12 +7,12 @@ from typing import Any
 
 import pytest
 
-from orchestrator.activity import census
-from orchestrator.archive import archive, unarchive
+from orchestrator.archiving.archive import archive, unarchive
+from orchestrator.census.activity import census
 from orchestrator.errors import SessionArchived
-from orchestrator.sessions import create_session, get_session
-from orchestrator.store import iso, new_id, now_ms
-from orchestrator.turns import start_turn
+from orchestrator.session.sessions import create_session, get_session
+from orchestrator.storage.store import iso, new_id, now_ms
+from orchestrator.turn.turns import start_turn
 from tests.helpers import FaultyDispatcher, RecordingDispatcher, wait_for
 from tests.workers.support import (
     history,

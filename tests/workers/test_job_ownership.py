@@ -1,6 +1,6 @@
 """A stop kills only our own process: a job is identified by the worker instance that claimed
 it and by its process's start time, both verified before anything is signalled, and one host
-name has one live job worker (``orchestrator/ownership.py``)."""
+name has one live job worker (``orchestrator/process/ownership.py``)."""
 
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ from typing import Any
 import psutil
 import pytest
 
-from orchestrator.archive import archive
+from orchestrator.archiving.archive import archive
 from orchestrator.families import Family
-from orchestrator.store import iso, new_id
+from orchestrator.storage.store import iso, new_id
 from tests.helpers import wait_for
 from tests.workers.support import job_record, process_alive, wait_gone, wait_log, worker
 

@@ -7,9 +7,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from orchestrator import turns
 from orchestrator.families import Family
-from orchestrator.sessions import create_session
+from orchestrator.session.sessions import create_session
+from orchestrator.turn import turns
 from tests.faults.fleets import PrivateFleet, private_fleet
 from tests.helpers import wait_for
 from tests.workers.support import history, sleep_processes, wait_turn_state

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from orchestrator import metrics
+from orchestrator.storage import metrics
 from tests.faults.fleets import PrivateFleet, sweeping
 from tests.helpers import rest_client, wait_for
 from tests.openai_server import Served, serve

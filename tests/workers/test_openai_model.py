@@ -14,9 +14,9 @@ from typing import Any
 
 import pytest
 
-from orchestrator import metrics
-from orchestrator.archive import archive
-from orchestrator.sessions import get_session
+from orchestrator.archiving.archive import archive
+from orchestrator.session.sessions import get_session
+from orchestrator.storage import metrics
 from tests.faults.fleets import PrivateFleet
 from tests.helpers import wait_for
 from tests.openai_server import Served, serve

@@ -12,10 +12,10 @@ from typing import Any
 
 import pytest
 
-from orchestrator import jobs
-from orchestrator.activity import census
-from orchestrator.archive import archive
-from orchestrator.store import iso, new_id, now_ms
+from orchestrator.archiving.archive import archive
+from orchestrator.census.activity import census
+from orchestrator.job import jobs
+from orchestrator.storage.store import iso, new_id, now_ms
 from tests.helpers import wait_for
 from tests.workers.support import (
     job_record,
@@ -39,7 +39,7 @@ def _held_supervisor(store: Any, rt: Any) -> Iterator[tuple[Any, threading.Event
     """This process acting as a job worker: a real ``JobSupervisor`` installed as the
     runtime's (so the real ``job.stop`` task code uses it), whose every fork is held back
     until the event it yields with is set. Restored and shut down after the block."""
-    from orchestrator.jobsupervisor import JobSupervisor
+    from orchestrator.job.jobsupervisor import JobSupervisor
 
     release = threading.Event()
 

@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from orchestrator.archive import archive
-from orchestrator.turns import get_turn, start_turn
+from orchestrator.archiving.archive import archive
+from orchestrator.turn.turns import get_turn, start_turn
 from tests.helpers import wait_for
 from tests.workers.support import (
     item_of,

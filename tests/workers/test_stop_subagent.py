@@ -7,10 +7,10 @@ from typing import Any
 
 import pytest
 
-from orchestrator.activity import census, own_items
-from orchestrator.archive import archive
+from orchestrator.archiving.archive import archive
+from orchestrator.census.activity import census, own_items
 from orchestrator.errors import SessionActive
-from orchestrator.turns import start_turn
+from orchestrator.turn.turns import start_turn
 from tests.helpers import wait_for
 from tests.workers.support import (
     item_of,

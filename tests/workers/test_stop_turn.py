@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from orchestrator.archive import archive
-from orchestrator.turns import cancel_session_turns, start_turn
+from orchestrator.archiving.archive import archive
+from orchestrator.turn.turns import cancel_session_turns, start_turn
 from tests.helpers import RecordingDispatcher, wait_for
 from tests.workers.support import (
     history,

@@ -8,7 +8,8 @@ from typing import Any
 from celery import shared_task
 from celery.signals import worker_ready, worker_shutdown
 
-from orchestrator import activity, jobstops
+from orchestrator.census import activity
+from orchestrator.job import jobstops
 from workers.bulk import STOP_THREADS, each_session
 from workers.runtime import get_runtime, role, supervisor
 

@@ -10,7 +10,7 @@ from typing import Any
 
 from celery import shared_task
 
-from orchestrator import bulk, reconcile
+from orchestrator.archiving import bulk, reconcile
 from orchestrator.errors import InvalidParams
 from workers.periodic import every
 from workers.runtime import Runtime, get_runtime

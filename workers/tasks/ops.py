@@ -11,8 +11,8 @@ from typing import Any
 from celery import shared_task
 
 from orchestrator.errors import FleetError
-from orchestrator.gate import StepRefused, admit
-from orchestrator.store import translated
+from orchestrator.session.gate import StepRefused, admit
+from orchestrator.storage.store import translated
 from workers.runtime import get_runtime
 
 

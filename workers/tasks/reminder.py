@@ -8,8 +8,10 @@ from typing import Any
 
 from celery import shared_task
 
-from orchestrator import activity, reminders, turns
+from orchestrator.census import activity
 from orchestrator.errors import FleetError, StoreUnavailable
+from orchestrator.reminder import reminders
+from orchestrator.turn import turns
 from workers.bulk import each_session
 from workers.periodic import every
 from workers.runtime import Runtime, get_runtime

@@ -6,8 +6,8 @@ from typing import Any
 
 from celery import shared_task
 
-from orchestrator.activity import note_quiet
-from orchestrator.subagents import stop_subagents
+from orchestrator.archiving.subagents import stop_subagents
+from orchestrator.census.activity import note_quiet
 from workers.bulk import STOP_THREADS, each_session
 from workers.runtime import get_runtime
 

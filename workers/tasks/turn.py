@@ -9,7 +9,9 @@ from celery import Task, shared_task
 from celery.exceptions import Ignore
 from celery.signals import worker_ready, worker_shutdown
 
-from orchestrator import activity, execwatch, steps, tools, turns
+from orchestrator.census import activity
+from orchestrator.process import execwatch
+from orchestrator.turn import steps, tools, turns
 from workers.bulk import each_session
 from workers.runtime import get_runtime, role
 

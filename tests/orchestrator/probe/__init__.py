@@ -8,7 +8,7 @@ from typing import Any
 
 from orchestrator.families import FamilySpec
 from orchestrator.items import ActivityItem
-from orchestrator.store import Store
+from orchestrator.storage.store import Store
 
 NAME = "probe"
 

@@ -1,0 +1,2 @@
+"""Archive, unarchive, delete and bulk archive, the stop fan-out and the reconciler: the
+archive never hides running work."""

@@ -1,0 +1,1 @@
+"""Reminders: stored scheduled prompts, their creation, claims and stops."""

@@ -1,0 +1,149 @@
+"""Reminders: stored scheduled prompts, fired by a poller that claims due ones atomically.
+
+Reminders are rows in Redis (``Keys.reminder`` + the ``reminders:due`` schedule), not Celery
+ETA/countdown tasks: on the Redis transport those are redelivered after the visibility timeout
+and can run twice, and an ETA task cannot be found or deleted by session. Archive admission
+reads the stored rows, so a session with an armed reminder and no running turn still counts as
+active. A fired reminder starts a turn that meets the gate like any other.
+
+A due reminder becomes a turn exactly once across any crash: delivery is at least once and
+the turn's creation is idempotent, keyed by the reminder.
+
+- ``armed`` -> ``firing``: the poller claims it (``reminder_claim.lua``, on the Redis clock)
+  and sends ``reminder.fire``. It stays live (census, stops) and gets a re-claim deadline
+  (``Keys.reminders_firing``, ``reminder_refire_seconds``): if its turn is not created by
+  then (the poller died before sending, the message or its worker was lost) it is claimed
+  and sent again.
+- ``firing`` -> ``fired`` (with ``turnId``): ``turn_create.lua`` creates the turn and spends
+  the reminder in one script; a second fire of it returns that turn and creates nothing.
+- ``armed``/``firing`` -> ``deleted``: a stop naming it (``stop_reminders``); a fire that
+  arrives afterwards creates nothing. ``refused``: it fell due under an archived lineage
+  (nothing is stored). ``dropped``: its session was deleted.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from dataclasses import dataclass
+
+from orchestrator.census.activity import shorten
+from orchestrator.errors import TurnStopped
+from orchestrator.families import Dispatcher, Family, Task, send_all, work_queue
+from orchestrator.session import limits
+from orchestrator.session.fencing import StepGuard
+from orchestrator.storage.store import Store, iso, new_id
+
+log = logging.getLogger(__name__)
+
+#: A reminder id as ``create_reminder`` makes them (anything else never reaches a key name).
+REMINDER_ID_RE = re.compile(r"^rem_[0-9a-f]{1,64}$")
+
+
+@dataclass(frozen=True)
+class DueReminder:
+    """A reminder claimed by the poller: its id, session and prompt."""
+
+    reminder_id: str
+    session_id: str
+    prompt: str
+
+
+def create_reminder(
+    store: Store,
+    session_id: str,
+    seconds: float,
+    prompt: str,
+    *,
+    guard: StepGuard | None = None,
+) -> str:
+    """Store a reminder due in ``seconds`` (on the Redis server's clock). Returns its id.
+
+    With ``guard`` (the copy of the step that asks for it) nothing is stored once its turn no
+    longer runs or that copy no longer owns the step (``orchestrator/session/fencing.py``): raises
+    ``TurnStopped``. Raises ``LimitReached`` when the session already has
+    ``FLEET_MAX_REMINDERS_PER_SESSION`` live reminders (counted in the script that stores the
+    reminder), ``StoreUnavailable``."""
+    rid = new_id("rem")
+    now = store.now_ms()
+    delay = max(0, int(seconds * 1000))
+    maximum = limits.REMINDERS_PER_SESSION.maximum(store.settings)
+    stored = store.run(
+        "reminder_create",
+        [
+            rid,
+            session_id,
+            prompt,
+            shorten(prompt),
+            delay,
+            iso(now + delay),
+            iso(now),
+            *StepGuard.argv(guard),
+            maximum,
+        ],
+    )
+    if stored == "stopped":
+        raise TurnStopped(guard.turn_id if guard else "")
+    limits.check_reply(limits.REMINDERS_PER_SESSION, maximum, stored)
+    log.info("reminder %s armed for %s", rid, iso(now + delay), extra={"session_id": session_id})
+    return rid
+
+
+def claim_due(
+    store: Store, limit: int = 100, refire_seconds: float | None = None
+) -> list[DueReminder]:
+    """Atomically claim up to ``limit`` reminders: those whose earlier claim was not turned
+    into a turn within its deadline, then those due now. Each becomes ``firing`` with a
+    deadline ``refire_seconds`` (default ``reminder_refire_seconds``) from now."""
+    seconds = store.settings.reminder_refire_seconds if refire_seconds is None else refire_seconds
+    flat = store.run("reminder_claim", [limit, int(seconds * 1000)])
+    return [DueReminder(flat[i], flat[i + 1], flat[i + 2]) for i in range(0, len(flat), 3)]
+
+
+def poll_once(store: Store, dispatcher: Dispatcher, limit: int = 100) -> int:
+    """Claim due reminders (batches of ``limit`` until none is left) and send one
+    ``reminder.fire`` task each. A fire that cannot be sent is logged; its reminder is
+    claimed and sent again once its deadline passes. Returns how many were claimed."""
+    claimed = 0
+    while True:
+        due = claim_due(store, limit)
+        claimed += len(due)
+        errors = send_all(
+            dispatcher,
+            [
+                (
+                    Task.REMINDER_FIRE,
+                    [r.session_id, r.reminder_id, r.prompt],
+                    work_queue(Family.REMINDER),
+                )
+                for r in due
+            ],
+        )
+        for rem, error in zip(due, errors, strict=True):
+            if error is not None:
+                log.warning(
+                    "reminder %s: fire not sent (%s: %s); it is sent again after its deadline",
+                    rem.reminder_id,
+                    type(error).__name__,
+                    error,
+                    extra={"session_id": rem.session_id, "family": "reminder"},
+                )
+        if len(due) < limit:
+            return claimed
+
+
+def stop_reminders(store: Store, session_id: str, reminder_ids: list[str]) -> int:
+    """Delete exactly the named reminders of the session that are still armed or firing, in
+    one atomic step (one fired, deleted or not the session's is left alone). Returns the
+    count deleted."""
+    rids = [r for r in reminder_ids if isinstance(r, str) and REMINDER_ID_RE.fullmatch(r)]
+    if not rids:
+        return 0
+    count = int(store.run("reminder_stop", [session_id, *rids]))
+    log.info(
+        "deleted %d of %d named reminder(s)",
+        count,
+        len(rids),
+        extra={"session_id": session_id, "family": "reminder"},
+    )
+    return count
