@@ -25,11 +25,12 @@ from __future__ import annotations
 
 import logging
 import re
-from dataclasses import dataclass
 
 from orchestrator.census.activity import shorten
 from orchestrator.errors import TurnStopped
 from orchestrator.families import Dispatcher, Family, Task, send_all, work_queue
+from orchestrator.reminder import scripts
+from orchestrator.reminder.scripts import AtLimit, DueReminder, GuardLost
 from orchestrator.session import limits
 from orchestrator.session.fencing import StepGuard
 from orchestrator.storage.store import Store, iso, new_id
@@ -40,13 +41,7 @@ log = logging.getLogger(__name__)
 REMINDER_ID_RE = re.compile(r"^rem_[0-9a-f]{1,64}$")
 
 
-@dataclass(frozen=True)
-class DueReminder:
-    """A reminder claimed by the poller: its id, session and prompt."""
-
-    reminder_id: str
-    session_id: str
-    prompt: str
+__all__ = ["DueReminder", "claim_due", "create_reminder", "poll_once", "stop_reminders"]
 
 
 def create_reminder(
@@ -68,23 +63,22 @@ def create_reminder(
     now = store.now_ms()
     delay = max(0, int(seconds * 1000))
     maximum = limits.REMINDERS_PER_SESSION.maximum(store.settings)
-    stored = store.run(
-        "reminder_create",
-        [
-            rid,
-            session_id,
-            prompt,
-            shorten(prompt),
-            delay,
-            iso(now + delay),
-            iso(now),
-            *StepGuard.argv(guard),
-            maximum,
-        ],
+    stored = scripts.reminder_create(
+        store,
+        reminder_id=rid,
+        session_id=session_id,
+        prompt=prompt,
+        label=shorten(prompt),
+        delay_ms=delay,
+        due_at=iso(now + delay),
+        created_at=iso(now),
+        guard=guard,
+        max_live=maximum,
     )
-    if stored == "stopped":
+    if isinstance(stored, GuardLost):
         raise TurnStopped(guard.turn_id if guard else "")
-    limits.check_reply(limits.REMINDERS_PER_SESSION, maximum, stored)
+    if isinstance(stored, AtLimit):
+        raise limits.REMINDERS_PER_SESSION.reached(maximum, stored.live)
     log.info("reminder %s armed for %s", rid, iso(now + delay), extra={"session_id": session_id})
     return rid
 
@@ -96,8 +90,7 @@ def claim_due(
     into a turn within its deadline, then those due now. Each becomes ``firing`` with a
     deadline ``refire_seconds`` (default ``reminder_refire_seconds``) from now."""
     seconds = store.settings.reminder_refire_seconds if refire_seconds is None else refire_seconds
-    flat = store.run("reminder_claim", [limit, int(seconds * 1000)])
-    return [DueReminder(flat[i], flat[i + 1], flat[i + 2]) for i in range(0, len(flat), 3)]
+    return scripts.reminder_claim(store, limit=limit, refire_ms=int(seconds * 1000))
 
 
 def poll_once(store: Store, dispatcher: Dispatcher, limit: int = 100) -> int:
@@ -139,7 +132,7 @@ def stop_reminders(store: Store, session_id: str, reminder_ids: list[str]) -> in
     rids = [r for r in reminder_ids if isinstance(r, str) and REMINDER_ID_RE.fullmatch(r)]
     if not rids:
         return 0
-    count = int(store.run("reminder_stop", [session_id, *rids]))
+    count = scripts.reminder_stop(store, session_id=session_id, reminder_ids=rids)
     log.info(
         "deleted %d of %d named reminder(s)",
         count,

@@ -1,0 +1,110 @@
+"""Each package's Lua scripts are called through its door (``orchestrator/<package>/scripts.py``):
+one typed function per script, the only code that builds a script's ARGV or reads its reply.
+
+A call names its script by a string (``store.run("job_claim", [...])``, ``store.script(...)``,
+``store.run_many("...", ...)``); the test reads every such call in the project's Python with
+``ast`` and fails on one outside a door. ``NOT_YET_THROUGH_DOORS`` lists the modules that still
+call scripts directly; it only shrinks.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+from orchestrator.storage.store import _script_paths
+
+pytestmark = pytest.mark.unit
+
+ROOT = Path(__file__).resolve().parent.parent
+CALLS = {"run", "script", "run_many"}
+
+#: Modules that still call their scripts without a door, by path from the repository's root.
+NOT_YET_THROUGH_DOORS: set[str] = {
+    "bench/bulk.py",
+    "bench/common.py",
+    "bench/million.py",
+    "orchestrator/archiving/archive.py",
+    "orchestrator/archiving/bulk.py",
+    "orchestrator/archiving/bulk_select.py",
+    "orchestrator/archiving/reconcile.py",
+    "orchestrator/census/activity.py",
+    "orchestrator/families/job.py",
+    "orchestrator/families/turn.py",
+    "orchestrator/job/jobs.py",
+    "orchestrator/job/jobwatch.py",
+    "orchestrator/process/ownership.py",
+    "orchestrator/session/gate.py",
+    "orchestrator/session/sessions.py",
+    "orchestrator/session/titles.py",
+    "orchestrator/storage/audit.py",
+    "orchestrator/turn/steps.py",
+    "orchestrator/turn/stepwatch.py",
+    "orchestrator/turn/sweeper.py",
+    "orchestrator/turn/turns.py",
+    "tests/api/test_cli_bulk.py",
+    "tests/api/test_cli_output.py",
+    "tests/faults/test_archive_stops_steps.py",
+    "tests/ops/test_flower.py",
+    "tests/orchestrator/support.py",
+    "tests/orchestrator/test_activity.py",
+    "tests/orchestrator/test_archive.py",
+    "tests/orchestrator/test_auto_archive.py",
+    "tests/orchestrator/test_bulk.py",
+    "tests/orchestrator/test_busy_children.py",
+    "tests/orchestrator/test_fencing.py",
+    "tests/orchestrator/test_idempotency.py",
+    "tests/orchestrator/test_jobs.py",
+    "tests/orchestrator/test_limits.py",
+    "tests/orchestrator/test_lualink.py",
+    "tests/orchestrator/test_metrics.py",
+    "tests/orchestrator/test_stepwatch.py",
+    "tests/orchestrator/test_store_durable.py",
+    "tests/orchestrator/test_sweeper.py",
+    "tests/orchestrator/test_turns.py",
+    "tests/workers/test_archive_round_trips.py",
+    "tests/workers/test_gate_in_workers.py",
+    "tests/workers/test_job_ownership.py",
+    "tests/workers/test_stop_job.py",
+}
+
+
+def _direct_calls(path: Path, scripts: set[str]) -> list[int]:
+    """Lines of ``path`` that call a script by name."""
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    return [
+        node.lineno
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
+        and node.func.attr in CALLS
+        and node.args
+        and isinstance(node.args[0], ast.Constant)
+        and node.args[0].value in scripts
+    ]
+
+
+def _offenders() -> dict[str, list[int]]:
+    scripts = set(_script_paths())
+    found: dict[str, list[int]] = {}
+    for top in ("orchestrator", "workers", "api", "bench", "tests"):
+        for path in sorted((ROOT / top).rglob("*.py")):
+            if path.name == "scripts.py" and path.parent.parent.name == "orchestrator":
+                continue
+            lines = _direct_calls(path, scripts)
+            if lines:
+                found[str(path.relative_to(ROOT))] = lines
+    return found
+
+
+def test_scripts_are_called_through_their_package_door() -> None:
+    offenders = _offenders()
+    outside = {p: lines for p, lines in offenders.items() if p not in NOT_YET_THROUGH_DOORS}
+    assert outside == {}, "call these scripts through the door of the package that owns them"
+
+
+def test_the_list_of_modules_not_yet_through_doors_only_shrinks() -> None:
+    offenders = set(_offenders())
+    assert offenders >= NOT_YET_THROUGH_DOORS, sorted(NOT_YET_THROUGH_DOORS - offenders)
