@@ -19,49 +19,48 @@ from orchestrator.storage.store import _script_paths
 pytestmark = pytest.mark.unit
 
 ROOT = Path(__file__).resolve().parent.parent
-CALLS = {"run", "script", "run_many"}
+CALLS = {"run", "script", "run_many", "queue_script"}
+
+#: Code that calls scripts by name on purpose, by path from the repository's root: the store's
+#: own tests (script loading, the durable write, what a refused connection sends) and the
+#: benchmarks' seeding, which queues thousands of creations on one pipeline.
+STORE_MACHINERY = {
+    "tests/orchestrator/test_store_durable.py",
+    "tests/orchestrator/test_lualink.py",
+    "tests/orchestrator/test_idempotency.py",
+    "bench/bulk.py",
+    "bench/million.py",
+}
 
 #: Modules that still call their scripts without a door, by path from the repository's root.
 NOT_YET_THROUGH_DOORS: set[str] = {
-    "bench/bulk.py",
     "bench/common.py",
-    "bench/million.py",
     "orchestrator/archiving/archive.py",
     "orchestrator/archiving/bulk.py",
     "orchestrator/archiving/bulk_select.py",
     "orchestrator/archiving/reconcile.py",
-    "orchestrator/census/activity.py",
     "orchestrator/families/job.py",
     "orchestrator/families/turn.py",
     "orchestrator/job/jobs.py",
     "orchestrator/job/jobwatch.py",
+    "orchestrator/models/usage.py",
     "orchestrator/process/ownership.py",
-    "orchestrator/session/gate.py",
-    "orchestrator/session/sessions.py",
-    "orchestrator/session/titles.py",
-    "orchestrator/storage/audit.py",
     "orchestrator/turn/steps.py",
     "orchestrator/turn/stepwatch.py",
     "orchestrator/turn/sweeper.py",
     "orchestrator/turn/turns.py",
-    "tests/api/test_cli_bulk.py",
-    "tests/api/test_cli_output.py",
     "tests/faults/test_archive_stops_steps.py",
     "tests/ops/test_flower.py",
     "tests/orchestrator/support.py",
     "tests/orchestrator/test_activity.py",
     "tests/orchestrator/test_archive.py",
     "tests/orchestrator/test_auto_archive.py",
-    "tests/orchestrator/test_bulk.py",
     "tests/orchestrator/test_busy_children.py",
     "tests/orchestrator/test_fencing.py",
-    "tests/orchestrator/test_idempotency.py",
     "tests/orchestrator/test_jobs.py",
     "tests/orchestrator/test_limits.py",
-    "tests/orchestrator/test_lualink.py",
     "tests/orchestrator/test_metrics.py",
     "tests/orchestrator/test_stepwatch.py",
-    "tests/orchestrator/test_store_durable.py",
     "tests/orchestrator/test_sweeper.py",
     "tests/orchestrator/test_turns.py",
     "tests/workers/test_archive_round_trips.py",
@@ -80,10 +79,16 @@ def _direct_calls(path: Path, scripts: set[str]) -> list[int]:
         if isinstance(node, ast.Call)
         and isinstance(node.func, ast.Attribute)
         and node.func.attr in CALLS
-        and node.args
-        and isinstance(node.args[0], ast.Constant)
-        and node.args[0].value in scripts
+        and _named(node) in scripts
     ]
+
+
+def _named(call: ast.Call) -> object:
+    """The script a call names: its first argument (``queue_script``: its second)."""
+    at = 1 if isinstance(call.func, ast.Attribute) and call.func.attr == "queue_script" else 0
+    if len(call.args) > at and isinstance(call.args[at], ast.Constant):
+        return call.args[at].value
+    return None
 
 
 def _offenders() -> dict[str, list[int]]:
@@ -92,6 +97,8 @@ def _offenders() -> dict[str, list[int]]:
     for top in ("orchestrator", "workers", "api", "bench", "tests"):
         for path in sorted((ROOT / top).rglob("*.py")):
             if path.name == "scripts.py" and path.parent.parent.name == "orchestrator":
+                continue
+            if str(path.relative_to(ROOT)) in STORE_MACHINERY:
                 continue
             lines = _direct_calls(path, scripts)
             if lines:

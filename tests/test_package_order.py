@@ -107,8 +107,6 @@ def test_every_layer_names_a_package_or_module_that_exists() -> None:
 
 def test_every_named_family_callback_is_used() -> None:
     used = {
-        (module, _unit(target))
-        for module, path in _modules().items()
-        for target in _imports(path)
+        (module, _unit(target)) for module, path in _modules().items() for target in _imports(path)
     }
     assert used >= FAMILY_CALLBACKS, sorted(FAMILY_CALLBACKS - used)

@@ -13,6 +13,7 @@ from datetime import datetime
 from typing import Any
 
 from orchestrator import families
+from orchestrator.census import scripts
 from orchestrator.errors import FleetError, StoreUnavailable
 from orchestrator.families import Dispatcher, Family
 from orchestrator.items import ActivityItem, shorten
@@ -45,24 +46,23 @@ def _read_own_many(store: Store, sids: list[str], archived_only: bool = False) -
     family's liveness rule (its Lua, the one place it is written) and returns the live rows,
     which each family's registry entry turns into items. With ``archived_only`` a session
     not archived when the script runs reads as having nothing."""
-    # Called directly (not through Store.run) so that ``retried`` sees redis-py's own
-    # transient errors: the script only reads, re-running it is harmless.
-    args = [store.keys.prefix, "1" if archived_only else "0", *sids]
-    rows = store.script("census")(keys=[], args=args) if sids else []
+    # ``retried`` sees redis-py's own transient errors: the script only reads, re-running it
+    # is harmless.
+    rows = scripts.census(store, session_ids=sids, archived_only=archived_only)
     return {sid: _decode_own(sid, per_family) for sid, per_family in zip(sids, rows, strict=True)}
 
 
-def _decode_own(sid: str, per_family: list[Any]) -> Own:
+def _decode_own(sid: str, per_family: list[scripts.FamilyRows]) -> Own:
     """One session's ``census_rows`` reply (``_lib.lua``) as items and stale ids by family."""
     items: list[ActivityItem] = []
     stale: dict[str, list[str]] = {}
-    for name, live, vanished in per_family:
-        spec = families.get(name)
+    for rows in per_family:
+        spec = families.get(rows.family)
         if spec.item is None:
-            raise ValueError(f"family {name!r} has a liveness rule but no item builder")
-        items.extend(spec.item(sid, row[0], list(row[1:])) for row in live)
-        if vanished:
-            stale[spec.name] = list(vanished)
+            raise ValueError(f"family {rows.family!r} has a liveness rule but no item builder")
+        items.extend(spec.item(sid, row[0], list(row[1:])) for row in rows.live)
+        if rows.vanished:
+            stale[spec.name] = rows.vanished
     return items, stale
 
 
@@ -112,14 +112,13 @@ def mark_quiet(store: Store, session_id: str, *, observe: bool = True) -> bool:
     newly marked. Best effort: never raises for a store failure (logged at debug)."""
     try:
         ms = store.now_ms()
-        marked = store.run("mark_quiet", [session_id, iso(ms)])
+        marked = scripts.mark_quiet(store, session_id=session_id, now_iso=iso(ms))
     except StoreUnavailable as exc:
         log.debug("quiet of %s not recorded: %s", session_id, exc)
         return False
-    if not marked:
+    if marked is None:
         return False
-    archived_at, root = marked
-    _quiet_recorded(store, session_id, ms, str(archived_at), observe and root == "1")
+    _quiet_recorded(store, session_id, ms, marked.archived_at, observe and marked.root)
     return True
 
 
@@ -143,15 +142,13 @@ def note_quiet(store: Store, session_id: str) -> None:
     Items whose owner vanished count as not live and are left for a census to settle. Best
     effort: never raises (logged at debug)."""
     try:
-        marked = list(store.run("note_quiet", [session_id]))
+        now, marked = scripts.note_quiet(store, session_id=session_id)
     except FleetError as exc:
         log.debug("quiet check of %s skipped: %s", session_id, exc)
         return
-    now = marked[0]
-    ms = int(datetime.fromisoformat(str(now)).timestamp() * 1000)
-    for i in range(1, len(marked), 3):
-        sid, archived_at, root = (str(v) for v in marked[i : i + 3])
-        _quiet_recorded(store, sid, ms, archived_at, root == "1")
+    ms = int(datetime.fromisoformat(now).timestamp() * 1000)
+    for quiet in marked:
+        _quiet_recorded(store, quiet.session_id, ms, quiet.archived_at, quiet.root)
 
 
 #: ``sessions.descendants_many``, retried as a read of the census.
@@ -193,7 +190,10 @@ def census_of_rows(
     ``descendants`` (``_lib.lua``) walks them. Records whose owner vanished are settled, as by
     ``census``; nothing else is read. Raises ``StoreUnavailable`` only when settling."""
     sids = [str(s) for s in flat[::2]]
-    own = {sid: _decode_own(sid, rows) for sid, rows in zip(sids, flat[1::2], strict=True)}
+    own = {
+        sid: _decode_own(sid, scripts.census_rows(rows))
+        for sid, rows in zip(sids, flat[1::2], strict=True)
+    }
     tree = {session_id: [s for s in sids if s != session_id]}
     return _assemble(store, dispatcher, [session_id], tree, own, True)[session_id]
 

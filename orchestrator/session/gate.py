@@ -38,6 +38,7 @@ from collections.abc import Callable
 
 import redis
 
+from orchestrator.session import scripts
 from orchestrator.session.sessions import SESSION_ID_RE
 from orchestrator.storage.redisconn import SilenceProbe
 from orchestrator.storage.sharing import PerStore, Shared
@@ -66,9 +67,9 @@ def admit(store: Store, session_id: str) -> None:
     """
     if not isinstance(session_id, str) or not SESSION_ID_RE.fullmatch(session_id):
         raise StepRefused(str(session_id), "missing")
-    verdict = store.run("gate_admit", [session_id])
-    if verdict != "ok":
-        raise refusal(session_id, str(verdict))
+    verdict = scripts.gate_admit(store, session_id=session_id)
+    if verdict is not scripts.Verdict.OK:
+        raise refusal(session_id, verdict.value)
 
 
 def refusal(session_id: str, reason: str) -> StepRefused:
@@ -83,8 +84,8 @@ def verdicts(store: Store, session_ids: list[str]) -> dict[str, str]:
     ``missing``. Raises ``StoreUnavailable``."""
     wanted = [s for s in dict.fromkeys(session_ids) if isinstance(s, str)]
     valid = [s for s in wanted if SESSION_ID_RE.fullmatch(s)]
-    replies = store.run("gate_many", valid) if valid else []
-    found = dict(zip(valid, (str(v) for v in replies), strict=True))
+    replies = scripts.gate_many(store, session_ids=valid)
+    found = dict(zip(valid, (v.value for v in replies), strict=True))
     return {s: found.get(s, "missing") for s in wanted}
 
 

@@ -20,7 +20,7 @@ from orchestrator.errors import (
     quoted_id,
 )
 from orchestrator.models.model import check_model
-from orchestrator.session import limits
+from orchestrator.session import limits, scripts
 from orchestrator.session.fencing import StepGuard
 from orchestrator.session.listing import (
     DEFAULT_PAGE,
@@ -116,32 +116,49 @@ def create_session(
         limits.SUBAGENT_DEPTH.maximum(store.settings),
         limits.SUBAGENTS_PER_SESSION.maximum(store.settings),
     ]
-    args = [sid, cwd, cwd_hash(cwd), parent_id or "", ms, iso(ms), *StepGuard.argv(guard)]
     outcome = (
         "session creation",
         "list the sessions in that cwd: a session it created is the newest",
     )
     with idempotency.outcome_unknown(*outcome, keyed=idem is not None):
-        result = store.run(
-            "create_session",
-            [*args, *caps, model, *idempotency.Idempotency.argv(idem)],
-            durable=True,
+        result = scripts.create_session(
+            store,
+            session_id=sid,
+            cwd=cwd,
+            cwd_hash=cwd_hash(cwd),
+            parent_id=parent_id,
+            now_ms=ms,
+            now_iso=iso(ms),
+            guard=guard,
+            max_depth=caps[0],
+            max_children=caps[1],
+            model=model,
+            idempotency=idem,
         )
-    if result[0] == "key_reused":
-        raise IdempotencyKeyReused("session creation")
-    if result[0] == "replay":
+    if isinstance(result, scripts.Replayed):
         with idempotency.written(*outcome, keyed=True):
-            return get_session(store, str(result[1]))
-    if result[0] == "stopped":
-        raise TurnStopped(guard.turn_id if guard else "")
-    if result[0] == "parent_not_found":
-        raise SessionNotFound(parent_id or "")
-    if result[0] == "limit":
-        depth = result[1] == "depth"
-        limit = limits.SUBAGENT_DEPTH if depth else limits.SUBAGENTS_PER_SESSION
-        raise limit.reached(caps[0] if depth else caps[1], int(result[2]))
+            return get_session(store, result.session_id)
+    if isinstance(result, scripts.Refused):
+        _refuse_creation(result, parent_id, guard, caps)
     with idempotency.written(*outcome, keyed=idem is not None):
         return get_session(store, sid)
+
+
+def _refuse_creation(
+    refused: scripts.Refused, parent_id: str | None, guard: StepGuard | None, caps: list[int]
+) -> None:
+    """Raise the error for a creation the script refused; return for ``exists`` (an id made
+    twice: the session is there)."""
+    if refused.reason == "key_reused":
+        raise IdempotencyKeyReused("session creation")
+    if refused.reason == "stopped":
+        raise TurnStopped(guard.turn_id if guard else "")
+    if refused.reason == "parent_not_found":
+        raise SessionNotFound(parent_id or "")
+    if refused.reason == "limit":
+        depth = refused.limit == "depth"
+        limit = limits.SUBAGENT_DEPTH if depth else limits.SUBAGENTS_PER_SESSION
+        raise limit.reached(caps[0] if depth else caps[1], refused.count)
 
 
 @retried
@@ -204,11 +221,15 @@ def write_delete(
     if not isinstance(session_id, str) or not SESSION_ID_RE.fullmatch(session_id):
         return "missing", []
     recorder = audit.script_recorder(store, "delete", {}, eventsMax=events.STREAM_MAXLEN)
-    # '' for the time: the script reads the server's clock, so its entry's time is its commit's.
-    args = [session_id, "", "1" if check_live else "0", recorder, archive_txn]
-    result = store.run("delete_session", args, durable=True)
-    below = [str(sid) for sid in result[1]] if result[0] == "deleted" else []
-    return str(result[0]), below
+    # The script reads the server's clock, so its entry's time is its commit's.
+    outcome, below = scripts.delete_session(
+        store,
+        session_id=session_id,
+        check_live=check_live,
+        recorder=recorder,
+        archive_txn=archive_txn,
+    )
+    return outcome.value, below
 
 
 def descendants(store: Store, session_id: str) -> list[str]:

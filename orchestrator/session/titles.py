@@ -20,6 +20,7 @@ from typing import Literal
 import grapheme
 
 from orchestrator.errors import InvalidParams, InvalidTitle, SessionNotFound
+from orchestrator.session import scripts
 from orchestrator.session.sessions import check_session_id
 from orchestrator.storage import audit, events
 from orchestrator.storage.store import Store
@@ -155,10 +156,10 @@ def set_title(
         raise ValueError(f"unknown title source {source!r}")
     sid = check_session_id(session_id)
     title = normalize_title(raw)
-    outcome = store.run("set_title", [sid, title, source], durable=source == "client")
-    if outcome == "not_found":
+    outcome = scripts.set_title(store, session_id=sid, title=title, source=source)
+    if outcome is scripts.TitleOutcome.NOT_FOUND:
         raise SessionNotFound(sid)
-    if outcome == "discarded":
+    if outcome is scripts.TitleOutcome.DISCARDED:
         return None
     events.publish(store, "title", sid, title=title)
     if source == "client":  # a generated title is the fleet's own doing, not a change asked for

@@ -42,6 +42,7 @@ from typing import Any
 
 from orchestrator import entries
 from orchestrator.errors import InvalidParams
+from orchestrator.storage import scripts
 from orchestrator.storage.store import Store, retried
 
 log = logging.getLogger(__name__)
@@ -166,10 +167,12 @@ def record_into(
     share a round trip with other best-effort writes. Their time is the server's clock when
     the script runs."""
     # Exact trimming (no "~"): the cap is a promise to the operator.
-    args: list[Any] = [script_recorder(store, "", {}, actor=actor)]
-    for session_id, action, outcome, detail in entries:
-        args += [session_id, action, outcome, detail_json(detail)]
-    store.queue_script(pipe, "audit_record", args)
+    scripts.queue_audit_record(
+        store,
+        pipe,
+        recorder=script_recorder(store, "", {}, actor=actor),
+        entries=[(sid, action, outcome, detail_json(d)) for sid, action, outcome, d in entries],
+    )
 
 
 def _not_recorded(entries: list[tuple[str, str, str, dict[str, Any]]], exc: Exception) -> None:
@@ -232,9 +235,9 @@ def read(
         return [_decode(entry_id, fields) for entry_id, fields in rows]
     # The session's trail (a list, capped, so read whole) with the entries waiting in bulk
     # batches (the newest: the next entry moves them to the list first), in one script.
-    listed = store.run("audit_trail", [session_id])
+    listed = scripts.audit_trail(store, session_id=session_id)
     # The list and the waiting entries together keep the cap the list alone keeps.
-    trail = [json.loads(raw) for raw in listed][-store.audit_max_per_session :]
+    trail = listed[-store.audit_max_per_session :]
     entries = [_decode(fields.pop("id"), {**fields, "sessionId": session_id}) for fields in trail]
     entries = [e for e in entries if limit is None or _id_key(e["id"]) < limit]
     entries.sort(key=lambda e: _id_key(e["id"]), reverse=True)

@@ -21,6 +21,7 @@ from api.cli import app
 from orchestrator.archiving import archive, bulk
 from orchestrator.errors import StoreUnavailable
 from orchestrator.reminder import reminders
+from orchestrator.session import scripts as session_scripts
 from orchestrator.session import sessions
 from orchestrator.storage.store import Store, iso, now_ms
 from tests.orchestrator.test_bulk import backdate
@@ -56,7 +57,7 @@ def _cwd() -> str:
 def _new(store: Store, cwd: str, title: str | None = None, parent: str | None = None) -> str:
     sid = sessions.create_session(store, cwd, parent_id=parent).session_id
     if title:
-        store.run("set_title", [sid, title, "client"])
+        session_scripts.set_title(store, session_id=sid, title=title, source="client")
     return sid
 
 

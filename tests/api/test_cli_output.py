@@ -19,6 +19,7 @@ from click.testing import Result
 from typer.testing import CliRunner
 
 from api.cli import app
+from orchestrator.session import scripts as session_scripts
 from orchestrator.session import sessions
 from orchestrator.storage.store import Store
 from tests.helpers import wait_for
@@ -39,7 +40,7 @@ def _cwd() -> str:
 
 def _session(store: Store, cwd: str, title: str = LONG_TITLE, parent: str | None = None) -> str:
     sid = sessions.create_session(store, cwd, parent).session_id
-    store.run("set_title", [sid, title, "client"])
+    session_scripts.set_title(store, session_id=sid, title=title, source="client")
     return sid
 
 

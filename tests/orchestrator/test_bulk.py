@@ -18,6 +18,7 @@ from orchestrator.errors import InvalidParams, SessionActive, StoreUnavailable, 
 from orchestrator.families import Task
 from orchestrator.job import jobs
 from orchestrator.reminder import reminders
+from orchestrator.session import scripts as session_scripts
 from orchestrator.session import sessions
 from orchestrator.session.sessions import Session
 from orchestrator.storage import audit, events, metrics
@@ -40,7 +41,7 @@ UNKNOWN = "sess_" + "0" * 24
 def new(store: Store, cwd: str, title: str | None = None, parent: str | None = None) -> str:
     sid = sessions.create_session(store, cwd, parent_id=parent).session_id
     if title is not None:
-        store.run("set_title", [sid, title, "client"])
+        session_scripts.set_title(store, session_id=sid, title=title, source="client")
     return sid
 
 
