@@ -42,6 +42,7 @@ NOT_YET_THROUGH_DOORS: set[str] = {
     "orchestrator/families/job.py",
     "orchestrator/families/turn.py",
     "orchestrator/job/jobs.py",
+    "orchestrator/job/jobsupervisor.py",
     "orchestrator/job/jobwatch.py",
     "orchestrator/models/usage.py",
     "orchestrator/process/ownership.py",
