@@ -126,6 +126,7 @@ def seed_busy(store: Any, n: int, cwd: str = "/bench/busy", host: str = "bench-h
     """``n`` sessions in ``cwd`` with stored live work in all four families (no workers
     needed)."""
     from orchestrator.job import jobs
+    from orchestrator.job import scripts as job_scripts
     from orchestrator.reminder import reminders
     from orchestrator.session import sessions
     from orchestrator.storage.store import iso, now_ms
@@ -137,8 +138,16 @@ def seed_busy(store: Any, n: int, cwd: str = "/bench/busy", host: str = "bench-h
         sid = sessions.create_session(store, cwd).session_id
         turns.start_turn(store, null, sid, "think 600")
         jid = jobs.create_job(store, null, sid, 600, "sleep 600s")
-        claim = [jid, host, 600_000, iso(now_ms()), f"{host}/bench", 10**9, "limit %d"]
-        store.run("job_claim", claim)
+        job_scripts.job_claim(
+            store,
+            job_id=jid,
+            host=host,
+            lease_ms=600_000,
+            now_iso=iso(now_ms()),
+            instance=f"{host}/bench",
+            max_per_host=10**9,
+            limit_template="limit %d",
+        )
         reminders.create_reminder(store, sid, 3600, "say later")
         child = sessions.create_session(store, cwd, parent_id=sid).session_id
         turns.start_turn(store, null, child, "think 600", source="subagent")

@@ -39,6 +39,7 @@ FAMILY_CALLBACKS = {
     ("families.turn", "storage"),
     ("families.turn", "turn"),
     ("families.job", "storage"),
+    ("families.job", "job"),
     ("families.reminder", "storage"),
     ("families.reminder", "reminder"),
 }

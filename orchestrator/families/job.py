@@ -27,11 +27,20 @@ def _item(sid: str, jid: str, fields: list[str | None]) -> ActivityItem:
 def _settle(store: Store, dispatcher: Dispatcher | None, sid: str, jids: list[str]) -> None:
     """A job whose lease lapsed is marked ``lost``: its owning worker stopped renewing it
     (dead, frozen, or cut off from Redis; its watchdog kills the process before the lapse)."""
+    from orchestrator.job import scripts
+    from orchestrator.states import JobState
     from orchestrator.storage.store import iso
 
     ms = store.now_ms()
     for jid in jids:
-        store.run("job_end", [jid, "lost", "", iso(ms), "starting,running"])
+        scripts.job_end(
+            store,
+            job_id=jid,
+            state=JobState.LOST,
+            exit_code="",
+            now_iso=iso(ms),
+            allowed_from=(JobState.STARTING, JobState.RUNNING),
+        )
         log.warning(
             "job %s: marked lost (its lease lapsed: its worker stopped renewing it)",
             jid,

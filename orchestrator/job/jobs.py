@@ -27,6 +27,7 @@ from __future__ import annotations
 
 from orchestrator.errors import TurnStopped
 from orchestrator.families import Dispatcher, Family, Task, work_queue
+from orchestrator.job import scripts
 from orchestrator.session import limits
 from orchestrator.session.fencing import StepGuard
 from orchestrator.states import JobState as JobState
@@ -65,8 +66,15 @@ def end_job(
 ) -> str:
     """Record a job ended in ``state`` if it is still ``was`` (``job_end.lua``, at Redis's
     time). Returns ``ok``, or the job's state when it was not ``was``."""
-    args = [job_id, state.value, exit_code, iso(store.now_ms()), was.value, reason]
-    return str(store.run("job_end", args))
+    return scripts.job_end(
+        store,
+        job_id=job_id,
+        state=state,
+        exit_code=exit_code,
+        now_iso=iso(store.now_ms()),
+        allowed_from=(was,),
+        reason=reason,
+    )
 
 
 def create_job(
@@ -91,10 +99,21 @@ def create_job(
     ``StoreUnavailable``."""
     jid = new_id("job")
     maximum = limits.JOBS_PER_SESSION.maximum(store.settings)
-    args = [jid, session_id, label, seconds, iso(store.now_ms()), START_TIMEOUT_MS]
-    stored = store.run("job_create", [*args, *StepGuard.argv(guard), maximum, command])
-    if stored == "stopped":
+    stored = scripts.job_create(
+        store,
+        job_id=jid,
+        session_id=session_id,
+        label=label,
+        seconds=seconds,
+        now_iso=iso(store.now_ms()),
+        start_timeout_ms=START_TIMEOUT_MS,
+        guard=guard,
+        max_live=maximum,
+        command=command,
+    )
+    if isinstance(stored, scripts.GuardLost):
         raise TurnStopped(guard.turn_id if guard else "")
-    limits.check_reply(limits.JOBS_PER_SESSION, maximum, stored)
+    if isinstance(stored, scripts.AtLimit):
+        raise limits.JOBS_PER_SESSION.reached(maximum, stored.live)
     dispatcher.send(Task.JOB_RUN, [session_id, jid], work_queue(Family.JOB))
     return jid

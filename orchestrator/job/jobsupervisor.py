@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable
 from concurrent import futures
 
-from orchestrator.job import jobspawn, jobwatch
+from orchestrator.job import jobspawn, jobwatch, scripts
 from orchestrator.job.jobgatewatch import GateWatch
 from orchestrator.job.jobs import JobState, end_job, job_fields, record_pid
 from orchestrator.job.jobspawn import RunningJob
@@ -98,7 +98,7 @@ class JobSupervisor:
         with self._lock:
             self._pending[job_id] = fork
         try:
-            claimed = self.store.run("job_claim", [job_id, self.host, *self._claim_args()])
+            claimed = self._claim(job_id)
             raw, command = job_fields(self.store, job_id, "seconds", "command")
             seconds = float(raw or 0)
         except BaseException:
@@ -145,17 +145,20 @@ class JobSupervisor:
         else:
             fork.cancel()
 
-    def _claim_args(self) -> list[object]:
-        """``job_claim.lua``'s lease, time, this worker's instance and the per-host limit
-        (``FLEET_MAX_JOBS_PER_HOST``)."""
+    def _claim(self, job_id: str) -> str:
+        """Claim ``job_id`` for this worker under the per-host limit
+        (``FLEET_MAX_JOBS_PER_HOST``); the reply of ``scripts.job_claim``."""
         maximum = limits.JOBS_PER_HOST.maximum(self.store.settings)
-        return [
-            self.lease_ms,
-            iso(self.store.now_ms()),
-            self.instance,
-            maximum,
-            limits.JOBS_PER_HOST.template(maximum),
-        ]
+        return scripts.job_claim(
+            self.store,
+            job_id=job_id,
+            host=self.host,
+            lease_ms=self.lease_ms,
+            now_iso=iso(self.store.now_ms()),
+            instance=self.instance,
+            max_per_host=maximum,
+            limit_template=limits.JOBS_PER_HOST.template(maximum),
+        )
 
     def stop(self, session_id: str, job_ids: list[str]) -> dict[str, str]:
         """Stop the named jobs of a session that run here (SIGTERM, then SIGKILL after the
@@ -274,7 +277,9 @@ class JobSupervisor:
         lease of a tree its watchdog froze while Redis did not answer is the watchdog's to
         settle (``orchestrator/job/jobwatch.py``: resumed or killed) while the watchdog lives, up
         to ``freeze_max`` seconds."""
-        renewed = self.store.run("job_renew", [run.job_id, self.instance, self.lease_ms])
+        renewed = scripts.job_renew(
+            self.store, job_id=run.job_id, instance=self.instance, lease_ms=self.lease_ms
+        )
         if renewed == "lapsed" and run.tree.frozen():
             now = time.monotonic()
             since = run.frozen_lapsed_at = run.frozen_lapsed_at or now

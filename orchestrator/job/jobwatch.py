@@ -58,8 +58,10 @@ import time
 from dataclasses import dataclass, field
 
 from orchestrator.errors import StoreUnavailable
+from orchestrator.job import scripts
 from orchestrator.process import containment, watchdogs
 from orchestrator.process.containment import kill_tree_if_ours
+from orchestrator.states import JobState
 from orchestrator.storage.store import Store, iso, translated
 
 #: Named, not ``__name__``: run with ``-m`` this module is ``__main__``.
@@ -198,9 +200,15 @@ class Watchdog:
         """Renew or take again the lease of job ``jid`` (``job_renew.lua`` with its pid and
         start time: refused once the job may no longer run). Returns the script's reply
         (``ok``/``revived``: ``job.lapses`` moved on), ``None`` when the store failed."""
-        args = [jid, self.instance, self.lease_ms, job.pid, job.started]
         try:
-            reply = str(self.store.run("job_renew", args))
+            reply = scripts.job_renew(
+                self.store,
+                job_id=jid,
+                instance=self.instance,
+                lease_ms=self.lease_ms,
+                pid=job.pid,
+                pid_start=job.started,
+            )
         except StoreUnavailable as exc:
             log.warning("job %s lease not renewed: %s", jid, exc)
             return None
@@ -258,7 +266,15 @@ class Watchdog:
         """Record killed job ``jid`` lost with ``reason`` (a no-op if it ended otherwise)."""
         try:
             ms = self.store.now_ms()
-            self.store.run("job_end", [jid, "lost", "", iso(ms), "running", reason])
+            scripts.job_end(
+                self.store,
+                job_id=jid,
+                state=JobState.LOST,
+                exit_code="",
+                now_iso=iso(ms),
+                allowed_from=(JobState.RUNNING,),
+                reason=reason,
+            )
         except StoreUnavailable as exc:  # the lease lapses anyway; the census records it
             log.warning("job %s killed, not recorded: %s", jid, exc)
         log.warning("job %s: %s (pid %d)", jid, reason, pid)

@@ -28,6 +28,7 @@ import psutil
 from tenacity import Retrying, retry_if_exception_type, stop_after_delay, wait_fixed
 
 from orchestrator.errors import HostHeld, StoreUnavailable
+from orchestrator.process import scripts
 from orchestrator.storage.store import Store
 
 log = logging.getLogger(__name__)
@@ -93,16 +94,19 @@ class HostLease:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
-    def _claim(self) -> list[str]:
-        reply: list[str] = self.store.run(
-            "job_host_claim", [self.host, self.instance, self.pid, self.lease_ms]
+    def _claim(self) -> scripts.Held | None:
+        return scripts.job_host_claim(
+            self.store,
+            host=self.host,
+            instance=self.instance,
+            pid=self.pid,
+            lease_ms=self.lease_ms,
         )
-        return reply
 
     def _take(self) -> None:
-        reply = self._claim()
-        if reply[0] != "ok":
-            raise HostHeld(self.host, *reply[1:4])
+        held = self._claim()
+        if held is not None:
+            raise HostHeld(self.host, held.instance, held.pid, held.since)
 
     def acquire(self, wait_seconds: float | None = None) -> None:
         """Take the host name, waiting up to ``wait_seconds`` (default: one lease and a half)
@@ -128,13 +132,15 @@ class HostLease:
             except StoreUnavailable as exc:
                 log.warning("job host lease of %s not renewed: %s", self.host, exc)
                 continue
-            if reply[0] != "ok" and not self.lost.is_set():
+            if reply is not None and not self.lost.is_set():
                 self.lost.set()
                 log.error(
                     "job host %s is now held by %s (pid %s since %s): this worker's lease "
                     "lapsed; its stops may reach that worker",
                     self.host,
-                    *reply[1:4],
+                    reply.instance,
+                    reply.pid,
+                    reply.since,
                 )
 
     def release(self) -> None:
@@ -143,4 +149,4 @@ class HostLease:
         if self._thread is not None:
             self._thread.join(timeout=2)
         with contextlib.suppress(StoreUnavailable):
-            self.store.run("job_host_release", [self.host, self.instance])
+            scripts.job_host_release(self.store, host=self.host, instance=self.instance)

@@ -14,6 +14,7 @@ from typing import Any
 from orchestrator.archiving import subagents
 from orchestrator.families import Task
 from orchestrator.job import jobs, jobstops
+from orchestrator.job import scripts as job_scripts
 from orchestrator.models.model import Model
 from orchestrator.reminder import reminders
 from orchestrator.session import limits, sessions
@@ -83,9 +84,16 @@ def claim_job(store: Store, job_id: str, host: str = "hostA") -> str:
     """Take a starting job as a job worker on ``host`` would (no process is started)."""
     cap = limits.JOBS_PER_HOST.maximum(store.settings)
     template = limits.JOBS_PER_HOST.template(cap)
-    args = [job_id, host, 5000, "2026-01-01T00:00:00Z", f"{host}/test", cap, template]
-    result: str = store.run("job_claim", args)
-    return result
+    return job_scripts.job_claim(
+        store,
+        job_id=job_id,
+        host=host,
+        lease_ms=5000,
+        now_iso="2026-01-01T00:00:00Z",
+        instance=f"{host}/test",
+        max_per_host=cap,
+        limit_template=template,
+    )
 
 
 def running_job(store: Store, cwd: str, proc: subprocess.Popen[bytes], started: object) -> str:

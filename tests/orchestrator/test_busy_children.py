@@ -21,8 +21,10 @@ from localfleet.embedded import EmbeddedRedis, find_redis_server
 from orchestrator.archiving import archive, bulk
 from orchestrator.errors import FleetError, LimitReached
 from orchestrator.job import jobs
+from orchestrator.job import scripts as job_scripts
 from orchestrator.reminder import reminders
 from orchestrator.session import sessions
+from orchestrator.states import JobState
 from orchestrator.storage.store import Store, iso, now_ms
 from orchestrator.turn import turns
 from tests.helpers import RecordingDispatcher, deleted_leftovers
@@ -166,8 +168,14 @@ class Driver:
     def end_job(self) -> None:
         found = self.members(self.store.keys.live_jobs(self.pick()))
         if found:
-            args = [self.rng.choice(found), "exited", "0", iso(now_ms()), "starting,running"]
-            self.store.run("job_end", args)
+            job_scripts.job_end(
+                self.store,
+                job_id=self.rng.choice(found),
+                state=JobState.EXITED,
+                exit_code="0",
+                now_iso=iso(now_ms()),
+                allowed_from=(JobState.STARTING, JobState.RUNNING),
+            )
 
     def lapse(self) -> None:
         # A job whose worker vanished: it still holds a place, but no longer counts as live.

@@ -11,6 +11,7 @@ import pytest
 from orchestrator.archiving import archive
 from orchestrator.census.activity import census
 from orchestrator.job import jobs
+from orchestrator.job import scripts as job_scripts
 from orchestrator.job.jobs import JobState
 from orchestrator.session import sessions
 from orchestrator.storage.store import Store
@@ -151,8 +152,7 @@ def test_stop_unclaimed_reports_jobs_that_already_ended(
 
 
 def renew(store: Store, jid: str, instance: str = "hostA/test", lease_ms: int = 5000) -> str:
-    reply: str = store.run("job_renew", [jid, instance, lease_ms])
-    return reply
+    return job_scripts.job_renew(store, job_id=jid, instance=instance, lease_ms=lease_ms)
 
 
 def test_renewing_a_running_jobs_lease_extends_it_only_for_the_instance_that_claimed_it(

@@ -14,6 +14,7 @@ import pytest
 
 from orchestrator.errors import LimitReached
 from orchestrator.job import jobs
+from orchestrator.job import scripts as job_scripts
 from orchestrator.job.jobs import JobState
 from orchestrator.reminder import reminders
 from orchestrator.session import sessions
@@ -41,7 +42,15 @@ def limit(store: Store) -> Callable[[str, int], None]:
 
 def end_job(store: Store, jid: str) -> None:
     """End a job as its worker would when the process exits."""
-    assert store.run("job_end", [jid, "exited", "0", iso(now_ms()), "starting,running"]) == "ok"
+    ended = job_scripts.job_end(
+        store,
+        job_id=jid,
+        state=JobState.EXITED,
+        exit_code="0",
+        now_iso=iso(now_ms()),
+        allowed_from=(JobState.STARTING, JobState.RUNNING),
+    )
+    assert ended == "ok"
 
 
 def refused(call: Callable[[], object]) -> str:

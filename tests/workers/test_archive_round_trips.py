@@ -18,6 +18,7 @@ import pytest
 from orchestrator.archiving import archive
 from orchestrator.families import Family
 from orchestrator.job import jobs
+from orchestrator.job import scripts as job_scripts
 from orchestrator.reminder import reminders
 from orchestrator.session import sessions
 from orchestrator.storage import audit
@@ -37,7 +38,16 @@ def _busy(store: Store, cwd: str) -> str:
     sid = sessions.create_session(store, cwd).session_id
     turns.start_turn(store, null, sid, "think 600")
     jid = jobs.create_job(store, null, sid, 600, "sleep 600s")
-    store.run("job_claim", [jid, "rt-host", 600_000, iso(now_ms()), "rt-host/w", 10, "limit %d"])
+    job_scripts.job_claim(
+        store,
+        job_id=jid,
+        host="rt-host",
+        lease_ms=600_000,
+        now_iso=iso(now_ms()),
+        instance="rt-host/w",
+        max_per_host=10,
+        limit_template="limit %d",
+    )
     reminders.create_reminder(store, sid, 3600, "say later")
     child = sessions.create_session(store, cwd, parent_id=sid).session_id
     turns.start_turn(store, null, child, "think 600", source="subagent")

@@ -10,6 +10,7 @@ import pytest
 from orchestrator.archiving.archive import archive, unarchive
 from orchestrator.census.activity import census
 from orchestrator.errors import SessionArchived
+from orchestrator.job import scripts as job_scripts
 from orchestrator.session.sessions import create_session, get_session
 from orchestrator.storage.store import iso, new_id, now_ms
 from orchestrator.turn.turns import start_turn
@@ -133,7 +134,18 @@ def test_a_job_start_that_outlived_the_archive_starts_no_process(
 
     # When a job start for it reaches a job worker
     jid = new_id("job")
-    store.run("job_create", [jid, sid, "sleep 68.3s", 68.3, iso(now_ms()), 30_000, "", "", 16])
+    job_scripts.job_create(
+        store,
+        job_id=jid,
+        session_id=sid,
+        label="sleep 68.3s",
+        seconds=68.3,
+        now_iso=iso(now_ms()),
+        start_timeout_ms=30_000,
+        guard=None,
+        max_live=16,
+        command="",
+    )
     dispatcher.send("job.run", [sid, jid], "job")
 
     # Then the worker refuses it and starts no process

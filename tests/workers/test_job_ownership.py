@@ -14,6 +14,7 @@ import pytest
 
 from orchestrator.archiving.archive import archive
 from orchestrator.families import Family
+from orchestrator.job import scripts as job_scripts
 from orchestrator.storage.store import iso, new_id
 from tests.helpers import wait_for
 from tests.workers.support import job_record, process_alive, wait_gone, wait_log, worker
@@ -36,9 +37,29 @@ def orphan_record(store: Any, sid: str, host: str, pid: int, pid_start: float) -
     ``pid`` and ``pid_start`` as its process. Returns the job id."""
     jid = new_id("job")
     now = iso(store.now_ms())
-    store.run("job_create", [jid, sid, "sleep 71.7s", 71.7, now, 60_000, "", "", 16])
+    job_scripts.job_create(
+        store,
+        job_id=jid,
+        session_id=sid,
+        label="sleep 71.7s",
+        seconds=71.7,
+        now_iso=now,
+        start_timeout_ms=60_000,
+        guard=None,
+        max_live=16,
+        command="",
+    )
     instance = f"{host}/gone0gone0gon"
-    claimed = store.run("job_claim", [jid, host, 60_000, now, instance, 64, "limit (%d)"])
+    claimed = job_scripts.job_claim(
+        store,
+        job_id=jid,
+        host=host,
+        lease_ms=60_000,
+        now_iso=now,
+        instance=instance,
+        max_per_host=64,
+        limit_template="limit (%d)",
+    )
     assert claimed == "ok"
     store.redis.hset(store.keys.job(jid), mapping={"pid": pid, "pidStart": repr(pid_start)})
     return jid

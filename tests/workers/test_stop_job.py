@@ -15,6 +15,7 @@ import pytest
 from orchestrator.archiving.archive import archive
 from orchestrator.census.activity import census
 from orchestrator.job import jobs
+from orchestrator.job import scripts as job_scripts
 from orchestrator.storage.store import iso, new_id, now_ms
 from tests.helpers import wait_for
 from tests.workers.support import (
@@ -63,7 +64,18 @@ def _starting_job(store: Any, sid: str, seconds: float) -> str:
     """A stored ``starting`` job of ``sid`` whose start request was never sent: its id."""
     jid = new_id("job")
     label = f"sleep {seconds:g}s"
-    store.run("job_create", [jid, sid, label, seconds, iso(now_ms()), 30_000, "", "", 16])
+    job_scripts.job_create(
+        store,
+        job_id=jid,
+        session_id=sid,
+        label=label,
+        seconds=seconds,
+        now_iso=iso(now_ms()),
+        start_timeout_ms=30_000,
+        guard=None,
+        max_live=16,
+        command="",
+    )
     return jid
 
 
