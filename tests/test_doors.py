@@ -39,7 +39,6 @@ NOT_YET_THROUGH_DOORS: set[str] = {
     "orchestrator/archiving/bulk_select.py",
     "orchestrator/archiving/reconcile.py",
     "orchestrator/families/turn.py",
-    "orchestrator/models/usage.py",
     "orchestrator/turn/steps.py",
     "orchestrator/turn/stepwatch.py",
     "orchestrator/turn/sweeper.py",

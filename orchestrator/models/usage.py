@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 
+from orchestrator.models import scripts
 from orchestrator.models.model import Usage
 from orchestrator.storage import metrics
 from orchestrator.storage.store import Store
@@ -54,8 +55,14 @@ def record(
             tokens = (("input", usage.input_tokens), ("output", usage.output_tokens))
             for direction, count in tokens:
                 metrics.queue_incr(pipe, store, metrics.MODEL_TOKENS, (direction,), count)
-            args = [session_id, turn_id, usage.input_tokens, usage.output_tokens]
-            store.queue_script(pipe, "usage_add", args)
+            scripts.queue_usage_add(
+                store,
+                pipe,
+                session_id=session_id,
+                turn_id=turn_id,
+                input_tokens=usage.input_tokens,
+                output_tokens=usage.output_tokens,
+            )
         store.execute(pipe, raise_on_error=True)
     except Exception as exc:  # best effort: usage never fails the step it counts
         log.warning("usage of turn %s not counted: %s", turn_id, exc)
