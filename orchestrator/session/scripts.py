@@ -1,5 +1,6 @@
 """The session package's door to Redis: one typed function per Lua script beside it
-(``create_session.lua``, ``set_title.lua``, ``gate_admit.lua``, ``gate_many.lua``).
+(``create_session.lua``, ``set_title.lua``, ``gate_admit.lua``, ``gate_many.lua``,
+``delete_session.lua``, ``index_page.lua``).
 
 Only this module builds those scripts' ARGV and reads their replies. Every function raises
 ``StoreUnavailable`` when Redis cannot be reached.
@@ -146,3 +147,28 @@ def delete_session(
     outcome = DeleteOutcome(str(reply[0]))
     below = [str(sid) for sid in reply[1]] if outcome is DeleteOutcome.DELETED else []
     return outcome, below
+
+
+@dataclass(frozen=True)
+class IndexEntry:
+    """One entry of the index of sessions that are not archived: the session, its score (last
+    activity, epoch ms, as the index stores it) and its lineage depth (0: a root)."""
+
+    session_id: str
+    score: str
+    depth: int
+
+
+def index_page(
+    store: Store, *, cwd_hash: str, after_score: str, after_member: str, count: int
+) -> list[IndexEntry]:
+    """The next ``count`` entries of the index of sessions that are not archived (of one cwd
+    when ``cwd_hash`` is not ``''``), in the index's order, after the entry (``after_score``,
+    ``after_member``) (``''`` and ``''`` for the first page), found where that entry is or
+    would be now, so entries removed or moved meanwhile shift no other past the reader."""
+    flat, deep = store.run("index_page", [cwd_hash, after_score, after_member, count])
+    depth = {int(pos) - 1: int(n) for pos, n in zip(deep[0::2], deep[1::2], strict=True)}
+    return [
+        IndexEntry(str(member), str(score), depth.get(i, 0))
+        for i, (member, score) in enumerate(zip(flat[0::2], flat[1::2], strict=True))
+    ]
