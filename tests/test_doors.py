@@ -34,10 +34,6 @@ STORE_MACHINERY = {
 
 #: Modules that still call their scripts without a door, by path from the repository's root.
 NOT_YET_THROUGH_DOORS: set[str] = {
-    "orchestrator/archiving/archive.py",
-    "orchestrator/archiving/archive_run.py",
-    "orchestrator/archiving/bulk_select.py",
-    "orchestrator/archiving/reconcile.py",
     "orchestrator/families/turn.py",
     "orchestrator/turn/steps.py",
     "orchestrator/turn/stepwatch.py",
@@ -47,7 +43,6 @@ NOT_YET_THROUGH_DOORS: set[str] = {
     "tests/ops/test_flower.py",
     "tests/orchestrator/test_activity.py",
     "tests/orchestrator/test_archive.py",
-    "tests/orchestrator/test_auto_archive.py",
     "tests/orchestrator/test_fencing.py",
     "tests/orchestrator/test_metrics.py",
     "tests/orchestrator/test_stepwatch.py",

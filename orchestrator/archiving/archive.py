@@ -37,6 +37,7 @@ import json
 import logging
 from typing import Any
 
+from orchestrator.archiving import scripts
 from orchestrator.archiving.archive_run import MAX_CONFIRMED as MAX_CONFIRMED
 from orchestrator.archiving.archive_run import REFUSAL_RECHECKS as REFUSAL_RECHECKS
 from orchestrator.archiving.archive_run import ArchiveResult as ArchiveResult
@@ -162,18 +163,17 @@ def unarchive(store: Store, session_id: str) -> int:
     """
     sid = check_session_id(session_id)
     recorder = audit.script_recorder(store, "unarchive", {})
-    # The script reads the server's clock itself ('' for both): no TIME round trip.
-    result = store.run("unarchive", [sid, "", "", recorder], durable=True)
-    outcome = result[0]
-    if outcome == "not_found":
+    # No times given: the script reads the server's clock itself, no TIME round trip.
+    result = scripts.unarchive(store, session_id=sid, recorder=recorder)
+    if isinstance(result, scripts.UnarchiveNotFound):
         raise SessionNotFound(sid)
-    if outcome == "ancestor":
-        raise AncestorArchived(sid, result[1])
-    if outcome == "not_archived":
+    if isinstance(result, scripts.UnderArchivedAncestor):
+        raise AncestorArchived(sid, result.ancestor_id)
+    if isinstance(result, scripts.NotArchived):
         return 0
-    log.info("unarchived (%s in subtree)", result[1], extra={"session_id": sid})
-    events.publish_many(store, [("unarchived", str(s), {"archived": False}) for s in result[2]])
-    return int(result[1])
+    log.info("unarchived (%s in subtree)", result.count, extra={"session_id": sid})
+    events.publish_many(store, [("unarchived", s, {"archived": False}) for s in result.restored])
+    return result.count
 
 
 def unarchive_to_wire(session_id: str, restored: int) -> dict[str, Any]:

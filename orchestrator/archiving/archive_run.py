@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from orchestrator.archiving import scripts
 from orchestrator.archiving.bulk_result import BulkItem
 from orchestrator.archiving.stops import StopReport, dispatch_stops, dispatch_stops_many
 from orchestrator.census.activity import (
@@ -49,15 +50,6 @@ _FROM_SCRIPT = {
     "already": "already_archived",
     "not_found": "not_found",
     "skipped": "skipped",
-}
-#: ``archive.lua``'s one-letter outcomes (upper case: the subtree has live work).
-_CODES = {
-    "a": "archived",
-    "l": "already_archived",
-    "n": "not_found",
-    "s": "skipped",
-    "x": "active",
-    "c": "changed",
 }
 #: Outcomes whose busy sessions the census reads after the write, with ``stopActivity``.
 _STOPPED = frozenset({"archived", "already_archived"})
@@ -137,20 +129,20 @@ class ArchiveRun:
     #: Sessions refused because live work went beyond ``binding``.
     changed: set[str] = field(default_factory=set)
 
-    def script(self, ids: list[str]) -> tuple[str, list[Any]]:
-        argv: list[Any] = [
-            "1" if self.stop else "0",
-            "1" if self.dry else "0",
-            "",  # the script reads the server's clock: its times are its commit's, no TIME trip
-            new_id("arc"),
-            "" if self.idle_before is None else self.idle_before,
-            "1" if self.with_unarchive else "0",
-            self.in_script_record(),
-            self.binding,
-            *ids,
-        ]
-        codes, extras = self.store.run("archive", argv, durable=not self.dry)
-        return str(codes), list(extras)
+    def script(self, ids: list[str]) -> scripts.ArchiveReply:
+        """One ``archive.lua`` batch of ``ids`` with this run's settings, in a transition of
+        its own (``scripts.archive``)."""
+        return scripts.archive(
+            self.store,
+            session_ids=ids,
+            stop_activity=self.stop,
+            dry_run=self.dry,
+            txn_base=new_id("arc"),
+            idle_before_ms=self.idle_before,
+            with_unarchive=self.with_unarchive,
+            record=self.in_script_record(),
+            confirmed=self.binding,
+        )
 
     def in_script_record(self) -> str:
         """What ``archive.lua`` records with the batch it writes (JSON): the audit entry and
@@ -200,24 +192,22 @@ class ArchiveRun:
             if not pending:
                 break
             active: list[str] = []
-            codes, extras = self.script(pending)
+            reply = self.script(pending)
             rows: dict[str, list[Any]] = {}
-            for pos in range(0, len(extras), 6):
-                sid = pending[int(extras[pos]) - 1]
-                self.virtual.update(map(str, extras[pos + 1]))
-                if extras[pos + 2]:  # stopped (and their events emitted) by the script itself
-                    flipped[sid] = stopped_by_archive(
-                        self.store, sid, list(extras[pos + 2]), publish=False
-                    )
-                rows[sid] = list(extras[pos + 3])
-                self.answers[sid] = (int(extras[pos + 4]), str(extras[pos + 5]))
-            for sid, code in zip(pending, str(codes), strict=True):
-                outcome = _CODES[code.lower()]
+            for at, said in reply.described.items():
+                sid = pending[at]
+                self.virtual.update(said.would)
+                if said.turns:  # stopped (and their events emitted) by the script itself
+                    flipped[sid] = stopped_by_archive(self.store, sid, said.turns, publish=False)
+                rows[sid] = said.census
+                self.answers[sid] = (said.count, said.txn)
+            for sid, code in zip(pending, reply.codes, strict=True):
+                outcome = code.outcome.value
                 if outcome in ("active", "changed"):
                     active.append(sid)
                     continue
                 done[sid] = BulkItem(sid, outcome)
-                if code.isupper() and self.stop and outcome in _STOPPED and not self.dry:
+                if code.live and self.stop and outcome in _STOPPED and not self.dry:
                     busy[sid] = rows[sid]
             pending = []
             if not active:

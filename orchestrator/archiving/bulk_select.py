@@ -14,7 +14,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
 
+from orchestrator.archiving import scripts as archiving_scripts
 from orchestrator.errors import InvalidParams, TooManySessions
+from orchestrator.session import scripts as session_scripts
 from orchestrator.session.sessions import (
     SESSION_ID_RE,
     check_cwd,
@@ -79,13 +81,13 @@ def _chunk(
     depths) with score below ``below``, the new cursor, and whether the index may hold
     more."""
     last_score, last = cursor or ("", "")
-    flat, deep = store.run("index_page", [where, last_score, last, _SCAN_CHUNK])
-    members, scores = flat[0::2], flat[1::2]
-    taken = sum(1 for score in scores if float(score) < below)  # ascending: a prefix
-    ids = [str(sid) for sid in members[:taken]]
-    depth = {int(pos) - 1: int(n) for pos, n in zip(deep[0::2], deep[1::2], strict=True)}
-    more = len(members) == _SCAN_CHUNK and taken == len(members)
-    after = (str(scores[-1]), str(members[-1])) if members else cursor
+    page = session_scripts.index_page(
+        store, cwd_hash=where, after_score=last_score, after_member=last, count=_SCAN_CHUNK
+    )
+    taken = sum(1 for entry in page if float(entry.score) < below)  # ascending: a prefix
+    ids = [entry.session_id for entry in page[:taken]]
+    more = len(page) == _SCAN_CHUNK and taken == len(page)
+    after = (page[-1].score, page[-1].session_id) if page else cursor
     values: list[list[str | None]] = [[] for _ in ids]
     if ids and fields:
         pipe = store.redis.pipeline(transaction=False)
@@ -93,7 +95,7 @@ def _chunk(
             pipe.hmget(store.keys.session(sid), *fields)
         values = pipe.execute()
     return (
-        [(sid, v, depth.get(i, 0)) for i, (sid, v) in enumerate(zip(ids, values, strict=True))],
+        [(entry.session_id, v, entry.depth) for entry, v in zip(page[:taken], values, strict=True)],
         after,
         more,
     )
@@ -120,8 +122,7 @@ def _scan(store: Store, cwd: str | None, below: float, fields: tuple[str, ...]) 
 def _depths(store: Store, ids: list[str]) -> dict[str, int]:
     """The lineage depth of each of ``ids`` that is not a root (``bulk_depths.lua``: one
     script call for the chunk)."""
-    flat = store.script("bulk_depths")(keys=[], args=[store.keys.prefix, *ids])
-    return {ids[int(pos) - 1]: int(n) for pos, n in zip(flat[::2], flat[1::2], strict=True)}
+    return archiving_scripts.bulk_depths(store, session_ids=ids)
 
 
 def roots_first(store: Store, ids: list[str]) -> list[str]:

@@ -27,12 +27,12 @@ slipped past a bug would show there).
 
 from __future__ import annotations
 
-import json
 import logging
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from orchestrator.archiving import scripts
 from orchestrator.archiving.stops import dispatch_stops
 from orchestrator.census.activity import ActivityItem, census_many, mark_quiet
 from orchestrator.families import Dispatcher
@@ -191,12 +191,14 @@ def _settle_quiet(store: Store, sid: str, h: dict[str, Any], report: Report) -> 
     mark_quiet(store, sid)
     if h["reconcileTxn"] is None and not h["archiveHazard"]:
         return
-    result = store.run("reconcile_mark", [sid, h["archiveTxn"], "clear", 0, 0, "", "[]"])
-    if result[0] != "cleared":
+    marked = scripts.reconcile_mark(
+        store, session_id=sid, txn=h["archiveTxn"], op=scripts.MarkOp.CLEAR
+    )
+    if marked.outcome is not scripts.MarkOutcome.CLEARED:
         return
     report.cleared += 1
     report._note({"sessionId": sid, "outcome": "cleared"})
-    if result[1] == "1":
+    if marked.had_hazard:
         audit.record(store, sid, "reconcile", "cleared")
         log.info("archive hazard cleared: the session is quiet", extra={"session_id": sid})
 
@@ -223,39 +225,36 @@ def _restop(
     attempts = int(h["reconcileAttempts"] or 0) + 1 if h["reconcileTxn"] == h["archiveTxn"] else 1
     # Below the limit the next run retries; from the limit on, only after the backoff.
     next_ms = now + backoff_ms if attempts >= max_attempts else 0
-    result = store.run(
-        "reconcile_mark",
-        [
-            sid,
-            h["archiveTxn"],
-            "attempt",
-            next_ms,
-            max_attempts,
-            iso(now),
-            json.dumps(families),
-        ],
+    marked = scripts.reconcile_mark(
+        store,
+        session_id=sid,
+        txn=h["archiveTxn"],
+        op=scripts.MarkOp.ATTEMPT,
+        next_ms=next_ms,
+        max_attempts=max_attempts,
+        since_iso=iso(now),
+        families=families,
     )
-    outcome = result[0]
     entry: dict[str, Any] = {"sessionId": sid, "outcome": "restopped", "families": families}
-    if outcome == "stale":
+    if marked.outcome is scripts.MarkOutcome.STALE:
         report._note(entry)
         return
-    entry["attempts"] = int(result[1])
+    entry["attempts"] = marked.attempts
     log.warning(
         "archived session still has live work (%s): stops sent again (attempt %s)",
         ", ".join(families),
-        result[1],
+        marked.attempts,
         extra={"session_id": sid},
     )
-    if outcome == "hazard":
+    if marked.outcome is scripts.MarkOutcome.HAZARD:
         report.hazards += 1
         entry["outcome"] = "hazard"
         metrics.incr_many(store, [(metrics.ARCHIVE_HAZARDS, (f,), 1) for f in families])
-        audit.record(store, sid, "reconcile", "hazard", attempts=int(result[1]), families=families)
+        audit.record(store, sid, "reconcile", "hazard", attempts=marked.attempts, families=families)
         log.error(
             "archive hazard: live work (%s) survived %s stop attempts",
             ", ".join(families),
-            result[1],
+            marked.attempts,
             extra={"session_id": sid},
         )
     report._note(entry)

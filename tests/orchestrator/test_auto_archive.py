@@ -19,9 +19,11 @@ import redis
 from typer.testing import CliRunner
 
 from orchestrator.archiving import archive, bulk
+from orchestrator.archiving import scripts as archiving_scripts
 from orchestrator.errors import InvalidParams, StoreUnavailable
 from orchestrator.families import MAINTENANCE_QUEUE, Family, Task
 from orchestrator.reminder import reminders
+from orchestrator.session import scripts as session_scripts
 from orchestrator.session import sessions
 from orchestrator.storage import audit
 from orchestrator.storage.store import Store, iso, now_ms
@@ -61,7 +63,10 @@ def test_unarchive_records_when_each_restored_session_was_unarchived(
     archive.archive(store, recorder, root)
     ms = bulk.parse_instant(when, "when")
     recorder_json = audit.script_recorder(store, "unarchive", {})
-    assert store.run("unarchive", [root, ms, iso(ms), recorder_json])[0] == "unarchived"
+    restored = archiving_scripts.unarchive(
+        store, session_id=root, recorder=recorder_json, now_ms=ms, now_iso=iso(ms)
+    )
+    assert isinstance(restored, archiving_scripts.Unarchived)
     for sid in (root, child):
         h = store.redis.hgetall(store.keys.session(sid))
         assert h["unarchivedAt"] == when == iso(ms)
@@ -75,10 +80,12 @@ def test_the_unarchive_script_takes_both_times_or_reads_the_servers_clock(
     root, _ = (s.session_id for s in chain(store, 1, cwd))
     archive.archive(store, recorder, root)
     recorder_json = audit.script_recorder(store, "unarchive", {})
-    # When the script is given one time of the two, or none at all, it refuses
-    for args in ([root], [root, "", iso(now_ms()), recorder_json], [root, now_ms(), ""]):
+    # When the script is given one time of the two, it refuses
+    for ms, when in ((None, iso(now_ms())), (now_ms(), "")):
         with pytest.raises(StoreUnavailable, match="both given or both empty"):
-            store.run("unarchive", args)
+            archiving_scripts.unarchive(
+                store, session_id=root, recorder=recorder_json, now_ms=ms, now_iso=when
+            )
     assert store.redis.hget(store.keys.session(root), "archived") == "1"
     # And archive.unarchive leaves both empty: the script reads Redis's own clock
     before = store.now_ms()
@@ -241,7 +248,7 @@ def test_fleet_archive_auto_dry_run_prints_what_would_be_archived(
     monkeypatch.setenv("COLUMNS", "300")
     old = idle(store, cwd, 2)
     fresh = new(store, cwd)
-    store.run("set_title", [old[0], "an old idea", "client"])
+    session_scripts.set_title(store, session_id=old[0], title="an old idea", source="client")
     result = CliRunner().invoke(
         app, ["archive", "--auto", "--dry-run", "--cwd", cwd, "--idle-seconds", "3600"]
     )
