@@ -39,17 +39,7 @@ NOT_YET_THROUGH_DOORS: set[str] = {
     "orchestrator/archiving/bulk_select.py",
     "orchestrator/archiving/reconcile.py",
     "orchestrator/models/usage.py",
-    "tests/faults/test_archive_stops_steps.py",
-    "tests/ops/test_flower.py",
-    "tests/orchestrator/test_activity.py",
-    "tests/orchestrator/test_archive.py",
     "tests/orchestrator/test_auto_archive.py",
-    "tests/orchestrator/test_fencing.py",
-    "tests/orchestrator/test_metrics.py",
-    "tests/orchestrator/test_stepwatch.py",
-    "tests/orchestrator/test_sweeper.py",
-    "tests/orchestrator/test_turns.py",
-    "tests/workers/test_gate_in_workers.py",
 }
 
 
