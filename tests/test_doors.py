@@ -3,8 +3,7 @@ one typed function per script, the only code that builds a script's ARGV or read
 
 A call names its script by a string (``store.run("job_claim", [...])``, ``store.script(...)``,
 ``store.run_many("...", ...)``); the test reads every such call in the project's Python with
-``ast`` and fails on one outside a door. ``NOT_YET_THROUGH_DOORS`` lists the modules that still
-call scripts directly; it only shrinks.
+``ast`` and fails on one outside a door.
 """
 
 from __future__ import annotations
@@ -30,25 +29,6 @@ STORE_MACHINERY = {
     "tests/orchestrator/test_idempotency.py",
     "bench/bulk.py",
     "bench/million.py",
-}
-
-#: Modules that still call their scripts without a door, by path from the repository's root.
-NOT_YET_THROUGH_DOORS: set[str] = {
-    "orchestrator/families/turn.py",
-    "orchestrator/turn/steps.py",
-    "orchestrator/turn/stepwatch.py",
-    "orchestrator/turn/sweeper.py",
-    "orchestrator/turn/turns.py",
-    "tests/faults/test_archive_stops_steps.py",
-    "tests/ops/test_flower.py",
-    "tests/orchestrator/test_activity.py",
-    "tests/orchestrator/test_archive.py",
-    "tests/orchestrator/test_fencing.py",
-    "tests/orchestrator/test_metrics.py",
-    "tests/orchestrator/test_stepwatch.py",
-    "tests/orchestrator/test_sweeper.py",
-    "tests/orchestrator/test_turns.py",
-    "tests/workers/test_gate_in_workers.py",
 }
 
 
@@ -89,11 +69,4 @@ def _offenders() -> dict[str, list[int]]:
 
 
 def test_scripts_are_called_through_their_package_door() -> None:
-    offenders = _offenders()
-    outside = {p: lines for p, lines in offenders.items() if p not in NOT_YET_THROUGH_DOORS}
-    assert outside == {}, "call these scripts through the door of the package that owns them"
-
-
-def test_the_list_of_modules_not_yet_through_doors_only_shrinks() -> None:
-    offenders = set(_offenders())
-    assert offenders >= NOT_YET_THROUGH_DOORS, sorted(NOT_YET_THROUGH_DOORS - offenders)
+    assert _offenders() == {}, "call these scripts through the door of the package that owns them"

@@ -26,20 +26,29 @@ def _settle(store: Store, dispatcher: Dispatcher | None, sid: str, tids: list[st
     dispatcher, since the session's next queued turn may then start (its first step is sent)."""
     if dispatcher is None:
         return
+    from orchestrator.states import TurnState
     from orchestrator.storage.store import iso
+    from orchestrator.turn.scripts import Finished, turn_finish
 
     ms = store.now_ms()
     for tid in tids:
-        result = store.run(
-            "turn_finish", [tid, "cancelled", "cancelled", "", ms, iso(ms), "cancelling"]
+        result = turn_finish(
+            store,
+            turn_id=tid,
+            state=TurnState.CANCELLED,
+            stop_reason="cancelled",
+            error="",
+            allowed_from=TurnState.CANCELLING.value,
+            now_ms=ms,
+            now_iso=iso(ms),
         )
         log.info(
             "turn %s: settled as cancelled (its worker is gone)",
             tid,
             extra={"session_id": sid, "turn_id": tid},
         )
-        if result[0] == "finished" and result[1]:
-            send_step(dispatcher, sid, result[1], 0)
+        if isinstance(result, Finished) and result.promoted:
+            send_step(dispatcher, sid, result.promoted, 0)
 
 
 def _stop_here(store: Store, dispatcher: Dispatcher, sid: str, entries: list[Any]) -> str:

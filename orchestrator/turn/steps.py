@@ -46,7 +46,7 @@ from orchestrator.session.gate import StepRefused, refusal
 from orchestrator.session.titles import generated_title, set_title
 from orchestrator.storage import metrics
 from orchestrator.storage.store import Store, retried
-from orchestrator.turn import toolbox
+from orchestrator.turn import scripts, toolbox
 from orchestrator.turn.stepwatch import CANCEL_POLL as CANCEL_POLL
 from orchestrator.turn.stepwatch import STEP_LEASE_MS as STEP_LEASE_MS
 from orchestrator.turn.stepwatch import StepWatch
@@ -199,7 +199,7 @@ def run_step(
     except StoreUnavailable:
         # Release the step (best effort) so the retried task can begin it again.
         with contextlib.suppress(StoreUnavailable):
-            store.run("turn_advance", [turn_id, index, guard.token])
+            scripts.turn_advance(store, turn_id=turn_id, index=index, token=guard.token)
         raise
 
 
@@ -249,17 +249,22 @@ def _begin_step(
     ``guard.token``. Returns ``ok`` (with what the step needs) or why the step is dropped;
     raises ``StepRefused`` once the refused turn has ended."""
     turn_id = guard.turn_id
-    result = store.run("turn_begin_step", [turn_id, index, STEP_LEASE_MS, guard.token])
-    if result[0] == "refused":
-        _, reason, ended, promoted = result
-        announce_end(store, session_id, turn_id, TurnState(ended), f"gate: {reason}")
-        if promoted:
-            send_step(dispatcher, session_id, promoted, 0)
-        raise refusal(session_id, str(reason))
-    began = _Began(result[0])
-    if began == "ok":
-        sid, prompt, source, began.session_title, began.model = (str(x) for x in result[1:6])
-        began.turn = Turn(turn_id, sid, TurnState.RUNNING, prompt, source, index, "", "")
+    result = scripts.turn_begin_step(
+        store, turn_id=turn_id, index=index, lease_ms=STEP_LEASE_MS, token=guard.token
+    )
+    if isinstance(result, scripts.GateRefused):
+        reason = result.reason
+        announce_end(store, session_id, turn_id, result.ended, f"gate: {reason}")
+        if result.promoted:
+            send_step(dispatcher, session_id, result.promoted, 0)
+        raise refusal(session_id, reason)
+    if isinstance(result, scripts.Dropped):
+        return _Began(result.why)
+    began = _Began("ok")
+    began.session_title, began.model = result.title, result.model
+    began.turn = Turn(
+        turn_id, result.session_id, TurnState.RUNNING, result.prompt, result.source, index, "", ""
+    )
     return began
 
 
@@ -292,7 +297,8 @@ def _act(
     guard = emit.guard
 
     def may_send() -> bool:
-        return bool(store.run("turn_watch", [tid, "", guard.token]) == TurnState.RUNNING.value)
+        state = scripts.turn_watch(store, turn_id=tid, lease_ms=None, token=guard.token)
+        return state == TurnState.RUNNING.value
 
     request = StepRequest(
         sid,
@@ -380,7 +386,9 @@ def _advance(store: Store, guard: StepGuard, next_index: int, said: str = "") ->
     """Move the turn to ``next_index`` and drop this copy's lease (``turn_advance.lua``), with
     ``said`` (an update's JSON: the step's last words) landed first. Returns ``ok`` or the
     turn's state; raises ``StepSuperseded``."""
-    outcome = str(store.run("turn_advance", [guard.turn_id, next_index, guard.token, said]))
+    outcome = scripts.turn_advance(
+        store, turn_id=guard.turn_id, index=next_index, token=guard.token, said=said
+    )
     if outcome == "superseded":
         raise StepSuperseded(guard.turn_id)
     return outcome

@@ -25,6 +25,7 @@ from orchestrator.session import gate
 from orchestrator.session.fencing import StepGuard
 from orchestrator.storage.sharing import PerStore, Shared
 from orchestrator.storage.store import Store
+from orchestrator.turn import scripts
 from orchestrator.turn.turn_state import TurnState
 
 log = logging.getLogger(__name__)
@@ -89,18 +90,16 @@ class _Poll(Shared[Watched]):
                     live.append(w)
             if not live:
                 continue
-            args: list[object] = []
-            for w in live:
-                args += [w.turn_id, w.lease_ms if refresh else "", w.token]
+            watches = [(w.turn_id, w.lease_ms if refresh else None, w.token) for w in live]
             try:
-                states = self.store.run("turn_watch_many", args)
+                states = scripts.turn_watch_many(self.store, watches=watches)
             except StoreUnavailable as exc:  # a blip must not end the watch: leases outlive it
                 log.debug("step watch poll: %s", exc)
                 continue
             if refresh:
                 refreshed = time.monotonic()
             for w, state in zip(live, states, strict=True):
-                if w.seen(str(state)):
+                if w.seen(state):
                     self.remove(w)
 
 

@@ -80,6 +80,7 @@ from orchestrator.census import activity
 from orchestrator.families import Dispatcher, Family, send_step, work_queue
 from orchestrator.storage import events, metrics
 from orchestrator.storage.store import Store, retried
+from orchestrator.turn import scripts
 from orchestrator.turn.turns import STOP_REASON, TurnState
 
 log = logging.getLogger(__name__)
@@ -153,11 +154,9 @@ def _scan(store: Store, ids: list[str], limit: int) -> dict[str, Seen]:
     (``turn/turn_broker_scan.lua``), by turn id."""
     if not ids:
         return {}
-    row = store.run("turn_broker_scan", [work_queue(Family.TURN), limit, *ids])
-    return {
-        tid: (str(row[3 * i]), str(row[3 * i + 1]), str(row[3 * i + 2]))
-        for i, tid in enumerate(ids)
-    }
+    return scripts.turn_broker_scan(
+        store, queue=work_queue(Family.TURN), scan_limit=limit, turn_ids=ids
+    )
 
 
 def _send(report: SweepReport, dispatcher: Dispatcher, sid: str, tid: str, step: int) -> None:
@@ -200,45 +199,40 @@ def sweep_turn(
     alone). Returns the script's outcome (``resume``, ``failed``, ``cancelled``,
     ``removed``, ``waiting``, ``fresh``, ``leased``, ``gone``). Raises
     ``StoreUnavailable``."""
-    row = store.run(
-        "turn_sweep",
-        [
-            turn_id,
-            stuck_ms,
-            max_resumes,
-            STOP_REASON[TurnState.FAILED],
-            STOP_REASON[TurnState.CANCELLED],
-            *seen,
-        ],
+    swept = scripts.turn_sweep(
+        store,
+        turn_id=turn_id,
+        stuck_ms=stuck_ms,
+        max_resumes=max_resumes,
+        failed_stop_reason=STOP_REASON[TurnState.FAILED],
+        cancelled_stop_reason=STOP_REASON[TurnState.CANCELLED],
+        seen=seen,
     )
-    outcome = str(row[0])
-    if outcome == "removed":
-        report.add("removed", turn_id)
+    outcome = swept.outcome
+    if isinstance(swept, scripts.Swept):
+        if outcome == "removed":
+            report.add("removed", turn_id)
+        elif outcome == "waiting":
+            report.waiting.append(turn_id)
         return outcome
-    if outcome == "waiting":
-        report.waiting.append(turn_id)
-        return outcome
-    if outcome not in ("resume", "failed", "cancelled"):
-        return outcome
-    sid = str(row[1])
+    sid = swept.session_id
     extra = {"session_id": sid, "turn_id": turn_id}
-    if outcome == "resume":
-        step, losses = int(row[2]), int(row[3])
+    if isinstance(swept, scripts.Resume):
+        step, losses = swept.step, swept.losses
         log.warning(
             "turn %s: step %d lost (%d), dispatched again", turn_id, step, losses, extra=extra
         )
         report.add("resumed", turn_id)
         _send(report, dispatcher, sid, turn_id, step)
         return outcome
-    promoted = str(row[2])
-    settled = str(row[-1])  # the lost step's open tool call, settled: JSON or ''
-    if settled:
-        events.publish(store, "update", sid, update=json.loads(settled))
-    if outcome == "failed":
-        error = str(row[4])
+    promoted = swept.promoted
+    if swept.settlement:  # the lost step's open tool call, settled
+        events.publish(store, "update", sid, update=json.loads(swept.settlement))
+    if isinstance(swept, scripts.SweptFailed):
+        error = swept.error
         log.warning("turn %s ended failed: %s", turn_id, error, extra=extra)
         report.add("failed", turn_id)
-        if row[5] == "1":
+        if swept.wrote_history:
             events.publish(
                 store,
                 "update",

@@ -42,6 +42,7 @@ from orchestrator.session.fencing import StepGuard
 from orchestrator.session.sessions import archived_refusal, check_session_id, check_utf8
 from orchestrator.storage import audit, events, idempotency, metrics
 from orchestrator.storage.store import Store, iso, new_id, retried
+from orchestrator.turn import scripts
 from orchestrator.turn.turn_state import CANCELLED_BY_ARCHIVE as CANCELLED_BY_ARCHIVE
 from orchestrator.turn.turn_state import CANCELLED_BY_DELETE as CANCELLED_BY_DELETE
 from orchestrator.turn.turn_state import LIVE_STATES as LIVE_STATES
@@ -75,10 +76,12 @@ def record_update(
     script publishes the update there as it appends it. Returns whether it was appended.
     Raises ``StepSuperseded`` (another copy of the step began), ``StoreUnavailable``."""
     tid = str(update.get("turnId", ""))
-    appended = store.run("turn_record", [tid, json.dumps(update), "1" if settle else "0", token])
-    if appended == -1:
+    appended = scripts.turn_record(
+        store, turn_id=tid, update_json=json.dumps(update), settle=settle, token=token
+    )
+    if appended is scripts.Recorded.SUPERSEDED:
         raise StepSuperseded(tid)
-    return bool(appended)
+    return appended is scripts.Recorded.APPENDED
 
 
 def start_turn(
@@ -127,23 +130,33 @@ def start_turn(
     _check_prompt(prompt, source)
     idem = idempotency.for_request(store, idempotency_key, prompt)
     tid = new_id("turn")
-    guard_tid, guard_token = StepGuard.argv(guard)
     with idempotency.outcome_unknown(*_OUTCOME, keyed=idem is not None):
-        # The script reads the server's clock itself ('' for nowMs and nowIso).
-        args = [sid, tid, prompt, shorten(prompt), source, "", "", guard_tid, reminder_id]
-        result = store.run("turn_create", [*args, guard_token, *idempotency.Idempotency.argv(idem)])
-    if result[0] == "key_reused":
+        # The script reads the server's clock itself (no nowMs, nowIso).
+        result = scripts.turn_create(
+            store,
+            session_id=sid,
+            turn_id=tid,
+            prompt=prompt,
+            label=shorten(prompt),
+            source=source,
+            guard=guard,
+            reminder_id=reminder_id,
+            idempotency=idem,
+        )
+    if isinstance(result, scripts.KeyReused):
         raise IdempotencyKeyReused("prompt")
-    if result[0] == "replay":
+    if isinstance(result, scripts.Replay):
         # The first request may have lost its reply before it sent the first step.
         with idempotency.written(*_OUTCOME, keyed=True):
-            return _send_first_step_again(store, dispatcher, sid, str(result[1]))
-    if reminder_id and result[0] in ("duplicate", "stopped"):
+            return _send_first_step_again(store, dispatcher, sid, result.turn_id)
+    if reminder_id and isinstance(result, scripts.Duplicate | scripts.Stopped):
         return _repeated_fire(store, dispatcher, sid, reminder_id, result)
-    _refused(store, sid, source, guard_tid, result)
+    if not isinstance(result, scripts.Stored):
+        _refused(store, sid, source, guard, result)
+        return tid  # a duplicate without a reminder: never replied
     extra = {"session_id": sid, "turn_id": tid}
-    log.info("turn %s %s (%s)", tid, result[0], source, extra=extra)
-    if result[0] == "run":
+    log.info("turn %s %s (%s)", tid, result.outcome, source, extra=extra)
+    if result.outcome == "run":
         try:
             send_step(dispatcher, sid, tid, 0)
         except Exception as exc:  # the turn is stored whole; the sweeper re-sends lost steps
@@ -171,29 +184,35 @@ def _check_prompt(prompt: object, source: str) -> None:
     check_utf8(prompt, "prompt")
 
 
-def _refused(store: Store, sid: str, source: str, guard_tid: str, result: list[str]) -> None:
+def _refused(
+    store: Store, sid: str, source: str, guard: StepGuard | None, result: scripts.Created
+) -> None:
     """Raises what ``turn_create``'s refusal ``result`` means (``SessionNotFound``,
     ``TurnStopped``, ``SessionArchived``: a refused wake-up is audited and counted); returns
-    when the turn was stored."""
-    if result[0] == "not_found":
+    for a reply that is no refusal."""
+    if isinstance(result, scripts.SessionMissing):
         raise SessionNotFound(sid)
-    if result[0] == "stopped":
-        raise TurnStopped(guard_tid)
-    if result[0] == "archived":
+    if isinstance(result, scripts.Stopped):
+        raise TurnStopped(StepGuard.argv(guard)[0])
+    if isinstance(result, scripts.Archived):
         if source != "prompt":
             metrics.incr(store, metrics.WAKEUPS_REFUSED, source)
-            audit.record(store, sid, "wakeup", "refused", source=source, archivedBy=result[1])
+            audit.record(store, sid, "wakeup", "refused", source=source, archivedBy=result.holder)
         raise archived_refusal(store, sid)
 
 
 def _repeated_fire(
-    store: Store, dispatcher: Dispatcher, sid: str, reminder_id: str, result: list[str]
+    store: Store,
+    dispatcher: Dispatcher,
+    sid: str,
+    reminder_id: str,
+    result: scripts.Duplicate | scripts.Stopped,
 ) -> str:
-    """A reminder fire that created nothing: ``{'stopped'}`` (a stop deleted the reminder)
-    returns ``""``; ``{'duplicate', turnId}`` returns that turn, whose first step is sent
-    again while it may be lost (running, at step 0: ``turn_begin_step`` drops a copy of a
-    step that is in flight or already ran)."""
-    tid = str(result[1]) if result[0] == "duplicate" else ""
+    """A reminder fire that created nothing: ``Stopped`` (a stop deleted the reminder)
+    returns ``""``; ``Duplicate`` returns its turn, whose first step is sent again while it
+    may be lost (running, at step 0: ``turn_begin_step`` drops a copy of a step that is in
+    flight or already ran)."""
+    tid = result.turn_id if isinstance(result, scripts.Duplicate) else ""
     log.info(
         "reminder %s fired before (turn %s) or stopped",
         reminder_id,
@@ -260,16 +279,25 @@ def finish(
     Returns whether the turn moved.
     Raises ``StepSuperseded`` (another copy of the step began), ``StoreUnavailable``."""
     reason = stop_reason or STOP_REASON[state]
-    args = [turn_id, state.value, reason, error, "", "", sources_of(state), token]
-    result = store.run("turn_finish", [*args, events.STREAM_MAXLEN, said])
-    if result[0] == "superseded":
+    result = scripts.turn_finish(
+        store,
+        turn_id=turn_id,
+        state=state,
+        stop_reason=reason,
+        error=error,
+        allowed_from=sources_of(state),
+        token=token,
+        stream_max=events.STREAM_MAXLEN,
+        said=said,
+    )
+    if isinstance(result, scripts.Superseded):
         raise StepSuperseded(turn_id)
-    if result[0] != "finished":
+    if not isinstance(result, scripts.Finished):
         return False
-    sid = str(result[2])
+    sid = result.session_id
     _log_end(sid, turn_id, state, error)
-    if result[1]:
-        send_step(dispatcher, sid, result[1], 0)
+    if result.promoted:
+        send_step(dispatcher, sid, result.promoted, 0)
     return True
 
 
@@ -283,10 +311,16 @@ def cancel_turns(
     if not turn_ids:
         return {}
     ms = store.now_ms()
-    flat, ended_here = store.run("turn_cancel", [ms, iso(ms), session_id, *dict.fromkeys(turn_ids)])
-    ended = set(ended_here)
+    cancelled = scripts.turn_cancel(
+        store,
+        now_ms=ms,
+        now_iso=iso(ms),
+        session_id=session_id,
+        turn_ids=[*dict.fromkeys(turn_ids)],
+    )
+    ended = cancelled.ended
     outcomes: dict[str, str] = {}
-    for tid, outcome in zip(flat[::2], flat[1::2], strict=True):
+    for tid, outcome in cancelled.outcomes:
         if outcome == "promoted":
             send_step(dispatcher, session_id, tid, 0)
             continue

@@ -20,12 +20,16 @@ import pytest
 from orchestrator.archiving.archive import archive
 from orchestrator.census.activity import census
 from orchestrator.families import Family
+from orchestrator.job import scripts as job_scripts
 from orchestrator.session import gate
+from orchestrator.session.fencing import StepGuard
 from orchestrator.session.sessions import create_session, get_session
 from orchestrator.storage.store import Store
+from orchestrator.turn import scripts as turn_scripts
 from orchestrator.turn.turns import TurnState, get_turn, start_turn
 from tests.faults.fleets import PrivateFleet, private_fleet
 from tests.helpers import RecordingDispatcher, wait_for
+from tests.orchestrator.support import begin_step
 from tests.workers.support import (
     history,
     sleep_processes,
@@ -107,9 +111,9 @@ def test_a_step_begun_after_the_archive_committed_is_refused_in_the_same_script(
     gate.admit(store, sid)
     # When the archive commits before the step begins
     archive(store, recorder, sid, stop_activity=True)
-    began = store.run("turn_begin_step", [tid, 0, 5000, "a-copy"])
+    began = begin_step(store, tid)
     # Then the step is not admitted: no lease, no model request, nothing in the conversation
-    assert began != "ok" and began[0] != "ok"
+    assert not began
     assert not store.redis.exists(store.keys.step_lease(tid))
     assert lengths(store, sid) == (0, 0)
     turn = get_turn(store, tid)
@@ -124,15 +128,28 @@ def test_a_step_in_flight_when_its_lineage_is_archived_lands_nothing_after_it(
     parent = create_session(store, "/tmp/faults-steps").session_id
     child = create_session(store, "/tmp/faults-steps", parent_id=parent).session_id
     tid = start_turn(store, recorder, child, "say hi", source="subagent")
-    assert store.run("turn_begin_step", [tid, 0, 5000, "a-copy"])[0] == "ok"
+    assert begin_step(store, tid)
     before = lengths(store, child)
     # When the parent is archived with stopActivity
     archive(store, recorder, parent, stop_activity=True)
     # Then the step's writes are refused: its answer and a tool launch alike
     update = json.dumps({"sessionUpdate": "tool_call_update", "turnId": tid, "status": "x"})
-    assert store.run("turn_record", [tid, update, "0"]) == 0
-    assert store.run("turn_record", [tid, update, "1"]) == 0  # not even a settlement
-    assert store.run("job_create", ["job_late", child, "x", 1, "now", 1000, tid]) == "stopped"
+    for settle in (False, True):  # not even a settlement
+        recorded = turn_scripts.turn_record(store, turn_id=tid, update_json=update, settle=settle)
+        assert recorded is turn_scripts.Recorded.STOPPED
+    late = job_scripts.job_create(
+        store,
+        job_id="job_late",
+        session_id=child,
+        label="x",
+        seconds=1,
+        now_iso="now",
+        start_timeout_ms=1000,
+        guard=StepGuard(tid, ""),
+        max_live=100,
+        command="",
+    )
+    assert isinstance(late, job_scripts.GuardLost)
     assert lengths(store, child) == before
 
 

@@ -25,6 +25,7 @@ import pytest
 from orchestrator.archiving.archive import archive
 from orchestrator.turn.turns import start_turn
 from tests.helpers import RecordingDispatcher, wait_for
+from tests.orchestrator.support import begin_step
 from tests.workers.support import (
     ALL_FAMILIES,
     item_of,
@@ -155,7 +156,7 @@ def test_flower_shows_the_stops_of_an_archive_and_the_refused_late_step(
     wait_drained(store, sid)
     other = sessions.new()
     late = start_turn(store, RecordingDispatcher(), other, "say late")  # its step never sent
-    assert store.run("turn_begin_step", [late, 0, 5000, "a-copy"])[0] == "ok"
+    assert begin_step(store, late)
     archive(store, dispatcher, other, stop_activity=True)
     store.redis.delete(store.keys.step_lease(late))
     dispatcher.send("turn.step", [other, late, 0], "turn")

@@ -20,6 +20,7 @@ from orchestrator.reminder import reminders
 from orchestrator.session import limits, sessions
 from orchestrator.session.sessions import Session
 from orchestrator.storage.store import Store
+from orchestrator.turn import scripts as turn_scripts
 from orchestrator.turn import steps, tools, turns
 from tests.helpers import RecordingDispatcher
 
@@ -28,6 +29,17 @@ STOP_TASKS = frozenset({Task.TURN_STOP, Task.JOB_STOP, Task.SUBAGENT_STOP, Task.
 STOP_MANY_TASKS = frozenset(
     {Task.TURN_STOP_MANY, Task.JOB_STOP_MANY, Task.SUBAGENT_STOP_MANY, Task.REMINDER_STOP_MANY}
 )
+
+
+def begin_step(
+    store: Store, turn_id: str, *, index: int = 0, lease_ms: int = 5000, token: str = "a-copy"
+) -> bool:
+    """Begin step ``index`` of ``turn_id`` as the copy holding ``token`` (what a step's
+    worker does first); returns whether it began."""
+    began = turn_scripts.turn_begin_step(
+        store, turn_id=turn_id, index=index, lease_ms=lease_ms, token=token
+    )
+    return isinstance(began, turn_scripts.Begun)
 
 
 def unique_cwd() -> str:

@@ -17,7 +17,13 @@ from orchestrator.session import sessions
 from orchestrator.storage.store import Store
 from orchestrator.turn import turns
 from tests.helpers import RecordingDispatcher
-from tests.orchestrator.support import Delivering, chain, claim_job, stop_jobs_elsewhere
+from tests.orchestrator.support import (
+    Delivering,
+    begin_step,
+    chain,
+    claim_job,
+    stop_jobs_elsewhere,
+)
 
 
 def test_a_new_session_has_no_live_work(store: Store, cwd: str) -> None:
@@ -145,7 +151,7 @@ def test_a_cancelling_turn_is_live_while_its_step_holds_the_lease(
     # Given a turn stopped while a step is in flight
     s = sessions.create_session(store, cwd)
     tid = turns.start_turn(store, recorder, s.session_id, "think 5")
-    assert store.run("turn_begin_step", [tid, 0, 5000, "a-copy"])[0] == "ok"
+    assert begin_step(store, tid)
     assert turns.cancel_turns(store, recorder, s.session_id, [tid]) == {tid: "cancelling"}
     # Then it stays live while the lease lasts
     [item] = census(store, s.session_id)
@@ -165,7 +171,7 @@ def test_settling_a_stale_cancelling_turn_does_not_strand_the_turn_queued_behind
     s = sessions.create_session(store, cwd)
     first = turns.start_turn(store, recorder, s.session_id, "think 5")
     second = turns.start_turn(store, recorder, s.session_id, "say hi")
-    assert store.run("turn_begin_step", [first, 0, 5000, "a-copy"])[0] == "ok"
+    assert begin_step(store, first)
     # And the first turn cancelled while its step is in flight, then its worker vanished
     assert turns.cancel_turns(store, recorder, s.session_id, [first]) == {first: "cancelling"}
     store.redis.delete(store.keys.step_lease(first))
@@ -184,7 +190,7 @@ def test_a_census_without_a_dispatcher_leaves_a_stale_turn_for_one_that_can_act(
     s = sessions.create_session(store, cwd)
     first = turns.start_turn(store, recorder, s.session_id, "think 5")
     second = turns.start_turn(store, recorder, s.session_id, "say hi")
-    assert store.run("turn_begin_step", [first, 0, 5000, "a-copy"])[0] == "ok"
+    assert begin_step(store, first)
     turns.cancel_turns(store, recorder, s.session_id, [first])
     store.redis.delete(store.keys.step_lease(first))
     # When a read-only census runs

@@ -28,6 +28,7 @@ from orchestrator.turn import turns
 from tests.helpers import RecordingDispatcher
 from tests.orchestrator.support import (
     FailingDispatcher,
+    begin_step,
     chain,
     claim_job,
     deliver,
@@ -605,7 +606,7 @@ def test_an_unarchived_session_keeps_its_id_cwd_and_conversation(
     # Given a session with a conversation (a turn whose first step began)
     s = sessions.create_session(store, cwd)
     tid = turns.start_turn(store, recorder, s.session_id, "say hi")
-    assert store.run("turn_begin_step", [tid, 0, 5000, "a-copy"])[0] == "ok"
+    assert begin_step(store, tid)
     turns.finish(store, recorder, tid, turns.TurnState.COMPLETED)
     history = store.redis.lrange(store.keys.history(s.session_id), 0, -1)
     assert [json.loads(h)["sessionUpdate"] for h in history] == ["user_message_chunk"]

@@ -20,7 +20,7 @@ from orchestrator.storage.metrics import Snapshot
 from orchestrator.storage.store import Store
 from orchestrator.turn import steps, tools, turns
 from tests.helpers import RecordingDispatcher, count_round_trips
-from tests.orchestrator.support import FailingDispatcher, claim_job, deliver, stops
+from tests.orchestrator.support import FailingDispatcher, begin_step, claim_job, deliver, stops
 
 
 def counted(before: Snapshot, after: Snapshot, counter: metrics.Counter) -> dict[str, int]:
@@ -98,7 +98,7 @@ def test_gate_refusals_are_counted_by_reason(
     # and whose worker died (the lease lapsed)
     sid = sessions.create_session(store, cwd).session_id
     tid = turns.start_turn(store, recorder, sid, "say hi")
-    assert store.run("turn_begin_step", [tid, 0, 5000, "a-copy"])[0] == "ok"
+    assert begin_step(store, tid)
     archive.archive(store, recorder, sid, stop_activity=True)
     store.redis.delete(store.keys.step_lease(tid))
     before = metrics.snapshot(store)

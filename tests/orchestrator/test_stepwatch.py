@@ -12,6 +12,7 @@ from orchestrator.session.fencing import StepGuard
 from orchestrator.storage.store import Store
 from orchestrator.turn import steps, stepwatch, turns
 from tests.helpers import RecordingDispatcher, wait_for
+from tests.orchestrator.support import begin_step
 
 TOKEN, OTHER = "token-of-this-copy", "token-of-another-copy"
 
@@ -20,7 +21,7 @@ def _in_flight(store: Store, cwd: str) -> tuple[str, str]:
     """A turn of a new session with its first step begun by this copy: (sid, tid)."""
     sid = sessions.create_session(store, cwd).session_id
     tid = turns.start_turn(store, RecordingDispatcher(), sid, "think 60")
-    assert store.run("turn_begin_step", [tid, 0, steps.STEP_LEASE_MS, TOKEN])[0] == "ok"
+    assert begin_step(store, tid, lease_ms=steps.STEP_LEASE_MS, token=TOKEN)
     return sid, tid
 
 
@@ -46,7 +47,7 @@ def test_steps_in_flight_share_one_watch_and_each_hears_its_own_stop(
         # When the first turn is stopped and another copy of the second step begins
         store.redis.hset(store.keys.turn(tids[0]), "state", "cancelling")
         store.redis.delete(store.keys.step_lease(tids[1]))
-        assert store.run("turn_begin_step", [tids[1], 0, steps.STEP_LEASE_MS, OTHER])[0] == "ok"
+        assert begin_step(store, tids[1], lease_ms=steps.STEP_LEASE_MS, token=OTHER)
         # Then each of those two steps is told, as it would be alone, and the others are not
         assert watches[0].cancel.wait(10) and watches[0].stopped
         assert watches[1].cancel.wait(10) and watches[1].superseded

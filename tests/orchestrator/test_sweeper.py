@@ -18,7 +18,7 @@ from orchestrator.archiving import archive
 from orchestrator.models.model import ScriptedModel
 from orchestrator.session import sessions
 from orchestrator.storage.store import Store
-from orchestrator.turn import steps, sweeper, tools, turns
+from orchestrator.turn import scripts, steps, sweeper, tools, turns
 from orchestrator.turn.turns import TurnState
 from tests.helpers import RecordingDispatcher
 
@@ -231,7 +231,10 @@ def open_call(store: Store, tid: str) -> str:
     """Record an in-progress tool call of ``tid``'s step, as its lost copy did."""
     call = {"sessionUpdate": "tool_call", "turnId": tid, "toolCallId": "call_lost"}
     update = {**call, "title": "sleep 60", "kind": "execute", "status": "in_progress"}
-    assert store.run("turn_record", [tid, json.dumps(update), "0", ""]) == 1
+    recorded = scripts.turn_record(
+        store, turn_id=tid, update_json=json.dumps(update), settle=False, token=""
+    )
+    assert recorded is scripts.Recorded.APPENDED
     return "call_lost"
 
 

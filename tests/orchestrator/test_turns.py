@@ -17,7 +17,7 @@ from orchestrator.storage.store import Store
 from orchestrator.turn import steps, tools, turns
 from orchestrator.turn.turns import TurnState
 from tests.helpers import RecordingDispatcher, wait_for
-from tests.orchestrator.support import chain, model_requests
+from tests.orchestrator.support import begin_step, chain, model_requests
 
 
 def state(store: Store, tid: str) -> TurnState:
@@ -56,9 +56,9 @@ def test_a_prompt_on_an_idle_session_runs_and_sends_its_first_step(
     assert store.redis.get(store.keys.active_turn(sid)) == tid
     # The prompt enters the conversation when its first step is admitted, and only once
     assert history(store, sid) == []
-    assert store.run("turn_begin_step", [tid, 0, 5000, "a-copy"])[0] == "ok"
+    assert begin_step(store, tid)
     store.redis.delete(store.keys.step_lease(tid))
-    assert store.run("turn_begin_step", [tid, 0, 5000, "a-copy"])[0] == "ok"
+    assert begin_step(store, tid)
     assert history(store, sid) == [
         {
             "sessionUpdate": "user_message_chunk",
@@ -206,7 +206,7 @@ def test_cancelling_a_turn_with_a_step_in_flight_leaves_it_to_the_step(
 ) -> None:
     # Given a turn whose step is in flight (its lease is held)
     tid = turns.start_turn(store, recorder, sid, "think 5")
-    assert store.run("turn_begin_step", [tid, 0, 5000, "a-copy"])[0] == "ok"
+    assert begin_step(store, tid)
     # When it is cancelled
     assert turns.cancel_turns(store, recorder, sid, [tid]) == {tid: "cancelling"}
     # Then it is cancelling, and a redelivered copy of its step settles it as cancelled
@@ -223,7 +223,7 @@ def busy_lineage(store: Store, recorder: RecordingDispatcher, cwd: str) -> tuple
     parent, child = (s.session_id for s in chain(store, 1, cwd))
     between = turns.start_turn(store, recorder, parent, "think 5")
     in_flight = turns.start_turn(store, recorder, child, "think 5")
-    assert store.run("turn_begin_step", [in_flight, 0, 5000, "a-copy"])[0] == "ok"
+    assert begin_step(store, in_flight)
     return parent, child, between, in_flight
 
 
@@ -427,7 +427,7 @@ def test_a_step_of_a_subagent_under_an_archived_parent_is_refused(
 ) -> None:
     root, child = chain(store, 1, cwd)
     tid = turns.start_turn(store, recorder, child.session_id, "say hi", source="subagent")
-    assert store.run("turn_begin_step", [tid, 0, 5000, "a-copy"])[0] == "ok"
+    assert begin_step(store, tid)
     archive.archive(store, recorder, root.session_id, stop_activity=True)
     assert state(store, tid) == TurnState.CANCELLING
     store.redis.delete(store.keys.step_lease(tid))  # its worker died mid-step
@@ -460,7 +460,7 @@ def test_a_copy_of_a_step_that_is_in_flight_is_dropped(
     store: Store, recorder: RecordingDispatcher, sid: str
 ) -> None:
     tid = turns.start_turn(store, recorder, sid, "say hi")
-    assert store.run("turn_begin_step", [tid, 0, 5000, "a-copy"])[0] == "ok"
+    assert begin_step(store, tid)
 
     assert step(store, recorder, sid, tid, 0) == "inflight"
     assert len(model_requests(store, sid)) == 1  # only the step that began
@@ -566,6 +566,6 @@ def test_a_worker_shutting_down_hands_its_step_on_and_the_turn_stays_at_that_ste
     t = turns.get_turn(store, tid)
     assert t is not None and (t.state, t.step) == (TurnState.RUNNING, 0)
     # And another worker can begin it there; the prompt was said once
-    assert store.run("turn_begin_step", [tid, 0, 5000, "a-copy"])[0] == "ok"
+    assert begin_step(store, tid)
     said = [u for u in history(store, sid) if u["sessionUpdate"] == "user_message_chunk"]
     assert len(said) == 1

@@ -15,6 +15,7 @@ from orchestrator.session.sessions import create_session, get_session
 from orchestrator.storage.store import iso, new_id, now_ms
 from orchestrator.turn.turns import start_turn
 from tests.helpers import FaultyDispatcher, RecordingDispatcher, wait_for
+from tests.orchestrator.support import begin_step
 from tests.workers.support import (
     history,
     item_of,
@@ -46,7 +47,7 @@ def test_a_step_for_an_archived_session_is_refused_without_a_model_request(
     # below is what meets the archive, and the gate is checked before the lease
     sid = sessions.new()
     tid = start_turn(store, RecordingDispatcher(), sid, "say hi")  # its step is never sent
-    assert store.run("turn_begin_step", [tid, 0, 120_000, "a-copy"])[0] == "ok"
+    assert begin_step(store, tid, lease_ms=120_000)
     archive(
         store, FaultyDispatcher(dispatcher, drop=frozenset({"turn.stop"})), sid, stop_activity=True
     )
