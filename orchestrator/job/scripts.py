@@ -12,6 +12,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from orchestrator.session.fencing import StepGuard
+from orchestrator.session.scripts import AtLimit as AtLimit
+from orchestrator.session.scripts import GuardLost as GuardLost
+from orchestrator.session.scripts import launch_refusal
 from orchestrator.states import JobState
 from orchestrator.storage.store import Store
 
@@ -19,19 +22,6 @@ from orchestrator.storage.store import Store
 @dataclass(frozen=True)
 class Stored:
     """``job_create``: the job is stored, ``starting``."""
-
-
-@dataclass(frozen=True)
-class GuardLost:
-    """``job_create``: nothing stored, the asking step's turn no longer runs or that copy of
-    the step no longer owns it."""
-
-
-@dataclass(frozen=True)
-class AtLimit:
-    """``job_create``: nothing stored, the session already has ``live`` live jobs."""
-
-    live: int
 
 
 def job_create(
@@ -64,10 +54,9 @@ def job_create(
             command,
         ],
     )
-    if reply == "stopped":
-        return GuardLost()
-    if isinstance(reply, str) and reply.startswith("limit:"):
-        return AtLimit(int(reply.removeprefix("limit:")))
+    refused = launch_refusal(reply)
+    if refused is not None:
+        return refused
     return Stored()
 
 

@@ -11,6 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from orchestrator.session.fencing import StepGuard
+from orchestrator.session.scripts import AtLimit as AtLimit
+from orchestrator.session.scripts import GuardLost as GuardLost
+from orchestrator.session.scripts import launch_refusal
 from orchestrator.storage.store import Store
 
 
@@ -19,19 +22,6 @@ class Armed:
     """``reminder_create``: the reminder is stored, due at ``due_ms`` (epoch ms, Redis clock)."""
 
     due_ms: int
-
-
-@dataclass(frozen=True)
-class GuardLost:
-    """``reminder_create``: nothing stored, the asking step's turn no longer runs or that copy
-    of the step no longer owns it."""
-
-
-@dataclass(frozen=True)
-class AtLimit:
-    """``reminder_create``: nothing stored, the session already has ``live`` live reminders."""
-
-    live: int
 
 
 @dataclass(frozen=True)
@@ -73,10 +63,9 @@ def reminder_create(
             max_live,
         ],
     )
-    if reply == "stopped":
-        return GuardLost()
-    if isinstance(reply, str) and reply.startswith("limit:"):
-        return AtLimit(int(reply.removeprefix("limit:")))
+    refused = launch_refusal(reply)
+    if refused is not None:
+        return refused
     return Armed(int(reply))
 
 

@@ -35,6 +35,30 @@ class TitleOutcome(StrEnum):
 
 
 @dataclass(frozen=True)
+class GuardLost:
+    """A launch script (``job_create``, ``reminder_create``) stored nothing: the asking step's
+    turn no longer runs or that copy of the step no longer owns it."""
+
+
+@dataclass(frozen=True)
+class AtLimit:
+    """A launch script stored nothing: the session already has ``live`` live items of its
+    kind (its ``FLEET_MAX_*`` limit)."""
+
+    live: int
+
+
+def launch_refusal(reply: object) -> GuardLost | AtLimit | None:
+    """A launch script's refusal (``stopped`` or ``limit:<live>``), or ``None`` when it
+    stored what it was asked to."""
+    if reply == "stopped":
+        return GuardLost()
+    if isinstance(reply, str) and reply.startswith("limit:"):
+        return AtLimit(int(reply.removeprefix("limit:")))
+    return None
+
+
+@dataclass(frozen=True)
 class Created:
     """``create_session``: the session was created (``archived``: born archived under an
     archived ancestor)."""
