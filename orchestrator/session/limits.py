@@ -54,9 +54,3 @@ SUBAGENT_DEPTH = Limit(
 SUBAGENTS_PER_SESSION = Limit(
     "FLEET_MAX_SUBAGENTS_PER_SESSION", "max_subagents_per_session", "%d live subagents"
 )
-
-
-def check_reply(limit: Limit, maximum: int, reply: object) -> None:
-    """Raise ``LimitReached`` when a script's ``reply`` is ``limit:<count>``."""
-    if isinstance(reply, str) and reply.startswith("limit:"):
-        raise limit.reached(maximum, int(reply.removeprefix("limit:")))
