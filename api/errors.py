@@ -8,6 +8,7 @@ from typing import Any
 import redis
 from kombu.exceptions import OperationalError
 
+from orchestrator.agents.permissions import PermissionNotFound
 from orchestrator.errors import (
     AncestorArchived,
     FleetError,
@@ -31,6 +32,7 @@ from orchestrator.storage.redisconn import store_unavailable
 ERROR_TABLE: dict[type[FleetError], tuple[int, int]] = {
     SessionNotFound: (404, -32002),
     TurnNotFound: (404, -32002),
+    PermissionNotFound: (404, -32002),
     SessionActive: (409, -32003),
     SessionArchived: (409, -32004),
     AncestorArchived: (409, -32005),

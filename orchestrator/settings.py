@@ -191,6 +191,13 @@ class FleetSettings(BaseSettings):
     #: ``pid-namespace``, ``subreaper`` or ``process-group``.
     containment: Literal["auto", "cgroup", "pid-namespace", "subreaper", "process-group"] = "auto"
 
+    #: The TOML file describing the external agents sessions may run (Codex, Claude Code,
+    #: Gemini CLI, any ACP agent: ``orchestrator/agents/definitions.py``); unset: none.
+    agents_file: Path | None = None
+    #: The agent a new session runs when it names none (one of ``FLEET_AGENTS_FILE``); empty:
+    #: the built-in model (``FLEET_MODEL``).
+    agent: str = ""
+
     _check_tools = field_validator("tools")(_known_tools)
 
     def require_redis_url(self) -> str:

@@ -29,7 +29,7 @@ LAYERS: list[set[str]] = [
     {"session"},
     {"census"},
     {"process"},
-    {"job", "reminder"},
+    {"job", "reminder", "agents"},
     {"turn"},
     {"archiving"},
 ]

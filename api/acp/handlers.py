@@ -13,6 +13,7 @@ from api.acp import params as p
 from api.acp.prompts import Prompts
 from api.acp.rpc import INVALID_REQUEST, Method, RpcError
 from api.acp.stream import Streams, call_store
+from orchestrator.agents.definitions import agent_for
 from orchestrator.archiving import archive, deletion
 from orchestrator.census import activity
 from orchestrator.errors import InvalidParams
@@ -70,7 +71,10 @@ async def initialize(conn: AcpConnection, req: p.InitializeRequest) -> dict[str,
 async def new_session(conn: AcpConnection, req: p.schema.NewSessionRequest) -> dict[str, Any]:
     # _meta.agentFleet.idempotencyKey: a retry with it answers the session the first created.
     key = p.idempotency_key(req.field_meta)
-    session = await call_store(sessions.create_session, conn.store, req.cwd, idempotency_key=key)
+    agent = agent_for(conn.store.settings, p.agent_name(req.field_meta))
+    session = await call_store(
+        sessions.create_session, conn.store, req.cwd, idempotency_key=key, agent=agent
+    )
     await conn.streams.open_session(session.session_id, 0)
     return {"sessionId": session.session_id}
 

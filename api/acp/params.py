@@ -111,19 +111,33 @@ class ActivityRequest(_SessionRequest):
     """``_agentFleet/activity`` params: ``{"sessionId"}``."""
 
 
-def idempotency_key(meta: dict[str, Any] | None) -> str | None:
-    """The client's idempotency key of a ``session/new`` or ``session/prompt``:
-    ``_meta.agentFleet.idempotencyKey`` (``orchestrator/storage/idempotency.py``), ``None`` when
-    absent. Raises ``InvalidParams`` when ``agentFleet`` is not an object,
-    ``InvalidIdempotencyKey`` for a malformed key."""
+def fleet_meta(meta: dict[str, Any] | None, name: str) -> Any:
+    """``_meta.agentFleet.<name>`` of a request, ``None`` when absent. Raises
+    ``InvalidParams`` when ``agentFleet`` is not an object."""
     ours = (meta or {}).get("agentFleet")
     if ours is None:
         return None
     if not isinstance(ours, dict):
         raise InvalidParams("_meta.agentFleet must be an object.", {"param": "_meta.agentFleet"})
-    if "idempotencyKey" not in ours:
-        return None
-    return check_key(ours["idempotencyKey"])
+    return ours.get(name)
+
+
+def idempotency_key(meta: dict[str, Any] | None) -> str | None:
+    """The client's idempotency key of a ``session/new`` or ``session/prompt``:
+    ``_meta.agentFleet.idempotencyKey`` (``orchestrator/storage/idempotency.py``), ``None`` when
+    absent. Raises ``InvalidParams`` when ``agentFleet`` is not an object,
+    ``InvalidIdempotencyKey`` for a malformed key."""
+    key = fleet_meta(meta, "idempotencyKey")
+    return None if key is None else check_key(key)
+
+
+def agent_name(meta: dict[str, Any] | None) -> str | None:
+    """The agent a ``session/new`` asks for: ``_meta.agentFleet.agent`` (``None`` when
+    absent). Raises ``InvalidParams`` when it is not a string."""
+    name = fleet_meta(meta, "agent")
+    if name is not None and not isinstance(name, str):
+        raise InvalidParams("_meta.agentFleet.agent must be a string.", {"param": "agent"})
+    return name
 
 
 def parse(model: type[M], params: Any) -> M:

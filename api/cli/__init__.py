@@ -9,7 +9,8 @@ directory (``localfleet/discovery.py``). Exit status and the JSON error shape: `
 - ``archive``: ``archive`` (one session), ``unarchive``, ``delete``;
 - ``bulk``: ``bulk-archive``, ``auto-archive`` (also ``archive --bulk``, ``archive --auto``);
 - ``processes``: ``worker``, ``up``, ``api``, ``beat``, ``flower``, ``acp``, ``demo``;
-- ``ops``: ``reconcile``, ``sweep``.
+- ``ops``: ``reconcile``, ``sweep``;
+- ``agents``: ``agents`` (list), ``agents check NAME``.
 
 A new command goes in the module of its group, decorated with ``@app.command()`` from
 ``api.cli.common``; importing the module here registers it.
@@ -19,12 +20,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from api.cli import archive, bulk, ops, processes, sessions, turns
+from api.cli import agents, archive, bulk, ops, processes, sessions, turns
 from api.cli.common import app
 from api.cli.listen import api_bind_address
 
 __all__ = [
     "app",
+    "agents",
     "api_bind_address",
     "main",
     "archive",

@@ -143,6 +143,9 @@ def sessions_new(
         False, "--json", help="Print the session as JSON (as `sessions ls --json` lists it)."
     ),
     idempotency_key: str | None = KEY_OPTION,
+    agent: str | None = typer.Option(
+        None, metavar="NAME", help="The agent that runs its turns (`fleet agents` lists them)."
+    ),
 ) -> None:
     """Create a session and print its id (with --json, the session). A CWD that does not
     exist here is kept (the session's tools run on a worker's host, where it may), with a
@@ -150,10 +153,13 @@ def sessions_new(
     import os
 
     from api.context import store
+    from orchestrator.agents.definitions import agent_for
     from orchestrator.session.sessions import create_session
 
+    name = agent_for(store().settings, agent)
     created = keyed_write(
-        lambda key: create_session(store(), cwd, parent, idempotency_key=key), idempotency_key
+        lambda key: create_session(store(), cwd, parent, idempotency_key=key, agent=name),
+        idempotency_key,
     )
     print(json.dumps(created.to_info(), indent=2) if as_json else created.session_id)
     if not os.path.isdir(cwd):

@@ -7,13 +7,14 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from api.routes import archive, events, operations, sessions, turns, websocket
+from api.routes import agents, archive, events, operations, sessions, turns, websocket
 
 #: In inclusion order: ``POST /sessions/archive`` (bulk) before the ``/sessions/{id}`` routes.
 ROUTERS: tuple[APIRouter, ...] = (
     operations.router,
     archive.router,
     sessions.router,
+    agents.router,
     turns.router,
     events.router,
     websocket.router,

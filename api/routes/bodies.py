@@ -115,6 +115,22 @@ class CreateSession(_Strict):
     model: StrictStr | None = Field(
         default=None, description="Model name for FLEET_MODEL's backend (default: its own)."
     )
+    agent: StrictStr | None = Field(
+        default=None,
+        description=(
+            "The external agent that runs the session's turns, by its name in "
+            "FLEET_AGENTS_FILE (default: FLEET_AGENT; empty: the built-in model)."
+        ),
+    )
+
+
+class PermissionAnswer(_Strict):
+    """Body of ``POST /sessions/{id}/permissions/{requestId}``."""
+
+    outcome: StrictStr = Field(
+        max_length=200,
+        description="allow, reject, cancelled, or one of the request's option ids.",
+    )
 
 
 class PromptBody(_Strict):

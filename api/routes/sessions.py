@@ -16,6 +16,7 @@ from api.routes.bodies import (
     StopBody,
     TitleBody,
 )
+from orchestrator.agents.definitions import agent_for
 from orchestrator.archiving import deletion
 from orchestrator.census import activity
 from orchestrator.session import sessions, titles
@@ -33,7 +34,12 @@ def create(
     """Create a session (a subagent session with ``parentId``). With ``Idempotency-Key``, a
     retry answers 201 with the session the first request created, and creates none."""
     created = sessions.create_session(
-        store, body.cwd, body.parentId, model=body.model, idempotency_key=idempotency_key
+        store,
+        body.cwd,
+        body.parentId,
+        model=body.model,
+        idempotency_key=idempotency_key,
+        agent=agent_for(store.settings, body.agent),
     )
     return created.to_info()
 

@@ -1,5 +1,5 @@
 -- ARGV: prefix, sid, cwd, cwdHash, parentId|'', nowMs, nowIso, guardTid|'', guardToken|'',
---       maxDepth, maxChildren, model|'', idemDigest|'', idemFingerprint, idemTtlMs
+--       maxDepth, maxChildren, model|'', idemDigest|'', idemFingerprint, idemTtlMs, agent|''
 -- With idemDigest (a client's idempotency key, orchestrator/storage/idempotency.py) a key seen before
 -- answers {'replay', sid} (the session it created) or {'key_reused'} (another request) and
 -- creates nothing; a created session records the key here, with the session.
@@ -12,13 +12,15 @@
 -- items, kept by every script that adds or removes one), never walking the idle ones; the
 -- count stops at the cap (a refusal names the cap as the count), so a create reads about as
 -- many children as the cap, plus those whose items are all stale. model is the model name
--- the session asks for; a subagent given none takes its parent's.
+-- the session asks for; a subagent given none takes its parent's. agent names the external
+-- agent that runs its turns ('': the built-in model); a subagent runs the built-in model.
 -- Returns {'created', archived '0'|'1'} | {'replay', sid} | {'key_reused'} | {'exists'}
 --   | {'parent_not_found'} | {'stopped'}
 --   | {'limit', 'depth'|'children', count (the parent's depth | its live subagents)}
 local sid, cwd, cwd_hash, parent = ARGV[2], ARGV[3], ARGV[4], ARGV[5]
 local ms, now = tonumber(ARGV[6]), ARGV[7]
 local model = ARGV[12] or ''
+local agent = ARGV[16] or ''
 local idem, fp = ARGV[13] or '', ARGV[14] or ''
 local seen = idem_seen('sessions', idem, fp)
 if seen then return seen end
@@ -65,7 +67,7 @@ end
 redis.call('HSET', k, 'cwd', cwd, 'cwdHash', cwd_hash, 'parentId', parent,
   'title', '', 'titleSource', '', 'createdAt', now, 'updatedAt', now, 'updatedMs', ms,
   'archived', archived, 'archivedAt', archived_at, 'archiveTxn', txn, 'deleted', '0',
-  'model', model)
+  'model', model, 'agent', agent)
 local state = 'active'
 if archived == '1' then
   state = 'archived'

@@ -100,6 +100,7 @@ def create_session(
     max_children: int,
     model: str | None,
     idempotency: Idempotency | None,
+    agent: str = "",
 ) -> Created | Replayed | Refused:
     """Create a session (a subagent when ``parent_id`` is given), durably (fsynced before the
     reply). Raises ``WriteUnconfirmed`` as ``Store.run(durable=True)`` does."""
@@ -117,6 +118,7 @@ def create_session(
             max_children,
             model or "",
             *Idempotency.argv(idempotency),
+            agent,
         ],
         durable=True,
     )

@@ -59,6 +59,9 @@ class Session:
     archive_hazard: dict[str, Any] | None = None
     #: The model name the session asked for (``""``: the backend's default).
     model: str = ""
+    #: The external agent that runs its turns (``FLEET_AGENTS_FILE``; ``""``: the built-in
+    #: model).
+    agent: str = ""
     #: Model tokens of all its turns: ``{"inputTokens", "outputTokens"}``.
     usage: dict[str, int] = field(default_factory=lambda: {"inputTokens": 0, "outputTokens": 0})
 
@@ -87,6 +90,7 @@ class Session:
             ),
             archive_hazard=_hazard(h),
             model=h.get("model", ""),
+            agent=h.get("agent", ""),
             usage=usage_of(h),
         )
 
@@ -113,6 +117,8 @@ class Session:
             meta["archiveHazard"] = self.archive_hazard
         if self.model:
             meta["model"] = self.model
+        if self.agent:
+            meta["agent"] = self.agent
         meta["usage"] = dict(self.usage)
         info["_meta"] = {"agentFleet": meta}
         return info

@@ -83,10 +83,12 @@ def create_session(
     guard: StepGuard | None = None,
     model: str | None = None,
     idempotency_key: str | None = None,
+    agent: str = "",
 ) -> Session:
     """Create a session in ``cwd`` (absolute), optionally as a subagent of ``parent_id``,
     asking for ``model`` (a model name for the backend, ``FLEET_MODEL``; a subagent given none
-    takes its parent's).
+    takes its parent's), run by ``agent`` (an external agent's name from ``FLEET_AGENTS_FILE``,
+    ``orchestrator/agents``; ``None``: ``FLEET_AGENT``, empty for the built-in model).
 
     A child created under an archived lineage is born archived, in its ancestor's archive
     transition (so it is hidden and gated with it, and restored with it). With ``guard`` (the
@@ -109,7 +111,9 @@ def create_session(
     if parent_id is not None:
         check_session_id(parent_id)
     model = check_model(model)
-    idem = idempotency.for_request(store, idempotency_key, cwd, parent_id or "", model)
+    agent = agent or ""
+    request = [cwd, parent_id or "", model, *([agent] if agent else [])]
+    idem = idempotency.for_request(store, idempotency_key, *request)
     sid = new_id("sess")
     ms = store.now_ms()
     caps = [
@@ -134,6 +138,7 @@ def create_session(
             max_children=caps[1],
             model=model,
             idempotency=idem,
+            agent=agent,
         )
     if isinstance(result, scripts.Replayed):
         with idempotency.written(*outcome, keyed=True):

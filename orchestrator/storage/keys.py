@@ -92,6 +92,17 @@ class Keys:
         at): the evidence that nothing ran after an archive."""
         return f"{self.prefix}modelreq:{sid}"
 
+    def permissions(self, sid: str) -> str:
+        """HASH: the session's permission requests waiting for a person
+        (``orchestrator/agents/permissions.py``): request id -> JSON ``{requestId, turnId,
+        toolCall, options, askedAt, expiresAt}``."""
+        return f"{self.prefix}perm:{sid}"
+
+    def permission_answer(self, rid: str) -> str:
+        """LIST with TTL: the answer to permission request ``rid`` (an option id, or
+        ``cancelled``), pushed by a person's client, popped by the agent's waiting step."""
+        return f"{self.prefix}permans:{rid}"
+
     def idempotency(self, scope: str, digest: str) -> str:
         """HASH with TTL (``FLEET_IDEMPOTENCY_TTL_SECONDS``): a client's idempotency key, seen
         by the script that created what it asked for (``orchestrator/storage/idempotency.py``):

@@ -118,14 +118,15 @@ def turn_create(
 @dataclass(frozen=True)
 class Begun:
     """``turn_begin_step``: this copy of the step began (its lease holds its token); what the
-    step needs: the turn's session, prompt and source, the session's ``title`` and ``model``
-    (``""`` when unset)."""
+    step needs: the turn's session, prompt and source, the session's ``title``, ``model`` and
+    ``agent`` (``""`` when unset)."""
 
     session_id: str
     prompt: str
     source: str
     title: str
     model: str
+    agent: str = ""
 
 
 @dataclass(frozen=True)
@@ -155,8 +156,8 @@ def turn_begin_step(
     reply = store.run("turn_begin_step", [turn_id, index, lease_ms, token])
     verdict = str(reply[0])
     if verdict == "ok":
-        sid, prompt, source, title, model = (str(x) for x in reply[1:6])
-        return Begun(sid, prompt, source, title, model)
+        sid, prompt, source, title, model, agent = (str(x) for x in reply[1:7])
+        return Begun(sid, prompt, source, title, model, agent)
     if verdict == "refused":
         _, reason, ended, promoted = reply
         return GateRefused(str(reason), TurnState(ended), str(promoted))

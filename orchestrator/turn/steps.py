@@ -47,6 +47,7 @@ from orchestrator.session.titles import generated_title, set_title
 from orchestrator.storage import metrics
 from orchestrator.storage.store import Store, retried
 from orchestrator.turn import scripts, toolbox
+from orchestrator.turn.agentstep import prompt_agent
 from orchestrator.turn.stepwatch import CANCEL_POLL as CANCEL_POLL
 from orchestrator.turn.stepwatch import STEP_LEASE_MS as STEP_LEASE_MS
 from orchestrator.turn.stepwatch import StepWatch
@@ -220,7 +221,11 @@ def _run_begun(
     emit = _Emit(store, turn.session_id, guard, store.settings.model_text_max_bytes)
     with _StepWatch(store, guard, stopping, emit.flush, turn.session_id) as watch:
         try:
-            result = _act(store, dispatcher, model, tools, began, emit, watch.cancel)
+            if began.agent:
+                stop = prompt_agent(store, turn, began.agent, emit, watch.cancel)
+                result = None if stop is None else _Ran(stop, emit.take())
+            else:
+                result = _act(store, dispatcher, model, tools, began, emit, watch.cancel)
         except ModelError as exc:
             _say(store, turn.session_id, guard, f"error: {exc}")
             finish(store, dispatcher, guard.turn_id, TurnState.FAILED, str(exc), token=guard.token)
@@ -234,11 +239,12 @@ class _Began(str):
     """What ``_begin_step`` answers: ``ok`` or why the step is dropped (compared as a
     string); once ``ok``, what the step needs, read by the script that began it: ``turn`` (as
     it runs: its session, prompt, source and step index), the session's title
-    (``session_title``) and ``model`` (``""`` when unset)."""
+    (``session_title``), ``model`` and ``agent`` (``""`` when unset)."""
 
     turn: Turn
     session_title: str
     model: str
+    agent: str
 
 
 def _begin_step(
@@ -261,7 +267,7 @@ def _begin_step(
     if isinstance(result, scripts.Dropped):
         return _Began(result.why)
     began = _Began("ok")
-    began.session_title, began.model = result.title, result.model
+    began.session_title, began.model, began.agent = result.title, result.model, result.agent
     began.turn = Turn(
         turn_id, result.session_id, TurnState.RUNNING, result.prompt, result.source, index, "", ""
     )

@@ -8,8 +8,8 @@
 -- once, so a prompt that never ran never reads as said. A tool call an earlier copy left open
 -- (its worker was lost, the sweeper resumed the step) is settled failed (settle_open_call).
 -- What it writes to the conversation is published here (publish_update).
--- Returns {'ok', sessionId, prompt, source, title, model} (what the step needs; the session's
---   title and model are '' when unset) |
+-- Returns {'ok', sessionId, prompt, source, title, model, agent} (what the step needs; the
+--   session's title, model and agent are '' when unset) |
 --   {'refused', reason, endedState, promotedTid|''} |
 --   {'stale'} (a duplicate of a step already run) | {'inflight'} (a duplicate of a step
 --   running now) | {state} (the turn is no longer running) | {'missing'}
@@ -21,7 +21,7 @@ if not h[1] then return {'missing'} end
 if h[1] ~= TURN.RUNNING and h[1] ~= TURN.QUEUED and h[1] ~= TURN.CANCELLING then return {h[1]} end
 local sid = h[3]
 local ms = server_ms()
-local s = redis.call('HMGET', skey(sid), 'deleted', 'title', 'model')
+local s = redis.call('HMGET', skey(sid), 'deleted', 'title', 'model', 'agent')
 local refusal = gate_refusal(sid, s[1])
 if refusal then
   local ended = (h[1] == TURN.CANCELLING) and TURN.CANCELLED or TURN.BLOCKED
@@ -55,4 +55,4 @@ if said then
   redis.call('RPUSH', K.history(sid), prompt)
   publish_update(sid, prompt)
 end
-return {'ok', sid, h[4] or '', h[7] or '', s[2] or '', s[3] or ''}
+return {'ok', sid, h[4] or '', h[7] or '', s[2] or '', s[3] or '', s[4] or ''}

@@ -1,0 +1,85 @@
+"""What the agent tests share: an agents file naming the project's tiny ACP agent
+(``tests/agents/tiny_agent.py``) under each permission policy, a private fleet of turn
+workers that reads it, and helpers to start a prompt and look for an agent's processes."""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from orchestrator.families import Family
+from orchestrator.settings import FleetSettings
+from orchestrator.storage.store import Store
+from tests.faults.fleets import PrivateFleet, private_fleet
+
+TINY = Path(__file__).resolve().parent / "tiny_agent.py"
+
+
+def agents_toml(extra: str = "") -> str:
+    """Definitions of the tiny agent: ``tiny`` (allow), ``tiny-ask`` (ask, 30 s), ``tiny-deny``
+    (deny), ``ghost`` (a binary that does not exist); ``extra`` appended."""
+    command = f'command = ["{sys.executable}", "{TINY}"]'
+    return f"""
+[agents.tiny]
+preset = "acp"
+{command}
+permissions = "allow"
+
+[agents.tiny-ask]
+preset = "acp"
+{command}
+permissions = "ask"
+permission_timeout_seconds = 30
+
+[agents.tiny-deny]
+preset = "acp"
+{command}
+permissions = "deny"
+
+[agents.ghost]
+preset = "acp"
+command = ["/nonexistent/agent-binary"]
+{extra}
+"""
+
+
+@contextlib.contextmanager
+def agent_fleet(
+    redis_url: str, key_prefix: str, tmp_path_factory: Any, name: str, toml: str, **env: str
+) -> Iterator[tuple[PrivateFleet, Store]]:
+    """A private fleet of turn workers reading the agents file ``toml``, and a store on its
+    prefix whose settings read the same file (for the interfaces' checks)."""
+    folder = tmp_path_factory.mktemp(f"{name}-agents")
+    path = folder / "agents.toml"
+    path.write_text(toml)
+    state = folder / "state"
+    env = {"FLEET_AGENTS_FILE": str(path), "FLEET_STATE_DIR": str(state), **env}
+    with private_fleet(redis_url, key_prefix, tmp_path_factory, name, [Family.TURN], env) as f:
+        settings = FleetSettings(
+            redis_url=redis_url,
+            key_prefix=f.store.keys.prefix,
+            agents_file=path,
+            state_dir=state,
+        )
+        store = Store(redis_url, f.store.keys.prefix, settings=settings)
+        try:
+            yield f, store
+        finally:
+            store.close()
+
+
+def processes_with(text: str) -> list[int]:
+    """Pids of live processes whose command line contains ``text``."""
+    found = []
+    for proc in psutil.process_iter(["cmdline", "status"]):
+        with contextlib.suppress(psutil.Error):
+            if proc.info["status"] == psutil.STATUS_ZOMBIE:
+                continue
+            if text in " ".join(proc.info["cmdline"] or []):
+                found.append(proc.pid)
+    return found
