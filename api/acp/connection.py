@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from api.acp.asks import Asks
 from api.acp.handlers import METHODS, NOTIFICATIONS
 from api.acp.hub import EventHub
 from api.acp.prompts import Prompts
@@ -30,7 +31,8 @@ class AcpConnection(RpcEndpoint):
         super().__init__(send)
         self.store, self.dispatcher, self.hub = store, dispatcher, hub
         self.prompts = Prompts()
-        self.streams = Streams(store, hub, self.send, self.prompts)
+        self.asks = Asks(store, self.request)
+        self.streams = Streams(store, hub, self.send, self.prompts, self.asks.seen)
 
     @property
     def open(self) -> set[str]:
@@ -43,6 +45,7 @@ class AcpConnection(RpcEndpoint):
     async def close(self) -> None:
         """The transport closed: stop watching, cancel pending work of this connection."""
         self.streams.stop()
+        self.asks.close()
         self.cancel_tasks()
 
     async def cancel_request(self, request_id: Any) -> None:

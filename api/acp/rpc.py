@@ -13,6 +13,7 @@ settles it otherwise (``cancel_request``).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 from collections.abc import Awaitable, Callable
@@ -202,6 +203,9 @@ class RpcEndpoint:
         self._closing: str | None = None
         # Whether the handshake succeeded (always, for an endpoint without one).
         self.initialized = self.handshake is None
+        # Requests this endpoint sent to the client, by id, waiting for their answers.
+        self.outgoing: dict[IdKey, asyncio.Future[Any]] = {}
+        self._next_id = 0
 
     async def send(self, message: dict[str, Any]) -> None:
         """Send one message (serialized: frames and lines never interleave)."""
@@ -258,6 +262,7 @@ class RpcEndpoint:
             await self.answer_error(exc.msg_id, exc)
             return
         if not method:
+            self._answered(msg_id, msg)
             return
         await self.started()
         is_request = "id" in msg
@@ -271,6 +276,35 @@ class RpcEndpoint:
 
     async def started(self) -> None:
         """Called before the first valid message of the connection is dispatched."""
+
+    async def request(self, method: str, params: dict[str, Any]) -> tuple[Any, Any]:
+        """Send a request to the client and wait for its answer: ``(result, error)``, one of
+        them ``None``. Cancelling the wait sends ``$/cancel_request`` for it."""
+        self._next_id += 1
+        msg_id = f"fleet-{self._next_id}"
+        answer: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self.outgoing[id_key(msg_id)] = answer
+        try:
+            await self.send({"jsonrpc": "2.0", "id": msg_id, "method": method, "params": params})
+            msg = await answer
+        except asyncio.CancelledError:
+            with contextlib.suppress(Exception):
+                await self.send(
+                    {"jsonrpc": "2.0", "method": "$/cancel_request", "params": {"id": msg_id}}
+                )
+            raise
+        finally:
+            self.outgoing.pop(id_key(msg_id), None)
+        return msg.get("result"), msg.get("error")
+
+    def _answered(self, msg_id: Any, msg: dict[str, Any]) -> None:
+        """A response from the client: settle the request of ours it answers (others are
+        ignored)."""
+        if not good_id(msg_id):
+            return
+        waiting = self.outgoing.get(id_key(msg_id))
+        if waiting is not None and not waiting.done():
+            waiting.set_result(msg)
 
     def _forget_request(self, key: IdKey, task: asyncio.Task[None]) -> None:
         if self.requests.get(key, (None,))[0] is task:

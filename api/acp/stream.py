@@ -79,8 +79,17 @@ def _info(**fields: Any) -> dict[str, Any]:
 class Streams:
     """The open sessions of one connection: their cursors, events and replay."""
 
-    def __init__(self, store: Store, hub: EventHub, send: Send, prompts: Prompts) -> None:
+    def __init__(
+        self,
+        store: Store,
+        hub: EventHub,
+        send: Send,
+        prompts: Prompts,
+        seen: Callable[[str, dict[str, Any]], None] | None = None,
+    ) -> None:
         self.store, self.hub, self._send, self.prompts = store, hub, send, prompts
+        # Called with each update sent (the permission requests relayed to the client).
+        self._seen = seen
         self.open: set[str] = set()
         self._cursor: dict[str, int] = {}  # per open session: history items sent
         self.events: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
@@ -237,3 +246,6 @@ class Streams:
             await self._send(message)
         except Exception as exc:
             log.debug("update for %s not sent: %s", sid, exc)
+            return
+        if self._seen is not None:
+            self._seen(sid, update)

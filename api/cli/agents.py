@@ -79,3 +79,56 @@ def agents_check(name: str = typer.Argument(..., metavar="NAME")) -> None:
         raise typer.Exit(1)
     loads = "loads its sessions" if found.load_session else "cannot load its sessions"
     console.print(f"{name}: ok ({found.agent_info or 'agent'}, {loads}, {found.seconds:.2f} s)")
+
+
+permissions_app = FleetTyper(
+    help="Permission requests of agents waiting for a person.", no_args_is_help=True
+)
+app.add_typer(permissions_app, name="permissions")
+
+
+@permissions_app.command("ls")
+def permissions_ls(
+    session_id: str = typer.Argument(..., metavar="SESSION"),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+) -> None:
+    """List the permission requests waiting in SESSION, oldest first."""
+    from api.context import store
+    from orchestrator.agents import permissions
+    from orchestrator.session.sessions import get_session
+
+    try:
+        get_session(store(), session_id)
+        waiting = permissions.pending(store(), session_id)
+    except FleetError as exc:
+        fail(exc)
+    if as_json:
+        print(json.dumps({"permissions": [p.to_wire() for p in waiting]}, indent=2))
+        return
+    if not waiting:
+        console.print("No permission request is waiting.")
+    for p in waiting:
+        title = p.tool_call.get("title") or p.tool_call.get("toolCallId", "")
+        options = ", ".join(f"{o.get('optionId')} ({o.get('kind')})" for o in p.options)
+        console.print(f"{p.request_id}  turn {p.turn_id}  {title}  options: {options}")
+
+
+@permissions_app.command("answer")
+def permissions_answer(
+    session_id: str = typer.Argument(..., metavar="SESSION"),
+    request_id: str = typer.Argument(..., metavar="REQUEST"),
+    outcome: str = typer.Argument(
+        ..., metavar="OUTCOME", help="allow, reject, cancelled, or one of the request's options."
+    ),
+) -> None:
+    """Answer a waiting permission request (the first answer wins)."""
+    from api.context import store
+    from orchestrator.agents import permissions
+    from orchestrator.session.sessions import get_session
+
+    try:
+        get_session(store(), session_id)
+        chosen = permissions.answer(store(), session_id, request_id, outcome)
+    except FleetError as exc:
+        fail(exc)
+    console.print(f"{request_id}: answered {chosen}")

@@ -235,3 +235,94 @@ def test_an_unknown_agent_is_refused_by_rest_with_the_known_ones(
     body = error_shape(resp, 422, "unknown_agent")
     assert body["data"]["allowed"] == ["ghost", "tiny", "tiny-ask", "tiny-deny"]
     assert [a["name"] for a in listed["agents"]] == ["ghost", "tiny", "tiny-ask", "tiny-deny"]
+
+
+class _Person:
+    """An ACP client that answers every permission request with ``choice`` and records
+    the requests and updates it is sent."""
+
+    def __init__(self, choice: str) -> None:
+        self.choice = choice
+        self.asked: list[Any] = []
+        self.updates: list[Any] = []
+
+    async def session_update(self, session_id: str, update: Any, **_: Any) -> None:
+        self.updates.append(update)
+
+    async def request_permission(self, session_id: str, tool_call: Any, options: Any, **_: Any):
+        from acp.schema import AllowedOutcome, RequestPermissionResponse
+
+        self.asked.append((tool_call, options))
+        chosen = next(o.option_id for o in options if o.kind == self.choice)
+        picked = AllowedOutcome.model_validate({"outcome": "selected", "optionId": chosen})
+        return RequestPermissionResponse(outcome=picked)
+
+    def on_connect(self, conn: Any) -> None:
+        pass
+
+
+def test_an_acp_client_is_asked_the_agents_permission_request_and_its_answer_is_taken(
+    private: Any, store: Any, tmp_path: Path
+) -> None:
+    import asyncio
+    import os
+    import sys
+
+    from acp import spawn_agent_process, text_block
+
+    marker = tmp_path / "allowed-over-acp"
+    env = {
+        **os.environ,
+        "FLEET_KEY_PREFIX": store.keys.prefix,
+        "FLEET_AGENTS_FILE": str(store.settings.agents_file),
+    }
+
+    async def body() -> tuple[str, _Person, str]:
+        person = _Person("allow_once")
+        argv = ["-m", "api.cli", "acp"]
+        async with spawn_agent_process(person, sys.executable, *argv, env=env) as (conn, _):
+            await conn.initialize(protocol_version=1)
+            made = await conn.new_session(
+                cwd=str(tmp_path), mcp_servers=[], agentFleet={"agent": "tiny-ask"}
+            )
+            reply = await conn.prompt(
+                session_id=made.session_id, prompt=[text_block(f"run: touch {marker}")]
+            )
+            return made.session_id, person, reply.stop_reason
+
+    sid, person, stop = asyncio.run(asyncio.wait_for(body(), 60))
+
+    assert stop == "end_turn"
+    assert len(person.asked) == 1
+    assert marker.exists()
+    assert get_session(store, sid).agent == "tiny-ask"
+
+
+def test_the_cli_lists_a_waiting_request_and_rejects_it(
+    private: Any, store: Any, tmp_path: Path
+) -> None:
+    import json
+    import os
+    import subprocess
+    import sys
+
+    sid = create_session(store, str(tmp_path), agent="tiny-ask").session_id
+    marker = tmp_path / "rejected"
+    tid = prompt(private, sid, f"run: touch {marker}")
+    wait_for(lambda: permissions.pending(store, sid), 30, message="the request")
+    env = {**os.environ, "FLEET_KEY_PREFIX": store.keys.prefix}
+
+    def fleet(*args: str) -> subprocess.CompletedProcess[str]:
+        argv = [sys.executable, "-m", "api.cli", *args]
+        return subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60)
+
+    listed = fleet("permissions", "ls", sid, "--json")
+    rid = json.loads(listed.stdout)["permissions"][0]["requestId"]
+    wrong = fleet("permissions", "answer", sid, rid, "perhaps")
+    answered = fleet("permissions", "answer", sid, rid, "reject")
+
+    assert wrong.returncode == 2 and "names none of this request's options" in wrong.stderr
+    assert answered.returncode == 0, answered.stderr
+    assert ended(store, tid).state == "completed"
+    assert said(store, sid, tid) == "denied"
+    assert not marker.exists()
