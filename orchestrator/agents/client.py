@@ -113,20 +113,30 @@ def _answer(option_id: str | None) -> RequestPermissionResponse:
 class FleetClient:
     """The ACP ``Client`` the fleet is to one agent process running one prompt in ``cwd``,
     under ``defn``'s policy, landing what it says in ``sink``. ``replaying`` is set while a
-    ``session/load`` replays the agent's history (those updates are dropped)."""
+    ``session/load`` replays the agent's history (those updates are dropped); ``failure``
+    says why the prompt must fail (an update over a bound), once one did."""
 
     def __init__(self, defn: AgentDefinition, cwd: str, sink: Sink, new_id: Any) -> None:
         self.defn, self.cwd, self.sink = defn, cwd, sink
         self.replaying = False
         self.updates = 0
+        #: Why the prompt must end failed (a bound passed), set by an update's handler.
+        self.failure = ""
         self._new_id = new_id
 
     async def session_update(self, session_id: str, update: Any, **_: Any) -> None:
-        if self.replaying:
+        if self.replaying or self.failure:
             return
         self.updates += 1
         if self.updates > MAX_UPDATES:
-            raise AgentFailed(f"the agent sent more than {MAX_UPDATES} updates in one prompt")
+            self.failure = f"the agent sent more than {MAX_UPDATES} updates in one prompt"
+            return
+        try:
+            await self._land(update)
+        except AgentFailed as exc:  # the connection would only log it: the prompt reads it
+            self.failure = str(exc)
+
+    async def _land(self, update: Any) -> None:
         wire = update.model_dump(mode="json", by_alias=True, exclude_none=True)
         kind = wire.get("sessionUpdate")
         if kind == "agent_message_chunk":

@@ -145,7 +145,7 @@ async def _drive(
     conn = ClientSideConnection(cast(Client, client), writer, reader)
     try:
         agent_sid, text = await _open(run, conn, client)
-        return await _prompt(run, conn, agent_sid, text, cancel)
+        return await _prompt(run, conn, client, agent_sid, text, cancel)
     finally:
         with contextlib.suppress(Exception):
             await conn.close()
@@ -202,10 +202,18 @@ async def _open(run: PromptRun, conn: ClientSideConnection, client: FleetClient)
 
 
 async def _prompt(
-    run: PromptRun, conn: ClientSideConnection, agent_sid: str, text: str, cancel: threading.Event
+    run: PromptRun,
+    conn: ClientSideConnection,
+    client: FleetClient,
+    agent_sid: str,
+    text: str,
+    cancel: threading.Event,
 ) -> PromptEnd:
     prompt = asyncio.ensure_future(conn.prompt(session_id=agent_sid, prompt=[text_block(text)]))
     while not prompt.done():
+        if client.failure:
+            prompt.cancel()
+            raise AgentFailed(client.failure)
         if cancel.is_set():
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(conn.cancel(session_id=agent_sid), 0.2)
@@ -214,6 +222,8 @@ async def _prompt(
             prompt.cancel()
             return PromptEnd("cancelled", agent_sid, cancelled=True)
         await asyncio.wait({prompt}, timeout=_CANCEL_POLL)
+    if client.failure:
+        raise AgentFailed(client.failure)
     try:
         answer = prompt.result()
     except AgentFailed:

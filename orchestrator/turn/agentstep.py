@@ -35,6 +35,9 @@ log = logging.getLogger(__name__)
 
 #: Session hash field holding the agent's own session id (what the next prompt loads).
 AGENT_SESSION_FIELD = "agentSessionId"
+#: Turn hash field set when its prompt is given to the agent: a step run again (its worker
+#: was lost) finds it and fails the turn rather than prompt the agent twice.
+PROMPTED_FIELD = "agentPrompted"
 #: Most characters of the fleet's record replayed to an agent that cannot load its session.
 MAX_HISTORY_CHARS = 20_000
 
@@ -144,6 +147,11 @@ def run_agent_prompt(
         defn = load(store.settings.agents_file).get(agent)
     except (UnknownAgent, AgentsFileError) as exc:
         raise ModelError(exc.message) from None
+    if not store.redis.hsetnx(store.keys.turn(guard.turn_id), PROMPTED_FIELD, guard.token):
+        raise ModelError(
+            "the prompt was given to the agent by a worker that was lost or stopped, and the "
+            "agent died with it; it is not given twice (its side effects may have happened)"
+        )
     sink = _Sink(store, session_id, guard, emit, cancel)
     fields = store.redis.hmget(store.keys.session(session_id), "cwd", AGENT_SESSION_FIELD)
     cwd, agent_sid = str(fields[0] or "/"), str(fields[1] or "")

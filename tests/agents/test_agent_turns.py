@@ -326,3 +326,15 @@ def test_the_cli_lists_a_waiting_request_and_rejects_it(
     assert ended(store, tid).state == "completed"
     assert said(store, sid, tid) == "denied"
     assert not marker.exists()
+
+
+def test_an_agent_that_says_too_much_fails_its_turn_at_the_bound(
+    private: Any, store: Any, tmp_path: Path
+) -> None:
+    sid = create_session(store, str(tmp_path), agent="tiny").session_id
+
+    turn = ended(store, prompt(private, sid, "big: 3000000"))
+
+    assert turn.state == "failed", turn
+    assert "FLEET_MODEL_TEXT_MAX_BYTES" in turn.error
+    assert len(said(store, sid, turn.turn_id).encode()) <= 1_048_576 + 200
