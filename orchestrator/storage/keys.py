@@ -195,6 +195,13 @@ class Keys:
         which the poller claims them again, because their turn was not created in time."""
         return f"{self.prefix}reminders:firing"
 
+    @property
+    def reminders_wake(self) -> str:
+        """PUBSUB channel: a reminder's due time (epoch ms, server clock) as it is armed, so a
+        poller sleeping until the next due reminder wakes for an earlier one
+        (``orchestrator/reminder/reminders.py``)."""
+        return f"{self.prefix}reminders:wake"
+
     def live_reminders(self, sid: str) -> str:
         """SET: ids of the session's live reminders: armed, or firing (claimed, their turn not
         created yet)."""
@@ -257,8 +264,8 @@ class Keys:
     # -- operations: metrics and audit -------------------------------------------------------
     def metric(self, name: str) -> str:
         """HASH: one metric (``orchestrator/storage/metrics.py``). A counter maps its label values
-        (joined by ``|``) to a count; a histogram maps ``le=<bound>`` (non-cumulative),
-        ``sum`` and ``count`` to numbers."""
+        (joined by ``|``) to a count; a histogram maps ``le=<bound>`` (non-cumulative) and
+        ``sum`` to numbers (its count is the sum of its buckets)."""
         return f"{self.prefix}metrics:{name}"
 
     def audit_log(self, sid: str) -> str:
