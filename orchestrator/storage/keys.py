@@ -37,8 +37,10 @@ class Keys:
     # -- sessions ---------------------------------------------------------------------------
     def session(self, sid: str) -> str:
         """HASH: cwd, title, titleSource (client|generated|''), parentId,
-        createdAt/updatedAt (ISO 8601), updatedMs, archived ('0'|'1'), archivedAt, archiveTxn
-        (id of the archive transition that archived it), deleted ('0'|'1'), quietAt and
+        createdAt/updatedAt (ISO 8601; updatedAt: the last prompt or turn end, a turn end
+        within 1 s of the last one leaving it there), updatedMs, archived ('0'|'1'),
+        archivedAt, archiveTxn (id of the archive transition that archived it), deleted
+        ('0'|'1'), quietAt and
         quietTxn (when a census first found it quiet after the archive transition quietTxn);
         reconciler bookkeeping (``orchestrator/archiving/reconcile.py``): reconcileTxn (the archive
         transition the attempts count for), reconcileAttempts, reconcileNextMs (epoch ms before
