@@ -10,8 +10,9 @@ Nothing is lost when a worker dies: a claimed reminder stays in ``reminders:firi
 deadline, and every poller's wait ends by the earliest deadline too, so another poller (or the
 restarted one) claims it again. The subscription is made before the pass that decides the
 wait, so a reminder armed after that pass read the schedule is always heard. A publish is not
-stored: if the subscription's connection drops, the poller subscribes again and passes at
-once; ``max_wait`` bounds any wait all the same.
+stored: if the subscription's connection drops (or stops answering: it is PINGed after
+``PING_AFTER`` s of silence, ``SilenceProbe``), the poller subscribes again and passes at once;
+``max_wait`` bounds any wait all the same.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from typing import Any
 
 from orchestrator.families import Dispatcher
 from orchestrator.reminder import reminders
+from orchestrator.storage.redisconn import SilenceProbe
 from orchestrator.storage.store import Store
 
 log = logging.getLogger(__name__)
@@ -31,6 +33,9 @@ log = logging.getLogger(__name__)
 MAX_WAIT = 30.0
 #: Seconds before a pass that failed (Redis or the broker away) is tried again.
 RETRY_SECONDS = 0.2
+#: Seconds of silence on the subscription before it is PINGed (a connection that died
+#: without a reset hears nothing, which reads as no reminder armed).
+PING_AFTER = 10.0
 #: Longest single wait on the subscription (seconds): how soon ``stopping`` is noticed.
 _TICK = 1.0
 
@@ -49,9 +54,11 @@ def run(
         pubsub = store.redis.pubsub(ignore_subscribe_messages=True)
         try:
             pubsub.subscribe(store.keys.reminders_wake)
+            probe = SilenceProbe(after=PING_AFTER)
             while not stopping.is_set():
                 _, wait = reminders.poll(store, dispatcher)
-                _wait(pubsub, stopping, max_wait if wait is None else min(wait, max_wait))
+                seconds = max_wait if wait is None else min(wait, max_wait)
+                _wait(pubsub, probe, stopping, seconds)
         except Exception as exc:  # Redis or the broker away: subscribe and pass again
             log.warning("reminder poller failed: %s: %s", type(exc).__name__, exc)
             stopping.wait(RETRY_SECONDS)
@@ -62,14 +69,17 @@ def run(
                 log.debug("reminder poller's subscription not closed: %s", exc)
 
 
-def _wait(pubsub: Any, stopping: threading.Event, seconds: float) -> None:
+def _wait(pubsub: Any, probe: SilenceProbe, stopping: threading.Event, seconds: float) -> None:
     """Wait up to ``seconds``, less when a reminder is armed (a message on the wake channel)
-    or ``stopping`` is set."""
+    or ``stopping`` is set. Raises ``redis.TimeoutError`` when the subscription does not
+    answer a PING (``probe``)."""
     deadline = time.monotonic() + seconds
     while not stopping.is_set():
         left = deadline - time.monotonic()
         if left <= 0:
             return
         message = pubsub.get_message(timeout=min(left, _TICK))
-        if message is not None:
+        if probe.step(message is not None):
+            pubsub.ping()
+        if message is not None and message["type"] == "message":
             return
