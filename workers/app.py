@@ -146,6 +146,8 @@ def configure(app: Celery, settings: FleetSettings) -> None:
         task_reject_on_worker_lost=True,
         worker_prefetch_multiplier=1,
         worker_send_task_events=True,
+        # Task events go out 0.1 s late, several to a publish (workers/events.py).
+        worker_consumer="workers.events:Consumer",
         task_send_sent_event=True,
         task_serializer="json",
         accept_content=["json"],

@@ -1,6 +1,7 @@
-"""Background loops of a family's workers: the reminder poller, the turn sweeper and the
-archive reconciler each run as a thread in every worker of their family, started once the
-worker is ready and ended when it starts shutting down (``Runtime.stopping``).
+"""Background loops of a family's workers: the reminder poller (``background``: it waits on
+Redis, not on a clock), the turn sweeper and the archive reconciler (``every``) each run as a
+thread in every worker of their family, started once the worker is ready and ended when it
+starts shutting down (``Runtime.stopping``).
 
 Every loop body is safe to run on several workers at once (each decision it makes is one
 script), so the fleet converges by itself while at least one worker of the family is up, with
@@ -28,11 +29,12 @@ log = logging.getLogger(__name__)
 class Loop:
     """A loop: the ``family`` whose workers run it, its thread ``name``, the seconds between
     two passes (``interval``: read from the worker's settings when the thread starts; 0 or
-    less turns the loop off) and one pass (``run``)."""
+    less turns the loop off) and one pass (``run``). With no ``interval`` the loop keeps its
+    own time: ``run`` is called once and returns when ``Runtime.stopping`` is set."""
 
     family: str
     name: str
-    interval: Callable[[FleetSettings], float]
+    interval: Callable[[FleetSettings], float] | None
     run: Callable[[Runtime], None]
 
 
@@ -47,6 +49,20 @@ def every(
 
     def register(run: Callable[[Runtime], None]) -> Callable[[Runtime], None]:
         _LOOPS.append(Loop(family, name, interval, run))
+        return run
+
+    return register
+
+
+def background(
+    family: str, name: str
+) -> Callable[[Callable[[Runtime], None]], Callable[[Runtime], None]]:
+    """Register the decorated function to run in a thread of its own in each worker of
+    ``family``, from the worker's start until it returns (once ``Runtime.stopping`` is set):
+    a loop that waits on Redis rather than on a clock."""
+
+    def register(run: Callable[[Runtime], None]) -> Callable[[Runtime], None]:
+        _LOOPS.append(Loop(family, name, None, run))
         return run
 
     return register
@@ -68,7 +84,10 @@ def _start(**_: Any) -> None:
         # A control-only worker takes stops and nothing else: the family's loops run in its
         # full workers.
         ours = loop.family == served.family and not served.control_only
-        period = loop.interval(rt.settings) if ours else 0
+        if ours and loop.interval is None:
+            threading.Thread(target=loop.run, args=(rt,), name=loop.name, daemon=True).start()
+            continue
+        period = loop.interval(rt.settings) if ours and loop.interval else 0
         if period > 0:
             threading.Thread(
                 target=_forever, args=(loop, rt, period), name=loop.name, daemon=True

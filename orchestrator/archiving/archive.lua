@@ -401,7 +401,6 @@ if rec then
   if quiet_n > 0 then
     for field, n in pairs(quiet_seen) do redis.call('HINCRBY', rec.quiet.key, field, n) end
     redis.call('HINCRBYFLOAT', rec.quiet.key, 'sum', tostring(quiet_sum))
-    redis.call('HINCRBY', rec.quiet.key, 'count', quiet_n)
   end
   emit_archive_events(events, stopped, rec.eventsMax or 10000)
 end

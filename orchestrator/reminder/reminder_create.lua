@@ -5,6 +5,8 @@
 -- longer runs or that copy of the step (guardToken) no longer owns it (step_owns), or the
 -- session already has maxReminders live reminders (FLEET_MAX_REMINDERS_PER_SESSION; counted
 -- here, with the insert).
+-- The due time is published (Keys.reminders_wake): a poller asleep until a later reminder
+-- wakes for this one.
 -- Returns the due time (epoch ms) | 'stopped' | 'limit:<live reminders>'
 local rid, sid = ARGV[2], ARGV[3]
 if not step_owns(ARGV[9], ARGV[10]) then return 'stopped' end
@@ -16,4 +18,5 @@ redis.call('HSET', K.reminder(rid), 'reminderId', rid, 'sessionId', sid,
 redis.call('ZADD', K.reminders_due, due, rid)
 redis.call('SADD', K.live_reminders(sid), rid)
 sync_busy(sid)
+redis.call('PUBLISH', K.reminders_wake, due)
 return due

@@ -41,7 +41,14 @@ log = logging.getLogger(__name__)
 REMINDER_ID_RE = re.compile(r"^rem_[0-9a-f]{1,64}$")
 
 
-__all__ = ["DueReminder", "claim_due", "create_reminder", "poll_once", "stop_reminders"]
+__all__ = [
+    "DueReminder",
+    "claim_due",
+    "create_reminder",
+    "poll",
+    "poll_once",
+    "stop_reminders",
+]
 
 
 def create_reminder(
@@ -89,6 +96,10 @@ def claim_due(
     """Atomically claim up to ``limit`` reminders: those whose earlier claim was not turned
     into a turn within its deadline, then those due now. Each becomes ``firing`` with a
     deadline ``refire_seconds`` (default ``reminder_refire_seconds``) from now."""
+    return _claim(store, limit, refire_seconds).reminders
+
+
+def _claim(store: Store, limit: int, refire_seconds: float | None = None) -> scripts.Claimed:
     seconds = store.settings.reminder_refire_seconds if refire_seconds is None else refire_seconds
     return scripts.reminder_claim(store, limit=limit, refire_ms=int(seconds * 1000))
 
@@ -97,9 +108,17 @@ def poll_once(store: Store, dispatcher: Dispatcher, limit: int = 100) -> int:
     """Claim due reminders (batches of ``limit`` until none is left) and send one
     ``reminder.fire`` task each. A fire that cannot be sent is logged; its reminder is
     claimed and sent again once its deadline passes. Returns how many were claimed."""
+    return poll(store, dispatcher, limit)[0]
+
+
+def poll(store: Store, dispatcher: Dispatcher, limit: int = 100) -> tuple[int, float | None]:
+    """``poll_once``, also answering when to poll next: ``(claimed, seconds)``, ``seconds``
+    until the next reminder falls due or a claimed one's deadline passes (server clock),
+    ``None`` when no reminder is armed or firing. Raises ``StoreUnavailable``."""
     claimed = 0
     while True:
-        due = claim_due(store, limit)
+        claim = _claim(store, limit)
+        due = claim.reminders
         claimed += len(due)
         errors = send_all(
             dispatcher,
@@ -121,8 +140,8 @@ def poll_once(store: Store, dispatcher: Dispatcher, limit: int = 100) -> int:
                     error,
                     extra={"session_id": rem.session_id, "family": "reminder"},
                 )
-        if len(due) < limit:
-            return claimed
+        if len(due) < limit and claim.wait_ms != 0:
+            return claimed, None if claim.wait_ms is None else claim.wait_ms / 1000
 
 
 def stop_reminders(store: Store, session_id: str, reminder_ids: list[str]) -> int:

@@ -69,12 +69,23 @@ def reminder_create(
     return Armed(int(reply))
 
 
-def reminder_claim(store: Store, *, limit: int, refire_ms: int) -> list[DueReminder]:
+@dataclass(frozen=True)
+class Claimed:
+    """``reminder_claim``: the ``reminders`` claimed, and ``wait_ms``: the ms (server clock)
+    until the next reminder falls due or the next claimed one's deadline passes (0: more are
+    due now), ``None`` when no reminder is armed or firing."""
+
+    reminders: list[DueReminder]
+    wait_ms: int | None
+
+
+def reminder_claim(store: Store, *, limit: int, refire_ms: int) -> Claimed:
     """Claim up to ``limit`` reminders at once: those whose fire was not confirmed by their
     deadline first, then due ones. Each becomes ``firing`` with a deadline ``refire_ms`` from
     now (doubled at each re-claim, up to 8x)."""
-    flat = store.run("reminder_claim", [limit, refire_ms])
-    return [DueReminder(flat[i], flat[i + 1], flat[i + 2]) for i in range(0, len(flat), 3)]
+    wait, *flat = store.run("reminder_claim", [limit, refire_ms])
+    due = [DueReminder(flat[i], flat[i + 1], flat[i + 2]) for i in range(0, len(flat), 3)]
+    return Claimed(due, None if int(wait) < 0 else int(wait))
 
 
 def reminder_stop(store: Store, *, session_id: str, reminder_ids: list[str]) -> int:

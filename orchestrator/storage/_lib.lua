@@ -141,6 +141,10 @@ local function watch_step(tid, lease_ms, token)
   return st
 end
 
+-- A session's updatedAt is its last activity to within this many ms: a turn's end closer
+-- than that to the last touch does not touch it again (finish_turn).
+local TOUCH_QUIET_MS = 1000
+
 -- Record activity on a session: updatedAt moves and the indexes are re-scored. An archived
 -- session keeps the updatedAt its archive left (nothing that happens after it is activity).
 -- h: the session's {cwdHash, archived, deleted} when the caller read them already.
@@ -381,12 +385,17 @@ local function finish_turn(tid, state, reason, err, ms, iso_time, no_promote, pr
   redis.call('DEL', K.step_lease(tid))
   redis.call('ZREM', K.live_turns(sid), tid)
   redis.call('ZREM', K.turns_inflight, tid)
-  local s = redis.call('HMGET', skey(sid), 'parentId', 'deleted', 'cwdHash', 'archived')
+  local s = redis.call('HMGET', skey(sid), 'parentId', 'deleted', 'cwdHash', 'archived',
+    'updatedMs')
   sync_busy(sid, s)
   local active_key = K.active_turn(sid)
   if redis.call('GET', active_key) ~= tid then return '' end
   redis.call('DEL', active_key)
-  touch(sid, ms, iso_time, {s[3], s[4], s[2]})
+  -- A turn that ends within TOUCH_QUIET_MS of the session's last touch (its prompt, for a
+  -- short turn) leaves updatedAt there: five writes fewer per short turn.
+  if ms - (tonumber(s[5]) or 0) >= TOUCH_QUIET_MS then
+    touch(sid, ms, iso_time, {s[3], s[4], s[2]})
+  end
   if no_promote then return '' end
   for _, nxt in ipairs(redis.call('ZRANGE', K.live_turns(sid), 0, -1)) do
     if redis.call('HGET', K.turn(nxt), 'state') == TURN.QUEUED then

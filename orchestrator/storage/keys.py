@@ -37,8 +37,10 @@ class Keys:
     # -- sessions ---------------------------------------------------------------------------
     def session(self, sid: str) -> str:
         """HASH: cwd, title, titleSource (client|generated|''), parentId,
-        createdAt/updatedAt (ISO 8601), updatedMs, archived ('0'|'1'), archivedAt, archiveTxn
-        (id of the archive transition that archived it), deleted ('0'|'1'), quietAt and
+        createdAt/updatedAt (ISO 8601; updatedAt: the last prompt or turn end, a turn end
+        within 1 s of the last one leaving it there), updatedMs, archived ('0'|'1'),
+        archivedAt, archiveTxn (id of the archive transition that archived it), deleted
+        ('0'|'1'), quietAt and
         quietTxn (when a census first found it quiet after the archive transition quietTxn);
         reconciler bookkeeping (``orchestrator/archiving/reconcile.py``): reconcileTxn (the archive
         transition the attempts count for), reconcileAttempts, reconcileNextMs (epoch ms before
@@ -206,6 +208,13 @@ class Keys:
         which the poller claims them again, because their turn was not created in time."""
         return f"{self.prefix}reminders:firing"
 
+    @property
+    def reminders_wake(self) -> str:
+        """PUBSUB channel: a reminder's due time (epoch ms, server clock) as it is armed, so a
+        poller sleeping until the next due reminder wakes for an earlier one
+        (``orchestrator/reminder/reminders.py``)."""
+        return f"{self.prefix}reminders:wake"
+
     def live_reminders(self, sid: str) -> str:
         """SET: ids of the session's live reminders: armed, or firing (claimed, their turn not
         created yet)."""
@@ -268,8 +277,8 @@ class Keys:
     # -- operations: metrics and audit -------------------------------------------------------
     def metric(self, name: str) -> str:
         """HASH: one metric (``orchestrator/storage/metrics.py``). A counter maps its label values
-        (joined by ``|``) to a count; a histogram maps ``le=<bound>`` (non-cumulative),
-        ``sum`` and ``count`` to numbers."""
+        (joined by ``|``) to a count; a histogram maps ``le=<bound>`` (non-cumulative) and
+        ``sum`` to numbers (its count is the sum of its buckets)."""
         return f"{self.prefix}metrics:{name}"
 
     def audit_log(self, sid: str) -> str:

@@ -3,8 +3,8 @@
 Archives happen in the API, gate refusals in turn workers, stop failures in either, so an
 in-process registry would show each process its own slice. Each metric is one hash
 (``Keys.metric``): a counter maps its label values to a count (``HINCRBY``), a histogram keeps
-one count per bucket plus ``sum`` and ``count``. The API reads them at scrape time
-(``api/metrics.py``) and renders the Prometheus exposition.
+one count per bucket plus ``sum`` (its ``count`` is the sum of its buckets). The API reads
+them at scrape time (``api/metrics.py``) and renders the Prometheus exposition.
 
 Counting is best effort: a failure is logged at debug and never raised, so a metric can never
 fail the operation it counts. Counts live as long as the Redis data (they are not reset when a
@@ -173,7 +173,6 @@ def queue_observe(pipe: Any, store: Store, histogram: Histogram, seconds: float)
     key = store.keys.metric(histogram.name)
     pipe.hincrby(key, bucket_field(bound), 1)
     pipe.hincrbyfloat(key, "sum", value)
-    pipe.hincrby(key, "count", 1)
 
 
 def incr_into(
@@ -231,7 +230,9 @@ def _histogram(histogram: Histogram, raw: dict[str, str]) -> HistogramValue:
     for bound in (*histogram.buckets, math.inf):
         running += int(raw.get(bucket_field(bound), 0))
         buckets.append((bound, running))
-    return HistogramValue(buckets, float(raw.get("sum", 0.0)), int(raw.get("count", 0)))
+    # Every observation lands in one bucket, so the count is the +Inf bucket's: it is not
+    # stored apart (one command fewer per observation).
+    return HistogramValue(buckets, float(raw.get("sum", 0.0)), running)
 
 
 @retried

@@ -18,6 +18,7 @@ import signal
 import time
 from collections import Counter
 from collections.abc import Iterator
+from datetime import datetime
 
 import pytest
 
@@ -197,3 +198,64 @@ def test_a_lost_reminder_stop_is_sent_again_by_the_reminder_workers_own_reconcil
     # Then the reminder worker's own reconciler loop stops it again, and the archive drains
     wait_for(lambda: reminder_state(store, rid) == "deleted", 30, message="reminder re-stopped")
     wait_for(lambda: census(store, sid) == [], 15, message="archive drained")
+
+
+#: How late a reminder may fire (seconds from its due time to its turn's creation): the
+#: poller sleeps until the next due reminder, up to ``poller.MAX_WAIT`` (30 s) with nothing
+#: scheduled, so a reminder within this bound was woken for, not found by a later pass. Wide
+#: for a loaded 2-core machine; the poller used to poll every 0.2 s.
+ON_TIME = 1.5
+
+
+def fired_late(store: Store, rid: str, due_ms: int) -> float:
+    """Seconds from the reminder's due time (server clock) to its turn's creation, once it
+    fired."""
+    wait_for(lambda: reminder_state(store, rid) == "fired", 30, message=f"{rid} fired")
+    turn = store.redis.hgetall(
+        store.keys.turn(store.redis.hget(store.keys.reminder(rid), "turnId"))
+    )
+    created = datetime.fromisoformat(turn["createdAt"].replace("Z", "+00:00"))
+    return created.timestamp() - due_ms / 1000
+
+
+def arm(store: Store, sid: str, seconds: float, prompt: str) -> tuple[str, int]:
+    """A reminder due in ``seconds``, and its due time (epoch ms, server clock)."""
+    rid = reminders.create_reminder(store, sid, seconds, prompt)
+    return rid, int(store.redis.zscore(store.keys.reminders_due, rid) or 0)
+
+
+def test_a_reminder_fires_on_time_after_an_idle_period_and_after_its_poller_is_killed(
+    private: PrivateFleet,
+) -> None:
+    store = private.store
+    sid = create_session(store, "/tmp/faults23-idle").session_id
+    # Given the reminder worker idle with nothing scheduled (its poller asleep, for up to
+    # 30 s), for longer than it used to take between two polls
+    wait_for(
+        lambda: (
+            store.redis.zcard(store.keys.reminders_due)
+            + store.redis.zcard(store.keys.reminders_firing)
+            == 0
+        ),
+        30,
+        message="nothing scheduled",
+    )
+    time.sleep(3)
+    # When a reminder is armed, due in 2 s
+    rid, due_ms = arm(store, sid, 2, "say after idle")
+    # Then it fires on time: the poller woke for it
+    late = fired_late(store, rid, due_ms)
+    assert late < ON_TIME, late
+
+    # Given a reminder due in 4 s, and another due in 30 s (a poller asleep for it)
+    soon, soon_ms = arm(store, sid, 4, "say after kill")
+    later, _ = arm(store, sid, 30, "say much later")
+    # When the reminder worker is killed (SIGKILL, by PID) while they wait, and restarted
+    private.signal(Family.REMINDER, signal.SIGKILL)
+    private.worker(Family.REMINDER).process.wait(10)
+    private.restart(Family.REMINDER)
+    # Then the one due soon fires on time, from the restarted worker's poller
+    late = fired_late(store, soon, soon_ms)
+    assert late < ON_TIME, late
+    assert reminder_state(store, later) == "armed"
+    reminders.stop_reminders(store, sid, [later])

@@ -11,7 +11,7 @@ import pytest
 from orchestrator.archiving import archive
 from orchestrator.census.activity import census
 from orchestrator.errors import SessionArchived
-from orchestrator.reminder import reminders
+from orchestrator.reminder import poller, reminders
 from orchestrator.session import sessions
 from orchestrator.storage.store import Store
 from orchestrator.turn import turns
@@ -272,3 +272,34 @@ def test_a_fired_reminder_is_not_claimed_again_even_past_its_deadline(
     fire(store, recorder, claimed(store, rid, refire=0))
     # When the poller claims, then its claim still lists nothing of it
     assert rid not in {r.reminder_id for r in claim_all(store, refire=0)}
+
+
+# ------------------------------------------------------------------------------ the poller
+
+
+def test_the_poller_asleep_for_a_later_reminder_wakes_for_one_armed_for_sooner(
+    store: Store, recorder: RecordingDispatcher, cwd: str
+) -> None:
+    sid = sessions.create_session(store, cwd).session_id
+    # Given a poller asleep until a reminder due in a minute (at most its 30 s wait)
+    later = reminders.create_reminder(store, sid, 60, "say later")
+    stopping = threading.Event()
+    thread = threading.Thread(target=poller.run, args=(store, recorder, stopping), daemon=True)
+    thread.start()
+    try:
+        wake = store.keys.reminders_wake
+        wait_for(lambda: store.redis.pubsub_numsub(wake)[0][1] >= 1, 10, message="subscribed")
+        # When a reminder is armed for 0.3 s from now
+        soon = reminders.create_reminder(store, sid, 0.3, "say soon")
+
+        # Then its fire is sent within a second or so of its due time, the later one's not
+        def sent() -> set[str]:
+            return {m[1][1] for m in recorder.sent if m[0] == "reminder.fire"}
+
+        wait_for(lambda: soon in sent(), 3, message="the sooner reminder's fire")
+        assert later not in sent()
+    finally:
+        stopping.set()
+        thread.join(5)
+        reminders.stop_reminders(store, sid, [later])
+    assert not thread.is_alive()

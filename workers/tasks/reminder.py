@@ -10,22 +10,21 @@ from celery import shared_task
 
 from orchestrator.census import activity
 from orchestrator.errors import FleetError, StoreUnavailable
-from orchestrator.reminder import reminders
+from orchestrator.reminder import poller, reminders
 from orchestrator.turn import turns
 from workers.bulk import each_session
-from workers.periodic import every
+from workers.periodic import background
 from workers.runtime import Runtime, get_runtime
 
 log = logging.getLogger(__name__)
 
-#: Seconds between two polls of the reminder poller (a due reminder fires at most this late).
-POLL_SECONDS = 0.2
 
-
-@every("reminder", "reminder-poller", lambda _: POLL_SECONDS)
+@background("reminder", "reminder-poller")
 def poll_reminders(rt: Runtime) -> None:
-    """Claim due reminders (and those whose fire was not confirmed) and send their fires."""
-    reminders.poll_once(rt.store, rt.dispatcher)
+    """Claim due reminders (and those whose fire was not confirmed) and send their fires as
+    they fall due, asleep in between (``orchestrator/reminder/poller.py``), until the worker
+    stops."""
+    poller.run(rt.store, rt.dispatcher, rt.stopping)
 
 
 @shared_task(name="reminder.fire", acks_late=True)
