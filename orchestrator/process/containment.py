@@ -54,6 +54,9 @@ log = logging.getLogger(__name__)
 
 #: The environment variable by which a watchdog learns its worker's scope (a cgroup path).
 SCOPE_ENV = "FLEET_CONTAINMENT_SCOPE"
+#: Seconds a watchdog told that its worker's thread ended waits for the worker itself to be
+#: gone (its other threads end a moment after the first when it is killed).
+_OWNER_GONE_WAIT = 2.0
 #: Seconds between two looks at whether a tree is gone.
 _POLL = 0.02
 
@@ -424,11 +427,21 @@ def kill_scope_on_parent_death(scope_path: str | None = None) -> None:
     owner = Path(path).name[1:].partition("-")[0] if path else ""
 
     def _on_term(signum: int, frame: object) -> None:
-        if owner.isdigit() and os.getppid() != int(owner):  # reparented: the worker is gone
-            if path.startswith("/"):
-                cgroups.kill_cgroup(path)
-            else:
-                subreaper.kill_marked(f"{path}/")
+        # The SIGTERM comes when the worker's thread that started this process ends. When the
+        # worker was killed its other threads may not all be gone yet, and until they are
+        # this process's parent is still the worker (a child is handed to another thread of
+        # the same process first): wait a little for the worker to be gone for good.
+        deadline = time.monotonic() + _OWNER_GONE_WAIT
+        while owner.isdigit():
+            if os.getppid() != int(owner):  # reparented: the worker is gone
+                if path.startswith("/"):
+                    cgroups.kill_cgroup(path)
+                else:
+                    subreaper.kill_marked(f"{path}/")
+                break
+            if time.monotonic() > deadline:
+                break  # the worker lives on: only its thread ended
+            time.sleep(0.005)
         os._exit(0)
 
     signal.signal(signal.SIGTERM, _on_term)
