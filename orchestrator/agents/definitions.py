@@ -89,6 +89,8 @@ class AgentDefinition(BaseModel):
     permission_timeout_seconds: float = Field(default=300.0, gt=0, le=86_400)
     #: Seconds between ``session/cancel`` and the kill of the agent's tree.
     cancel_grace_seconds: float = Field(default=0.5, ge=0, le=60)
+    #: Seconds an agent process is kept between two prompts of its session.
+    idle_seconds: float = Field(default=300.0, ge=0, le=86_400)
     #: Seconds the agent has to start and answer ``initialize``.
     start_timeout_seconds: float = Field(default=30.0, gt=0, le=600)
 

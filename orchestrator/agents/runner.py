@@ -73,45 +73,132 @@ class PromptEnd:
     cancelled: bool = False
 
 
-def run_prompt(
-    run: PromptRun,
-    sink: Sink,
-    cancel: threading.Event,
-    host_env: dict[str, str],
-    new_id: Any,
-) -> PromptEnd:
-    """Run ``run`` to its end in this thread (the step's): start the agent, prompt it, kill
-    its tree. ``cancel`` stops it (``session/cancel``, then the kill). Raises
-    ``AgentFailed``."""
-    env = environment(run.defn, run.home, host_env)
-    argv = command_of(run.defn)
-    stderr_path = run.home / "stderr.log"
-    with open(stderr_path, "ab") as stderr:
+def start_tree(defn: AgentDefinition, cwd: str, home: Path, env: dict[str, str]) -> Any:
+    """Start ``defn``'s agent as a contained tree (``containment.start``) with pipes to talk
+    to it, its stderr appended to ``home/stderr.log``. Raises ``AgentFailed`` naming what is
+    missing."""
+    argv = command_of(defn)
+    with open(home / "stderr.log", "ab") as stderr:
         try:
-            tree = containment.start(
+            return containment.start(
                 argv,
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 stderr=stderr,
-                cwd=run.cwd,
+                cwd=cwd,
                 env=env,
             )
         except FileNotFoundError:
             raise AgentFailed(
-                f"agent {run.defn.name!r}: {argv[0]!r} was not found on PATH "
+                f"agent {defn.name!r}: {argv[0]!r} was not found on PATH "
                 "(`fleet agents check` says what the host lacks)"
             ) from None
         except OSError as exc:
-            raise AgentFailed(f"agent {run.defn.name!r} could not start: {exc}") from None
-    try:
-        return asyncio.run(_drive(run, tree, sink, cancel, new_id))
-    except AgentFailed as exc:
-        raise AgentFailed(_with_stderr(str(exc), stderr_path)) from None
-    finally:
-        tree.kill()
-        if not tree.wait_gone(5):
-            log.warning("agent %s: its tree outlived the kill for 5 s", run.defn.name)
-        tree.close()
+            raise AgentFailed(f"agent {defn.name!r} could not start: {exc}") from None
+
+
+class _Idle:
+    """The sink of an agent between prompts: what it says then is dropped."""
+
+    def text(self, text: str) -> None:
+        return None
+
+    def update(self, update: dict[str, Any]) -> bool:
+        return False
+
+    def admitted(self) -> bool:
+        return False
+
+    def ask(self, ask: Any, timeout: float) -> str | None:
+        return None
+
+
+class LiveAgent:
+    """One agent process kept for a session between its prompts. A thread of its own
+    starts the contained tree (so the tree's death-with-its-parent binds to that thread),
+    serves its pipes on an event loop, and kills the tree when ``close`` stops it. Raises
+    ``AgentFailed`` when the agent cannot start or does not answer ``initialize``."""
+
+    def __init__(
+        self, defn: AgentDefinition, cwd: str, home: Path, env: dict[str, str], new_id: Any
+    ) -> None:
+        self.defn, self.cwd, self.home = defn, cwd, home
+        self.agent_sid = ""
+        self.last_used = time.monotonic()
+        self.client = FleetClient(defn, cwd, _Idle(), new_id)
+        self.loop = asyncio.new_event_loop()
+        self.tree: Any = None
+        self.conn: ClientSideConnection | None = None
+        self.loads, self.info = False, ""
+        self._ready = threading.Event()
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(
+            target=self._serve, args=(env,), name=f"agent-{defn.name}", daemon=True
+        )
+        self._thread.start()
+        self._ready.wait()
+        if self._error is not None:
+            self.close()
+            raise AgentFailed(_with_stderr(str(self._error), home / "stderr.log"))
+
+    def _serve(self, env: dict[str, str]) -> None:
+        asyncio.set_event_loop(self.loop)
+        try:
+            self.tree = start_tree(self.defn, self.cwd, self.home, env)
+            self.loop.run_until_complete(self._connect())
+        except BaseException as exc:  # reported by the constructor
+            self._error = exc
+            self._ready.set()
+            return
+        self._ready.set()
+        self.loop.run_forever()
+        with contextlib.suppress(Exception):
+            if self.conn is not None:
+                self.loop.run_until_complete(self.conn.close())
+
+    async def _connect(self) -> None:
+        assert self.tree.process.stdin is not None and self.tree.process.stdout is not None
+        writer, reader = await _streams(self.tree.process.stdin, self.tree.process.stdout)
+        self.conn = ClientSideConnection(cast(Client, self.client), writer, reader)
+        self.loads, self.info = await _initialize(self.defn, self.conn)
+
+    def alive(self) -> bool:
+        """Whether its process still runs."""
+        return self.tree is not None and self.tree.process.poll() is None
+
+    def prompt(self, run: PromptRun, sink: Sink, cancel: threading.Event) -> PromptEnd:
+        """Run one prompt, landing what the agent says in ``sink``; ``cancel`` stops it
+        (``session/cancel``; the caller then kills the tree). Raises ``AgentFailed``."""
+        self.client.sink, self.client.failure, self.client.updates = sink, "", 0
+        try:
+            ran = asyncio.run_coroutine_threadsafe(self._prompt(run, cancel), self.loop)
+            return ran.result()
+        except AgentFailed as exc:
+            raise AgentFailed(_with_stderr(str(exc), self.home / "stderr.log")) from None
+        finally:
+            self.client.sink = _Idle()
+            self.last_used = time.monotonic()
+
+    async def _prompt(self, run: PromptRun, cancel: threading.Event) -> PromptEnd:
+        assert self.conn is not None
+        text = run.prompt
+        if not self.agent_sid:
+            self.agent_sid, text = await _open(run, self.conn, self.client, self.loads)
+        return await _prompt(run, self.conn, self.client, self.agent_sid, text, cancel)
+
+    def close(self) -> None:
+        """Kill its tree and end its thread (waits for both, a few seconds at most)."""
+        if self.tree is not None:
+            self.tree.kill()
+        if self.loop.is_running():
+            self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(5)
+        if self.tree is not None:
+            if not self.tree.wait_gone(5):
+                log.warning("agent %s: its tree outlived the kill for 5 s", self.defn.name)
+            self.tree.close()
+        if not self.loop.is_running():
+            self.loop.close()
 
 
 def _with_stderr(message: str, path: Path) -> str:
@@ -136,68 +223,59 @@ async def _streams(
     return writer, reader
 
 
-async def _drive(
-    run: PromptRun, tree: containment.Tree, sink: Sink, cancel: threading.Event, new_id: Any
-) -> PromptEnd:
-    assert tree.process.stdin is not None and tree.process.stdout is not None
-    writer, reader = await _streams(tree.process.stdin, tree.process.stdout)
-    client = FleetClient(run.defn, run.cwd, sink, new_id)
-    conn = ClientSideConnection(cast(Client, client), writer, reader)
-    try:
-        agent_sid, text = await _open(run, conn, client)
-        return await _prompt(run, conn, client, agent_sid, text, cancel)
-    finally:
-        with contextlib.suppress(Exception):
-            await conn.close()
-
-
-async def _open(run: PromptRun, conn: ClientSideConnection, client: FleetClient) -> tuple[str, str]:
-    """``initialize``, then the agent's session loaded or a new one. Returns its id and the
-    text to prompt (the prompt, after the fleet's record when the agent could not load)."""
-    fs = preset_of(run.defn.preset).fs
-    caps = ClientCapabilities(
+def _capabilities(defn: AgentDefinition) -> ClientCapabilities:
+    fs = preset_of(defn.preset).fs
+    return ClientCapabilities(
         fs=FileSystemCapabilities.model_validate({"readTextFile": fs, "writeTextFile": fs}),
         terminal=False,
     )
+
+
+async def _initialize(defn: AgentDefinition, conn: ClientSideConnection) -> tuple[bool, str]:
+    """``initialize`` within the definition's start timeout. Returns whether the agent can
+    load its sessions, and its name and version as it gave them. Raises ``AgentFailed``."""
     try:
         init = await asyncio.wait_for(
             conn.initialize(
                 protocol_version=PROTOCOL_VERSION,
-                client_capabilities=caps,
+                client_capabilities=_capabilities(defn),
                 client_info=Implementation(name="agent-fleet", version="0.1.0"),
             ),
-            run.defn.start_timeout_seconds,
+            defn.start_timeout_seconds,
         )
-        if (
-            run.agent_session_id
-            and init.agent_capabilities
-            and init.agent_capabilities.load_session
-        ):
-            client.replaying = True
-            try:
-                await conn.load_session(
-                    cwd=run.cwd, session_id=run.agent_session_id, mcp_servers=[]
-                )
-                return run.agent_session_id, run.prompt
-            except Exception as exc:  # an agent that lost its session: start afresh
-                log.warning("agent %s could not load its session: %s", run.defn.name, exc)
-            finally:
-                client.replaying = False
-        made = await conn.new_session(cwd=run.cwd, mcp_servers=[])
     except TimeoutError:
         raise AgentFailed(
-            f"agent {run.defn.name!r} did not answer initialize within "
-            f"{run.defn.start_timeout_seconds:g} s"
+            f"agent {defn.name!r} did not answer initialize within {defn.start_timeout_seconds:g} s"
         ) from None
-    except AgentFailed:
-        raise
+    except Exception as exc:
+        raise AgentFailed(f"agent {defn.name!r} failed to initialize: {_why(exc)}") from None
+    info = init.agent_info
+    named = f"{info.name} {info.version}" if info else ""
+    return bool(init.agent_capabilities and init.agent_capabilities.load_session), named
+
+
+async def _open(
+    run: PromptRun, conn: ClientSideConnection, client: FleetClient, loads: bool
+) -> tuple[str, str]:
+    """The agent's session loaded (when it can and had one) or a new one. Returns its id
+    and the text to prompt (the prompt, after the fleet's record when a new session stands
+    in for one the agent had). Raises ``AgentFailed``."""
+    if run.agent_session_id and loads:
+        client.replaying = True
+        try:
+            await conn.load_session(cwd=run.cwd, session_id=run.agent_session_id, mcp_servers=[])
+            return run.agent_session_id, run.prompt
+        except Exception as exc:  # an agent that lost its session: start afresh
+            log.warning("agent %s could not load its session: %s", run.defn.name, exc)
+        finally:
+            client.replaying = False
+    try:
+        made = await conn.new_session(cwd=run.cwd, mcp_servers=[])
     except Exception as exc:
         raise AgentFailed(
             f"agent {run.defn.name!r} failed to start its session: {_why(exc)}"
         ) from None
-    text = run.prompt
-    if run.history:
-        text = f"{run.history}\n\n{run.prompt}"
+    text = f"{run.history}\n\n{run.prompt}" if run.history else run.prompt
     return made.session_id, text
 
 
@@ -261,59 +339,11 @@ def check(defn: AgentDefinition, home: Path, host_env: dict[str, str]) -> Checke
     lacking = missing(defn, host_env.get("PATH"))
     if lacking:
         return Checked(lacking)
-    env = environment(defn, home, host_env)
     started = time.monotonic()
     try:
-        tree = containment.start(
-            command_of(defn),
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
-            cwd=str(home),
-            env=env,
-        )
-    except OSError as exc:
-        return Checked([f"{command_of(defn)[0]} could not start: {exc}"])
-    try:
-        return asyncio.run(_initialize_only(defn, tree, started))
-    finally:
-        tree.kill()
-        tree.close()
-
-
-async def _initialize_only(
-    defn: AgentDefinition, tree: containment.Tree, started: float
-) -> Checked:
-    assert tree.process.stdin is not None and tree.process.stdout is not None
-    writer, reader = await _streams(tree.process.stdin, tree.process.stdout)
-    conn = ClientSideConnection(cast(Client, _Silent()), writer, reader)
-    try:
-        init = await asyncio.wait_for(
-            conn.initialize(
-                protocol_version=PROTOCOL_VERSION,
-                client_info=Implementation(name="agent-fleet", version="0.1.0"),
-            ),
-            defn.start_timeout_seconds,
-        )
-    except TimeoutError:
-        return Checked([f"no answer to initialize within {defn.start_timeout_seconds:g} s"])
-    except Exception as exc:
-        return Checked([f"initialize failed: {_why(exc)}"])
-    finally:
-        with contextlib.suppress(Exception):
-            await conn.close()
-    info = init.agent_info
-    caps = init.agent_capabilities
-    return Checked(
-        [],
-        f"{info.name} {info.version}" if info else "",
-        bool(caps and caps.load_session),
-        time.monotonic() - started,
-    )
-
-
-class _Silent:
-    """A client that offers nothing (``check`` only initializes)."""
-
-    async def session_update(self, *_: Any, **__: Any) -> None:
-        return None
+        live = LiveAgent(defn, str(home), home, environment(defn, home, host_env), str)
+    except AgentFailed as exc:
+        return Checked([str(exc)])
+    seconds = time.monotonic() - started
+    live.close()
+    return Checked([], live.info, live.loads, seconds)

@@ -22,7 +22,9 @@ from typing import Any
 from orchestrator.agents import permissions
 from orchestrator.agents.client import AgentFailed, PermissionAsk
 from orchestrator.agents.definitions import AgentsFileError, UnknownAgent, load
-from orchestrator.agents.runner import PromptEnd, PromptRun, run_prompt
+from orchestrator.agents.pool import pool_of
+from orchestrator.agents.presets import environment
+from orchestrator.agents.runner import PromptEnd, PromptRun
 from orchestrator.models import chat
 from orchestrator.models.model import ModelError, Role, StopReason
 from orchestrator.session import scripts as session_scripts
@@ -35,6 +37,9 @@ log = logging.getLogger(__name__)
 
 #: Session hash field holding the agent's own session id (what the next prompt loads).
 AGENT_SESSION_FIELD = "agentSessionId"
+#: Session hash field naming the worker's agent pool that holds the session's agent process
+#: (``orchestrator/agents/pool.py``): another pool's process no longer knows the conversation.
+HOLDER_FIELD = "agentHolder"
 #: Turn hash field set when its prompt is given to the agent: a step run again (its worker
 #: was lost) finds it and fails the turn rather than prompt the agent twice.
 PROMPTED_FIELD = "agentPrompted"
@@ -153,24 +158,29 @@ def run_agent_prompt(
             "agent died with it; it is not given twice (its side effects may have happened)"
         )
     sink = _Sink(store, session_id, guard, emit, cancel)
-    fields = store.redis.hmget(store.keys.session(session_id), "cwd", AGENT_SESSION_FIELD)
-    cwd, agent_sid = str(fields[0] or "/"), str(fields[1] or "")
+    key = store.keys.session(session_id)
+    cwd, agent_sid, holder = store.redis.hmget(key, "cwd", AGENT_SESSION_FIELD, HOLDER_FIELD)
+    pool = pool_of(store)
+    held_here = holder == pool.instance
+    home = store.settings.state_dir / "agents" / session_id
     run = PromptRun(
         defn,
-        cwd,
-        store.settings.state_dir / "agents" / session_id,
+        str(cwd or "/"),
+        home,
         prompt,
-        agent_sid,
+        str(agent_sid or ""),
         "" if agent_sid else _history(store, session_id),
     )
     try:
-        end = run_prompt(run, sink, cancel, dict(os.environ), new_id)
+        env = environment(defn, home, dict(os.environ))
+        end = pool.run(session_id, run, sink, cancel, env, new_id, held_here=held_here)
     except AgentFailed as exc:
         sink.settle("failed")
         raise ModelError(str(exc)) from None
     sink.settle("cancelled" if end.cancelled else "completed")
-    if end.agent_session_id != agent_sid:
-        store.redis.hset(store.keys.session(session_id), AGENT_SESSION_FIELD, end.agent_session_id)
+    store.redis.hset(
+        key, mapping={AGENT_SESSION_FIELD: end.agent_session_id, HOLDER_FIELD: pool.instance}
+    )
     return end
 
 

@@ -21,8 +21,9 @@ TINY = Path(__file__).resolve().parent / "tiny_agent.py"
 
 
 def agents_toml(extra: str = "") -> str:
-    """Definitions of the tiny agent: ``tiny`` (allow), ``tiny-ask`` (ask, 30 s), ``tiny-deny``
-    (deny), ``ghost`` (a binary that does not exist); ``extra`` appended."""
+    """Definitions of the tiny agent: ``tiny`` (allow), ``tiny-ask`` (ask, 30 s),
+    ``tiny-deny`` (deny), ``tiny-brief`` (allow, kept 0.5 s between prompts), ``ghost`` (a
+    binary that does not exist); ``extra`` appended."""
     command = f'command = ["{sys.executable}", "{TINY}"]'
     return f"""
 [agents.tiny]
@@ -40,6 +41,12 @@ permission_timeout_seconds = 30
 preset = "acp"
 {command}
 permissions = "deny"
+
+[agents.tiny-brief]
+preset = "acp"
+{command}
+permissions = "allow"
+idle_seconds = 0.5
 
 [agents.ghost]
 preset = "acp"

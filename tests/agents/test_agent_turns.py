@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 
 from orchestrator.agents import permissions
@@ -85,6 +86,46 @@ def test_a_prompt_is_answered_by_the_agent_and_its_session_is_loaded_next_time(
     assert said(store, sid, first.turn_id) == "echo: hello there"
     assert second.state == "completed", second
     assert said(store, sid, second.turn_id) == "history: 1"
+
+
+def test_the_agent_process_is_kept_between_prompts_and_archived_means_offline(
+    private: Any, store: Any, tmp_path: Path
+) -> None:
+    from orchestrator.archiving.archive import unarchive
+
+    sid = create_session(store, str(tmp_path), agent="tiny").session_id
+    first = ended(store, prompt(private, sid, "pid"))
+    second = ended(store, prompt(private, sid, "pid"))
+    pid = int(said(store, sid, first.turn_id).split()[-1])
+    assert said(store, sid, second.turn_id) == f"pid: {pid}"  # the same process, idle between
+
+    # When the idle session is archived (no live work: a plain archive is not refused)
+    archive(store, private.dispatcher, sid)
+
+    # Then its agent process goes (archived means offline)
+    wait_for(lambda: not psutil.pid_exists(pid) or _zombie(pid), 5, message="the agent to stop")
+
+    # And after unarchive the next prompt starts a new process that loads the session
+    unarchive(store, sid)
+    third = ended(store, prompt(private, sid, "history"))
+    assert said(store, sid, third.turn_id) == "history: 2"
+
+
+def test_an_idle_agent_is_stopped_after_its_idle_seconds(
+    private: Any, store: Any, tmp_path: Path
+) -> None:
+    sid = create_session(store, str(tmp_path), agent="tiny-brief").session_id
+    turn = ended(store, prompt(private, sid, "pid"))
+    pid = int(said(store, sid, turn.turn_id).split()[-1])
+
+    wait_for(lambda: not psutil.pid_exists(pid) or _zombie(pid), 10, message="the agent to stop")
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return True
 
 
 def test_a_shell_command_becomes_a_tool_call_of_the_turn(
@@ -233,8 +274,9 @@ def test_an_unknown_agent_is_refused_by_rest_with_the_known_ones(
         listed = client.get("/agents").json()
 
     body = error_shape(resp, 422, "unknown_agent")
-    assert body["data"]["allowed"] == ["ghost", "tiny", "tiny-ask", "tiny-deny"]
-    assert [a["name"] for a in listed["agents"]] == ["ghost", "tiny", "tiny-ask", "tiny-deny"]
+    names = ["ghost", "tiny", "tiny-ask", "tiny-brief", "tiny-deny"]
+    assert body["data"]["allowed"] == names
+    assert [a["name"] for a in listed["agents"]] == names
 
 
 class _Person:

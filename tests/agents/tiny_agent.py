@@ -18,6 +18,7 @@ line:
 ``exit: N``                 ends its own process with status N mid-prompt
 ``deaf: SECONDS``           ignores ``session/cancel`` and sleeps SECONDS
 ``history``                 says how many earlier prompts its session holds
+``pid``                     says its process id
 anything else               says ``echo: <prompt>``
 ==========================  ================================================================
 
@@ -130,6 +131,8 @@ class Tiny:
         elif word == "deaf":
             await asyncio.sleep(float(rest))
             await self._say(sid, "woke")
+        elif line == "pid":
+            await self._say(sid, f"pid: {os.getpid()}")
         elif line == "history":
             await self._say(sid, f"history: {earlier}")
         else:

@@ -9,6 +9,7 @@ from celery import Task, shared_task
 from celery.exceptions import Ignore
 from celery.signals import worker_ready, worker_shutdown
 
+from orchestrator.agents import pool
 from orchestrator.census import activity
 from orchestrator.process import execwatch
 from orchestrator.turn import steps, tools, turns
@@ -38,6 +39,7 @@ def _start_warden(**_: Any) -> None:
 @worker_shutdown.connect
 def _stop_warden(**_: Any) -> None:
     if _runs_steps():
+        pool.close_all()  # the idle agents of external-agent sessions
         execwatch.warden(get_runtime().store).close()
 
 
