@@ -26,6 +26,8 @@ is used and removed afterwards. Figures are wall-clock medians and 99th percenti
 13. Redis commands per one-step turn, the idle fleet's commands per second, and a one-step
     turn through the fleet vs its Redis work done directly, at ``appendfsync always`` and
     ``everysec`` (``bench/step_cost.py``; always on a private server of its own)
+14. an external ACP agent's prompt through the fleet vs the same agent driven directly, and
+    archive -> the agent's command gone (``bench/agents.py``)
 """
 
 from __future__ import annotations
@@ -49,6 +51,7 @@ from urllib.parse import urlsplit
 import httpx
 import redis
 
+from bench.agents import bench_agents
 from bench.bulk import bench_bulk
 from bench.children import bench_children
 from bench.common import (
@@ -348,6 +351,7 @@ def main() -> int:
         (11, lambda u, p: bench_shell(u, p, 20 if q else 60)),
         (12, lambda u, p: bench_children(u, p, 50 if q else 200)),
         (13, lambda u, p: bench_step_cost(20 if q else 100)),
+        (14, lambda u, p: bench_agents(u, p, 5 if q else 20)),
     ]
     plan.insert(2, (3, lambda u, p: bench_bulk(u, p, quick=q)))
     rows: list[Row] = []
