@@ -51,9 +51,7 @@ PACKAGES = (
         "@zed-industries/codex-acp@0.16.0",
         "@zed-industries/codex-acp-linux-x64/bin/codex-acp",
     ),
-    Package(
-        "claude-code-acp", "@zed-industries/claude-code-acp@0.16.2", ".bin/claude-code-acp"
-    ),
+    Package("claude-code-acp", "@zed-industries/claude-code-acp@0.16.2", ".bin/claude-code-acp"),
     Package("gemini", "@google/gemini-cli@0.61.0", ".bin/gemini"),
 )
 BY_NAME = {p.name: p for p in PACKAGES}
@@ -95,9 +93,12 @@ def registry_reachable() -> str | None:
     if npm is None:
         return "npm is not installed (apt-get install npm, or nodejs from nodesource)"
     try:
-        registry = subprocess.run(
-            [npm, "config", "get", "registry"], capture_output=True, text=True, timeout=30
-        ).stdout.strip() or "https://registry.npmjs.org/"
+        registry = (
+            subprocess.run(
+                [npm, "config", "get", "registry"], capture_output=True, text=True, timeout=30
+            ).stdout.strip()
+            or "https://registry.npmjs.org/"
+        )
     except (OSError, subprocess.SubprocessError) as exc:
         return f"npm config get registry failed: {exc}"
     try:

@@ -131,9 +131,9 @@ def _text_of(content: Any) -> list[str]:
         return [content]
     out: list[str] = []
     for part in content or []:
-        if isinstance(part, dict) and isinstance(part.get("text"), str):
-            if part.get("type") in (None, "text", "input_text"):
-                out.append(part["text"])
+        text = part.get("text") if isinstance(part, dict) else None
+        if isinstance(text, str) and part.get("type") in (None, "text", "input_text"):
+            out.append(text)
     return out
 
 
@@ -261,7 +261,9 @@ def _arguments(tool: str, command: str) -> dict[str, Any]:
 # --------------------------------------------------------------------------- writing answers
 
 
-def _responses_events(reply: Reply, usage: tuple[int, int, int], model: str) -> list[dict[str, Any]]:
+def _responses_events(
+    reply: Reply, usage: tuple[int, int, int], model: str
+) -> list[dict[str, Any]]:
     """The Responses SSE events of one answer, in order (each has its ``type``)."""
     rid, iid = f"resp_{uuid.uuid4().hex[:12]}", f"item_{uuid.uuid4().hex[:12]}"
     inp, out, cached = usage
@@ -285,8 +287,13 @@ def _responses_events(reply: Reply, usage: tuple[int, int, int], model: str) -> 
             "content": [{"type": "output_text", "text": reply.text, "annotations": []}],
         }
         middle = [
-            {"type": "response.output_text.delta", "item_id": iid, "output_index": 0,
-             "content_index": 0, "delta": piece}
+            {
+                "type": "response.output_text.delta",
+                "item_id": iid,
+                "output_index": 0,
+                "content_index": 0,
+                "delta": piece,
+            }
             for piece in _pieces(reply.text)
         ]
     started = {**item, "status": "in_progress"}
@@ -304,8 +311,10 @@ def _responses_events(reply: Reply, usage: tuple[int, int, int], model: str) -> 
         {"type": "response.output_item.added", "output_index": 0, "item": started},
         *middle,
         {"type": "response.output_item.done", "output_index": 0, "item": item},
-        {"type": "response.completed",
-         "response": {**base, "status": "completed", "output": [item], "usage": usage_body}},
+        {
+            "type": "response.completed",
+            "response": {**base, "status": "completed", "output": [item], "usage": usage_body},
+        },
     ]
 
 
@@ -341,8 +350,12 @@ def _messages_answer(reply: Reply, usage: tuple[int, int, int], model: str) -> d
 def _messages_events(message: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
     """The Anthropic SSE events of one message: (event name, data)."""
     block = message["content"][0]
-    start = {**message, "content": [], "stop_reason": None,
-             "usage": {**message["usage"], "output_tokens": 1}}
+    start = {
+        **message,
+        "content": [],
+        "stop_reason": None,
+        "usage": {**message["usage"], "output_tokens": 1},
+    }
     if block["type"] == "tool_use":
         opened = {**block, "input": {}}
         deltas = [{"type": "input_json_delta", "partial_json": json.dumps(block["input"])}]
@@ -351,8 +364,10 @@ def _messages_events(message: dict[str, Any]) -> list[tuple[str, dict[str, Any]]
         deltas = [{"type": "text_delta", "text": p} for p in _pieces(block["text"])]
     events: list[tuple[str, dict[str, Any]]] = [
         ("message_start", {"type": "message_start", "message": start}),
-        ("content_block_start",
-         {"type": "content_block_start", "index": 0, "content_block": opened}),
+        (
+            "content_block_start",
+            {"type": "content_block_start", "index": 0, "content_block": opened},
+        ),
     ]
     events += [
         ("content_block_delta", {"type": "content_block_delta", "index": 0, "delta": d})
@@ -360,11 +375,14 @@ def _messages_events(message: dict[str, Any]) -> list[tuple[str, dict[str, Any]]
     ]
     events += [
         ("content_block_stop", {"type": "content_block_stop", "index": 0}),
-        ("message_delta", {
-            "type": "message_delta",
-            "delta": {"stop_reason": message["stop_reason"], "stop_sequence": None},
-            "usage": {"output_tokens": message["usage"]["output_tokens"]},
-        }),
+        (
+            "message_delta",
+            {
+                "type": "message_delta",
+                "delta": {"stop_reason": message["stop_reason"], "stop_sequence": None},
+                "usage": {"output_tokens": message["usage"]["output_tokens"]},
+            },
+        ),
         ("message_stop", {"type": "message_stop"}),
     ]
     return events
@@ -500,7 +518,7 @@ def serve() -> Iterator[ModelServer]:
     """Start the server on a free loopback port; stop it (and its threads) on leaving.
 
     Yields a ``ModelServer``; raises ``OSError`` if no port can be bound."""
-    handler = type("Handler", (_Handler,), {})
+    handler: Any = type("Handler", (_Handler,), {})
     httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler)
     httpd.daemon_threads = True
     server = ModelServer(httpd)

@@ -61,7 +61,9 @@ def _codex(binary: str, base_url: str, home: Path) -> tuple[list[str], dict[str,
     argv = [binary]
     for key, value in overrides.items():
         argv += ["-c", f"{key}={value}"]
-    return argv, {"CODEX_HOME": str(home), KEY_VAR: "lab-key"}
+    # HOME too: Codex snapshots the user's login shell, whose profile's output would otherwise
+    # come before every command's own.
+    return argv, {"CODEX_HOME": str(home), "HOME": str(home), KEY_VAR: "lab-key"}
 
 
 def _claude(binary: str, base_url: str, home: Path) -> tuple[list[str], dict[str, str]]:
