@@ -24,6 +24,9 @@ context the agent injected itself, such as ``<system-reminder>`` or ``<environme
   the command's output>``;
 - the prompt contains ``run: <command>`` (to the end of that line) and the request offers the
   agent's shell tool: the answer is one call of that tool running ``<command>``;
+  ``ask: <command>`` is the same call, asking to run outside the sandbox where the tool can
+  (Codex's ``sandbox_permissions: "require_escalated"``, which makes Codex ask the client's
+  permission; Claude Code and Gemini CLI ask by themselves before a command that writes);
 - otherwise: ``echo: <prompt>`` as plain text (side calls such as Claude Code's title
   generation with a small model offer no shell tool and get this too).
 
@@ -64,18 +67,20 @@ SHELL_TOOLS = {
     "messages": ("Bash",),
     "gemini": ("run_shell_command",),
 }
-_RUN = re.compile(r"run:\s*(.+)")
+_RUN = re.compile(r"\b(run|ask):\s*(.+)")
 #: Prefixes of user text an agent injects around the person's prompt.
 _INJECTED = ("<", "# AGENTS.md", "Caveat:")
 
 
 @dataclass
 class Reply:
-    """What the model answers: plain ``text``, or one call of ``tool`` running ``command``."""
+    """What the model answers: plain ``text``, or one call of ``tool`` running ``command``
+    (``ask``: with the tool's own request to run it outside the sandbox, if it has one)."""
 
     text: str = ""
     tool: str | None = None
     command: str = ""
+    ask: bool = False
 
 
 @dataclass
@@ -166,7 +171,7 @@ def _decide(prompt: str, tool_result: str | None, offered: list[str], api: str) 
     match = _RUN.search(prompt)
     tool = next((t for t in SHELL_TOOLS[api] if t in offered), None)
     if match and tool:
-        return Reply(tool=tool, command=match.group(1).strip())
+        return Reply(tool=tool, command=match.group(2).strip(), ask=match.group(1) == "ask")
     return Reply(text=f"echo: {prompt}")
 
 
@@ -246,13 +251,17 @@ def _usage(body_size: int, reply: Reply) -> tuple[int, int, int]:
     return inp, out, inp // 2
 
 
-def _arguments(tool: str, command: str) -> dict[str, Any]:
+def _arguments(reply: Reply) -> dict[str, Any]:
     """A shell tool's arguments in the shape that tool declares."""
+    tool, command = reply.tool, reply.command
     if tool == "shell":
         return {"command": ["bash", "-lc", command]}
     if tool == "exec_command":
         # Not a login shell: a profile's own output would come before the command's.
-        return {"cmd": command, "login": False}
+        args: dict[str, Any] = {"cmd": command, "login": False}
+        if reply.ask:
+            args |= {"sandbox_permissions": "require_escalated", "justification": "Lab asks"}
+        return args
     if tool == "Bash":
         return {"command": command, "description": "Run the requested command"}
     return {"command": command}
@@ -274,7 +283,7 @@ def _responses_events(
             "id": iid,
             "call_id": f"call_{uuid.uuid4().hex[:12]}",
             "name": reply.tool,
-            "arguments": json.dumps(_arguments(reply.tool, reply.command)),
+            "arguments": json.dumps(_arguments(reply)),
             "status": "completed",
         }
         middle: list[dict[str, Any]] = []
@@ -326,7 +335,7 @@ def _messages_answer(reply: Reply, usage: tuple[int, int, int], model: str) -> d
             "type": "tool_use",
             "id": f"toolu_{uuid.uuid4().hex[:20]}",
             "name": reply.tool,
-            "input": _arguments(reply.tool, reply.command),
+            "input": _arguments(reply),
         }
     else:
         block = {"type": "text", "text": reply.text}
@@ -392,9 +401,7 @@ def _gemini_answer(reply: Reply, usage: tuple[int, int, int], model: str) -> dic
     """One ``GenerateContentResponse`` holding the whole answer."""
     inp, out, cached = usage
     if reply.tool:
-        part: dict[str, Any] = {
-            "functionCall": {"name": reply.tool, "args": _arguments(reply.tool, reply.command)}
-        }
+        part: dict[str, Any] = {"functionCall": {"name": reply.tool, "args": _arguments(reply)}}
     else:
         part = {"text": reply.text}
     return {

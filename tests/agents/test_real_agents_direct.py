@@ -58,15 +58,21 @@ TURN = 60.0
 #: Seconds the tree has to be gone after the kill.
 GONE = 5.0
 #: Homes live outside TMPDIR: Codex's sandbox refuses a CODEX_HOME under it.
+#: The stopReason of a turn whose command the client rejected: Codex's reject option is
+#: "abort" (the turn), Claude Code ends the turn without asking the model again, Gemini CLI
+#: tells the model the tool was cancelled and goes on.
+REJECTED = {"codex-acp": "cancelled", "claude-code-acp": "end_turn", "gemini": "end_turn"}
 HOMES = Path.home() / ".cache" / "agent-fleet" / "test-homes"
 
 
 class Client:
-    """The client side: records updates and permission requests, allows what is asked."""
+    """The client side: records updates and permission requests, and answers each with its
+    first option whose kind starts with ``answer`` (``allow`` or ``reject``)."""
 
-    def __init__(self) -> None:
+    def __init__(self, answer: str = "allow") -> None:
         self.updates: list[Any] = []
         self.permissions: list[Any] = []
+        self.answer = answer
 
     async def session_update(self, session_id: str, update: Any, **kwargs: Any) -> None:
         self.updates.append(update)
@@ -75,11 +81,11 @@ class Client:
         self, session_id: str, tool_call: Any, options: list[Any], **kwargs: Any
     ) -> RequestPermissionResponse:
         self.permissions.append((tool_call, options))
-        allow = next((o for o in options if str(o.kind).startswith("allow")), None)
-        if allow is None:
+        chosen = next((o for o in options if str(o.kind).startswith(self.answer)), None)
+        if chosen is None:
             return RequestPermissionResponse(outcome=DeniedOutcome(outcome="cancelled"))
         return RequestPermissionResponse(
-            outcome=AllowedOutcome(outcome="selected", option_id=allow.option_id)
+            outcome=AllowedOutcome(outcome="selected", option_id=chosen.option_id)
         )
 
     def on_connect(self, conn: Any) -> None:
@@ -160,7 +166,7 @@ def home() -> Iterator[Path]:
 
 @contextlib.asynccontextmanager
 async def running(
-    name: str, server: modelservers.ModelServer, home: Path, cwd: Path
+    name: str, server: modelservers.ModelServer, home: Path, cwd: Path, answer: str = "allow"
 ) -> AsyncIterator[Running]:
     """Start agent ``name`` contained, initialize it and open a session in ``cwd``; on leaving,
     SIGKILL the container and wait until nothing of the tree is left."""
@@ -171,32 +177,39 @@ async def running(
     mark = uuid.uuid4().hex
     env["FLEET_TEST_MARK"] = mark
     contained = ["--pid", "--fork", "--kill-child", "--mount-proc", *argv]
-    client: Any = Client()  # the part of acp.Client these agents call
+    client: Any = Client(answer)  # the part of acp.Client these agents call
     started = time.monotonic()
-    async with spawn_agent_process(
-        client, "unshare", *contained, env=env, cwd=str(cwd), transport_kwargs={"stderr": None}
-    ) as (conn, process):
-        try:
-            init = conn.initialize(protocol_version=1, client_capabilities=ClientCapabilities())
-            await asyncio.wait_for(init, STARTUP)
-            initialized = time.monotonic()
-            session = await asyncio.wait_for(
-                conn.new_session(cwd=str(cwd), mcp_servers=[]), STARTUP
-            )
-            timings = {
-                "initialize": initialized - started,
-                "session/new": time.monotonic() - initialized,
-            }
-            yield Running(name, conn, process, client, session.session_id, mark, server, timings)
-        finally:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(process.pid, signal.SIGKILL)
-            await poll(lambda: not marked_pids(mark), GONE)
-    # The SDK stops reading stdout before its EOF, so asyncio would close the transport only
-    # when it is collected, after the loop is gone ("Event loop is closed").
-    transport = getattr(process, "_transport", None)
-    if transport is not None:
-        transport.close()
+    spawned: list[Any] = []
+    try:
+        async with spawn_agent_process(
+            client, "unshare", *contained, env=env, cwd=str(cwd), transport_kwargs={"stderr": None}
+        ) as (conn, process):
+            spawned.append(process)
+            try:
+                init = conn.initialize(protocol_version=1, client_capabilities=ClientCapabilities())
+                await asyncio.wait_for(init, STARTUP)
+                initialized = time.monotonic()
+                session = await asyncio.wait_for(
+                    conn.new_session(cwd=str(cwd), mcp_servers=[]), STARTUP
+                )
+                timings = {
+                    "initialize": initialized - started,
+                    "session/new": time.monotonic() - initialized,
+                }
+                yield Running(
+                    name, conn, process, client, session.session_id, mark, server, timings
+                )
+            finally:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(process.pid, signal.SIGKILL)
+                await poll(lambda: not marked_pids(mark), GONE)
+    finally:
+        # The SDK stops reading stdout before its EOF, so asyncio would close the transport
+        # only when it is collected, after the loop is gone ("Event loop is closed").
+        for process in spawned:
+            transport = getattr(process, "_transport", None)
+            if transport is not None:
+                transport.close()
 
 
 @pytest.mark.parametrize("name", AGENTS)
@@ -296,5 +309,26 @@ def test_kill_of_the_container_mid_command_leaves_no_process_of_the_tree(
                 f"\n{name}: {len(tree)} processes in {len(sessions)} sessions gone "
                 f"{gone:.3f}s after SIGKILL mid-command"
             )
+
+    asyncio.run(scenario())
+
+
+@pytest.mark.parametrize("answer", ["allow", "reject"])
+@pytest.mark.parametrize("name", AGENTS)
+def test_a_command_that_writes_asks_permission_and_runs_only_when_allowed(
+    name: str, answer: str, model_server: modelservers.ModelServer, home: Path, tmp_path: Path
+) -> None:
+    async def scenario() -> None:
+        async with running(name, model_server, home, tmp_path, answer) as agent:
+            # When the model asks to run a command that writes into the session's cwd
+            reply = await agent.prompt("ask: touch made.txt && echo ok")
+            # Then the agent asked the client first, and ran it only if allowed
+            assert reply.stop_reason == ("end_turn" if answer == "allow" else REJECTED[name])
+            assert len(agent.client.permissions) == 1
+            assert (tmp_path / "made.txt").exists() == (answer == "allow")
+            if answer == "allow":
+                assert agent.client.text().endswith("done: ok")
+            options = [(o.kind, o.option_id) for o in agent.client.permissions[0][1]]
+            print(f"\n{name} {answer}: options {options}; said {agent.client.text()!r}")
 
     asyncio.run(scenario())
