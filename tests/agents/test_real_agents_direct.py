@@ -58,6 +58,11 @@ TURN = 60.0
 #: Seconds the tree has to be gone after the kill.
 GONE = 5.0
 #: Homes live outside TMPDIR: Codex's sandbox refuses a CODEX_HOME under it.
+#: A prompt whose command outlives an uncontained agent's SIGKILL: Codex and Gemini CLI run
+#: commands on a pty (its hangup kills what is not ``nohup``), Codex's sandbox dies with it
+#: (hence ``ask``, outside the sandbox) and Codex sets a parent-death signal on the shell
+#: (hence the grandchild).
+UNCONTAINED_SURVIVOR = "ask: nohup sleep 300 & wait"
 #: The stopReason of a turn whose command the client rejected: Codex's reject option is
 #: "abort" (the turn), Claude Code ends the turn without asking the model again, Gemini CLI
 #: tells the model the tool was cancelled and goes on.
@@ -130,6 +135,15 @@ def marked_pids(mark: str) -> list[int]:
     return found
 
 
+def kill_marked(mark: str) -> list[int]:
+    """SIGKILL every marked process, by pid: the ones it found."""
+    found = marked_pids(mark)
+    for pid in found:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    return found
+
+
 def cmdline(pid: int) -> str:
     with contextlib.suppress(OSError):
         return (Path("/proc") / str(pid) / "cmdline").read_bytes().replace(b"\0", b" ").decode()
@@ -139,6 +153,11 @@ def cmdline(pid: int) -> str:
 def commands(mark: str, text: str) -> list[int]:
     """Pids of the marked processes whose command line contains ``text``."""
     return [p for p in marked_pids(mark) if text in cmdline(p)]
+
+
+def sleeps(mark: str) -> list[int]:
+    """Pids of the marked ``sleep 300`` processes themselves (not the shells around them)."""
+    return [p for p in marked_pids(mark) if cmdline(p).startswith("sleep 300")]
 
 
 async def poll(condition: Callable[[], object], timeout: float, every: float = 0.02) -> float:
@@ -166,23 +185,30 @@ def home() -> Iterator[Path]:
 
 @contextlib.asynccontextmanager
 async def running(
-    name: str, server: modelservers.ModelServer, home: Path, cwd: Path, answer: str = "allow"
+    name: str,
+    server: modelservers.ModelServer,
+    home: Path,
+    cwd: Path,
+    answer: str = "allow",
+    contain: bool = True,
 ) -> AsyncIterator[Running]:
-    """Start agent ``name`` contained, initialize it and open a session in ``cwd``; on leaving,
-    SIGKILL the container and wait until nothing of the tree is left."""
+    """Start agent ``name`` (under ``unshare`` unless ``contain`` is false), initialize it and
+    open a session in ``cwd``; on leaving, SIGKILL it (and, uncontained, every marked process
+    left, one by one) and wait until nothing of the tree is left."""
     if os.geteuid() != 0 or shutil.which("unshare") is None:
         pytest.skip("REAL AGENTS NEED ROOT here: the tests contain them with unshare --pid")
     binary = require_agent(name)
     argv, env = agent_env(name, server.base_url, prepare_home(home, name), str(binary))
     mark = uuid.uuid4().hex
     env["FLEET_TEST_MARK"] = mark
-    contained = ["--pid", "--fork", "--kill-child", "--mount-proc", *argv]
+    if contain:
+        argv = ["unshare", "--pid", "--fork", "--kill-child", "--mount-proc", *argv]
     client: Any = Client(answer)  # the part of acp.Client these agents call
     started = time.monotonic()
     spawned: list[Any] = []
     try:
         async with spawn_agent_process(
-            client, "unshare", *contained, env=env, cwd=str(cwd), transport_kwargs={"stderr": None}
+            client, *argv, env=env, cwd=str(cwd), transport_kwargs={"stderr": None}
         ) as (conn, process):
             spawned.append(process)
             try:
@@ -202,7 +228,8 @@ async def running(
             finally:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(process.pid, signal.SIGKILL)
-                await poll(lambda: not marked_pids(mark), GONE)
+                left = marked_pids if contain else kill_marked
+                await poll(lambda: not left(mark), GONE)
     finally:
         # The SDK stops reading stdout before its EOF, so asyncio would close the transport
         # only when it is collected, after the loop is gone ("Event loop is closed").
@@ -279,7 +306,8 @@ def test_cancel_then_kill_of_the_container_leaves_no_process_of_the_tree(
             assert marked_pids(agent.mark) == []
             print(
                 f"\n{name}: cancel answered in {answered:.3f}s; `sleep 300` {stopped} the "
-                f"answer; {len(tree)} processes gone {gone:.3f}s after SIGKILL"
+                f"answer; {len(tree)} processes gone {gone:.3f}s after SIGKILL; "
+                f"{len(agent.client.permissions)} permission requests"
             )
 
     asyncio.run(scenario())
@@ -291,9 +319,10 @@ def test_kill_of_the_container_mid_command_leaves_no_process_of_the_tree(
 ) -> None:
     async def scenario() -> None:
         async with running(name, model_server, home, tmp_path) as agent:
-            # Given a turn running `sleep 300`, which the agent started in its own session
-            turn = asyncio.ensure_future(agent.prompt("run: sleep 300"))
-            sleeping = functools.partial(commands, agent.mark, "sleep 300")
+            # Given a turn running a `sleep 300` that survives the agent when not contained
+            # (test_without_the_container_...): deaf to SIGHUP, a grandchild of the agent
+            turn = asyncio.ensure_future(agent.prompt(UNCONTAINED_SURVIVOR))
+            sleeping = functools.partial(sleeps, agent.mark)
             await poll(lambda: bool(sleeping()) or turn.done(), TURN)
             assert sleeping(), f"no `sleep 300` started; the turn ended: {turn.done()}"
             sessions = {os.getsid(p) for p in marked_pids(agent.mark)}
@@ -330,5 +359,29 @@ def test_a_command_that_writes_asks_permission_and_runs_only_when_allowed(
                 assert agent.client.text().endswith("done: ok")
             options = [(o.kind, o.option_id) for o in agent.client.permissions[0][1]]
             print(f"\n{name} {answer}: options {options}; said {agent.client.text()!r}")
+
+    asyncio.run(scenario())
+
+
+@pytest.mark.parametrize("name", AGENTS)
+def test_without_the_container_killing_the_agent_leaves_its_command_running(
+    name: str, model_server: modelservers.ModelServer, home: Path, tmp_path: Path
+) -> None:
+    async def scenario() -> None:
+        async with running(name, model_server, home, tmp_path, contain=False) as agent:
+            # Given a turn running a `sleep 300` deaf to SIGHUP, a grandchild of the agent
+            turn = asyncio.ensure_future(agent.prompt(UNCONTAINED_SURVIVOR))
+            sleeping = functools.partial(sleeps, agent.mark)
+            await poll(lambda: bool(sleeping()) or turn.done(), TURN)
+            assert sleeping(), f"no `sleep 300` started; the turn ended: {turn.done()}"
+            # When only the agent's own process is killed
+            os.kill(agent.process.pid, signal.SIGKILL)
+            await poll(lambda: agent.process.returncode is not None, GONE)
+            with pytest.raises(ConnectionError):
+                await asyncio.wait_for(turn, TURN)
+            # Then the command it started goes on (`running` kills it by pid on leaving)
+            left = [cmdline(p) for p in marked_pids(agent.mark)]
+            assert sleeping(), left
+            print(f"\n{name}: left running after SIGKILL of the agent alone: {left}")
 
     asyncio.run(scenario())
