@@ -33,18 +33,34 @@ context the agent injected itself, such as ``<system-reminder>`` or ``<environme
 Every answer carries usage (input, output and cached input tokens, derived from the sizes of
 the request and the answer), because a model gateway meters them.
 
-Shell tools the agents offer, read from their first requests (see docs/agents-notes.md):
+Shell tools the agents offer, read from their first requests (more in docs/agents-notes.md):
 
-- Codex (codex-acp 0.16.0, Responses ``tools``, ``type: function``): ``shell_command`` with
-  arguments ``{"command": "<shell text>", "workdir"?, "timeout_ms"?}``; older shapes
-  ``shell`` (``{"command": ["bash", "-lc", text]}``) and ``exec_command`` (``{"cmd": text}``)
-  are answered too if offered. Its tool result is a ``function_call_output`` input item whose
-  ``output`` is text (``Exit code: 0\\nWall time: ...\\nOutput:\\nhi``).
-- Claude Code (claude-code-acp 0.16.2): ``Bash`` with input ``{"command": text,
-  "description": text}``; the result is a ``tool_result`` block in the next user message.
-- Gemini CLI (0.61.0): ``run_shell_command`` with args ``{"command": text, "description"?}``
-  in a ``functionCall`` part; the result is a ``functionResponse`` part whose
-  ``response.output`` holds ``Output: hi`` among other lines.
+- Codex (codex-acp 0.16.0; Responses ``tools`` of ``type: function``): ``exec_command`` with
+  arguments ``{"cmd": text, "login"?: bool (default true: a login shell), "workdir"?,
+  "tty"?, "yield_time_ms"?, "max_output_tokens"?, "shell"?, "sandbox_permissions"?:
+  "use_default" | "require_escalated", "justification"?, "prefix_rule"?}``. The other tools:
+  ``write_stdin``, ``update_plan``, ``get_goal``, ``create_goal``, ``update_goal``,
+  ``request_user_input``, ``apply_patch``, ``view_image``, ``tool_search``, ``web_search``.
+  The result is a ``function_call_output`` input item whose ``output`` is text: ``Chunk ID:
+  ...\nWall time: ...\nProcess exited with code 0\nOriginal token count: ...\nOutput:\nhi``.
+  (``shell_command`` and ``shell``, older Codex function tools, are answered too if
+  offered.)
+- Claude Code (claude-code-acp 0.16.2; Messages ``tools`` with ``input_schema``): ``Bash``
+  with input ``{"command": text, "timeout"?: ms, "description"?: text, ...}``, among
+  ``Task``, ``TaskOutput``, ``Glob``, ``Grep``, ``ExitPlanMode``, ``Read``, ``Edit``,
+  ``Write``, ``NotebookEdit``, ``WebFetch``, ``TodoWrite``, ``WebSearch``, ``TaskStop``,
+  ``Skill``, ``EnterPlanMode``. The result is a ``tool_result`` block (its ``content`` the
+  output alone) in the next user message.
+- Gemini CLI (0.61.0; ``tools[].functionDeclarations`` with ``parametersJsonSchema``):
+  ``run_shell_command`` with args ``{"command": text, "description"?, "dir_path"?,
+  "is_background"?}`` in a ``functionCall`` part, among ``list_directory``, ``read_file``,
+  ``grep_search``, ``glob``, ``replace``, ``write_file``, ``web_fetch`` and more. The result
+  is a ``functionResponse`` part whose ``response.output`` is ``<untrusted_context>\nOutput:
+  hi\nProcess Group PGID: ...\n</untrusted_context>``. Before each prompt it asks a small
+  model (``gemini-3.5-flash-lite:generateContent``) to route the request, with
+  ``generationConfig.responseMimeType: application/json`` and a ``responseJsonSchema``; the
+  server answers such a request with the smallest object the schema accepts (anything else
+  makes Gemini CLI retry, then hang).
 """
 
 from __future__ import annotations
@@ -63,7 +79,7 @@ from urllib.parse import urlparse
 
 #: Shell tool names by API family, in order of preference; the first one offered is called.
 SHELL_TOOLS = {
-    "responses": ("shell_command", "exec_command", "shell", "local_shell"),
+    "responses": ("exec_command", "shell_command", "shell"),
     "messages": ("Bash",),
     "gemini": ("run_shell_command",),
 }

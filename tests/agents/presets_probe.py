@@ -48,8 +48,9 @@ class UnknownAgent(ValueError):
     """Raised when ``agent_env`` is asked for an agent it has no preset for."""
 
 
-def _codex(binary: str, base_url: str, home: Path) -> tuple[list[str], dict[str, str]]:
-    overrides = {
+def _codex_settings(base_url: str) -> dict[str, str]:
+    """Codex's settings for ``base_url``: dotted key -> TOML value."""
+    return {
         "model": f'"{CODEX_MODEL}"',
         "model_provider": '"fleetlab"',
         "model_providers.fleetlab.name": '"fleet lab"',
@@ -58,8 +59,23 @@ def _codex(binary: str, base_url: str, home: Path) -> tuple[list[str], dict[str,
         "model_providers.fleetlab.env_key": f'"{KEY_VAR}"',
         "check_for_update_on_startup": "false",
     }
+
+
+def codex_config_toml(base_url: str) -> str:
+    """The same settings as ``agent_env`` gives Codex on its command line, as the text of a
+    ``$CODEX_HOME/config.toml``, for a caller that prefers a file. Pure."""
+    top, table = [], []
+    for key, value in _codex_settings(base_url).items():
+        if key.startswith("model_providers.fleetlab."):
+            table.append(f"{key.rsplit('.', 1)[1]} = {value}")
+        else:
+            top.append(f"{key} = {value}")
+    return "\n".join([*top, "", "[model_providers.fleetlab]", *table, ""])
+
+
+def _codex(binary: str, base_url: str, home: Path) -> tuple[list[str], dict[str, str]]:
     argv = [binary]
-    for key, value in overrides.items():
+    for key, value in _codex_settings(base_url).items():
         argv += ["-c", f"{key}={value}"]
     # HOME too: Codex snapshots the user's login shell, whose profile's output would otherwise
     # come before every command's own.

@@ -1,5 +1,6 @@
-"""The lab's model server answers each API as the agents read it, deterministically, with usage:
-checked over real HTTP without any agent (tests/agents/modelservers.py)."""
+"""The lab's parts without any agent: the model server answers each API as the agents read it,
+deterministically, with usage (checked over real HTTP); the installer says why an agent is
+missing; the presets give each agent its own home."""
 
 from __future__ import annotations
 
@@ -7,11 +8,12 @@ import json
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.agents import modelservers
+from tests.agents import modelservers, presets_probe
 from tests.agents.install import UnknownAgent, agent_binary, skip_reason
 
 pytestmark = pytest.mark.unit
@@ -116,3 +118,15 @@ def test_an_agent_not_installed_skips_with_how_to_install_it(tmp_path: Any) -> N
     assert "python -m tests.agents.install" in str(skip_reason("gemini", tmp_path))
     with pytest.raises(UnknownAgent, match="known: codex-acp"):
         agent_binary("vim", tmp_path)
+
+
+def test_agent_env_gives_each_agent_its_own_home_and_refuses_an_unknown_one() -> None:
+    homes = {}
+    for name in presets_probe.AGENTS:
+        _, env = presets_probe.agent_env(name, "http://127.0.0.1:9", Path("/h") / name)
+        homes[name] = {k: v for k, v in env.items() if v.startswith("/h/")}
+    assert homes["codex-acp"]["CODEX_HOME"] == "/h/codex-acp"
+    assert homes["claude-code-acp"]["CLAUDE_CONFIG_DIR"] == "/h/claude-code-acp"
+    assert homes["gemini"]["HOME"] == "/h/gemini"
+    with pytest.raises(presets_probe.UnknownAgent, match="no preset for agent 'vim'"):
+        presets_probe.agent_env("vim", "http://127.0.0.1:9", Path("/h"))

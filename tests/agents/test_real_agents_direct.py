@@ -35,7 +35,7 @@ import pytest
 
 from tests.agents import modelservers
 from tests.agents.install import require_agent
-from tests.agents.presets_probe import AGENTS, agent_env, prepare_home
+from tests.agents.presets_probe import AGENTS, agent_env, codex_config_toml, prepare_home
 
 acp = pytest.importorskip("acp", reason="pip install agent-client-protocol (the test extra)")
 
@@ -191,14 +191,19 @@ async def running(
     cwd: Path,
     answer: str = "allow",
     contain: bool = True,
+    config_file: bool = False,
 ) -> AsyncIterator[Running]:
     """Start agent ``name`` (under ``unshare`` unless ``contain`` is false), initialize it and
     open a session in ``cwd``; on leaving, SIGKILL it (and, uncontained, every marked process
-    left, one by one) and wait until nothing of the tree is left."""
+    left, one by one) and wait until nothing of the tree is left. ``config_file``: Codex reads
+    its settings from ``$CODEX_HOME/config.toml`` instead of its command line."""
     if os.geteuid() != 0 or shutil.which("unshare") is None:
         pytest.skip("REAL AGENTS NEED ROOT here: the tests contain them with unshare --pid")
     binary = require_agent(name)
     argv, env = agent_env(name, server.base_url, prepare_home(home, name), str(binary))
+    if config_file:
+        (Path(env["CODEX_HOME"]) / "config.toml").write_text(codex_config_toml(server.base_url))
+        argv = argv[:1]
     mark = uuid.uuid4().hex
     env["FLEET_TEST_MARK"] = mark
     if contain:
@@ -253,6 +258,20 @@ def test_a_plain_prompt_is_answered_in_one_message_ending_the_turn(
             assert reply.stop_reason == "end_turn"
             assert agent.client.text() == "echo: hello from the lab"
             print(f"\n{name}: {agent.timings} prompt {took:.3f}s")
+
+    asyncio.run(scenario())
+
+
+def test_codex_reads_the_same_settings_from_its_config_toml(
+    model_server: modelservers.ModelServer, home: Path, tmp_path: Path
+) -> None:
+    async def scenario() -> None:
+        async with running("codex-acp", model_server, home, tmp_path, config_file=True) as agent:
+            reply = await agent.prompt("hello from a file")
+            assert (reply.stop_reason, agent.client.text()) == (
+                "end_turn",
+                "echo: hello from a file",
+            )
 
     asyncio.run(scenario())
 
