@@ -120,6 +120,7 @@ class FleetClient:
         self.defn, self.cwd, self.sink = defn, cwd, sink
         self.replaying = False
         self.updates = 0
+        self._order = asyncio.Lock()
         #: Why the prompt must end failed (a bound passed), set by an update's handler.
         self.failure = ""
         self._new_id = new_id
@@ -131,10 +132,13 @@ class FleetClient:
         if self.updates > MAX_UPDATES:
             self.failure = f"the agent sent more than {MAX_UPDATES} updates in one prompt"
             return
-        try:
-            await self._land(update)
-        except AgentFailed as exc:  # the connection would only log it: the prompt reads it
-            self.failure = str(exc)
+        # The connection handles notifications as concurrent tasks: the lock (first come, first
+        # served) lands them in the order they arrived.
+        async with self._order:
+            try:
+                await self._land(update)
+            except AgentFailed as exc:  # the connection would only log it: the prompt reads it
+                self.failure = str(exc)
 
     async def _land(self, update: Any) -> None:
         wire = update.model_dump(mode="json", by_alias=True, exclude_none=True)

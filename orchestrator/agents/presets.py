@@ -66,6 +66,9 @@ def _codex(defn: AgentDefinition, home: Path, key: str) -> dict[str, str]:
         'wire_api = "responses"',
         f"env_key = {json.dumps(KEY_ENV)}",
     ]
+    # Before the provider table: the session's cwd is its workspace (in a directory it does
+    # not trust Codex starts read-only), and no update check where there may be no network.
+    lines[2:2] = ['sandbox_mode = "workspace-write"', "check_for_update_on_startup = false"]
     (codex_home / "config.toml").write_text("\n".join(lines) + "\n", encoding="utf-8")
     return {"CODEX_HOME": str(codex_home), KEY_ENV: key}
 
@@ -73,7 +76,15 @@ def _codex(defn: AgentDefinition, home: Path, key: str) -> dict[str, str]:
 def _claude(defn: AgentDefinition, home: Path, key: str) -> dict[str, str]:
     config = home / "claude"
     config.mkdir(parents=True, exist_ok=True)
-    env = {"CLAUDE_CONFIG_DIR": str(config), "ANTHROPIC_API_KEY": key}
+    env = {
+        "CLAUDE_CONFIG_DIR": str(config),
+        "ANTHROPIC_API_KEY": key,
+        # No calls home (telemetry, update checks, error reports) from a fleet's hosts.
+        "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
+        "DISABLE_AUTOUPDATER": "1",
+        "DISABLE_TELEMETRY": "1",
+        "DISABLE_ERROR_REPORTING": "1",
+    }
     if defn.upstream:
         env["ANTHROPIC_BASE_URL"] = defn.upstream
     if defn.model:
@@ -82,7 +93,9 @@ def _claude(defn: AgentDefinition, home: Path, key: str) -> dict[str, str]:
 
 
 def _gemini(defn: AgentDefinition, home: Path, key: str) -> dict[str, str]:
-    env = {"GEMINI_API_KEY": key}
+    # GEMINI_CLI_NO_RELAUNCH: it would re-execute itself with a larger heap, a second node
+    # process in the tree.
+    env = {"GEMINI_API_KEY": key, "GEMINI_CLI_NO_RELAUNCH": "true"}
     if defn.upstream:
         env["GOOGLE_GEMINI_BASE_URL"] = defn.upstream
     if defn.model:
@@ -119,7 +132,7 @@ def environment(defn: AgentDefinition, home: Path, host_env: dict[str, str]) -> 
     environment (its secrets among it) reaches the agent."""
     home.mkdir(parents=True, exist_ok=True)
     key = host_env.get(defn.api_key_env, "") if defn.api_key_env else ""
-    kept = ("PATH", "LANG", "LC_ALL", "TZ")
+    kept = ("PATH", "LANG", "LC_ALL", "TZ", "TERM", "USER", "LOGNAME", "SHELL")
     env: dict[str, str] = {name: host_env[name] for name in kept if name in host_env}
     env["HOME"] = str(home)
     env.update(preset_of(defn.preset).prepare(defn, home, key or NO_KEY))

@@ -128,6 +128,16 @@ def _zombie(pid: int) -> bool:
         return True
 
 
+def test_message_chunks_land_in_the_order_the_agent_sent_them(
+    private: Any, store: Any, tmp_path: Path
+) -> None:
+    sid = create_session(store, str(tmp_path), agent="tiny").session_id
+
+    turn = ended(store, prompt(private, sid, "count: 300"))
+
+    assert said(store, sid, turn.turn_id) == "".join(f"{i} " for i in range(300))
+
+
 def test_a_shell_command_becomes_a_tool_call_of_the_turn(
     private: Any, store: Any, tmp_path: Path
 ) -> None:

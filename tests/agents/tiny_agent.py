@@ -13,6 +13,7 @@ line:
 ``write: PATH TEXT``        ``fs/write_text_file`` through the client, says ``wrote``
 ``read: PATH``              ``fs/read_text_file`` through the client, says ``read: <text>``
 ``flood: N``                N message chunks of ``x``
+``count: N``                N message chunks ``0 ``, ``1 ``, ... in order
 ``big: N``                  one message chunk of N bytes
 ``garbage``                 writes a line that is not JSON-RPC, then answers
 ``exit: N``                 ends its own process with status N mid-prompt
@@ -120,6 +121,9 @@ class Tiny:
         elif word == "flood":
             for _ in range(int(rest)):
                 await self._say(sid, "x")
+        elif word == "count":
+            for i in range(int(rest)):
+                await self._say(sid, f"{i} ")
         elif word == "big":
             await self._say(sid, "y" * int(rest))
         elif line == "garbage":
