@@ -23,6 +23,7 @@ import shutil
 import threading
 import time
 import uuid
+from pathlib import Path
 from typing import Any
 
 from orchestrator.agents.client import AgentFailed, Sink
@@ -165,7 +166,13 @@ class AgentPool:
             if self.stop(sid):
                 log.info("agent of %s stopped: its session is %s", sid, verdict.value)
             if verdict in (session_scripts.Verdict.DELETED, session_scripts.Verdict.MISSING):
-                shutil.rmtree(self.store.settings.state_dir / "agents" / sid, ignore_errors=True)
+                remove_home(self.store.settings.state_dir, sid)
+
+
+def remove_home(state_dir: Path, session_id: str) -> None:
+    """Remove a deleted session's agent home on this host (``state_dir/agents/<id>``), if
+    there is one: its configuration and the agent's own history."""
+    shutil.rmtree(state_dir / "agents" / session_id, ignore_errors=True)
 
 
 _pools: dict[int, AgentPool] = {}

@@ -39,6 +39,7 @@ from typing import Any, NoReturn
 
 from tenacity import RetryError, Retrying, retry_if_result, stop_after_delay, wait_fixed
 
+from orchestrator.agents.pool import remove_home
 from orchestrator.archiving.archive import Confirmed, archive
 from orchestrator.archiving.stops import StopReport
 from orchestrator.census.activity import ActivityItem, census
@@ -152,6 +153,8 @@ def delete(
             _unarchived(store, session_id)
         if outcome != "active":
             result.deleted, result.deleted_descendants = outcome == "deleted", below
+            if result.deleted:
+                remove_home(store.settings.state_dir, session_id)
             return result
         items = _live(store, session_id, dispatcher)
         if items is None:

@@ -390,3 +390,20 @@ def test_an_agent_that_says_too_much_fails_its_turn_at_the_bound(
     assert turn.state == "failed", turn
     assert "FLEET_MODEL_TEXT_MAX_BYTES" in turn.error
     assert len(said(store, sid, turn.turn_id).encode()) <= 1_048_576 + 200
+
+
+def test_delete_stops_the_agent_and_removes_its_home(
+    private: Any, store: Any, tmp_path: Path
+) -> None:
+    from orchestrator.archiving.deletion import delete
+
+    sid = create_session(store, str(tmp_path), agent="tiny").session_id
+    turn = ended(store, prompt(private, sid, "pid"))
+    pid = int(said(store, sid, turn.turn_id).split()[-1])
+    home = store.settings.state_dir / "agents" / sid
+    assert home.is_dir()
+
+    assert delete(store, private.dispatcher, sid, stop_activity=True).deleted
+
+    assert not home.exists()
+    wait_for(lambda: not psutil.pid_exists(pid) or _zombie(pid), 5, message="the agent to stop")
