@@ -117,6 +117,8 @@ def sessions_show(
     ]
     if s.parent_id:
         rows.append(("parent", s.parent_id))
+    if s.agent:
+        rows.append(("agent", s.agent))
     for name, value in rows:
         console.print(Text.assemble((f"{name:9}", "bold"), f" {printable(str(value))}"))
     console.print(Text.assemble((f"{'activity':9}", "bold"), " " + ("none" if not items else "")))
