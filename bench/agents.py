@@ -202,6 +202,41 @@ def first_prompts(store: Any, dispatcher: Any, n: int) -> list[float]:
     return firsts
 
 
+def idle_rates(
+    url: str, store: Any, dispatcher: Any, agents: int, seconds: float
+) -> tuple[float, float, dict[str, int]]:
+    """The fleet's Redis commands per second at rest, before and after ``agents`` sessions
+    each ran one prompt (their agents then idle in the worker's pool), over ``seconds``
+    each; and the commands of the second reading."""
+    import redis
+
+    from bench.step_cost import commandstats, delta
+    from orchestrator.session.sessions import create_session
+    from orchestrator.turn import turns
+
+    raw = redis.Redis.from_url(url, decode_responses=True)
+
+    def rate() -> tuple[float, dict[str, int]]:
+        before = commandstats(raw)
+        time.sleep(seconds)
+        used = delta(before, commandstats(raw))
+        return sum(used.values()) / seconds, used
+
+    pubsub = store.redis.pubsub(ignore_subscribe_messages=True)
+    pubsub.subscribe(store.keys.events)
+    try:
+        none, _ = rate()
+        for _ in range(agents):
+            sid = create_session(store, tempfile.mkdtemp(), agent="tiny").session_id
+            _wait(pubsub, sid, turns.start_turn(store, dispatcher, sid, "hello"), 0.0)
+        time.sleep(1.0)  # the last turn's task events and bookkeeping settle
+        held, used = rate()
+    finally:
+        pubsub.close()
+        raw.close()
+    return none, held, used
+
+
 def archive_to_gone(store: Any, dispatcher: Any, n: int) -> list[float]:
     """``n`` archives of a session whose agent runs ``sleep``: seconds from the archive's
     answer until the command is gone."""
@@ -247,6 +282,8 @@ def bench_agents(url: str, prefix: str, n: int) -> list[Row]:
         f_first, f_wall = through_fleet(store, dispatcher, n)
         cold = first_prompts(store, dispatcher, n)
         gone = archive_to_gone(store, dispatcher, n)
+        idle_agents = 5 if n < 20 else 50
+        none, held, used = idle_rates(url, store, dispatcher, idle_agents, 10.0)
     over_first = med(f_first) - med(w_first)
     return [
         (
@@ -270,6 +307,12 @@ def bench_agents(url: str, prefix: str, n: int) -> list[Row]:
             f"fleet {ms(med(cold))} / direct spawn {ms(med(d_first))} "
             f"(median overhead {(med(cold) - med(d_first)) * 1000:.1f} ms)",
             "the agent's own start dominates",
+        ),
+        (
+            f"14 one host's idle turn worker holding {idle_agents} idle agent processes",
+            "10 s each",
+            f"{held:.2f} commands/s ({', '.join(f'{k} {v}' for k, v in sorted(used.items()))})",
+            f"with none: {none:.2f} commands/s; goal: nothing beyond the heartbeat",
         ),
         (
             "14 archive answer -> agent's command gone",

@@ -17,6 +17,11 @@ from celery import Celery
 from celery.signals import celeryd_init
 from tenacity import Retrying, before_sleep_log, retry_if_exception_type, wait_exponential
 
+# Imported here, before the worker starts: Celery imports the task modules with the working
+# directory first on sys.path (celery.utils.imports.import_from_cwd), where a file named like
+# a module (an ``acp.py`` in a fleet's directory) would stand in for it. The agent runtime
+# and the ACP SDK it uses are loaded from the installation first.
+from orchestrator.agents import pool as _agent_pool  # noqa: F401
 from orchestrator.errors import StoreUnavailable
 from orchestrator.job.jobsupervisor import JobSupervisor
 from orchestrator.models.model import Model, ScriptedModel

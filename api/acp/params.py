@@ -111,15 +111,19 @@ class ActivityRequest(_SessionRequest):
     """``_agentFleet/activity`` params: ``{"sessionId"}``."""
 
 
+#: What ``fleet_meta`` answers for a member that is absent (``None`` is a value sent).
+ABSENT: Any = object()
+
+
 def fleet_meta(meta: dict[str, Any] | None, name: str) -> Any:
-    """``_meta.agentFleet.<name>`` of a request, ``None`` when absent. Raises
+    """``_meta.agentFleet.<name>`` of a request, ``ABSENT`` when not there. Raises
     ``InvalidParams`` when ``agentFleet`` is not an object."""
     ours = (meta or {}).get("agentFleet")
     if ours is None:
-        return None
+        return ABSENT
     if not isinstance(ours, dict):
         raise InvalidParams("_meta.agentFleet must be an object.", {"param": "_meta.agentFleet"})
-    return ours.get(name)
+    return ours.get(name, ABSENT)
 
 
 def idempotency_key(meta: dict[str, Any] | None) -> str | None:
@@ -128,14 +132,16 @@ def idempotency_key(meta: dict[str, Any] | None) -> str | None:
     absent. Raises ``InvalidParams`` when ``agentFleet`` is not an object,
     ``InvalidIdempotencyKey`` for a malformed key."""
     key = fleet_meta(meta, "idempotencyKey")
-    return None if key is None else check_key(key)
+    return None if key is ABSENT else check_key(key)
 
 
 def agent_name(meta: dict[str, Any] | None) -> str | None:
     """The agent a ``session/new`` asks for: ``_meta.agentFleet.agent`` (``None`` when
     absent). Raises ``InvalidParams`` when it is not a string."""
     name = fleet_meta(meta, "agent")
-    if name is not None and not isinstance(name, str):
+    if name is ABSENT:
+        return None
+    if not isinstance(name, str):
         raise InvalidParams("_meta.agentFleet.agent must be a string.", {"param": "agent"})
     return name
 

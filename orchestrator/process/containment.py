@@ -24,7 +24,7 @@ first of these modes the host allows (``mode()``; ``FLEET_CONTAINMENT`` picks on
 
 What dies with the worker: a tree's leader dies with the thread that started it
 (``processes.die_with_parent``). In ``cgroup`` mode the rest of the tree is killed by the
-worker's watchdog process (``kill_scope_on_parent_death``), which outlives the worker's
+worker's watchdog process (``watchdogs.kill_scope_on_parent_death``), which outlives the worker's
 ``SIGKILL``; should it die too, the next fleet process of the host kills and removes every
 scope whose process is gone (``cgroups.scope`` sweeps them).
 """
@@ -54,9 +54,6 @@ log = logging.getLogger(__name__)
 
 #: The environment variable by which a watchdog learns its worker's scope (a cgroup path).
 SCOPE_ENV = "FLEET_CONTAINMENT_SCOPE"
-#: Seconds a watchdog told that its worker's thread ended waits for the worker itself to be
-#: gone (its other threads end a moment after the first when it is killed).
-_OWNER_GONE_WAIT = 2.0
 #: Seconds between two looks at whether a tree is gone.
 _POLL = 0.02
 
@@ -401,61 +398,3 @@ def start(
         return Tree(proc, found, None, mark)
     proc = subprocess.Popen(argv, preexec_fn=preexec_fn, **popen)
     return Tree(proc, Mode.PROCESS_GROUP, None)
-
-
-def watchdog_preexec() -> Callable[[], None]:
-    """The ``preexec_fn`` of a worker's watchdog process: it gets SIGTERM when the worker's
-    thread that starts it dies (``processes.die_with_parent``), held blocked until the
-    watchdog's ``kill_scope_on_parent_death`` handles it, so a worker that dies while its
-    watchdog still starts up is not missed."""
-    then = die_with_parent(signal.SIGTERM)
-
-    def _preexec() -> None:  # pragma: no cover - runs in the child between fork and exec
-        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
-        then()
-
-    return _preexec
-
-
-def kill_scope_on_parent_death(scope_path: str | None = None) -> None:
-    """In a worker's watchdog process (started with ``watchdog_preexec``): on SIGTERM (sent
-    by the kernel when the worker's thread that started it dies), kill every tree of the
-    worker's scope (``scope_path``, or ``SCOPE_ENV``) if the worker itself is gone (this
-    process was reparented), then exit; SIGTERM is unblocked here. Without a scope, SIGTERM
-    just ends the process."""
-    path = scope_path if scope_path is not None else os.environ.get(SCOPE_ENV, "")
-    owner = Path(path).name[1:].partition("-")[0] if path else ""
-
-    def _on_term(signum: int, frame: object) -> None:
-        # The SIGTERM comes when the worker's thread that started this process ends. When the
-        # worker was killed its other threads may not all be gone yet, and until they are
-        # this process's parent is still the worker (a child is handed to another thread of
-        # the same process first): wait a little for the worker to be gone for good.
-        deadline = time.monotonic() + _OWNER_GONE_WAIT
-        while owner.isdigit():
-            if os.getppid() != int(owner):  # reparented: the worker is gone
-                if path.startswith("/"):
-                    cgroups.kill_cgroup(path)
-                else:
-                    subreaper.kill_marked(f"{path}/")
-                break
-            if time.monotonic() > deadline:
-                break  # the worker lives on: only its thread ended
-            time.sleep(0.005)
-        os._exit(0)
-
-    signal.signal(signal.SIGTERM, _on_term)
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
-
-
-def scope_env() -> dict[str, str]:
-    """The environment a watchdog needs to kill this process's trees when it dies
-    (``SCOPE_ENV``: a cgroup path, or a scope mark), or ``{}`` in the other modes."""
-    current = mode()
-    if current is Mode.CGROUP:
-        found: Path | str | None = cgroups.scope()
-    elif current is Mode.SUBREAPER:
-        found = subreaper.scope()
-    else:
-        return {}
-    return {SCOPE_ENV: str(found)} if found is not None else {}

@@ -41,11 +41,16 @@ PUBLIC = {
     "/",
 }
 #: Sample values for path parameters: well-formed ids of nothing.
-PATH_VALUES = {"session_id": "sess_000000000000000000000000", "turn_id": "turn_0"}
+PATH_VALUES = {
+    "session_id": "sess_000000000000000000000000",
+    "turn_id": "turn_0",
+    "request_id": "perm_0",
+}
 #: A plausible body per route, so a route cannot answer 422 before checking the token.
 BODIES: dict[tuple[str, str], Any] = {
     ("POST", "/sessions"): {"cwd": "/tmp/fleet-auth-test"},
     ("POST", "/sessions/{session_id}/prompt"): {"prompt": "hello"},
+    ("POST", "/sessions/{session_id}/permissions/{request_id}"): {"outcome": "allow"},
     ("POST", "/sessions/{session_id}/archive"): {"stopActivity": False},
     ("POST", "/sessions/archive"): {"sessionIds": ["sess_000000000000000000000000"]},
     ("PUT", "/sessions/{session_id}/title"): {"title": "t"},

@@ -268,7 +268,10 @@ def test_a_tool_setting_naming_known_tools_or_none_is_taken(value: str) -> None:
     ("args", "message"),
     [
         (["nonexistent", "--json"], "No such command 'nonexistent'."),
-        (["sessons", "ls", "--json"], "No such command 'sessons'. Did you mean 'sessions'?"),
+        (
+            ["sessons", "ls", "--json"],
+            "No such command 'sessons'. Did you mean 'sessions', 'permissions'?",
+        ),
         (["sessions", "nope", "--json"], "No such command 'nope'."),
         (["--json"], "No such option: --json"),
         (["sessions", "--json"], "No such option: --json"),
