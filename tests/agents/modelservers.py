@@ -554,3 +554,15 @@ def serve() -> Iterator[ModelServer]:
         httpd.shutdown()
         httpd.server_close()
         thread.join(timeout=5)
+
+
+if __name__ == "__main__":
+    # A stand-in model server for trying the agents by hand: prints its URL, serves until
+    # Ctrl-C. Point Codex at <url>/v1, Claude Code and Gemini CLI at <url>.
+    import time as _time
+
+    with serve() as running:
+        print(f"model server on {running.base_url}", flush=True)
+        with contextlib.suppress(KeyboardInterrupt):
+            while True:
+                _time.sleep(3600)
