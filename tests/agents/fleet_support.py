@@ -90,3 +90,55 @@ def processes_with(text: str) -> list[int]:
             if text in " ".join(proc.info["cmdline"] or []):
                 found.append(proc.pid)
     return found
+
+
+class Person:
+    """An ACP client that answers every permission request with ``choice`` and records
+    the requests and updates it is sent."""
+
+    def __init__(self, choice: str) -> None:
+        self.choice = choice
+        self.asked: list[Any] = []
+        self.updates: list[Any] = []
+
+    async def session_update(self, session_id: str, update: Any, **_: Any) -> None:
+        self.updates.append(update)
+
+    async def request_permission(self, session_id: str, tool_call: Any, options: Any, **_: Any):
+        from acp.schema import AllowedOutcome, RequestPermissionResponse
+
+        self.asked.append((tool_call, options))
+        chosen = next(o.option_id for o in options if o.kind == self.choice)
+        picked = AllowedOutcome.model_validate({"outcome": "selected", "optionId": chosen})
+        return RequestPermissionResponse(outcome=picked)
+
+    def on_connect(self, conn: Any) -> None:
+        pass
+
+
+def prompt_over_acp(
+    store: Store, cwd: Path, agent: str, text: str, person: Person, timeout: float = 90.0
+) -> tuple[str, str]:
+    """Run ``fleet acp`` on ``store``'s prefix and agents file as a client would: a new
+    session run by ``agent`` in ``cwd``, one prompt ``text``, every permission request
+    answered by ``person``. Returns (session id, stopReason)."""
+    import asyncio
+    import os
+
+    from acp import spawn_agent_process, text_block
+
+    env = {
+        **os.environ,
+        "FLEET_KEY_PREFIX": store.keys.prefix,
+        "FLEET_AGENTS_FILE": str(store.settings.agents_file),
+    }
+
+    async def body() -> tuple[str, str]:
+        argv = ["-m", "api.cli", "acp"]
+        async with spawn_agent_process(person, sys.executable, *argv, env=env) as (conn, _):
+            await conn.initialize(protocol_version=1)
+            made = await conn.new_session(cwd=str(cwd), mcp_servers=[], agentFleet={"agent": agent})
+            reply = await conn.prompt(session_id=made.session_id, prompt=[text_block(text)])
+            return made.session_id, str(reply.stop_reason)
+
+    return asyncio.run(asyncio.wait_for(body(), timeout))

@@ -18,7 +18,13 @@ from orchestrator.archiving.archive import archive
 from orchestrator.errors import SessionActive
 from orchestrator.session.sessions import create_session, get_session
 from orchestrator.turn.turns import get_turn, start_turn
-from tests.agents.fleet_support import agent_fleet, agents_toml, processes_with
+from tests.agents.fleet_support import (
+    Person,
+    agent_fleet,
+    agents_toml,
+    processes_with,
+    prompt_over_acp,
+)
 from tests.helpers import error_shape, rest_client, wait_for
 from tests.workers.support import history
 
@@ -289,60 +295,13 @@ def test_an_unknown_agent_is_refused_by_rest_with_the_known_ones(
     assert [a["name"] for a in listed["agents"]] == names
 
 
-class _Person:
-    """An ACP client that answers every permission request with ``choice`` and records
-    the requests and updates it is sent."""
-
-    def __init__(self, choice: str) -> None:
-        self.choice = choice
-        self.asked: list[Any] = []
-        self.updates: list[Any] = []
-
-    async def session_update(self, session_id: str, update: Any, **_: Any) -> None:
-        self.updates.append(update)
-
-    async def request_permission(self, session_id: str, tool_call: Any, options: Any, **_: Any):
-        from acp.schema import AllowedOutcome, RequestPermissionResponse
-
-        self.asked.append((tool_call, options))
-        chosen = next(o.option_id for o in options if o.kind == self.choice)
-        picked = AllowedOutcome.model_validate({"outcome": "selected", "optionId": chosen})
-        return RequestPermissionResponse(outcome=picked)
-
-    def on_connect(self, conn: Any) -> None:
-        pass
-
-
 def test_an_acp_client_is_asked_the_agents_permission_request_and_its_answer_is_taken(
     private: Any, store: Any, tmp_path: Path
 ) -> None:
-    import asyncio
-    import os
-    import sys
-
-    from acp import spawn_agent_process, text_block
-
     marker = tmp_path / "allowed-over-acp"
-    env = {
-        **os.environ,
-        "FLEET_KEY_PREFIX": store.keys.prefix,
-        "FLEET_AGENTS_FILE": str(store.settings.agents_file),
-    }
+    person = Person("allow_once")
 
-    async def body() -> tuple[str, _Person, str]:
-        person = _Person("allow_once")
-        argv = ["-m", "api.cli", "acp"]
-        async with spawn_agent_process(person, sys.executable, *argv, env=env) as (conn, _):
-            await conn.initialize(protocol_version=1)
-            made = await conn.new_session(
-                cwd=str(tmp_path), mcp_servers=[], agentFleet={"agent": "tiny-ask"}
-            )
-            reply = await conn.prompt(
-                session_id=made.session_id, prompt=[text_block(f"run: touch {marker}")]
-            )
-            return made.session_id, person, reply.stop_reason
-
-    sid, person, stop = asyncio.run(asyncio.wait_for(body(), 60))
+    sid, stop = prompt_over_acp(store, tmp_path, "tiny-ask", f"run: touch {marker}", person)
 
     assert stop == "end_turn"
     assert len(person.asked) == 1

@@ -21,10 +21,11 @@ import pytest
 from orchestrator.agents import permissions
 from orchestrator.archiving.archive import archive, unarchive
 from orchestrator.errors import SessionActive
+from orchestrator.families import Family
 from orchestrator.session.sessions import create_session
 from orchestrator.turn.turns import get_turn, start_turn
 from tests.agents import modelservers
-from tests.agents.fleet_support import agent_fleet
+from tests.agents.fleet_support import Person, agent_fleet, prompt_over_acp
 from tests.agents.install import agent_binary, require_agent
 from tests.helpers import rest_client, wait_for
 from tests.workers.support import history
@@ -185,3 +186,37 @@ def test_a_permission_request_is_answered_through_rest(
     assert turn.state == "completed", turn
     assert (tmp_path / "made.txt").exists()
     assert "done: ok" in _said(store, sid, tid)
+
+
+def test_a_permission_request_is_answered_by_an_acp_client(
+    agent: str, fleet_and_store: tuple[Any, Any], tmp_path: Path
+) -> None:
+    _, store = fleet_and_store
+    person = Person("allow_once")
+
+    sid, stop = prompt_over_acp(
+        store, tmp_path, f"{agent}-ask", "ask: touch made.txt && echo ok", person, TURN
+    )
+
+    assert stop == "end_turn"
+    assert len(person.asked) == 1
+    assert (tmp_path / "made.txt").exists()
+
+
+def test_a_killed_turn_worker_takes_the_agent_and_its_command(
+    agent: str, fleet_and_store: tuple[Any, Any], tmp_path: Path
+) -> None:
+    private, store = fleet_and_store
+    sid = create_session(store, str(tmp_path), agent=agent).session_id
+    seconds = f"300.{uuid.uuid4().int % 10**6}"
+    start_turn(private.store, private.dispatcher, sid, f"run: sleep {seconds}")
+    wait_for(lambda: _with_command(f"sleep {seconds}"), TURN, message="the agent's command")
+    assert _marked(tmp_path)
+
+    private.kill(Family.TURN)
+    try:
+        # Killed by the worker's watchdog, which may still be starting on a loaded machine
+        wait_for(lambda: not _with_command(f"sleep {seconds}"), 15, message="the command to die")
+        wait_for(lambda: not _marked(tmp_path), 5, message="every process of the agent to die")
+    finally:
+        private.restart(Family.TURN)
