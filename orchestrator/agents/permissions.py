@@ -79,6 +79,12 @@ def _read(text: str) -> Pending | None:
         return None
 
 
+def record(store: Store, session_id: str, ask: Pending) -> None:
+    """Record ``ask`` as waiting for a person (before anyone is told of it, so a client that
+    hears of it finds it)."""
+    store.redis.hset(store.keys.permissions(session_id), ask.request_id, json.dumps(ask.to_wire()))
+
+
 def wait_for_answer(
     store: Store,
     session_id: str,
@@ -86,12 +92,11 @@ def wait_for_answer(
     timeout: float,
     stopped: threading.Event,
 ) -> str | None:
-    """Record ``ask`` and wait up to ``timeout`` s for a person's answer, or until
+    """Wait up to ``timeout`` s for a person's answer to ``ask`` (``record`` ed), or until
     ``stopped`` is set (the turn stopped). Returns the chosen option id, or ``None``
     (``cancelled``). The record is removed however it ends."""
     key = store.keys.permissions(session_id)
     answer_key = store.keys.permission_answer(ask.request_id)
-    store.redis.hset(key, ask.request_id, json.dumps(ask.to_wire()))
     deadline = time.monotonic() + timeout
     try:
         while not stopped.is_set():

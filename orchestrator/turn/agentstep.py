@@ -93,20 +93,23 @@ class _Sink:
             ask.request_id, self.guard.turn_id, ask.tool_call, ask.options, timeout
         )
         call_id = str(ask.tool_call.get("toolCallId", ""))
-        self.update(
-            _permission_update(
-                call_id,
-                {
-                    "requestId": ask.request_id,
-                    "options": ask.options,
-                    "expiresAt": waiting.expires_at,
-                    "state": "pending",
-                },
+        pending = {
+            "requestId": ask.request_id,
+            "options": ask.options,
+            "expiresAt": waiting.expires_at,
+            "state": "pending",
+        }
+        # Recorded before it is told, so a client that hears of it finds it; waited for (and
+        # its record removed) however the telling ends.
+        permissions.record(self.store, self.session_id, waiting)
+        told = False
+        try:
+            told = self.update(_permission_update(call_id, pending))
+        finally:
+            timeout = timeout if told else 0.0
+            chosen = permissions.wait_for_answer(
+                self.store, self.session_id, waiting, timeout, self.cancel
             )
-        )
-        chosen = permissions.wait_for_answer(
-            self.store, self.session_id, waiting, timeout, self.cancel
-        )
         self.update(
             _permission_update(
                 call_id,

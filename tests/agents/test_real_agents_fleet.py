@@ -216,7 +216,7 @@ def test_a_killed_turn_worker_takes_the_agent_and_its_command(
     private.kill(Family.TURN)
     try:
         # Killed by the worker's watchdog, which may still be starting on a loaded machine
-        wait_for(lambda: not _with_command(f"sleep {seconds}"), 15, message="the command to die")
-        wait_for(lambda: not _marked(tmp_path), 5, message="every process of the agent to die")
+        wait_for(lambda: not _with_command(f"sleep {seconds}"), 30, message="the command to die")
+        wait_for(lambda: not _marked(tmp_path), 10, message="every process of the agent to die")
     finally:
         private.restart(Family.TURN)
