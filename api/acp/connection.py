@@ -32,7 +32,7 @@ class AcpConnection(RpcEndpoint):
         self.store, self.dispatcher, self.hub = store, dispatcher, hub
         self.prompts = Prompts()
         self.asks = Asks(store, self.request)
-        self.streams = Streams(store, hub, self.send, self.prompts, self.asks.seen)
+        self.streams = Streams(store, hub, self.send, self.prompts, self.asks.seen, self.asks.ended)
 
     @property
     def open(self) -> set[str]:

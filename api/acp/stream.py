@@ -86,10 +86,12 @@ class Streams:
         send: Send,
         prompts: Prompts,
         seen: Callable[[str, dict[str, Any]], None] | None = None,
+        ended: Callable[[str], None] | None = None,
     ) -> None:
         self.store, self.hub, self._send, self.prompts = store, hub, send, prompts
-        # Called with each update sent (the permission requests relayed to the client).
-        self._seen = seen
+        # Called with each update sent, and when a session's turn ends or the session is
+        # archived or deleted (the permission requests relayed to the client).
+        self._seen, self._ended = seen, ended
         self.open: set[str] = set()
         self._cursor: dict[str, int] = {}  # per open session: history items sent
         self.events: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
@@ -196,6 +198,11 @@ class Streams:
         ``loading``: called by ``replay`` for an event it held."""
         sid = str(event.get("sessionId"))
         kind = event.get("type")
+        if self._ended is not None and (
+            kind in ("archived", "deleted")
+            or (kind == "turn" and event.get("state") in _TERMINAL_TURN_STATES)
+        ):
+            self._ended(sid)
         if kind == "update":
             await self._sync(sid, loading=loading)
         elif kind == "archived" and sid in self.open:

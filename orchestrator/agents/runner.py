@@ -264,6 +264,7 @@ async def _open(
         client.replaying = True
         try:
             await conn.load_session(cwd=run.cwd, session_id=run.agent_session_id, mcp_servers=[])
+            await _replayed(conn, run.agent_session_id)
             return run.agent_session_id, run.prompt
         except Exception as exc:  # an agent that lost its session: start afresh
             log.warning("agent %s could not load its session: %s", run.defn.name, exc)
@@ -277,6 +278,17 @@ async def _open(
         ) from None
     text = f"{run.history}\n\n{run.prompt}" if run.history else run.prompt
     return made.session_id, text
+
+
+async def _replayed(conn: ClientSideConnection, agent_sid: str) -> None:
+    """Wait until the updates a ``session/load`` replayed have been handled (dropped): the
+    connection hands each to a task of its own, which may still run after the load's answer,
+    and would otherwise land in the prompt that follows."""
+    tracker = getattr(conn, "_session_updates", None)
+    waiting = getattr(tracker, "wait", None)
+    if waiting is not None:
+        await waiting(agent_sid)
+    await asyncio.sleep(0)
 
 
 async def _prompt(

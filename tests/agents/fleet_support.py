@@ -142,3 +142,72 @@ def prompt_over_acp(
             return made.session_id, str(reply.stop_reason)
 
     return asyncio.run(asyncio.wait_for(body(), timeout))
+
+
+class RawAcp:
+    """``fleet acp`` on a store's prefix and agents file, driven line by line with raw
+    JSON-RPC (to see what the Python SDK hides: requests it is sent and withdrawn)."""
+
+    def __init__(self, store: Store) -> None:
+        import os
+        import subprocess
+
+        env = {
+            **os.environ,
+            "FLEET_KEY_PREFIX": store.keys.prefix,
+            "FLEET_AGENTS_FILE": str(store.settings.agents_file),
+        }
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "api.cli", "acp"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            env=env,
+        )
+        self._next = 0
+        self.seen: list[dict[str, Any]] = []
+
+    def send(self, message: dict[str, Any]) -> None:
+        """Write one message."""
+        import json
+
+        assert self.proc.stdin is not None
+        self.proc.stdin.write((json.dumps(message) + "\n").encode())
+        self.proc.stdin.flush()
+
+    def request(self, method: str, params: dict[str, Any]) -> int:
+        """Send a request; its id."""
+        self._next += 1
+        self.send({"jsonrpc": "2.0", "id": self._next, "method": method, "params": params})
+        return self._next
+
+    def until(self, match: Any, timeout: float = 60.0) -> dict[str, Any]:
+        """Read messages until one for which ``match(message)`` is true; that message.
+        Raises ``TimeoutError``."""
+        import json
+        import select
+        import time
+
+        assert self.proc.stdout is not None
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            ready, _, _ = select.select([self.proc.stdout], [], [], 0.2)
+            if not ready:
+                continue
+            line = self.proc.stdout.readline()
+            if not line:
+                raise EOFError("fleet acp closed its output")
+            message = json.loads(line)
+            self.seen.append(message)
+            if match(message):
+                return message
+        raise TimeoutError(f"no matching message in {timeout} s; seen {self.seen[-5:]}")
+
+    def close(self) -> None:
+        """End the process."""
+        assert self.proc.stdin is not None
+        self.proc.stdin.close()
+        try:
+            self.proc.wait(10)
+        except Exception:
+            self.proc.kill()
+            self.proc.wait(10)

@@ -20,6 +20,7 @@ from orchestrator.session.sessions import create_session, get_session
 from orchestrator.turn.turns import get_turn, start_turn
 from tests.agents.fleet_support import (
     Person,
+    RawAcp,
     agent_fleet,
     agents_toml,
     processes_with,
@@ -366,3 +367,50 @@ def test_delete_stops_the_agent_and_removes_its_home(
 
     assert not home.exists()
     wait_for(lambda: not psutil.pid_exists(pid) or _zombie(pid), 5, message="the agent to stop")
+
+
+def _asked_over_raw_acp(store: Any, tmp_path: Path, text: str) -> tuple[RawAcp, str, int, Any]:
+    acp = RawAcp(store)
+    hello = acp.request("initialize", {"protocolVersion": 1})
+    acp.until(lambda m: m.get("id") == hello)
+    made = acp.request(
+        "session/new",
+        {"cwd": str(tmp_path), "mcpServers": [], "_meta": {"agentFleet": {"agent": "tiny-ask"}}},
+    )
+    sid = acp.until(lambda m: m.get("id") == made)["result"]["sessionId"]
+    asked = acp.request(
+        "session/prompt", {"sessionId": sid, "prompt": [{"type": "text", "text": text}]}
+    )
+    request = acp.until(lambda m: m.get("method") == "session/request_permission")
+    return acp, sid, asked, request
+
+
+def test_an_archive_withdraws_a_permission_request_from_the_acp_clients_it_was_sent_to(
+    private: Any, store: Any, tmp_path: Path
+) -> None:
+    acp, sid, asked, request = _asked_over_raw_acp(store, tmp_path, "run: echo never")
+    try:
+        archive(store, private.dispatcher, sid, stop_activity=True)
+
+        withdrawn = acp.until(lambda m: m.get("method") == "$/cancel_request", 10)
+        answer = acp.until(lambda m: m.get("id") == asked, 10)
+    finally:
+        acp.close()
+    assert withdrawn["params"]["id"] == request["id"]
+    assert answer["result"]["stopReason"] == "cancelled"
+
+
+def test_an_acp_clients_answer_naming_no_option_is_no_permission(
+    private: Any, store: Any, tmp_path: Path
+) -> None:
+    acp, sid, asked, request = _asked_over_raw_acp(store, tmp_path, "run: echo never")
+    try:
+        picked = {"outcome": {"outcome": "selected", "optionId": "nope-not-an-option"}}
+        acp.send({"jsonrpc": "2.0", "id": request["id"], "result": picked})
+        answer = acp.until(lambda m: m.get("id") == asked, 10)
+    finally:
+        acp.close()
+    assert answer["result"]["stopReason"] == "end_turn"
+    assert permissions.pending(store, sid) == []
+    turn_ids = [u["turnId"] for u in history(store, sid) if u.get("turnId")]
+    assert said(store, sid, turn_ids[-1]) == "denied"
