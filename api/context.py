@@ -9,8 +9,10 @@ only through the domain's ``Dispatcher`` protocol.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from functools import lru_cache
+from pathlib import Path
 
 from api.wiring import CeleryDispatcher, celery_dispatcher
 from localfleet.discovery import FleetNotFound, find
@@ -38,16 +40,21 @@ def checked_redis_url(settings: FleetSettings) -> str:
 def settings() -> FleetSettings:
     """The process's settings; with ``FLEET_REDIS_URL`` unset, the Redis URL and key prefix
     of the ``fleet up`` running with the same state directory (``localfleet/discovery.py``), if
-    one does."""
+    one does, and that fleet's agents (``FLEET_AGENTS_FILE``, ``FLEET_AGENT``) unless this
+    process's environment sets them."""
     configured = get_settings()
     if configured.redis_url:
         return configured
     found = find(configured.state_dir)
     if found is None:
         return configured
-    return configured.model_copy(
-        update={"redis_url": found.redis_url, "key_prefix": found.key_prefix}
-    )
+    update: dict[str, object] = {"redis_url": found.redis_url, "key_prefix": found.key_prefix}
+    # The fleet's agents, unless this command's environment names its own.
+    if "FLEET_AGENTS_FILE" not in os.environ and found.agents_file:
+        update["agents_file"] = Path(found.agents_file)
+    if "FLEET_AGENT" not in os.environ and found.agent:
+        update["agent"] = found.agent
+    return configured.model_copy(update=update)
 
 
 def redis_url(*, discover: bool = True) -> str:

@@ -4,12 +4,15 @@
 it exits::
 
     {"redisUrl": "redis://127.0.0.1:40123/0", "keyPrefix": "fleet:",
-     "apiUrl": "http://127.0.0.1:8765" | null, "pid": 4242, "startedAt": "...Z"}
+     "apiUrl": "http://127.0.0.1:8765" | null, "pid": 4242, "startedAt": "...Z",
+     "agentsFile": "/abs/agents.toml" | null, "agent": ""}
 
 A command run with ``FLEET_REDIS_URL`` unset reads it from its own state directory
 (``FLEET_STATE_DIR``, ``./.fleet`` by default), so ``fleet sessions ls`` in the directory
-where ``fleet up`` runs talks to that fleet. A file whose ``pid`` is no longer a running
-``fleet up`` (one killed with SIGKILL, its pid since reused) is ignored.
+where ``fleet up`` runs talks to that fleet, and knows its agents (``FLEET_AGENTS_FILE`` and
+``FLEET_AGENT`` of the fleet, when the command's own environment sets neither). A file whose
+``pid`` is no longer a running ``fleet up`` (one killed with SIGKILL, its pid since reused) is
+ignored.
 """
 
 from __future__ import annotations
@@ -54,9 +57,18 @@ class Published:
     api_url: str | None
     pid: int
     path: Path
+    agents_file: str | None = None
+    agent: str = ""
 
 
-def publish(state_dir: Path, redis_url: str, key_prefix: str, api_url: str | None) -> Path:
+def publish(
+    state_dir: Path,
+    redis_url: str,
+    key_prefix: str,
+    api_url: str | None,
+    agents_file: Path | None = None,
+    agent: str = "",
+) -> Path:
     """Write ``<state_dir>/fleet.json`` for this process (atomically, readable by its owner
     only); returns its path. Raises ``OSError``."""
     state_dir.mkdir(parents=True, exist_ok=True)
@@ -67,6 +79,8 @@ def publish(state_dir: Path, redis_url: str, key_prefix: str, api_url: str | Non
         "apiUrl": api_url,
         "pid": os.getpid(),
         "startedAt": datetime.now(UTC).isoformat(timespec="seconds").replace("+00:00", "Z"),
+        "agentsFile": str(agents_file.resolve()) if agents_file else None,
+        "agent": agent,
     }
     tmp = path.with_suffix(f".{os.getpid()}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
@@ -97,6 +111,8 @@ def read(path: Path) -> Published | None:
             body.get("apiUrl") or None,
             int(body["pid"]),
             path,
+            body.get("agentsFile") or None,
+            str(body.get("agent") or ""),
         )
     except (OSError, ValueError, KeyError, TypeError):
         return None

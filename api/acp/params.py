@@ -139,7 +139,7 @@ def agent_name(meta: dict[str, Any] | None) -> str | None:
     """The agent a ``session/new`` asks for: ``_meta.agentFleet.agent`` (``None`` when
     absent). Raises ``InvalidParams`` when it is not a string."""
     name = fleet_meta(meta, "agent")
-    if name is ABSENT:
+    if name is ABSENT or name is None:  # null: the default, as REST reads it
         return None
     if not isinstance(name, str):
         raise InvalidParams("_meta.agentFleet.agent must be a string.", {"param": "agent"})

@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
-from pathlib import Path
+import shutil
 
 import typer
 
@@ -21,7 +20,9 @@ app.add_typer(agents_app, name="agents")
 
 def _catalog() -> tuple[FleetSettings, Catalog]:
 
-    settings = FleetSettings()
+    from api.context import settings as fleet_settings
+
+    settings = fleet_settings()
     try:
         return settings, load(settings.agents_file)
     except FleetError as exc:
@@ -66,13 +67,17 @@ def agents_check(name: str = typer.Argument(..., metavar="NAME")) -> None:
     missing (its binary, bwrap, an answer)."""
     from orchestrator.agents.runner import check
 
-    _, catalog = _catalog()
+    settings, catalog = _catalog()
     try:
         defn = catalog.get(name)
     except FleetError as exc:
         fail(exc)
-    with tempfile.TemporaryDirectory(prefix="fleet-agent-check-") as home:
-        found = check(defn, Path(home), dict(os.environ))
+    # Where the fleet would put its homes (FLEET_STATE_DIR), so a home it would refuse shows.
+    home = settings.state_dir / "agents" / f".check-{name}-{os.getpid()}"
+    try:
+        found = check(defn, home, dict(os.environ))
+    finally:
+        shutil.rmtree(home, ignore_errors=True)
     if found.problems:
         for problem in found.problems:
             err.print(f"{name}: {problem}", highlight=False)

@@ -159,7 +159,14 @@ def up(
         if api_url:
             api_proc = fleet.start_api()
             console.print(f"API on {api_url} (log {fleet.api_log})")
-        published = discovery.publish(settings.state_dir, url, settings.key_prefix, api_url)
+        published = discovery.publish(
+            settings.state_dir,
+            url,
+            settings.key_prefix,
+            api_url,
+            settings.agents_file,
+            settings.agent,
+        )
         console.print(
             f"published in {published}: fleet commands run with this state directory find "
             "this fleet without FLEET_REDIS_URL",

@@ -17,7 +17,7 @@ from typing import Any
 import typer
 from rich.text import Text
 
-from api.cli.common import app, console, err
+from api.cli.common import app, console, err, printable
 from api.cli.keyed import KEY_OPTION, keyed_write
 from orchestrator import untrusted
 from orchestrator.storage.store import Store
@@ -43,21 +43,45 @@ def _tool_text(update: dict[str, Any]) -> str:
     return " ".join(parts)
 
 
+def _shown(text: object) -> str:
+    """Text a model or an agent wrote, as printed: its lines kept, every other character
+    that is not printable escaped (``printable``), so it cannot drive the terminal."""
+    return "\n".join(printable(line) for line in str(text).split("\n"))
+
+
+def _permission_line(permission: dict[str, Any]) -> str:
+    rid = printable(str(permission.get("requestId", "")))
+    if permission.get("state") == "pending":
+        options = ", ".join(
+            printable(f"{o.get('optionId')} ({o.get('kind')})")
+            for o in permission.get("options") or []
+            if isinstance(o, dict)
+        )
+        return f"   ? permission asked ({rid}): {options}"
+    return f"   permission {rid}: {printable(str(permission.get('outcome', '')))}"
+
+
 def render_update(update: dict[str, Any], *, prompts: bool = False) -> str:
     """One line for an ACP ``session/update`` payload ('' for a kind not shown): the agent's
-    text as is, a tool call as ``-> title``, its outcome as ``   status: text``; with
-    ``prompts`` the user's prompt as ``> text``."""
+    text, a tool call as ``-> title``, its outcome as ``   status: text``, a permission
+    request and its answer; with ``prompts`` the user's prompt as ``> text``. What a model
+    or an agent wrote is printed with its control characters escaped."""
     kind = update.get("sessionUpdate")
     content = update.get("content")
     text = content.get("text", "") if isinstance(content, dict) else ""
     if kind == "agent_message_chunk":
-        return str(text)
+        return _shown(text)
     if kind == "user_message_chunk":
-        return "> " + str(text).replace("\n", "\n> ") if prompts else ""
+        return "> " + _shown(text).replace("\n", "\n> ") if prompts else ""
     if kind == "tool_call":
-        return f"-> {update.get('title', 'tool')}"
+        return f"-> {_shown(update.get('title', 'tool'))}"
     if kind == "tool_call_update":
-        detail = _tool_text(update)
+        permission = ((update.get("_meta") or {}).get("agentFleet") or {}).get("permission")
+        if isinstance(permission, dict):
+            return _permission_line(permission)
+        if not update.get("status"):
+            return ""
+        detail = _shown(_tool_text(update))
         return f"   {update.get('status', '')}" + (f": {detail}" if detail else "")
     return ""
 

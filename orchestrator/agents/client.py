@@ -121,6 +121,10 @@ class FleetClient:
         self.replaying = False
         self.updates = 0
         self._order = asyncio.Lock()
+        #: Set with ``failure`` (``fail``), for waits that must end at once.
+        self.failed = asyncio.Event()
+        #: The task passing the agent's output on (``runner._pump``), while it runs.
+        self.pump: Any = None
         #: Why the prompt must end failed (a bound passed), set by an update's handler.
         self.failure = ""
         self._new_id = new_id
@@ -130,7 +134,7 @@ class FleetClient:
             return
         self.updates += 1
         if self.updates > MAX_UPDATES:
-            self.failure = f"the agent sent more than {MAX_UPDATES} updates in one prompt"
+            self.fail(f"the agent sent more than {MAX_UPDATES} updates in one prompt")
             return
         # The connection handles notifications as concurrent tasks: the lock (first come, first
         # served) lands them in the order they arrived.
@@ -138,7 +142,13 @@ class FleetClient:
             try:
                 await self._land(update)
             except AgentFailed as exc:  # the connection would only log it: the prompt reads it
-                self.failure = str(exc)
+                self.fail(str(exc))
+
+    def fail(self, why: str) -> None:
+        """The agent broke the protocol or a bound: its prompt ends failed with ``why``."""
+        if not self.failure:
+            self.failure = why
+        self.failed.set()
 
     async def _land(self, update: Any) -> None:
         wire = update.model_dump(mode="json", by_alias=True, exclude_none=True)

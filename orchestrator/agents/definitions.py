@@ -24,9 +24,9 @@ import tomllib
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
 
 from orchestrator.errors import InvalidParams
 
@@ -58,7 +58,11 @@ class UnknownAgent(InvalidParams):
     code = "unknown_agent"
 
     def __init__(self, name: str, known: list[str]) -> None:
-        where = ", ".join(known) if known else "none (FLEET_AGENTS_FILE names no agents)"
+        where = (
+            ", ".join(known)
+            if known
+            else "none (FLEET_AGENTS_FILE is unset or names no agents where this runs)"
+        )
         super().__init__(
             f"Unknown agent {name[:80]!r}; the agents of this fleet are: {where}.",
             {"param": "agent", "allowed": known},
@@ -80,7 +84,9 @@ class AgentDefinition(BaseModel):
     name: str = ""
     preset: Preset
     command: list[str] = Field(default_factory=list)
-    env: dict[str, str] = Field(default_factory=dict)
+    env: dict[Annotated[str, StringConstraints(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")], str] = Field(
+        default_factory=dict
+    )
     upstream: str = ""
     api_key_env: str = ""
     model: str = ""

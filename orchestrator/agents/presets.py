@@ -22,7 +22,9 @@ not in the host user's.
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -120,6 +122,12 @@ def preset_of(preset: Preset) -> PresetSpec:
     return _PRESETS[preset]
 
 
+def _under_tmp(home: Path) -> bool:
+    tmp = Path(os.path.realpath(tempfile.gettempdir()))
+    real = Path(os.path.realpath(home))
+    return real == tmp or tmp in real.parents
+
+
 def command_of(defn: AgentDefinition) -> list[str]:
     """The command that starts ``defn``'s agent: its ``command``, else its preset's."""
     return list(defn.command) or list(preset_of(defn.preset).command)
@@ -140,14 +148,22 @@ def environment(defn: AgentDefinition, home: Path, host_env: dict[str, str]) -> 
     return env
 
 
-def missing(defn: AgentDefinition, path: str | None) -> list[str]:
-    """What the host lacks to run ``defn``: its command's binary and the binaries its preset
-    needs, each as a phrase naming it (empty: nothing). ``path`` is the ``PATH`` searched."""
+def missing(defn: AgentDefinition, path: str | None, home: Path | None = None) -> list[str]:
+    """What the host lacks to run ``defn`` with its home in ``home``: its command's binary,
+    the binaries its preset needs, a home its preset refuses, each as a phrase naming it
+    (empty: nothing). ``path`` is the ``PATH`` searched."""
     argv = command_of(defn)
     gone = []
     if not argv or shutil.which(argv[0], path=path) is None:
         name = argv[0] if argv else "(no command)"
-        gone.append(f"{name} not found on PATH")
+        where = "does not exist or is not executable" if os.path.isabs(name) else "not on PATH"
+        gone.append(f"{name} not found ({where})")
+    if home is not None and defn.preset is Preset.CODEX and _under_tmp(home):
+        gone.append(
+            f"the agent's home {home} lies under the temporary directory "
+            f"{tempfile.gettempdir()}, where Codex's sandbox will not run commands: set "
+            "FLEET_STATE_DIR to a directory outside it"
+        )
     for binary in preset_of(defn.preset).needs:
         if shutil.which(binary, path=path) is None:
             gone.append(f"{binary} not found on PATH (the {defn.preset} agent's sandbox needs it)")

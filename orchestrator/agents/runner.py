@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import subprocess
 import threading
@@ -77,6 +78,11 @@ def start_tree(defn: AgentDefinition, cwd: str, home: Path, env: dict[str, str])
     """Start ``defn``'s agent as a contained tree (``containment.start``) with pipes to talk
     to it, its stderr appended to ``home/stderr.log``. Raises ``AgentFailed`` naming what is
     missing."""
+    from orchestrator.agents.presets import missing
+
+    lacking = missing(defn, env.get("PATH"), home)
+    if lacking:
+        raise AgentFailed(f"agent {defn.name!r} cannot run here: {'; '.join(lacking)}")
     argv = command_of(defn)
     with open(home / "stderr.log", "ab") as stderr:
         try:
@@ -158,9 +164,11 @@ class LiveAgent:
 
     async def _connect(self) -> None:
         assert self.tree.process.stdin is not None and self.tree.process.stdout is not None
-        writer, reader = await _streams(self.tree.process.stdin, self.tree.process.stdout)
+        writer, reader = await _streams(
+            self.tree.process.stdin, self.tree.process.stdout, self.client
+        )
         self.conn = ClientSideConnection(cast(Client, self.client), writer, reader)
-        self.loads, self.info = await _initialize(self.defn, self.conn)
+        self.loads, self.info = await _initialize(self.defn, self.conn, self.client)
 
     def alive(self) -> bool:
         """Whether its process still runs."""
@@ -211,16 +219,50 @@ def _with_stderr(message: str, path: Path) -> str:
 
 
 async def _streams(
-    stdin: IO[bytes], stdout: IO[bytes]
+    stdin: IO[bytes], stdout: IO[bytes], client: FleetClient
 ) -> tuple[asyncio.StreamWriter, asyncio.StreamReader]:
+    """The agent's pipes as asyncio streams. What it writes reaches the connection through
+    ``_pump``, which passes on only lines that are JSON objects."""
     loop = asyncio.get_running_loop()
-    reader = asyncio.StreamReader(limit=MAX_FRAME_BYTES)
-    await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), stdout)
+    raw = asyncio.StreamReader(limit=MAX_FRAME_BYTES)
+    await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(raw), stdout)
     transport, protocol = await loop.connect_write_pipe(
         lambda: asyncio.streams.FlowControlMixin(), stdin
     )
     writer = asyncio.StreamWriter(transport, protocol, None, loop)
-    return writer, reader
+    clean = asyncio.StreamReader(limit=MAX_FRAME_BYTES)
+    client.pump = asyncio.ensure_future(_pump(raw, clean, client))
+    return writer, clean
+
+
+async def _pump(
+    raw: asyncio.StreamReader, clean: asyncio.StreamReader, client: FleetClient
+) -> None:
+    """Pass the agent's lines that are JSON objects on to ``clean``; the first that is not
+    (or a line over ``MAX_FRAME_BYTES``) fails the agent's prompt (``client.fail``): an agent
+    that breaks the protocol is not waited for."""
+    try:
+        while True:
+            try:
+                line = await raw.readline()
+            except (asyncio.LimitOverrunError, ValueError):
+                client.fail(f"the agent wrote a line over {MAX_FRAME_BYTES} bytes")
+                return
+            if not line:
+                return
+            if not line.strip():
+                continue
+            try:
+                ok = isinstance(json.loads(line), dict)
+            except ValueError:
+                ok = False
+            if not ok:
+                shown = line[:120].decode("utf-8", "replace").strip()
+                client.fail(f"the agent wrote what is not JSON-RPC: {shown!r}")
+                return
+            clean.feed_data(line)
+    finally:
+        clean.feed_eof()
 
 
 def _capabilities(defn: AgentDefinition) -> ClientCapabilities:
@@ -231,24 +273,41 @@ def _capabilities(defn: AgentDefinition) -> ClientCapabilities:
     )
 
 
-async def _initialize(defn: AgentDefinition, conn: ClientSideConnection) -> tuple[bool, str]:
+async def _initialize(
+    defn: AgentDefinition, conn: ClientSideConnection, client: FleetClient
+) -> tuple[bool, str]:
     """``initialize`` within the definition's start timeout. Returns whether the agent can
-    load its sessions, and its name and version as it gave them. Raises ``AgentFailed``."""
-    try:
-        init = await asyncio.wait_for(
-            conn.initialize(
-                protocol_version=PROTOCOL_VERSION,
-                client_capabilities=_capabilities(defn),
-                client_info=Implementation(name="agent-fleet", version="0.1.0"),
-            ),
-            defn.start_timeout_seconds,
+    load its sessions, and its name and version as it gave them. Raises ``AgentFailed``
+    (also as soon as the agent writes what is not JSON-RPC)."""
+    asked = asyncio.ensure_future(
+        conn.initialize(
+            protocol_version=PROTOCOL_VERSION,
+            client_capabilities=_capabilities(defn),
+            client_info=Implementation(name="agent-fleet", version="0.1.0"),
         )
+    )
+    broken = asyncio.ensure_future(client.failed.wait())
+    try:
+        await asyncio.wait(
+            {asked, broken}, timeout=defn.start_timeout_seconds, return_when=asyncio.FIRST_COMPLETED
+        )
+        if client.failure:
+            asked.cancel()
+            raise AgentFailed(f"agent {defn.name!r} failed to initialize: {client.failure}")
+        if not asked.done():
+            asked.cancel()
+            raise TimeoutError
+        init = asked.result()
     except TimeoutError:
         raise AgentFailed(
             f"agent {defn.name!r} did not answer initialize within {defn.start_timeout_seconds:g} s"
         ) from None
+    except AgentFailed:
+        raise
     except Exception as exc:
         raise AgentFailed(f"agent {defn.name!r} failed to initialize: {_why(exc)}") from None
+    finally:
+        broken.cancel()
     info = init.agent_info
     named = f"{info.name} {info.version}" if info else ""
     return bool(init.agent_capabilities and init.agent_capabilities.load_session), named
@@ -348,7 +407,7 @@ def check(defn: AgentDefinition, home: Path, host_env: dict[str, str]) -> Checke
     on (a binary not on ``PATH``, ``bwrap`` missing, no answer in time, an exit)."""
     from orchestrator.agents.presets import missing
 
-    lacking = missing(defn, host_env.get("PATH"))
+    lacking = missing(defn, host_env.get("PATH"), home)
     if lacking:
         return Checked(lacking)
     started = time.monotonic()

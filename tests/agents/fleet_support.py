@@ -22,8 +22,8 @@ TINY = Path(__file__).resolve().parent / "tiny_agent.py"
 
 def agents_toml(extra: str = "") -> str:
     """Definitions of the tiny agent: ``tiny`` (allow), ``tiny-ask`` (ask, 30 s),
-    ``tiny-deny`` (deny), ``tiny-brief`` (allow, kept 0.5 s between prompts), ``ghost`` (a
-    binary that does not exist); ``extra`` appended."""
+    ``tiny-deny`` (deny), ``tiny-brief`` (allow, kept 0.5 s between prompts), ``junk`` (writes what
+    is not JSON-RPC), ``ghost`` (a binary that does not exist); ``extra`` appended."""
     command = f'command = ["{sys.executable}", "{TINY}"]'
     return f"""
 [agents.tiny]
@@ -47,6 +47,10 @@ preset = "acp"
 {command}
 permissions = "allow"
 idle_seconds = 0.5
+
+[agents.junk]
+preset = "acp"
+command = ["sh", "-c", "echo this is not json-rpc; exec sleep 60"]
 
 [agents.ghost]
 preset = "acp"

@@ -291,7 +291,7 @@ def test_an_unknown_agent_is_refused_by_rest_with_the_known_ones(
         listed = client.get("/agents").json()
 
     body = error_shape(resp, 422, "unknown_agent")
-    names = ["ghost", "tiny", "tiny-ask", "tiny-brief", "tiny-deny"]
+    names = ["ghost", "junk", "tiny", "tiny-ask", "tiny-brief", "tiny-deny"]
     assert body["data"]["allowed"] == names
     assert [a["name"] for a in listed["agents"]] == names
 
@@ -414,3 +414,15 @@ def test_an_acp_clients_answer_naming_no_option_is_no_permission(
     assert permissions.pending(store, sid) == []
     turn_ids = [u["turnId"] for u in history(store, sid) if u.get("turnId")]
     assert said(store, sid, turn_ids[-1]) == "denied"
+
+
+@pytest.mark.parametrize(("agent", "text"), [("tiny", "garbage"), ("junk", "hello")])
+def test_an_agent_that_breaks_the_protocol_fails_its_turn_at_once_saying_so(
+    private: Any, store: Any, tmp_path: Path, agent: str, text: str
+) -> None:
+    sid = create_session(store, str(tmp_path), agent=agent).session_id
+
+    turn = ended(store, prompt(private, sid, text), timeout=20)
+
+    assert turn.state == "failed", turn
+    assert "not JSON-RPC" in turn.error

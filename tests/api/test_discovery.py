@@ -8,6 +8,9 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
+
+import pytest
 
 from localfleet import discovery
 
@@ -44,3 +47,34 @@ def test_a_missing_or_malformed_file_is_no_fleet(tmp_path: Path) -> None:
     assert discovery.find(tmp_path) is None
     (tmp_path / discovery.FILE_NAME).write_text(json.dumps({"redisUrl": "x"}))
     assert discovery.find(tmp_path) is None
+
+
+def test_a_command_knows_the_agents_of_the_fleet_up_it_found(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from api import context
+    from orchestrator.settings import get_settings
+
+    agents = tmp_path / "agents.toml"
+    discovery.publish(tmp_path, "redis://127.0.0.1:1/0", "p:", None, agents, "tiny")
+    # As if this process were the `fleet up` that published it
+    monkeypatch.setattr(discovery, "_runs_fleet_up", lambda pid: pid == os.getpid())
+    monkeypatch.setenv("FLEET_STATE_DIR", str(tmp_path))
+    for name in ("FLEET_REDIS_URL", "FLEET_AGENTS_FILE", "FLEET_AGENT"):
+        monkeypatch.delenv(name, raising=False)
+
+    def fresh() -> Any:
+        get_settings.cache_clear()
+        context.settings.cache_clear()
+        return context.settings()
+
+    try:
+        found = fresh()
+        monkeypatch.setenv("FLEET_AGENT", "")
+        own = fresh()
+    finally:
+        get_settings.cache_clear()
+        context.settings.cache_clear()
+
+    assert found.agents_file == agents.resolve() and found.agent == "tiny"
+    assert own.agent == ""  # the command's own environment wins
