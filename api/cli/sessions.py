@@ -125,12 +125,12 @@ def sessions_show(
     for item in items:
         console.print(f"  - {item_line(item)}", highlight=False)
     console.print(Text.assemble(("conversation", "bold"), "" if updates else " (empty)"))
-    from api.cli.turns import render_update
+    from api.cli.turns import Transcript
 
+    transcript = Transcript(prompts=True)
     for update in updates:
-        line = render_update(update, prompts=True)
-        if line:
-            console.print(line, highlight=False)
+        transcript.add(update)
+    transcript.end()
 
 
 def _at(iso_time: str | None) -> str:

@@ -86,6 +86,35 @@ def render_update(update: dict[str, Any], *, prompts: bool = False) -> str:
     return ""
 
 
+class Transcript:
+    """Prints a conversation's updates as a person reads them: an agent's message as one
+    text however many chunks it streamed in (each printed as it comes, no line break between
+    them), every other update on a line of its own (``render_update``)."""
+
+    def __init__(self, *, prompts: bool = False) -> None:
+        self.prompts = prompts
+        self._in_message = False
+
+    def add(self, update: dict[str, Any]) -> None:
+        """Print one update."""
+        line = render_update(update, prompts=self.prompts)
+        if update.get("sessionUpdate") == "agent_message_chunk":
+            if line:
+                console.print(line, end="", highlight=False, soft_wrap=True)
+                self._in_message = True
+            return
+        if not line:
+            return
+        self.end()
+        console.print(line, highlight=False)
+
+    def end(self) -> None:
+        """End the message being printed, if one is (its last line)."""
+        if self._in_message:
+            console.print("")
+            self._in_message = False
+
+
 def follow(store: Store, session_id: str, turn_id: str, as_json: bool, start: int = 0) -> Turn:
     """Print the turn's updates as they are recorded (JSON lines with ``as_json``), reading
     the conversation from index ``start``, until it ends;
@@ -94,6 +123,7 @@ def follow(store: Store, session_id: str, turn_id: str, as_json: bool, start: in
     pubsub = store.redis.pubsub(ignore_subscribe_messages=True)
     pubsub.subscribe(store.keys.events)
     seen = start
+    transcript = Transcript()
     try:
         while True:
             turn = get_turn(store, turn_id)
@@ -105,10 +135,9 @@ def follow(store: Store, session_id: str, turn_id: str, as_json: bool, start: in
                 if as_json:
                     print(json.dumps(update), flush=True)
                 else:
-                    line = render_update(update)
-                    if line:
-                        console.print(line, highlight=False)
+                    transcript.add(update)
             if turn is not None and turn.state not in LIVE_STATES:
+                transcript.end()
                 return turn
             pubsub.get_message(timeout=_WAKE_SECONDS)
             while pubsub.get_message(timeout=0):

@@ -426,3 +426,20 @@ def test_an_agent_that_breaks_the_protocol_fails_its_turn_at_once_saying_so(
 
     assert turn.state == "failed", turn
     assert "not JSON-RPC" in turn.error
+
+
+def test_the_cli_prints_a_streamed_message_as_one_text(
+    private: Any, store: Any, tmp_path: Path
+) -> None:
+    import os
+    import subprocess
+    import sys
+
+    sid = create_session(store, str(tmp_path), agent="tiny").session_id
+    env = {**os.environ, "FLEET_KEY_PREFIX": store.keys.prefix}
+    argv = [sys.executable, "-m", "api.cli", "prompt", sid, "count: 40"]
+
+    done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60)
+
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == ["".join(f"{i} " for i in range(40))]
