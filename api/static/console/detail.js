@@ -60,6 +60,7 @@ function renderDetail(s, opts) {
   }
   dd(dl, "Last activity", "").append(timeEl(s.updatedAt));
   if (m.createdAt) dd(dl, "Created", "").append(timeEl(m.createdAt));
+  if (m.agent) dd(dl, "Agent", m.agent).id = "detail-agent";
   const usage = usageText(s.usage);
   if (usage) dd(dl, "Tokens", usage).className = "usage";
   card.append(dl);
@@ -89,6 +90,12 @@ function renderDetail(s, opts) {
     const act = document.createElement("div");
     act.id = "detail-activity";
     card.append(act);
+    if (m.agent) {
+      const asks = document.createElement("section");
+      asks.id = "permissions";
+      asks.setAttribute("aria-label", "Permission requests");
+      card.append(asks);
+    }
     actions.append(button("Archive", () => archiveFlow(s)));
   }
   actions.prepend(button("Back to list", () => hub.go(state.population === "archived" ? "#/archived" : "#/")));
@@ -99,6 +106,7 @@ function renderDetail(s, opts) {
   card.append(talk);
   box.replaceChildren(card);
   loadConversation(s.sessionId, talk);
+  watchPermissions(!s.archived && m.agent ? s.sessionId : null);
   if (!s.archived) paintDetailActivity();
   if (opts.rename && !s.archived) startRename(s);
 }
@@ -126,6 +134,15 @@ async function loadConversation(id, box) {
       li.textContent = `tool: ${u.title || ""}`;
     } else if (kind === "tool_call_update") {
       li.className = "tool";
+      const perm = u._meta && u._meta.agentFleet && u._meta.agentFleet.permission;
+      if (perm) {
+        li.textContent = perm.state === "pending"
+          ? "permission asked"
+          : `permission answered: ${perm.outcome || ""}`;
+        list.append(li);
+        continue;
+      }
+      if (!u.status && !u.content) continue;
       const cancelled = u._meta && u._meta.agentFleet && u._meta.agentFleet.cancelled;
       const text = (u.content || []).map((c) => (c.content && c.content.text) || "").join(" ");
       li.textContent = `${cancelled ? "cancelled" : u.status}: ${text}`;
@@ -137,6 +154,73 @@ async function loadConversation(id, box) {
     p.textContent = "No conversation yet.";
     box.replaceChildren(h, p);
   } else box.replaceChildren(h, list);
+}
+
+// The permission requests of the selected session's agent waiting for a person, looked at
+// every PERMISSION_POLL_MS while its view is open (they come mid-turn, with no lifecycle
+// event), each answered with one of its options.
+const PERMISSION_POLL_MS = 1500;
+let permissionTimer = null;
+
+function watchPermissions(id) {
+  clearInterval(permissionTimer);
+  permissionTimer = null;
+  if (!id) return;
+  loadPermissions(id);
+  permissionTimer = setInterval(() => {
+    if (state.selected !== id || !document.getElementById("permissions")) {
+      clearInterval(permissionTimer);
+      return;
+    }
+    loadPermissions(id);
+  }, PERMISSION_POLL_MS);
+}
+
+async function loadPermissions(id) {
+  let data;
+  try {
+    data = await api("GET", `/sessions/${enc(id)}/permissions`);
+  } catch {
+    return; // the next look tries again
+  }
+  const box = document.getElementById("permissions");
+  if (!box || state.selected !== id) return;
+  const asks = data.permissions || [];
+  const shown = asks.map((p) => p.requestId).join(" ");
+  if (box.dataset.shown === shown) return; // unchanged: keep focus where it is
+  box.dataset.shown = shown;
+  if (!asks.length) { box.replaceChildren(); return; }
+  const h = document.createElement("h3");
+  h.textContent = "Waiting for you";
+  const ul = document.createElement("ul");
+  ul.className = "asks";
+  for (const p of asks) {
+    const li = document.createElement("li");
+    li.dataset.requestId = p.requestId;
+    const what = document.createElement("p");
+    const call = p.toolCall || {};
+    what.textContent = `The agent asks to run: ${call.title || call.toolCallId || "a tool"}`;
+    const err = document.createElement("p");
+    err.className = "error";
+    err.setAttribute("role", "alert");
+    const choices = document.createElement("div");
+    choices.className = "actions";
+    for (const o of p.options || []) {
+      const allow = String(o.kind || "").startsWith("allow");
+      choices.append(button(o.name || o.optionId, async () => {
+        try {
+          await api("POST", `/sessions/${enc(id)}/permissions/${enc(p.requestId)}`, { outcome: o.optionId });
+          box.dataset.shown = "";
+          loadPermissions(id);
+        } catch (e) {
+          err.textContent = e.message;
+        }
+      }, allow ? "primary" : ""));
+    }
+    li.append(what, choices, err);
+    ul.append(li);
+  }
+  box.replaceChildren(h, ul);
 }
 
 // "12,345 in · 678 out" from the session's `usage` ({inputTokens, outputTokens}), or null
