@@ -13,7 +13,9 @@ process is killed:
   the gate before it stops one, so an archived session has no agent running;
 - when another worker ran the session's last prompt (its process no longer knows the
   conversation): the session records which pool holds its agent (``agentHolder``);
-- with the worker (the tree is contained and dies with the thread that started it).
+- with the worker (the tree is contained and dies with the thread that started it);
+- while a prompt runs, by the worker's exec warden if the worker freezes (a SIGSTOP, a stall)
+  past the step's lease: the tree is watched as a ``shell`` tool call's is.
 """
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ import shutil
 import threading
 import time
 import uuid
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -61,10 +65,13 @@ class AgentPool:
         new_id: Any,
         *,
         held_here: bool,
+        watching: Callable[[Any], AbstractContextManager[Any]] = nullcontext,
     ) -> PromptEnd:
         """Run ``run`` on the session's agent: the idle one this pool holds when the
         session's last prompt ran here (``held_here``) on the same definition and cwd, else
-        a new one. Raises ``AgentFailed``."""
+        a new one. The prompt runs inside ``watching(tree)`` (the agent's contained tree:
+        the step has it watched by the worker's exec warden, which kills it if the worker
+        freezes past the step's lease). Raises ``AgentFailed``."""
         with self._lock:
             live = self._idle.pop(session_id, None)
         if live is not None and not (
@@ -75,7 +82,8 @@ class AgentPool:
         if live is None:
             live = LiveAgent(run.defn, run.cwd, run.home, env, new_id)
         try:
-            end = live.prompt(run, sink, cancel)
+            with watching(live.tree):
+                end = live.prompt(run, sink, cancel)
         except AgentFailed:
             live.close()
             raise

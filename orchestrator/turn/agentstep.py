@@ -14,9 +14,11 @@ left open when the prompt answered are settled (``completed`` when it ended its 
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import threading
+from collections.abc import Iterator
 from typing import Any
 
 from orchestrator.agents import permissions
@@ -27,9 +29,11 @@ from orchestrator.agents.presets import environment
 from orchestrator.agents.runner import PromptEnd, PromptRun
 from orchestrator.models import chat
 from orchestrator.models.model import ModelError, Role, StopReason
+from orchestrator.process import execwatch
 from orchestrator.session import scripts as session_scripts
 from orchestrator.session.fencing import StepGuard
 from orchestrator.storage.store import Store, new_id
+from orchestrator.turn.stepwatch import STEP_LEASE_MS
 from orchestrator.turn.turn_state import Turn
 from orchestrator.turn.turns import record_update
 
@@ -176,7 +180,16 @@ def run_agent_prompt(
     )
     try:
         env = environment(defn, home, dict(os.environ))
-        end = pool.run(session_id, run, sink, cancel, env, new_id, held_here=held_here)
+        end = pool.run(
+            session_id,
+            run,
+            sink,
+            cancel,
+            env,
+            new_id,
+            held_here=held_here,
+            watching=lambda tree: _watched(store, guard, tree),
+        )
     except AgentFailed as exc:
         sink.settle("failed")
         raise ModelError(str(exc)) from None
@@ -185,6 +198,22 @@ def run_agent_prompt(
         key, mapping={AGENT_SESSION_FIELD: end.agent_session_id, HOLDER_FIELD: pool.instance}
     )
     return end
+
+
+@contextlib.contextmanager
+def _watched(store: Store, guard: StepGuard, tree: Any) -> Iterator[None]:
+    """Have the agent's tree watched by this worker's exec warden while the prompt runs
+    (``orchestrator/process/execwatch.py``): should the worker freeze past the step's
+    lease, the warden, a process of its own, kills the tree."""
+    warden, key = execwatch.warden(store), None
+    try:
+        key = warden.watch(guard.turn_id, guard.token, STEP_LEASE_MS, tree.pid, tree.handle)
+    except OSError as exc:  # watched by the step alone
+        log.warning("exec warden of turn %s not started: %s", guard.turn_id, exc)
+    try:
+        yield
+    finally:
+        warden.drop(key)
 
 
 def _history(store: Store, session_id: str) -> str:

@@ -56,3 +56,32 @@ def test_a_killed_turn_worker_takes_its_agents_tree_and_the_turn_fails(
     )
     assert "not given twice" in turn.error
     assert not processes_with(f"sleep {seconds}")
+
+
+def test_a_frozen_turn_worker_has_its_agents_tree_killed_when_the_step_lease_lapses(
+    pair: tuple[Any, Any], tmp_path: Path
+) -> None:
+    import signal
+
+    private, store = pair
+    sid = create_session(store, str(tmp_path), agent="tiny").session_id
+    seconds = f"300.{uuid.uuid4().int % 10**6}"
+    tid = start_turn(private.store, private.dispatcher, sid, f"run: sleep {seconds}")
+    wait_for(lambda: processes_with(f"sleep {seconds}"), 30, message="the agent's command")
+
+    # When the turn worker freezes (it renews no lease, stops nothing)
+    private.signal(Family.TURN, signal.SIGSTOP)
+    try:
+        # Then its exec warden kills the agent's tree before the step's lease (5 s) lapses
+        wait_for(lambda: not processes_with(f"sleep {seconds}"), 15, message="the command to die")
+        assert not processes_with(str(tmp_path))
+    finally:
+        private.signal(Family.TURN, signal.SIGCONT)
+
+    # And the turn ends, failed, once the worker is back
+    turn = wait_for(
+        lambda: (t := get_turn(store, tid)) is not None and t.state == "failed" and t,
+        60,
+        message="the turn to fail",
+    )
+    assert turn.error
