@@ -35,9 +35,10 @@ local function take(set, n)
   end
   return head(set)
 end
-local next_firing = take(firing, limit)
+take(firing, limit)
 local next_due = take(K.reminders_due, limit - #out / 3)
-local nxt = next_firing
+-- Read after both claims: the due ones just claimed are firing now, with their deadlines.
+local nxt = head(firing)
 if next_due and (not nxt or next_due < nxt) then nxt = next_due end
 local wait = -1
 if nxt then wait = math.max(0, nxt - now) end

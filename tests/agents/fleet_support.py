@@ -215,3 +215,30 @@ class RawAcp:
         except Exception:
             self.proc.kill()
             self.proc.wait(10)
+
+
+#: The states a turn ends in.
+FINAL = ("completed", "failed", "cancelled", "blocked")
+
+
+def ended(store: Store, tid: str, timeout: float = 30.0) -> Any:
+    """The turn once it has ended (fails the test after ``timeout`` s)."""
+    from orchestrator.turn.turns import get_turn
+    from tests.helpers import wait_for
+
+    return wait_for(
+        lambda: (t := get_turn(store, tid)) is not None and t.state in FINAL and t,
+        timeout,
+        message=f"turn {tid} to end",
+    )
+
+
+def said(store: Store, sid: str, tid: str) -> str:
+    """The agent's message in turn ``tid``, its chunks joined."""
+    from tests.workers.support import history
+
+    return "".join(
+        u["content"]["text"]
+        for u in history(store, sid)
+        if u.get("turnId") == tid and u["sessionUpdate"] == "agent_message_chunk"
+    )

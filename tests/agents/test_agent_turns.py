@@ -17,21 +17,21 @@ from orchestrator.agents import permissions
 from orchestrator.archiving.archive import archive
 from orchestrator.errors import SessionActive
 from orchestrator.session.sessions import create_session, get_session
-from orchestrator.turn.turns import get_turn, start_turn
+from orchestrator.turn.turns import start_turn
 from tests.agents.fleet_support import (
     Person,
     RawAcp,
     agent_fleet,
     agents_toml,
+    ended,
     processes_with,
     prompt_over_acp,
+    said,
 )
 from tests.helpers import error_shape, rest_client, wait_for
 from tests.workers.support import history
 
 pytestmark = [pytest.mark.redis, pytest.mark.integration]
-
-FINAL = ("completed", "failed", "cancelled", "blocked")
 
 
 @pytest.fixture(scope="module")
@@ -54,22 +54,6 @@ def store(fleet_and_store: tuple[Any, Any]) -> Any:
 
 def prompt(private: Any, sid: str, text: str) -> str:
     return start_turn(private.store, private.dispatcher, sid, text)
-
-
-def ended(store: Any, tid: str, timeout: float = 30.0) -> Any:
-    return wait_for(
-        lambda: (t := get_turn(store, tid)) is not None and t.state in FINAL and t,
-        timeout,
-        message=f"turn {tid} to end",
-    )
-
-
-def said(store: Any, sid: str, tid: str) -> str:
-    return "".join(
-        u["content"]["text"]
-        for u in history(store, sid)
-        if u.get("turnId") == tid and u["sessionUpdate"] == "agent_message_chunk"
-    )
 
 
 def updates(store: Any, sid: str, tid: str, kind: str) -> list[dict[str, Any]]:

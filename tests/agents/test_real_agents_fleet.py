@@ -23,9 +23,9 @@ from orchestrator.archiving.archive import archive, unarchive
 from orchestrator.errors import SessionActive
 from orchestrator.families import Family
 from orchestrator.session.sessions import create_session
-from orchestrator.turn.turns import get_turn, start_turn
+from orchestrator.turn.turns import start_turn
 from tests.agents import modelservers
-from tests.agents.fleet_support import Person, agent_fleet, prompt_over_acp
+from tests.agents.fleet_support import Person, agent_fleet, ended, prompt_over_acp, said
 from tests.agents.install import agent_binary, require_agent
 from tests.helpers import rest_client, wait_for
 from tests.workers.support import history
@@ -34,7 +34,6 @@ pytestmark = [pytest.mark.redis, pytest.mark.integration, pytest.mark.slow]
 
 #: The fleet's preset and the binary of each real agent.
 AGENTS = {"codex": "codex-acp", "claude": "claude-code-acp", "gemini": "gemini"}
-FINAL = ("completed", "failed", "cancelled", "blocked")
 #: Seconds a real agent's turn may take (Gemini starts in about 2 s, Claude Code in 2).
 TURN = 90.0
 MARK = uuid.uuid4().hex
@@ -106,19 +105,7 @@ def _with_command(text: str) -> list[int]:
 
 
 def _ended(store: Any, tid: str) -> Any:
-    return wait_for(
-        lambda: (t := get_turn(store, tid)) is not None and t.state in FINAL and t,
-        TURN,
-        message=f"turn {tid} to end",
-    )
-
-
-def _said(store: Any, sid: str, tid: str) -> str:
-    return "".join(
-        u["content"]["text"]
-        for u in history(store, sid)
-        if u.get("turnId") == tid and u["sessionUpdate"] == "agent_message_chunk"
-    )
+    return ended(store, tid, TURN)
 
 
 @pytest.fixture(params=list(AGENTS))
@@ -137,9 +124,9 @@ def test_a_real_agent_answers_and_runs_a_shell_command(
     shell = _ended(store, start_turn(private.store, private.dispatcher, sid, "run: echo hi-fleet"))
 
     assert plain.state == "completed", plain
-    assert "echo: hello fleet" in _said(store, sid, plain.turn_id)
+    assert "echo: hello fleet" in said(store, sid, plain.turn_id)
     assert shell.state == "completed", shell
-    assert "done: hi-fleet" in _said(store, sid, shell.turn_id)
+    assert "done: hi-fleet" in said(store, sid, shell.turn_id)
     calls = [u for u in history(store, sid) if u.get("turnId") == shell.turn_id]
     assert any(u["sessionUpdate"] == "tool_call" for u in calls)
 
@@ -166,7 +153,7 @@ def test_archive_during_a_long_command_leaves_nothing_of_the_agent_running(
     unarchive(store, sid)
     again = _ended(store, start_turn(private.store, private.dispatcher, sid, "hello again"))
     assert again.state == "completed", again
-    assert "echo: hello again" in _said(store, sid, again.turn_id)
+    assert "echo: hello again" in said(store, sid, again.turn_id)
 
 
 def test_a_permission_request_is_answered_through_rest(
@@ -185,7 +172,7 @@ def test_a_permission_request_is_answered_through_rest(
     turn = _ended(store, tid)
     assert turn.state == "completed", turn
     assert (tmp_path / "made.txt").exists()
-    assert "done: ok" in _said(store, sid, tid)
+    assert "done: ok" in said(store, sid, tid)
 
 
 def test_a_permission_request_is_answered_by_an_acp_client(

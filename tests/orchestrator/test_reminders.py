@@ -303,3 +303,34 @@ def test_the_poller_asleep_for_a_later_reminder_wakes_for_one_armed_for_sooner(
         thread.join(5)
         reminders.stop_reminders(store, sid, [later])
     assert not thread.is_alive()
+
+
+class _Refusing:
+    """A dispatcher whose every publish fails (the broker is away)."""
+
+    def send(self, task: str, args: list[object], queue: str) -> None:
+        raise ConnectionError("the broker is away")
+
+
+def test_a_pass_whose_fire_was_not_sent_wakes_again_by_its_deadline(
+    redis_url: str, key_prefix: str, cwd: str
+) -> None:
+    from orchestrator.settings import FleetSettings
+
+    settings = FleetSettings(reminder_refire_seconds=5)
+    isolated = Store(redis_url, key_prefix + ISOLATED, settings=settings)
+    try:
+        # Given one reminder falling due, and no later one
+        sid = sessions.create_session(isolated, cwd).session_id
+        rid = reminders.create_reminder(isolated, sid, 0, "say hi")
+
+        # When a pass claims it and its fire cannot be sent
+        claimed_now, wait = reminders.poll(isolated, _Refusing())
+
+        # Then the pass asks to be woken by the claim's deadline, to send it again
+        assert claimed_now == 1
+        assert wait is not None and 4.0 <= wait <= 5.0, wait
+        assert isolated.redis.zscore(isolated.keys.reminders_firing, rid) is not None
+    finally:
+        reminders.stop_reminders(isolated, sid, [rid])
+        isolated.close()
