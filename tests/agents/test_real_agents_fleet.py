@@ -202,8 +202,9 @@ def test_a_killed_turn_worker_takes_the_agent_and_its_command(
 
     private.kill(Family.TURN)
     try:
-        # Killed by the worker's watchdog, which may still be starting on a loaded machine
-        wait_for(lambda: not _with_command(f"sleep {seconds}"), 30, message="the command to die")
+        # Killed by the worker's watchdog, which may still be starting on a loaded machine (a
+        # full suite on 2 cores once took 37 s here; alone it takes well under a second)
+        wait_for(lambda: not _with_command(f"sleep {seconds}"), 60, message="the command to die")
         wait_for(lambda: not _marked(tmp_path), 10, message="every process of the agent to die")
     finally:
         private.restart(Family.TURN)
