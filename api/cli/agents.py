@@ -51,7 +51,11 @@ def agents_ls(
         print(json.dumps({"agents": rows, "default": settings.agent}, indent=2))
         return
     if not rows:
-        console.print("No agents: set FLEET_AGENTS_FILE to a TOML file of [agents.NAME] tables.")
+        console.print(
+            "No agents: FLEET_AGENTS_FILE is not set here, and no `fleet up` running with the "
+            f"state directory {settings.state_dir} names one. Set FLEET_AGENTS_FILE to a TOML "
+            "file of [agents.NAME] tables, or FLEET_STATE_DIR to your fleet's state directory."
+        )
         return
     for row in rows:
         mark = " (default)" if row["name"] == settings.agent else ""

@@ -161,6 +161,13 @@ class LiveAgent:
         with contextlib.suppress(Exception):
             if self.conn is not None:
                 self.loop.run_until_complete(self.conn.close())
+        # What still runs on the loop (the output pump, the connection's readers) ends here,
+        # not as tasks destroyed while pending.
+        left = asyncio.all_tasks(self.loop)
+        for task in left:
+            task.cancel()
+        with contextlib.suppress(Exception):
+            self.loop.run_until_complete(asyncio.gather(*left, return_exceptions=True))
 
     async def _connect(self) -> None:
         assert self.tree.process.stdin is not None and self.tree.process.stdout is not None
