@@ -240,18 +240,10 @@ def idle_rates(
 def archive_to_gone(store: Any, dispatcher: Any, n: int) -> list[float]:
     """``n`` archives of a session whose agent runs ``sleep``: seconds from the archive's
     answer until the command is gone."""
-    import psutil
-
     from orchestrator.archiving.archive import archive
     from orchestrator.session.sessions import create_session
     from orchestrator.turn import turns
-
-    def alive(mark: str) -> bool:
-        for proc in psutil.process_iter(["cmdline"]):
-            with contextlib.suppress(psutil.Error):
-                if mark in " ".join(proc.info["cmdline"] or []) and proc.status() != "zombie":
-                    return True
-        return False
+    from tests.agents.fleet_support import processes_with
 
     gone = []
     for _ in range(n):
@@ -259,13 +251,13 @@ def archive_to_gone(store: Any, dispatcher: Any, n: int) -> list[float]:
         mark = f"300.{uuid.uuid4().int % 10**6}"
         turns.start_turn(store, dispatcher, sid, f"run: sleep {mark}")
         deadline = time.monotonic() + 60
-        while not alive(f"sleep {mark}"):
+        while not processes_with(f"sleep {mark}"):
             if time.monotonic() > deadline:
                 raise TimeoutError("the agent's command did not start")
             time.sleep(0.01)
         archive(store, dispatcher, sid, stop_activity=True)
         t0 = time.perf_counter()
-        while alive(f"sleep {mark}"):
+        while processes_with(f"sleep {mark}"):
             if time.perf_counter() - t0 > 30:
                 raise TimeoutError("the agent's command outlived its archive by 30 s")
             time.sleep(0.001)

@@ -25,7 +25,14 @@ from orchestrator.families import Family
 from orchestrator.session.sessions import create_session
 from orchestrator.turn.turns import start_turn
 from tests.agents import modelservers
-from tests.agents.fleet_support import Person, agent_fleet, ended, prompt_over_acp, said
+from tests.agents.fleet_support import (
+    Person,
+    agent_fleet,
+    ended,
+    processes_with,
+    prompt_over_acp,
+    said,
+)
 from tests.agents.install import agent_binary, require_agent
 from tests.helpers import rest_client, wait_for
 from tests.workers.support import history
@@ -94,16 +101,6 @@ def _marked(cwd: Path) -> list[int]:
     return found
 
 
-def _with_command(text: str) -> list[int]:
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            with contextlib.suppress(OSError):
-                if text.encode() in (entry / "cmdline").read_bytes().replace(b"\0", b" "):
-                    found.append(int(entry.name))
-    return found
-
-
 def _ended(store: Any, tid: str) -> Any:
     return ended(store, tid, TURN)
 
@@ -138,14 +135,14 @@ def test_archive_during_a_long_command_leaves_nothing_of_the_agent_running(
     sid = create_session(store, str(tmp_path), agent=agent).session_id
     seconds = f"300.{uuid.uuid4().int % 10**6}"
     tid = start_turn(private.store, private.dispatcher, sid, f"run: sleep {seconds}")
-    wait_for(lambda: _with_command(f"sleep {seconds}"), TURN, message="the agent's command")
+    wait_for(lambda: processes_with(f"sleep {seconds}"), TURN, message="the agent's command")
     assert _marked(tmp_path), "the agent's processes are found by their mark"
 
     with pytest.raises(SessionActive):
         archive(store, private.dispatcher, sid)
     archive(store, private.dispatcher, sid, stop_activity=True)
 
-    wait_for(lambda: not _with_command(f"sleep {seconds}"), 2, message="the command to die")
+    wait_for(lambda: not processes_with(f"sleep {seconds}"), 2, message="the command to die")
     wait_for(lambda: not _marked(tmp_path), 2, message="every process of the agent to die")
     assert _ended(store, tid).state == "cancelled"
 
@@ -197,14 +194,14 @@ def test_a_killed_turn_worker_takes_the_agent_and_its_command(
     sid = create_session(store, str(tmp_path), agent=agent).session_id
     seconds = f"300.{uuid.uuid4().int % 10**6}"
     start_turn(private.store, private.dispatcher, sid, f"run: sleep {seconds}")
-    wait_for(lambda: _with_command(f"sleep {seconds}"), TURN, message="the agent's command")
+    wait_for(lambda: processes_with(f"sleep {seconds}"), TURN, message="the agent's command")
     assert _marked(tmp_path)
 
     private.kill(Family.TURN)
     try:
         # Killed by the worker's watchdog, which may still be starting on a loaded machine (a
         # full suite on 2 cores once took 37 s here; alone it takes well under a second)
-        wait_for(lambda: not _with_command(f"sleep {seconds}"), 60, message="the command to die")
+        wait_for(lambda: not processes_with(f"sleep {seconds}"), 60, message="the command to die")
         wait_for(lambda: not _marked(tmp_path), 10, message="every process of the agent to die")
     finally:
         private.restart(Family.TURN)
